@@ -1,0 +1,50 @@
+"""What every service's command line shares: bind, ready file, logging, limits."""
+
+import dataclasses
+import logging
+import os
+import sys
+
+import click
+
+from common.limits import DEFAULT_LIMITS
+
+
+def service_options(default_bind):
+    """The options every service takes, in one decorator."""
+    def decorate(fn):
+        options = [
+            click.option("--bind", default=default_bind,
+                         help="ZeroMQ endpoint to listen on; tcp://127.0.0.1:* picks a free port."),
+            click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
+                         help="Write the bound endpoint to this file once serving (for scripts and tests)."),
+            click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])),
+            click.option("--client-timeout", default=30.0,
+                         help="Seconds a client holding blocked requests may stay silent before they are cancelled."),
+            click.option("--max-message-bytes", default=DEFAULT_LIMITS.max_message_bytes,
+                         help="Largest request accepted; bigger ones are answered INVALID_ARGUMENT."),
+        ]
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+    return decorate
+
+
+def setup_logging(level, task):
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s [{task}] %(name)s: %(message)s")
+
+
+def run_service(service_class, bind, ready_file, log_level, client_timeout, max_message_bytes):
+    setup_logging(log_level, service_class.name)
+    limits = dataclasses.replace(DEFAULT_LIMITS, max_message_bytes=max_message_bytes)
+    service = service_class(bind, limits=limits, client_timeout=client_timeout)
+    logging.getLogger(service_class.name).info("%s listening on %s (pid %d)", service.name, service.endpoint,
+                                               os.getpid())
+    if ready_file:
+        tmp = f"{ready_file}.tmp"
+        with open(tmp, "w") as f:
+            f.write(service.endpoint + "\n")
+        os.replace(tmp, ready_file)
+    service.run()
+    logging.getLogger(service_class.name).info("%s stopped", service.name)

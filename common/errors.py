@@ -1,0 +1,116 @@
+"""Status codes and exceptions: gRPC's canonical codes with TensorFlow's class names.
+
+A service answers every failure with a code and a message; the client raises the
+matching class, so `except OutOfRangeError` reads the same as in TensorFlow.
+"""
+
+OK = 0
+CANCELLED = 1
+UNKNOWN = 2
+INVALID_ARGUMENT = 3
+DEADLINE_EXCEEDED = 4
+NOT_FOUND = 5
+ALREADY_EXISTS = 6
+PERMISSION_DENIED = 7
+RESOURCE_EXHAUSTED = 8
+FAILED_PRECONDITION = 9
+ABORTED = 10
+OUT_OF_RANGE = 11
+UNIMPLEMENTED = 12
+INTERNAL = 13
+UNAVAILABLE = 14
+DATA_LOSS = 15
+UNAUTHENTICATED = 16
+
+
+class OpError(Exception):
+    """Base of every zmqflow error; `code` is the canonical status code."""
+
+    code = UNKNOWN
+
+    def __init__(self, message=""):
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self):
+        return self.message
+
+
+class CancelledError(OpError):
+    code = CANCELLED
+
+
+class UnknownError(OpError):
+    code = UNKNOWN
+
+
+class InvalidArgumentError(OpError):
+    code = INVALID_ARGUMENT
+
+
+class DeadlineExceededError(OpError):
+    code = DEADLINE_EXCEEDED
+
+
+class NotFoundError(OpError):
+    code = NOT_FOUND
+
+
+class AlreadyExistsError(OpError):
+    code = ALREADY_EXISTS
+
+
+class PermissionDeniedError(OpError):
+    code = PERMISSION_DENIED
+
+
+class ResourceExhaustedError(OpError):
+    code = RESOURCE_EXHAUSTED
+
+
+class FailedPreconditionError(OpError):
+    code = FAILED_PRECONDITION
+
+
+class AbortedError(OpError):
+    code = ABORTED
+
+
+class OutOfRangeError(OpError):
+    code = OUT_OF_RANGE
+
+
+class UnimplementedError(OpError):
+    code = UNIMPLEMENTED
+
+
+class InternalError(OpError):
+    code = INTERNAL
+
+
+class UnavailableError(OpError):
+    code = UNAVAILABLE
+
+
+class DataLossError(OpError):
+    code = DATA_LOSS
+
+
+class UnauthenticatedError(OpError):
+    code = UNAUTHENTICATED
+
+
+_BY_CODE = {cls.code: cls for cls in OpError.__subclasses__()}
+
+
+def error_from_code(code, message):
+    """The exception a client raises for a reply with status `code`."""
+    return _BY_CODE.get(code, UnknownError)(message)
+
+
+def code_name(code):
+    """'OUT_OF_RANGE' for 11: for logs and CLI output."""
+    for name, value in globals().items():
+        if name.isupper() and value == code:
+            return name
+    return f"CODE_{code}"

@@ -1,0 +1,173 @@
+"""Queues on a broker, with TensorFlow 1.x's API: numpy in, numpy out.
+
+    q = FIFOQueue(10, ["float32", "int32"], shapes=[[784], []], shared_name="mnist",
+                  broker="tcp://127.0.0.1:5555")
+    q.enqueue_many([images, labels])
+    x, y = q.dequeue_many(100, timeout=5.0)
+
+Each method blocks like its TensorFlow op; `timeout=` (seconds) becomes the
+request's deadline, enforced by the broker (DeadlineExceededError, and nothing
+is consumed after it). `*_async` methods return a future with `.result()` so
+one thread can keep many requests in flight. A queue object may be used from
+several threads: each thread talks to the broker over its own socket.
+"""
+
+import os
+
+from common import dtypes as wire_dtypes
+from common.errors import InvalidArgumentError
+from common.rpc_client import USE_DEFAULT, default_pool
+
+DEFAULT_BROKER_ENV = "ZMQFLOW_BROKER"
+
+
+def _dtype_name(dt):
+    if isinstance(dt, str):
+        return wire_dtypes.check_name(dt)
+    import numpy as np
+    if dt in (bytes, str, object):
+        return wire_dtypes.STRING
+    return wire_dtypes.name_of(np.empty(0, dtype=dt))
+
+
+class QueueFuture:
+    """A queue request in flight; `result()` returns what the blocking method would."""
+
+    def __init__(self, pending, convert):
+        self._pending, self._convert = pending, convert
+
+    def result(self):
+        return self._convert(*self._pending.result())
+
+    def cancel(self):
+        self._pending.cancel()
+
+
+class QueueBase:
+    kind = None
+
+    def __init__(self, capacity, dtypes, shapes=None, names=None, shared_name=None, container="",
+                 broker=None, pool=None, **extra):
+        if not isinstance(dtypes, (list, tuple)):
+            dtypes = [dtypes]
+        if shapes is not None and (not shapes or not isinstance(shapes[0], (list, tuple))):
+            shapes = [shapes]  # a single component's shape, as TF accepts
+        self.broker = broker or os.environ.get(DEFAULT_BROKER_ENV)
+        if not self.broker:
+            raise InvalidArgumentError(f"no broker address: pass broker= or set {DEFAULT_BROKER_ENV}")
+        self._pool = pool or default_pool
+        declaration = {"kind": self.kind, "capacity": capacity, "dtypes": [_dtype_name(d) for d in dtypes],
+                       "shapes": None if shapes is None else [list(s) for s in shapes],
+                       "names": None if names is None else list(names), "shared_name": shared_name or "",
+                       "container": container or "", **extra}
+        result, _ = self._client.call("open_queue", {"declaration": declaration})
+        self.handle = result["handle"]
+        self.name = result.get("name", shared_name)
+        self.dtypes = declaration["dtypes"]
+        self.shapes = declaration["shapes"]
+        self.names = declaration["names"]
+
+    @property
+    def _client(self):
+        return self._pool.get(self.broker)
+
+    # ------------------------------------------------ values in and out
+
+    def _components(self, vals):
+        if self.names is not None:
+            if not isinstance(vals, dict):
+                raise InvalidArgumentError("queue has names: enqueue a dict {name: value}")
+            if set(vals) != set(self.names):
+                raise InvalidArgumentError(f"keys {sorted(vals)} do not match the queue's names {self.names}")
+            vals = [vals[n] for n in self.names]
+        elif isinstance(vals, dict):
+            raise InvalidArgumentError("queue has no names: enqueue a list or a tensor, not a dict")
+        elif not isinstance(vals, (list, tuple)):
+            vals = [vals]  # as TF: a list or tuple is the component list, anything else is one component
+        if len(vals) != len(self.dtypes):
+            raise InvalidArgumentError(f"expected {len(self.dtypes)} components, got {len(vals)}")
+        return [wire_dtypes.to_array(v, d) for v, d in zip(vals, self.dtypes)]
+
+    def _values(self, result, tensors):
+        if self.names is not None:
+            return dict(zip(self.names, tensors))
+        return tensors[0] if len(tensors) == 1 else tensors
+
+    def _submit(self, op, args, tensors, timeout, convert):
+        args = {"queue": self.handle, **args}
+        return QueueFuture(self._client.submit(op, args, tensors, timeout), convert)
+
+    # ------------------------------------------------ TensorFlow's methods
+
+    def enqueue_async(self, vals, timeout=USE_DEFAULT):
+        return self._submit("enqueue", {}, self._components(vals), timeout, _nothing)
+
+    def enqueue_many_async(self, vals, timeout=USE_DEFAULT):
+        return self._submit("enqueue_many", {}, self._components(vals), timeout, _nothing)
+
+    def dequeue_async(self, timeout=USE_DEFAULT):
+        return self._submit("dequeue", {}, [], timeout, self._values)
+
+    def dequeue_many_async(self, n, timeout=USE_DEFAULT):
+        return self._submit("dequeue_many", {"n": n}, [], timeout, self._values)
+
+    def dequeue_up_to_async(self, n, timeout=USE_DEFAULT):
+        return self._submit("dequeue_up_to", {"n": n}, [], timeout, self._values)
+
+    def close_async(self, cancel_pending_enqueues=False, timeout=USE_DEFAULT):
+        return self._submit("close", {"cancel_pending_enqueues": bool(cancel_pending_enqueues)}, [], timeout, _nothing)
+
+    def enqueue(self, vals, timeout=USE_DEFAULT):
+        return self.enqueue_async(vals, timeout).result()
+
+    def enqueue_many(self, vals, timeout=USE_DEFAULT):
+        return self.enqueue_many_async(vals, timeout).result()
+
+    def dequeue(self, timeout=USE_DEFAULT):
+        return self.dequeue_async(timeout).result()
+
+    def dequeue_many(self, n, timeout=USE_DEFAULT):
+        return self.dequeue_many_async(n, timeout).result()
+
+    def dequeue_up_to(self, n, timeout=USE_DEFAULT):
+        return self.dequeue_up_to_async(n, timeout).result()
+
+    def close(self, cancel_pending_enqueues=False, timeout=USE_DEFAULT):
+        return self.close_async(cancel_pending_enqueues, timeout).result()
+
+    def size(self):
+        return self._client.call("size", {"queue": self.handle})[0]["size"]
+
+    def is_closed(self):
+        return self._client.call("is_closed", {"queue": self.handle})[0]["closed"]
+
+
+def _nothing(result, tensors):
+    return None
+
+
+class FIFOQueue(QueueBase):
+    kind = "FIFOQueue"
+
+
+class PaddingFIFOQueue(QueueBase):
+    kind = "PaddingFIFOQueue"
+
+    def __init__(self, capacity, dtypes, shapes, names=None, shared_name=None, container="", broker=None, pool=None):
+        super().__init__(capacity, dtypes, shapes, names, shared_name, container, broker, pool)
+
+
+class RandomShuffleQueue(QueueBase):
+    kind = "RandomShuffleQueue"
+
+    def __init__(self, capacity, min_after_dequeue, dtypes, shapes=None, names=None, seed=None, shared_name=None,
+                 container="", broker=None, pool=None):
+        super().__init__(capacity, dtypes, shapes, names, shared_name, container, broker, pool,
+                         min_after_dequeue=min_after_dequeue, seed=seed)
+
+
+def reset(containers, broker=None, pool=None):
+    """Free every queue in `containers` (like Session.reset); pending requests fail Cancelled."""
+    broker = broker or os.environ.get(DEFAULT_BROKER_ENV)
+    client = (pool or default_pool).get(broker)
+    return [client.call("reset", {"container": c})[0] for c in ([containers] if isinstance(containers, str) else containers)]

@@ -1,0 +1,248 @@
+"""The client side of the RPC base: one DEALER socket, many requests in flight.
+
+`submit()` sends a request and returns a `PendingCall` at once; `call()` is
+submit + result. Waiting pumps the socket: replies are matched by id (a reply
+nobody waits for any more is dropped), and while a reply is due the client
+pings the service every `heartbeat_interval` seconds. A service silent for
+`heartbeat_liveness` intervals is reported as UnavailableError naming its
+address, the socket is replaced, and the next attempt waits a back-off of 1 s
+doubling to 32 s (the zguide's Paranoid Pirate).
+
+Deadlines are the service's to enforce: the client sends `timeout` as the
+request's deadline and waits a grace period longer for the answer, so an
+element is never handed to a client that stopped waiting.
+
+One client belongs to one thread (ZeroMQ sockets are not thread-safe); use one
+client per thread.
+"""
+
+import itertools
+import logging
+import time
+import uuid
+
+import zmq
+
+from common import wire
+from common.errors import UnavailableError, error_from_code
+from common.limits import DEFAULT_LIMITS
+
+log = logging.getLogger(__name__)
+
+USE_DEFAULT = object()
+BACKOFF_START, BACKOFF_MAX = 1.0, 32.0
+
+
+def grace_for(timeout):
+    """How much longer than its deadline a client waits for the service's answer."""
+    return 1.0 + 0.1 * timeout
+
+
+class PendingCall:
+    """A request in flight; `result()` waits for its reply."""
+
+    __slots__ = ("client", "id", "op", "deadline", "done", "value", "error")
+
+    def __init__(self, client, rid, op, deadline):
+        self.client, self.id, self.op, self.deadline = client, rid, op, deadline
+        self.done, self.value, self.error = False, None, None
+
+    def result(self):
+        """(result dict, list of arrays); raises the service's error as an OpError."""
+        if not self.done:
+            self.client._wait(self)
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+    def cancel(self):
+        """Ask the service to withdraw this request; a late success still arrives."""
+        if not self.done:
+            self.client._send("cancel", {"target": self.id}, (), None, track=False)
+
+
+class RpcClient:
+    def __init__(self, address, default_timeout=None, heartbeat_interval=1.0, heartbeat_liveness=3,
+                 limits=DEFAULT_LIMITS, context=None, name="client"):
+        self.address = address
+        self.default_timeout = default_timeout
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_liveness = heartbeat_liveness
+        self.limits = limits
+        self.context = context or zmq.Context.instance()
+        self.name = name
+        self._ids = itertools.count(1)
+        self._pending = {}
+        self._pings = set()
+        self._backoff = BACKOFF_START
+        self._retry_at = 0.0
+        self.socket = None
+        self._connect()
+
+    def _connect(self):
+        self.socket = self.context.socket(zmq.DEALER)
+        self.socket.linger = 0
+        self.socket.routing_id = f"{self.name}-{uuid.uuid4().hex[:12]}".encode()
+        self.socket.setsockopt(zmq.MAXMSGSIZE, self.limits.socket_max_frame_bytes)
+        self.socket.sndhwm = self.socket.rcvhwm = 100_000
+        self.socket.connect(self.address)
+        self._last_heard = time.monotonic()
+        self._last_ping = 0.0
+
+    # ------------------------------------------------ public
+
+    def submit(self, op, args=None, tensors=(), timeout=USE_DEFAULT):
+        """Send a request now; `timeout` (seconds, None = no deadline) becomes its deadline."""
+        if timeout is USE_DEFAULT:
+            timeout = self.default_timeout
+        self._respect_backoff(timeout)
+        return self._send(op, args, tensors, timeout, track=True)
+
+    def call(self, op, args=None, tensors=(), timeout=USE_DEFAULT):
+        return self.submit(op, args, tensors, timeout).result()
+
+    def ping(self, timeout=2.0):
+        """Round-trip time in seconds to the service, or UnavailableError."""
+        start = time.monotonic()
+        self.call("ping", {"ids": []}, timeout=timeout)
+        return time.monotonic() - start
+
+    def close(self):
+        """Tell the service we are leaving (it cancels our parked requests), then close."""
+        if self.socket is None:
+            return
+        try:
+            if self._pending:
+                self.socket.send(wire.pack({"v": wire.VERSION, "op": "bye", "id": 0, "deadline_ms": None,
+                                            "args": {}, "tensors": []}), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+        self.socket.close(linger=100)
+        self.socket = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------ internals
+
+    def _respect_backoff(self, timeout):
+        wait = self._retry_at - time.monotonic()
+        if wait <= 0:
+            return
+        if timeout is not None and wait > timeout:
+            raise UnavailableError(f"service at {self.address} is unavailable; next attempt in {wait:.1f} s")
+        time.sleep(wait)
+
+    def _send(self, op, args, tensors, timeout, track):
+        rid = next(self._ids)
+        deadline_ms = None if timeout is None else max(0, int(timeout * 1000))
+        frames = wire.request_frames(op, rid, args, tensors, deadline_ms)
+        self.socket.send_multipart(frames, copy=False)
+        if not track:
+            return rid
+        deadline = None if timeout is None else time.monotonic() + timeout + grace_for(timeout)
+        pending = PendingCall(self, rid, op, deadline)
+        self._pending[rid] = pending
+        return pending
+
+    def _wait(self, pending):
+        while not pending.done:
+            now = time.monotonic()
+            if pending.deadline is not None and now >= pending.deadline:
+                self._give_up(pending)
+                return
+            if now - self._last_heard > self.heartbeat_interval * self.heartbeat_liveness:
+                self._declare_dead(now)
+                return
+            if now - max(self._last_heard, self._last_ping) >= self.heartbeat_interval:
+                self._pings.add(self._send("ping", {"ids": list(self._pending)}, (), None, track=False))
+                self._last_ping = now
+            limit = min(self.heartbeat_interval, (pending.deadline - now) if pending.deadline else 1e9)
+            if self.socket.poll(max(1, int(limit * 1000))):
+                self._receive_all()
+
+    def _receive_all(self):
+        while self.socket.poll(0):
+            _, header, frames, error = wire.recv_message(self.socket, False, self.limits)
+            self._last_heard = time.monotonic()
+            self._backoff = BACKOFF_START
+            if error is not None or header is None:
+                log.warning("malformed reply from %s dropped: %s", self.address, error)
+                continue
+            rid = header.get("id")
+            if rid in self._pings:
+                self._pings.discard(rid)
+                self._forget_unknown((header.get("result") or {}).get("unknown", []))
+                continue
+            pending = self._pending.pop(rid, None)
+            if pending is None:
+                continue  # a late reply to a request we gave up on, or a ping answer
+            self._complete(pending, header, frames)
+
+    def _complete(self, pending, header, frames):
+        pending.done = True
+        code = header.get("code", 0)
+        if code:
+            pending.error = error_from_code(code, header.get("error") or "")
+            return
+        try:
+            tensors = wire.decode_tensors(header.get("tensors", []), frames, self.limits, writable=True)
+            pending.value = (header.get("result") or {}, tensors)
+        except Exception as exc:
+            pending.error = exc
+
+    def _forget_unknown(self, ids):
+        """The service no longer holds these requests and their replies never came (a reconnect lost them)."""
+        for rid in ids:
+            pending = self._pending.pop(rid, None)
+            if pending is not None and not pending.done:
+                pending.done = True
+                pending.error = UnavailableError(
+                    f"service at {self.address} lost request {rid} ({pending.op}); the connection was interrupted")
+
+    def _give_up(self, pending):
+        self._pending.pop(pending.id, None)
+        pending.cancel()
+        pending.done = True
+        pending.error = UnavailableError(
+            f"no answer from {self.address} to {pending.op} (request {pending.id}) within its deadline and grace")
+
+    def _declare_dead(self, now):
+        silent = now - self._last_heard
+        for rid, pending in list(self._pending.items()):
+            pending.done = True
+            pending.error = UnavailableError(f"service at {self.address} did not answer for {silent:.1f} s "
+                                             f"(during {pending.op}, request {rid})")
+        self._pending.clear()
+        self._pings.clear()
+        self.socket.close(0)
+        self._connect()
+        self._retry_at = now + self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+
+
+class ClientPool:
+    """One RpcClient per (thread, address): ZeroMQ sockets must stay in their thread."""
+
+    def __init__(self, **client_options):
+        import threading
+        self._local = threading.local()
+        self._options = client_options
+
+    def get(self, address):
+        clients = self._local.__dict__.setdefault("clients", {})
+        client = clients.get(address)
+        if client is None:
+            client = clients[address] = RpcClient(address, **self._options)
+        return client
+
+    def close_thread(self):
+        """Close this thread's clients (their parked requests are cancelled)."""
+        for client in self._local.__dict__.pop("clients", {}).values():
+            client.close()
+
+
+default_pool = ClientPool()

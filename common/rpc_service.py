@@ -1,0 +1,236 @@
+"""The service side of the RPC base: one ROUTER socket, one loop, parked requests.
+
+A handler either answers at once (returns `(result, tensors)`) or parks the
+call (returns `PARKED`) and completes it later with `reply()`/`fail()`. A
+parked call holds no thread: it is an entry in `self.parked` and, when it has a
+deadline, in a heap. The service enforces deadlines itself (`on_deadline`), so
+an operation is withdrawn before anyone stops waiting for it.
+
+Built-in ops every service answers: `ping` (liveness, and which of the caller's
+requests the service no longer holds), `cancel` (withdraw a parked request),
+`bye` (the client is leaving: cancel its parked requests) and `info`.
+
+A client that holds parked requests must be heard from (any message, pings
+included) at least every `client_timeout` seconds; otherwise it is taken as
+gone and its requests are cancelled, so a killed client never pins an element.
+"""
+
+import heapq
+import logging
+import os
+import signal
+import time
+
+import zmq
+
+from common import wire
+from common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError)
+from common.limits import DEFAULT_LIMITS
+
+log = logging.getLogger(__name__)
+
+PARKED = object()
+_DRAIN_BATCH = 256
+
+
+class Call:
+    """One request as the handler sees it."""
+
+    __slots__ = ("identity", "id", "op", "args", "tensors", "deadline", "received", "finished", "state")
+
+    def __init__(self, identity, rid, op, args, tensors, deadline, received):
+        self.identity, self.id, self.op, self.args, self.tensors = identity, rid, op, args, tensors
+        self.deadline, self.received = deadline, received
+        self.finished = False
+        self.state = None  # the handler's own object for a parked call (e.g. a queue ticket)
+
+    @property
+    def key(self):
+        return (self.identity, self.id)
+
+
+class Service:
+    """Subclass and register handlers with `self.handlers[op] = fn(call)`."""
+
+    name = "service"
+
+    def __init__(self, bind, limits=DEFAULT_LIMITS, client_timeout=30.0, context=None):
+        self.limits = limits
+        self.client_timeout = client_timeout
+        self.context = context or zmq.Context.instance()
+        self.socket = self.context.socket(zmq.ROUTER)
+        self.socket.linger = 0
+        self.socket.setsockopt(zmq.MAXMSGSIZE, limits.socket_max_frame_bytes)
+        self.socket.sndhwm = self.socket.rcvhwm = 100_000
+        self.socket.bind(bind)
+        self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.parked = {}
+        self._deadlines = []
+        self._seq = 0
+        self._last_seen = {}
+        self._running = False
+        self.started = time.monotonic()
+        self.stats = {"requests": 0, "errors": 0, "bad_requests": 0, "deadlines": 0}
+        self.handlers = {"ping": self._ping, "cancel": self._cancel, "bye": self._bye, "info": self._info}
+
+    # ------------------------------------------------ hooks for subclasses
+
+    def on_deadline(self, call):
+        """The parked `call` reached its deadline: withdraw it. Default: just fail it."""
+        self.fail(call, DeadlineExceededError("Timed out waiting for notification"))
+
+    def on_cancel(self, call, error):
+        """Withdraw the parked `call` (client cancel, client gone). Default: fail it."""
+        self.fail(call, error)
+
+    def describe(self):
+        """Extra fields for `info`."""
+        return {}
+
+    def close(self):
+        self.socket.close(0)
+
+    # ------------------------------------------------ completing calls
+
+    def park(self, call):
+        self.parked[call.key] = call
+        if call.deadline is not None:
+            self._seq += 1
+            heapq.heappush(self._deadlines, (call.deadline, self._seq, call))
+        return PARKED
+
+    def reply(self, call, result=None, tensors=()):
+        if call.finished:
+            return
+        call.finished = True
+        self.parked.pop(call.key, None)
+        self._send(call.identity, wire.reply_frames(call.id, 0, None, result, tensors))
+
+    def fail(self, call, error):
+        if call.finished:
+            return
+        call.finished = True
+        self.parked.pop(call.key, None)
+        self.stats["errors"] += 1
+        self._send(call.identity, wire.reply_frames(call.id, error.code, error.message))
+
+    def _send(self, identity, frames):
+        try:
+            self.socket.send_multipart([identity] + frames, copy=False)
+        except zmq.ZMQError as exc:  # peer gone or HWM: the reply is lost, the loop is not
+            log.warning("reply to %r dropped: %s", identity, exc)
+
+    # ------------------------------------------------ the loop
+
+    def run(self, install_signals=True):
+        """Serve until `stop()` (or SIGTERM/SIGINT when `install_signals`)."""
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self.stop())
+        self._running = True
+        poller = zmq.Poller()
+        poller.register(self.socket, zmq.POLLIN)
+        next_sweep = time.monotonic() + 1.0
+        while self._running:
+            now = time.monotonic()
+            wait = min(next_sweep, self._deadlines[0][0] if self._deadlines else next_sweep) - now
+            if poller.poll(max(0, min(wait, 0.2)) * 1000):
+                self._drain()
+            now = time.monotonic()
+            self._expire(now)
+            if now >= next_sweep:
+                self._sweep_clients(now)
+                next_sweep = now + 1.0
+        self.close()
+
+    def stop(self):
+        self._running = False
+
+    def _drain(self):
+        for _ in range(_DRAIN_BATCH):
+            try:
+                if not self.socket.poll(0):
+                    return
+                self._handle(*wire.recv_message(self.socket, True, self.limits))
+            except zmq.ZMQError as exc:
+                log.warning("receive failed: %s", exc)
+                return
+
+    def _handle(self, identity, header, frames, error):
+        now = time.monotonic()
+        self._last_seen[identity] = now
+        self.stats["requests"] += 1
+        rid = header.get("id") if header is not None and type(header.get("id")) is int else 0
+        try:
+            if error is not None:
+                raise error
+            op, rid, deadline_ms, args = wire.check_request(header, self.limits)
+            handler = self.handlers.get(op)
+            if handler is None:
+                raise InvalidArgumentError(f"unknown op {op!r} for {self.name}; known: {', '.join(sorted(self.handlers))}")
+            tensors = wire.decode_tensors(header.get("tensors", []), frames, self.limits)
+            deadline = None if deadline_ms is None else now + deadline_ms / 1000.0
+            call = Call(identity, rid, op, args, tensors, deadline, now)
+            if call.key in self.parked:
+                raise InvalidArgumentError(f"request id {rid} is already pending")
+            answer = handler(call)
+            if answer is not PARKED:
+                result, tensors = answer if isinstance(answer, tuple) else (answer, ())
+                self.reply(call, result, tensors)
+        except OpError as exc:
+            if isinstance(exc, InvalidArgumentError):
+                self.stats["bad_requests"] += 1
+            self.stats["errors"] += 1
+            self._send(identity, wire.reply_frames(rid, exc.code, exc.message))
+        except Exception as exc:  # a bug in a handler must not kill the loop
+            log.exception("internal error handling %r", header)
+            self.stats["errors"] += 1
+            self._send(identity, wire.reply_frames(rid, InternalError.code, f"internal error: {exc!r}"))
+
+    def _expire(self, now):
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            _, _, call = heapq.heappop(heap)
+            if not call.finished:
+                self.stats["deadlines"] += 1
+                self.on_deadline(call)
+
+    def _sweep_clients(self, now):
+        gone = {c.identity for c in self.parked.values() if now - self._last_seen.get(c.identity, now) > self.client_timeout}
+        for identity in gone:
+            log.info("client %r silent for more than %.0f s: cancelling its requests", identity, self.client_timeout)
+            self._cancel_identity(identity, CancelledError("client went away: its requests were cancelled"))
+        for identity, seen in list(self._last_seen.items()):
+            if now - seen > self.client_timeout:
+                del self._last_seen[identity]
+
+    def _cancel_identity(self, identity, error):
+        for call in [c for c in self.parked.values() if c.identity == identity]:
+            if not call.finished:
+                self.on_cancel(call, error)
+
+    # ------------------------------------------------ built-in ops
+
+    def _ping(self, call):
+        ids = call.args.get("ids", [])
+        if not isinstance(ids, list):
+            raise InvalidArgumentError("ping ids must be a list")
+        unknown = [i for i in ids if (call.identity, i) not in self.parked]
+        return {"unknown": unknown, "service": self.name}
+
+    def _cancel(self, call):
+        target = self.parked.get((call.identity, call.args.get("target")))
+        if target is None:
+            return {"cancelled": False}
+        self.on_cancel(target, CancelledError(f"request {target.id} ({target.op}) was cancelled by the client"))
+        return {"cancelled": True}
+
+    def _bye(self, call):
+        self._cancel_identity(call.identity, CancelledError("client closed: its requests were cancelled"))
+        self._last_seen.pop(call.identity, None)
+        return {}
+
+    def _info(self, call):
+        return {"service": self.name, "endpoint": self.endpoint, "pid": os.getpid(),
+                "uptime_s": round(time.monotonic() - self.started, 3), "parked": len(self.parked),
+                "stats": dict(self.stats), **self.describe()}

@@ -1,0 +1,3 @@
+from services.broker.cli import main
+
+main()

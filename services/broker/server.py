@@ -1,0 +1,106 @@
+"""The queue-broker service: translates messages into calls on the queue registry.
+
+All queue semantics live in `services.broker.queues`; this file only maps ops
+to calls, parks requests that cannot complete yet, and replies to every ticket
+a call completed (after the queue's loop finished, so replies are atomic).
+"""
+
+import logging
+
+from common.errors import CancelledError, DeadlineExceededError, InvalidArgumentError
+from common.limits import DEFAULT_LIMITS
+from common.rpc_service import PARKED, Service
+from services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
+
+log = logging.getLogger(__name__)
+
+QUEUE_OPS = ("enqueue", "enqueue_many", "dequeue", "dequeue_many", "dequeue_up_to", "close")
+
+
+class BrokerService(Service):
+    name = "queue-broker"
+
+    def __init__(self, bind, limits=DEFAULT_LIMITS, client_timeout=30.0, context=None):
+        super().__init__(bind, limits, client_timeout, context)
+        self.registry = QueueRegistry()
+        for op in QUEUE_OPS:
+            self.handlers[op] = self._queue_op
+        self.handlers.update(open_queue=self._open_queue, size=self._size, is_closed=self._is_closed,
+                             reset=self._reset, list_queues=self._list_queues)
+
+    # ------------------------------------------------ queue requests
+
+    def _queue(self, call):
+        handle = call.args.get("queue")
+        if type(handle) is not int:
+            raise InvalidArgumentError(f"'queue' must be a queue handle (int), got {handle!r:.60}")
+        return self.registry.get(handle)
+
+    def _queue_op(self, call):
+        queue = self._queue(call)
+        args = call.args
+        n = args.get("n")
+        if call.op in ("dequeue_many", "dequeue_up_to") and type(n) is not int:
+            raise InvalidArgumentError(f"{call.op} needs an int 'n', got {n!r:.60}")
+        ticket = Ticket(call.op, components=call.tensors, n=n,
+                        cancel_pending_enqueues=bool(args.get("cancel_pending_enqueues", False)),
+                        owner=call.identity, tag=call)
+        call.state = (queue, ticket)
+        completed = queue.submit(ticket)
+        if not ticket.done:
+            self.park(call)
+        self._answer(completed)
+        return PARKED
+
+    def _answer(self, tickets):
+        for ticket in tickets:
+            call = ticket.tag
+            if ticket.error is not None:
+                self.fail(call, ticket.error)
+            else:
+                self.reply(call, None, ticket.result or ())
+
+    def on_deadline(self, call):
+        self._withdraw(call, DeadlineExceededError("Timed out waiting for notification"))
+
+    def on_cancel(self, call, error):
+        self._withdraw(call, error)
+
+    def _withdraw(self, call, error):
+        queue, ticket = call.state
+        completed = queue.cancel(ticket, error)
+        if not completed and not call.finished:  # the queue no longer held it (container reset)
+            self.fail(call, error)
+        self._answer(completed)
+
+    # ------------------------------------------------ registry requests
+
+    def _open_queue(self, call):
+        declaration = QueueDeclaration.from_dict(call.args.get("declaration"))
+        for field in ("shared_name", "container"):
+            if len(getattr(declaration, field)) > self.limits.max_name_length:
+                raise InvalidArgumentError(f"{field} longer than {self.limits.max_name_length} characters")
+        handle, created = self.registry.open(declaration)
+        queue = self.registry.get(handle)
+        log.info("%s queue %r (handle %d)", "created" if created else "attached to", queue.name, handle)
+        return {"handle": handle, "created": created, "name": queue.name}
+
+    def _size(self, call):
+        return {"size": self._queue(call).size()}
+
+    def _is_closed(self, call):
+        return {"closed": self._queue(call).is_closed()}
+
+    def _reset(self, call):
+        container = call.args.get("container", "")
+        if not isinstance(container, str):
+            raise InvalidArgumentError("'container' must be a string")
+        before = len(self.registry.list())
+        self._answer(self.registry.reset(container))
+        return {"container": container, "freed": before - len(self.registry.list())}
+
+    def _list_queues(self, call):
+        return {"queues": self.registry.list()}
+
+    def describe(self):
+        return {"queues": len(self.registry.list())}
