@@ -1,0 +1,17 @@
+"""TensorFlow 1.x queues as plain Python: the queue-broker's domain logic, no sockets.
+
+The server turns each request into a `Ticket`, calls `QueueBase.submit` /
+`cancel` on the queue the `QueueRegistry` gives it, and replies to every
+ticket those calls return. queue-semantics.md is the specification.
+"""
+
+from services.broker.queues.base import QueueBase
+from services.broker.queues.declaration import KINDS, QueueDeclaration
+from services.broker.queues.fifo import FIFOQueue
+from services.broker.queues.padding_fifo import PaddingFIFOQueue
+from services.broker.queues.random_shuffle import RandomShuffleQueue
+from services.broker.queues.registry import QUEUE_CLASSES, QueueRegistry
+from services.broker.queues.ticket import Ticket
+
+__all__ = ["KINDS", "QUEUE_CLASSES", "FIFOQueue", "PaddingFIFOQueue", "QueueBase", "QueueDeclaration",
+           "QueueRegistry", "RandomShuffleQueue", "Ticket"]

@@ -1,0 +1,345 @@
+"""The queue state machine shared by every kind (queue-semantics.md §2, §3, §5).
+
+A queue holds its elements (tuples of arrays, one per component), a closed
+flag and two FIFO lists of pending tickets: E (enqueue, enqueue_many, plain
+close) and D (dequeue, dequeue_many, dequeue_up_to). After every change it runs
+
+    repeat { p = serve(E); p = serve(D) or p } until not p
+
+where serve() tries the head of a list until one does not COMPLETE. This one
+rule gives TF's ordering: dequeuers served in arrival order, a dequeue_many at
+the head absorbing elements before later dequeues, a close waiting behind
+earlier blocked enqueues. Subclasses only say how elements are stored, taken,
+restored, shape-checked and batched.
+"""
+
+import sys
+from collections import deque
+
+import numpy as np
+
+from common import dtypes as wire_dtypes
+from common.errors import CancelledError, InvalidArgumentError, OutOfRangeError, ResourceExhaustedError
+from services.broker.queues.declaration import format_shape
+from services.broker.queues.ticket import BATCH_DEQUEUE_OPS, ENQUEUE_OPS, OPS
+
+COMPLETE, PROGRESS, NO_PROGRESS = 2, 1, 0
+
+
+def stack(parts, dtype):
+    """One [B]+shape array from B equal-shape arrays.
+
+    np.array copies in C (several times faster than np.stack's Python loop), but
+    would nest 0-d object arrays instead of their bytes, so strings use np.stack.
+    """
+    if dtype.hasobject:
+        return np.stack(parts)
+    return np.array(parts, dtype=dtype)
+
+
+class QueueBase:
+    """A queue's state and service rule; `submit` and `cancel` are its whole interface to the server."""
+
+    kind = None
+
+    def __init__(self, decl, name):
+        self.decl = decl
+        self.name = name
+        self._capacity = decl.capacity if decl.capacity >= 0 else sys.maxsize
+        self._min_after = decl.min_after_dequeue
+        self._dtypes = tuple(wire_dtypes.as_numpy(d) for d in decl.dtypes)
+        self._ncomp = len(self._dtypes)
+        self._shapes = None if decl.shapes is None else tuple(tuple(s) for s in decl.shapes)
+        self._closed = False
+        self._enq = deque()  # E
+        self._deq = deque()  # D
+        self._tries = {"enqueue": self._try_enqueue, "enqueue_many": self._try_enqueue_many,
+                       "dequeue": self._try_dequeue, "dequeue_many": self._try_dequeue_many,
+                       "dequeue_up_to": self._try_dequeue_many, "close": self._try_close}
+
+    # ------------------------------------------------ storage, per kind
+
+    def _take(self):
+        """Remove and return one stored element."""
+        raise NotImplementedError
+
+    def _restore(self, held):
+        """Give back elements a batch dequeue held (FIFO: front, original order)."""
+        raise NotImplementedError
+
+    def _check_shape(self, i, shape, batch=None):
+        """InvalidArgument unless `shape` fits component i (elements of a batch of `batch`)."""
+        expected = self._shapes[i]
+        if shape != expected:
+            self._shape_mismatch(i, expected, shape, batch)
+
+    def _batch(self, held):
+        """The arrays [B]+shape of a batch dequeue of the elements `held`."""
+        return [stack([e[i] for e in held], dtype) for i, dtype in enumerate(self._dtypes)]
+
+    def _empty_batch(self):
+        return [np.empty((0,) + tuple(d or 0 for d in shape), dtype)
+                for shape, dtype in zip(self._shapes, self._dtypes)]
+
+    # ------------------------------------------------ public API
+
+    def submit(self, ticket):
+        """Validate and apply one request; return the tickets it completed, in completion order."""
+        if ticket.done or ticket._queue is not None:
+            raise InvalidArgumentError(f"{ticket!r} was already submitted")
+        self._validate(ticket)
+        op = ticket.op
+        if op == "close" and ticket.cancel_pending_enqueues:
+            return self._cancelling_close(ticket)
+        if op == "enqueue_many" and ticket._batch == 0 or op in BATCH_DEQUEUE_OPS and ticket.n == 0:
+            if op != "enqueue_many":
+                ticket.result = self._empty_batch()
+            ticket.done = True  # never queued, even on a closed queue (§3)
+            return [ticket]
+        ticket._queue = self
+        (self._enq if op in ENQUEUE_OPS or op == "close" else self._deq).append(ticket)
+        done = []
+        self._run(done)
+        return done
+
+    def cancel(self, ticket, error):
+        """Withdraw a pending ticket with `error` (deadline, client cancel); [] if it is not pending here."""
+        if ticket._queue is not self:
+            return []
+        lst = self._enq if ticket in self._enq else self._deq
+        lst.remove(ticket)
+        done = [self._withdraw(ticket, error)]
+        self._run(done)
+        return done
+
+    def cancel_owner(self, owner, error):
+        """Withdraw every pending ticket of `owner` (a client that went away), then serve the others."""
+        return self._cancel_where(lambda t: t.owner == owner, error)
+
+    def cancel_all(self, error):
+        """Withdraw every pending ticket (container reset)."""
+        return self._cancel_where(lambda t: True, error)
+
+    def size(self):
+        return len(self._elements)
+
+    def is_closed(self):
+        return self._closed
+
+    def describe(self):
+        d = self.decl
+        return {"kind": self.kind, "name": self.name, "capacity": d.capacity, "size": len(self._elements),
+                "closed": self._closed, "dtypes": list(d.dtypes),
+                "shapes": None if d.shapes is None else [list(s) for s in d.shapes],
+                "names": None if d.names is None else list(d.names), "min_after_dequeue": d.min_after_dequeue,
+                "waiting_enqueues": len(self._enq), "waiting_dequeues": len(self._deq)}
+
+    def __repr__(self):
+        return f"<{self.kind} {self.name!r} size={len(self._elements)} closed={self._closed}>"
+
+    # ------------------------------------------------ validation (§3)
+
+    def _validate(self, t):
+        op = t.op
+        if type(op) is not str or op not in OPS:
+            raise InvalidArgumentError(f"unknown queue operation {op!r:.60}")
+        comps = t.components
+        if op in ENQUEUE_OPS:
+            self._validate_enqueue(t, comps, op == "enqueue_many")
+            return
+        if type(comps) not in (list, tuple) or comps:
+            raise InvalidArgumentError(f"{op} takes no tensors")
+        if op in BATCH_DEQUEUE_OPS:
+            n = t.n
+            if type(n) is not int:
+                raise InvalidArgumentError(f"{op} needs an int number of elements, got {n!r:.60}")
+            if n < 0:
+                raise InvalidArgumentError(f"{self.kind} '{self.name}': requested {n} < 0 elements")
+            if self._shapes is None:
+                raise InvalidArgumentError(f"{self.kind} '{self.name}': dequeue_many and dequeue_up_to require "
+                                           "the components to have specified shapes")
+
+    def _validate_enqueue(self, t, comps, many):
+        if type(comps) not in (list, tuple) or len(comps) != self._ncomp:
+            got = len(comps) if isinstance(comps, (list, tuple)) else type(comps).__name__
+            raise InvalidArgumentError(f"{self.kind} '{self.name}' expects {self._ncomp} components, got {got}")
+        batch = None
+        for i, (c, dtype) in enumerate(zip(comps, self._dtypes)):
+            if not isinstance(c, np.ndarray):
+                raise InvalidArgumentError(f"component {i} must be an array, got {type(c).__name__}")
+            if c.dtype != dtype:
+                raise InvalidArgumentError(f"Type mismatch in tuple component {i}. Expected "
+                                           f"{self.decl.dtypes[i]}, got {wire_dtypes.name_of_or_str(c.dtype)}")
+            shape = c.shape
+            if many:
+                if not shape:
+                    raise InvalidArgumentError(f"enqueue_many: component {i} is a scalar; every component needs a "
+                                               "batch dimension")
+                if batch is None:
+                    batch = shape[0]
+                elif shape[0] != batch:
+                    raise InvalidArgumentError(f"All input tensors must have the same size in the 0th dimension. "
+                                               f"Component 0 has {batch}, component {i} has {shape[0]}")
+                shape = shape[1:]
+            if self._shapes is not None:
+                self._check_shape(i, shape, batch)
+        t._batch = batch or 0
+
+    def _shape_mismatch(self, i, expected, got, batch):
+        if batch is not None:
+            expected, got = (batch,) + tuple(expected), (batch,) + tuple(got)
+        raise InvalidArgumentError(f"Shape mismatch in tuple component {i}. Expected {format_shape(expected)}, "
+                                   f"got {format_shape(got)}")
+
+    # ------------------------------------------------ the service loop (§2)
+
+    def _run(self, done):
+        enq, deq, serve = self._enq, self._deq, self._serve
+        while True:
+            p = serve(enq, done) if enq else False
+            if deq and serve(deq, done):
+                p = True
+            if not p:
+                return
+
+    def _serve(self, lst, done):
+        tries, progress = self._tries, False
+        while lst:
+            t = lst[0]
+            res = tries[t.op](t)
+            if res != COMPLETE:
+                return progress or res == PROGRESS
+            lst.popleft()
+            t._queue = None
+            t.done = True
+            done.append(t)
+            progress = True
+        return progress
+
+    def _withdraw(self, t, error):
+        """Finish a ticket already removed from its list: restore what it held (§5)."""
+        if t._held:
+            self._restore(t._held)
+        t._held = None
+        t._queue = None
+        t.error = error
+        t.done = True
+        return t
+
+    def _cancel_where(self, pred, error):
+        done = []
+        for lst in (self._enq, self._deq):
+            mine = [t for t in lst if pred(t)]
+            if not mine:
+                continue
+            keep = [t for t in lst if not pred(t)]
+            lst.clear()
+            lst.extend(keep)
+            for t in reversed(mine):  # latest first, so FIFO restores end up in original order
+                self._withdraw(t, error)
+            done.extend(mine)
+        if done and (self._enq or self._deq):
+            self._run(done)
+        return done
+
+    # ------------------------------------------------ try() per op (§3)
+
+    def _closed_error(self):
+        return CancelledError(f"{self.kind} '{self.name}' is closed.")
+
+    def _try_enqueue(self, t):
+        if self._closed:
+            t.error = self._closed_error()
+            return COMPLETE
+        if len(self._elements) < self._capacity:
+            self._elements.append(tuple(t.components))
+            return COMPLETE
+        return NO_PROGRESS
+
+    def _try_enqueue_many(self, t):
+        if self._closed:
+            t.error = self._closed_error()  # elements already inserted stay
+            return COMPLETE
+        elements, i, batch = self._elements, t._next, t._batch
+        end = min(batch, i + self._capacity - len(elements))
+        if end <= i:
+            return NO_PROGRESS
+        # per-element views of rows i..end; iterating a rank>1 array yields them in C, a
+        # rank-1 array would yield scalars (bytes for strings), so those rows are 0-d views
+        rows = [list(c[i:end]) if c.ndim > 1 else [c[k, ...] for k in range(i, end)] for c in t.components]
+        elements.extend(zip(*rows))
+        t._next = end
+        return COMPLETE if end == batch else PROGRESS
+
+    def _try_dequeue(self, t):
+        elements = self._elements
+        if self._closed:
+            if not elements:
+                t.error = self._insufficient(1, 0)
+                return COMPLETE
+        elif len(elements) <= self._min_after:
+            return NO_PROGRESS
+        t.result = list(self._take())
+        return COMPLETE
+
+    def _try_dequeue_many(self, t):
+        elements, held = self._elements, t._held
+        have = len(held) if held else 0
+        need = t.n - have
+        size = len(elements)
+        if self._closed and size < need:
+            if held:
+                self._restore(held)
+                t._held = None
+            if t.op == "dequeue_up_to" and len(elements) > 0:
+                return self._complete_batch(t, [self._take() for _ in range(len(elements))])
+            t.error = self._insufficient(need, size)
+            return COMPLETE
+        k = min(size - (0 if self._closed else self._min_after), need)
+        if k <= 0:
+            return NO_PROGRESS
+        take = self._take
+        if not have and k == need:  # the whole batch at once, the common case
+            return self._complete_batch(t, [take() for _ in range(k)])
+        if held is None:
+            held = t._held = []
+        held.extend([take() for _ in range(k)])
+        if k < need:
+            return PROGRESS
+        t._held = None
+        return self._complete_batch(t, held)
+
+    def _complete_batch(self, t, held):
+        """Stack the batch; if it cannot be built (memory, size limit) give the elements back."""
+        try:
+            t.result = self._batch(held)
+        except (MemoryError, ValueError) as e:
+            self._restore(held)
+            t.error = ResourceExhaustedError(f"{self.kind} '{self.name}': a batch of {len(held)} elements could "
+                                             f"not be assembled: {e}")
+        return COMPLETE
+
+    def _try_close(self, t):
+        if self._closed:
+            t.error = CancelledError(f"Queue '{self.name}' is already closed.")
+        self._closed = True
+        return COMPLETE
+
+    def _insufficient(self, requested, size):
+        return OutOfRangeError(f"{self.kind} '{self.name}' is closed and has insufficient elements "
+                               f"(requested {requested}, current size {size})")
+
+    def _cancelling_close(self, t):
+        """close(cancel_pending_enqueues=True): never queued; fails every pending E request (§3)."""
+        self._closed = True
+        done = []
+        for e in self._enq:
+            e._queue = None
+            e.error = CancelledError("Enqueue operation was cancelled")
+            e.done = True
+            done.append(e)
+        self._enq.clear()
+        t.done = True
+        done.append(t)
+        self._run(done)
+        return done

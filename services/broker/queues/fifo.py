@@ -1,0 +1,19 @@
+"""FIFOQueue: take from the front, append at the back (queue-semantics.md §4)."""
+
+from collections import deque
+
+from services.broker.queues.base import QueueBase
+
+
+class FIFOQueue(QueueBase):
+    """First in, first out; held elements given back go to the front in their original order."""
+
+    kind = "FIFOQueue"
+
+    def __init__(self, decl, name):
+        super().__init__(decl, name)
+        self._elements = deque()
+        self._take = self._elements.popleft  # bound once: the hot path calls it per element
+
+    def _restore(self, held):
+        self._elements.extendleft(reversed(held))

@@ -1,0 +1,78 @@
+"""Every queue of the broker, by handle and by (container, shared_name) (§1, §7).
+
+A handle is an int the broker hands out once and never reuses, so a request
+naming a queue of a reset container gets NotFound instead of reaching a new
+queue that happens to share its name.
+"""
+
+import itertools
+
+from common.errors import CancelledError, InvalidArgumentError, NotFoundError
+from services.broker.queues.fifo import FIFOQueue
+from services.broker.queues.padding_fifo import PaddingFIFOQueue
+from services.broker.queues.random_shuffle import RandomShuffleQueue
+
+QUEUE_CLASSES = {cls.kind: cls for cls in (FIFOQueue, RandomShuffleQueue, PaddingFIFOQueue)}
+
+
+class QueueRegistry:
+    """Creates, attaches to, finds and frees queues."""
+
+    def __init__(self):
+        self._queues = {}  # handle -> queue
+        self._where = {}  # handle -> (container, shared_name)
+        self._by_name = {}  # (container, shared_name) -> handle, shared queues only
+        self._handles = itertools.count(1)
+
+    def open(self, decl):
+        """(handle, created): attach to the compatible queue of that name, or create one.
+
+        An empty shared_name always creates a private queue. An incompatible
+        declaration raises InvalidArgument and leaves the existing queue alone.
+        """
+        decl.validate()
+        key = (decl.container, decl.shared_name)
+        if decl.shared_name and key in self._by_name:
+            handle = self._by_name[key]
+            decl.check_compatible(self._queues[handle].decl)
+            return handle, False
+        handle = next(self._handles)
+        name = decl.shared_name or f"queue-{handle}"
+        self._queues[handle] = QUEUE_CLASSES[decl.kind](decl, name)
+        self._where[handle] = key
+        if decl.shared_name:
+            self._by_name[key] = handle
+        return handle, True
+
+    def get(self, handle):
+        if type(handle) is not int:
+            raise InvalidArgumentError(f"a queue handle is an int, got {handle!r:.40}")
+        queue = self._queues.get(handle)
+        if queue is None:
+            raise NotFoundError(f"queue {handle!r:.40} not found: never created or its container was reset")
+        return queue
+
+    def reset(self, container):
+        """Free every queue of `container`; their pending requests complete Cancelled (returned)."""
+        done = []
+        for handle in [h for h, (c, _) in self._where.items() if c == container]:
+            queue = self._queues.pop(handle)
+            key = self._where.pop(handle)
+            self._by_name.pop(key, None)
+            done.extend(queue.cancel_all(CancelledError(
+                f"{queue.kind} '{queue.name}' was freed: container '{container}' was reset")))
+        return done
+
+    def cancel_owner(self, owner, error):
+        """Withdraw every pending request of `owner` on every queue (client gone)."""
+        done = []
+        for queue in list(self._queues.values()):
+            done.extend(queue.cancel_owner(owner, error))
+        return done
+
+    def list(self):
+        return [{"handle": h, "container": c, "shared_name": s, **self._queues[h].describe()}
+                for h, (c, s) in self._where.items()]
+
+    def __len__(self):
+        return len(self._queues)
