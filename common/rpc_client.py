@@ -143,7 +143,10 @@ class RpcClient:
         self.socket.send_multipart(frames, copy=False)
         if not track:
             return rid
-        deadline = None if timeout is None else time.monotonic() + timeout + grace_for(timeout)
+        now = time.monotonic()
+        if not self._pending:
+            self._last_heard = now  # silence counts from when we start expecting an answer
+        deadline = None if timeout is None else now + timeout + grace_for(timeout)
         pending = PendingCall(self, rid, op, deadline)
         self._pending[rid] = pending
         return pending

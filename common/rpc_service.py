@@ -148,13 +148,16 @@ class Service:
 
     def _drain(self):
         for _ in range(_DRAIN_BATCH):
-            try:
-                if not self.socket.poll(0):
-                    return
-                self._handle(*wire.recv_message(self.socket, True, self.limits))
-            except zmq.ZMQError as exc:
-                log.warning("receive failed: %s", exc)
+            if not self.socket.poll(0):
                 return
+            try:
+                message = wire.recv_message(self.socket, True, self.limits)
+            except Exception as exc:  # never let one message stop the loop
+                log.exception("receive failed: %s", exc)
+                while self.socket.rcvmore:
+                    self.socket.recv(copy=False)
+                continue
+            self._handle(*message)
 
     def _handle(self, identity, header, frames, error):
         now = time.monotonic()

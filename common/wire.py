@@ -198,9 +198,12 @@ def recv_message(sock, expect_identity, limits=DEFAULT_LIMITS):
 
 
 def _declared_bytes(spec):
+    """Bytes a [dtype, shape] spec claims; only a hint for the copy choice, never trusted."""
     try:
         name, shape = spec
+        if not all(type(d) is int for d in shape):
+            return 0
         itemsize = 8 if name == dtypes.STRING else dtypes.as_numpy(name).itemsize
         return math.prod(shape) * itemsize
     except Exception:
-        return ZERO_COPY_BYTES
+        return 0
