@@ -1,0 +1,1 @@
+"""The reader service: files (CSV, fixed-length records, TFRecord) in, instances into the broker's queues."""
