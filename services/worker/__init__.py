@@ -1,0 +1,1 @@
+"""The worker service: dequeues batches, pulls parameters, computes gradients, pushes them."""
