@@ -20,7 +20,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 demo: $(STAMP)
-	$(BIN)/python -m services.demo
+	$(BIN)/zmqflow demo
 
 bench: $(STAMP)
 	$(BIN)/zmqflow bench broker --json

@@ -16,3 +16,10 @@ main.add_command(broker)
 main.add_command(ping)
 main.add_command(queues)
 main.add_command(bench)
+
+
+@main.command()
+def demo():
+    """Run the demo: MNIST through a real broker (what `make demo` runs)."""
+    from services.demo import run_demo
+    run_demo()

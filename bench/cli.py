@@ -1,0 +1,22 @@
+"""`zmqflow bench ...`: benchmarks that print one JSON object on their last line."""
+
+import json
+
+import click
+
+
+@click.group()
+def bench():
+    """Benchmarks; each measures its own baseline in the same run and reports ratios."""
+
+
+@bench.command()
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON result line.")
+@click.option("--seconds", default=3.0, show_default=True, help="Duration of each throughput phase.")
+@click.option("--window", default=64, show_default=True, help="Requests in flight per client process.")
+def broker(as_json, seconds, window):
+    """Queue-broker: small ops/s, dequeue latency, batch throughput vs a raw pyzmq relay."""
+    from bench.broker import run
+
+    result = run(seconds=seconds, window=window, progress=None if as_json else click.echo)
+    click.echo(json.dumps(result))
