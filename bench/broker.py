@@ -40,7 +40,9 @@ def _pipelined(start_op, total, window):
 
 
 def _open(endpoint, kind, name):
+    from common.memory import keep_freed_memory
     from common.queues import FIFOQueue
+    keep_freed_memory()
     if kind == "small":
         return FIFOQueue(-1, ["int32"], shapes=[[]], shared_name=name, broker=endpoint)
     return FIFOQueue(64, ["float32", "int32"], shapes=[[ROW], []], shared_name=name, broker=endpoint)

@@ -8,6 +8,7 @@ import sys
 import click
 
 from common.limits import DEFAULT_LIMITS
+from common.memory import keep_freed_memory
 
 
 def service_options(default_bind):
@@ -37,6 +38,7 @@ def setup_logging(level, task):
 
 def run_service(service_class, bind, ready_file, log_level, client_timeout, max_message_bytes):
     setup_logging(log_level, service_class.name)
+    keep_freed_memory()
     limits = dataclasses.replace(DEFAULT_LIMITS, max_message_bytes=max_message_bytes)
     service = service_class(bind, limits=limits, client_timeout=client_timeout)
     logging.getLogger(service_class.name).info("%s listening on %s (pid %d)", service.name, service.endpoint,

@@ -86,6 +86,8 @@ class RpcClient:
         self.socket.setsockopt(zmq.MAXMSGSIZE, self.limits.socket_max_frame_bytes)
         self.socket.sndhwm = self.socket.rcvhwm = 100_000
         self.socket.connect(self.address)
+        self._poller = zmq.Poller()
+        self._poller.register(self.socket, zmq.POLLIN)
         self._last_heard = time.monotonic()
         self._last_ping = 0.0
 
@@ -140,7 +142,7 @@ class RpcClient:
         rid = next(self._ids)
         deadline_ms = None if timeout is None else max(0, int(timeout * 1000))
         frames = wire.request_frames(op, rid, args, tensors, deadline_ms)
-        self.socket.send_multipart(frames, copy=False)
+        wire.send_message(self.socket, frames)
         if not track:
             return rid
         now = time.monotonic()
@@ -164,11 +166,11 @@ class RpcClient:
                 self._pings.add(self._send("ping", {"ids": list(self._pending)}, (), None, track=False))
                 self._last_ping = now
             limit = min(self.heartbeat_interval, (pending.deadline - now) if pending.deadline else 1e9)
-            if self.socket.poll(max(1, int(limit * 1000))):
+            if wire.readable(self.socket) or self._poller.poll(max(1, int(limit * 1000))):
                 self._receive_all()
 
     def _receive_all(self):
-        while self.socket.poll(0):
+        while wire.readable(self.socket):
             _, header, frames, error = wire.recv_message(self.socket, False, self.limits)
             self._last_heard = time.monotonic()
             self._backoff = BACKOFF_START

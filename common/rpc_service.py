@@ -116,7 +116,7 @@ class Service:
 
     def _send(self, identity, frames):
         try:
-            self.socket.send_multipart([identity] + frames, copy=False)
+            wire.send_message(self.socket, frames, identity)
         except zmq.ZMQError as exc:  # peer gone or HWM: the reply is lost, the loop is not
             log.warning("reply to %r dropped: %s", identity, exc)
 
@@ -148,7 +148,7 @@ class Service:
 
     def _drain(self):
         for _ in range(_DRAIN_BATCH):
-            if not self.socket.poll(0):
+            if not wire.readable(self.socket):
                 return
             try:
                 message = wire.recv_message(self.socket, True, self.limits)

@@ -37,6 +37,26 @@ def stack(parts, dtype):
     return np.array(parts, dtype=dtype)
 
 
+def consecutive_rows(parts):
+    """The B parts as one [B]+shape view when they are consecutive rows of one buffer, else None.
+
+    A batch that went in with enqueue_many and comes out whole with dequeue_many
+    (the usual reader -> worker path) then leaves the broker without a copy.
+    Precondition (FIFO order): rows of one buffer appear at most once each and in
+    ascending order, so equal bases and a span of exactly B-1 rows mean consecutive.
+    """
+    first, last = parts[0], parts[-1]
+    base = first.base
+    if base is None or first.dtype.hasobject or any(p.base is not base for p in parts):
+        return None
+    step = first.nbytes
+    start, end = first.__array_interface__["data"][0], last.__array_interface__["data"][0]
+    if end - start != (len(parts) - 1) * step or not first.flags.c_contiguous:
+        return None
+    return np.lib.stride_tricks.as_strided(first, (len(parts),) + first.shape, (step,) + first.strides,
+                                           writeable=False)
+
+
 class QueueBase:
     """A queue's state and service rule; `submit` and `cancel` are its whole interface to the server."""
 

@@ -2,7 +2,7 @@
 
 from collections import deque
 
-from services.broker.queues.base import QueueBase
+from services.broker.queues.base import QueueBase, consecutive_rows, stack
 
 
 class FIFOQueue(QueueBase):
@@ -17,3 +17,12 @@ class FIFOQueue(QueueBase):
 
     def _restore(self, held):
         self._elements.extendleft(reversed(held))
+
+    def _batch(self, held):
+        # FIFO keeps each enqueue_many's rows in order, so a batch often is one slice of one message
+        out = []
+        for i, dtype in enumerate(self._dtypes):
+            parts = [e[i] for e in held]
+            rows = consecutive_rows(parts) if parts else None
+            out.append(rows if rows is not None else stack(parts, dtype))
+        return out

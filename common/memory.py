@@ -1,0 +1,27 @@
+"""Keep freed memory in the process instead of handing it back to the kernel.
+
+Tensor frames of hundreds of KB are allocated and freed on every message.
+glibc serves blocks above 128 KiB with mmap and returns them on free, so each
+new block pays a page fault per 4 KiB page (about 4 us each here): 300 us for
+one MNIST batch. Raising the mmap and trim thresholds makes malloc reuse the
+freed blocks. Measured on the broker benchmark: 81,000 -> 132,000 batch items/s.
+Services and compute processes call this once at start; it is a no-op where
+glibc's mallopt is not available.
+"""
+
+import ctypes
+import ctypes.util
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # glibc's upper bound on 64-bit
+TRIM_THRESHOLD = 1024 * 1024 * 1024
+
+
+def keep_freed_memory():
+    """Tune glibc malloc for large, repeated tensor buffers; True when applied."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
