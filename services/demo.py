@@ -1,8 +1,8 @@
 """`make demo`: MNIST through a real queue-broker, the way TF 1.x input pipelines fed training.
 
-Starts a broker process on a free loopback port, shards the MNIST CSV (sorted
-by label) across two producer threads that enqueue_many into a
-RandomShuffleQueue, closes the queue once both finished (a coordinated close),
+Starts a broker process on a free loopback port, cuts the MNIST CSV (sorted
+by label) into 20 "files" handed in a shuffled order to two producer threads
+that enqueue_many into a RandomShuffleQueue, closes the queue once both finished (a coordinated close),
 and drains it with two consumers using dequeue_up_to until OutOfRange. It
 prints the queue table a user would see with `zmqflow queues`, the label mix
 of the first mini-batches (shuffled although the file is sorted), and the
@@ -46,10 +46,14 @@ def run_demo(batch=100, producers=2, consumers=2):
         batches, errors = [], []
         progress = tqdm(total=len(labels), desc="consumed", unit="img", leave=True)
 
-        def produce(shard):
-            rows = np.arange(shard, len(labels), producers)
-            for start in range(0, len(rows), 250):
-                idx = rows[start:start + 250]
+        # 20 contiguous "files" of 250 rows, each holding one label, read in a shuffled
+        # order as string_input_producer(shuffle=True) would hand them to the readers
+        files = np.array_split(np.arange(len(labels)), 20)
+        order = np.random.default_rng(0).permutation(len(files))
+
+        def produce(reader):
+            for f in order[reader::producers]:
+                idx = files[f]
                 q.enqueue_many({"image": images[idx], "label": labels[idx]}, timeout=30)
 
         def consume():

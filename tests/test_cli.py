@@ -1,0 +1,62 @@
+"""The command lines: umbrella group, operator commands against a real broker, the demo, clean shutdown."""
+
+import json
+import subprocess
+import sys
+import time
+
+from click.testing import CliRunner
+
+from common.processes import start_service
+from common.queues import FIFOQueue
+from services.cli import main
+
+
+def test_every_command_has_help():
+    runner = CliRunner()
+    for args in ([], ["broker"], ["ping"], ["queues"], ["bench"], ["bench", "broker"], ["demo"]):
+        result = runner.invoke(main, args + ["--help"])
+        assert result.exit_code == 0, (args, result.output)
+        assert "Usage:" in result.output
+
+
+def test_python_dash_m_broker_help():
+    out = subprocess.run([sys.executable, "-m", "services.broker", "--help"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "--bind" in out.stdout
+
+
+def test_ping_and_queues_against_a_running_broker(broker):
+    q = FIFOQueue(5, "int32", shapes=[[]], shared_name="cli-listed", container="cli", broker=broker)
+    q.enqueue(1)
+    runner = CliRunner()
+    ping = runner.invoke(main, ["ping", broker, "--json"])
+    assert ping.exit_code == 0, ping.output
+    assert json.loads(ping.output)["service"] == "queue-broker"
+    listed = runner.invoke(main, ["queues", broker])
+    row = [line for line in listed.output.splitlines() if "cli-listed" in line]
+    assert row and row[0].split()[3:6] == ["FIFOQueue", "1", "5"]
+
+
+def test_ping_of_a_dead_address_fails_fast():
+    import zmq
+    s = zmq.Context.instance().socket(zmq.ROUTER)
+    port = s.bind_to_random_port("tcp://127.0.0.1")
+    s.close(0)  # nothing listens there any more
+    start = time.monotonic()
+    result = CliRunner().invoke(main, ["ping", f"127.0.0.1:{port}", "--timeout", "0.5"])
+    assert result.exit_code == 1 and "Unavailable" in result.output
+    assert time.monotonic() - start < 5
+
+
+def test_broker_exits_zero_on_sigterm(tmp_path):
+    proc = start_service("services.broker", log_dir=str(tmp_path))
+    assert proc.stop() == 0
+    assert "stopped" in proc.log()
+
+
+def test_demo_delivers_every_instance_once():
+    result = CliRunner().invoke(main, ["demo"])
+    assert result.exit_code == 0, result.output
+    assert "delivered 5000 of 5000 instances exactly once: True" in result.output
+    assert "broker stopped (exit 0)" in result.output
