@@ -9,7 +9,6 @@ of the first mini-batches (shuffled although the file is sorted), and the
 throughput.
 """
 
-import gzip
 import os
 import threading
 import time
@@ -19,24 +18,18 @@ import click
 import numpy as np
 from tqdm import tqdm
 
+from common.datasets import MNIST_CSV, load_mnist
 from common.errors import OutOfRangeError
 from common.processes import start_service
 from common.queues import RandomShuffleQueue
 from common.rpc_client import RpcClient
 from services.operator_commands import queue_table
 
-DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "mnist_5k.csv.gz")
-
-
-def load_mnist(path=DATA):
-    with gzip.open(path, "rt") as f:
-        table = np.loadtxt(f, delimiter=",", dtype=np.float32)
-    return table[:, :784] / 255.0, table[:, 784].astype(np.int32)
 
 
 def run_demo(batch=100, producers=2, consumers=2):
     images, labels = load_mnist()
-    click.echo(f"loaded {len(labels)} MNIST rows from {os.path.relpath(DATA)} (sorted by label)")
+    click.echo(f"loaded {len(labels)} MNIST rows from {os.path.relpath(MNIST_CSV)} (sorted by label)")
     broker = start_service("services.broker")
     click.echo(f"broker pid {broker.pid} at {broker.endpoint}")
     try:
