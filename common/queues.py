@@ -146,6 +146,30 @@ def _nothing(result, tensors):
     return None
 
 
+def attach(shared_name, container="", broker=None, pool=None, timeout=30.0):
+    """The existing queue `shared_name` with the declaration its creator gave, waiting up to
+    `timeout` seconds for it to be created (workers start before or after the reader)."""
+    import time
+    from common.errors import NotFoundError
+    broker = broker or os.environ.get(DEFAULT_BROKER_ENV)
+    client = (pool or default_pool).get(broker)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            result, _ = client.call("attach_queue", {"shared_name": shared_name, "container": container},
+                                    timeout=max(1.0, timeout))
+            break
+        except NotFoundError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    decl = result["declaration"]
+    queue = object.__new__(_CLASSES[decl["kind"]])
+    queue.broker, queue._pool, queue.handle, queue.name = broker, pool or default_pool, result["handle"], result["name"]
+    queue.dtypes, queue.shapes, queue.names = decl["dtypes"], decl["shapes"], decl["names"]
+    return queue
+
+
 class FIFOQueue(QueueBase):
     kind = "FIFOQueue"
 
@@ -164,6 +188,9 @@ class RandomShuffleQueue(QueueBase):
                  container="", broker=None, pool=None):
         super().__init__(capacity, dtypes, shapes, names, shared_name, container, broker, pool,
                          min_after_dequeue=min_after_dequeue, seed=seed)
+
+
+_CLASSES = {cls.kind: cls for cls in (FIFOQueue, PaddingFIFOQueue, RandomShuffleQueue)}
 
 
 def reset(containers, broker=None, pool=None):

@@ -25,7 +25,7 @@ class BrokerService(Service):
         self.registry = QueueRegistry()
         for op in QUEUE_OPS:
             self.handlers[op] = self._queue_op
-        self.handlers.update(open_queue=self._open_queue, size=self._size, is_closed=self._is_closed,
+        self.handlers.update(open_queue=self._open_queue, attach_queue=self._attach_queue, size=self._size, is_closed=self._is_closed,
                              reset=self._reset, list_queues=self._list_queues)
 
     # ------------------------------------------------ queue requests
@@ -84,6 +84,15 @@ class BrokerService(Service):
         queue = self.registry.get(handle)
         log.info("%s queue %r (handle %d)", "created" if created else "attached to", queue.name, handle)
         return {"handle": handle, "created": created, "name": queue.name}
+
+    def _attach_queue(self, call):
+        """Attach by name alone and learn the declaration (a broker extension: TF needs the declaration)."""
+        name, container = call.args.get("shared_name"), call.args.get("container", "")
+        if not isinstance(name, str) or not name or not isinstance(container, str):
+            raise InvalidArgumentError("attach_queue needs a non-empty 'shared_name' and a string 'container'")
+        handle = self.registry.find(container, name)
+        queue = self.registry.get(handle)
+        return {"handle": handle, "created": False, "name": queue.name, "declaration": queue.decl.to_dict()}
 
     def _size(self, call):
         return {"size": self._queue(call).size()}

@@ -240,3 +240,14 @@ def test_concurrent_producers_and_consumers_conserve_elements(broker, container)
         for p in range(producers):
             mine = [x for x in r if p * per_producer <= x < (p + 1) * per_producer]
             assert mine == sorted(mine)
+
+
+def test_attach_by_name_learns_the_declaration(broker, container):
+    q = RandomShuffleQueue(50, 5, ["float32", "int32"], shapes=[[3], []], names=["x", "y"], shared_name="data",
+                           container=container, broker=broker)
+    q.enqueue({"x": np.ones(3, np.float32), "y": 7})
+    attached = queues.attach("data", container=container, broker=broker)
+    assert type(attached) is RandomShuffleQueue and attached.handle == q.handle
+    assert attached.names == ["x", "y"] and attached.shapes == [[3], []]
+    with pytest.raises(NotFoundError):
+        queues.attach("missing", container=container, broker=broker, timeout=0.1)

@@ -44,6 +44,13 @@ class QueueRegistry:
             self._by_name[key] = handle
         return handle, True
 
+    def find(self, container, shared_name):
+        """The handle of the shared queue of that name, or NotFound (attach without a declaration)."""
+        handle = self._by_name.get((container, shared_name))
+        if handle is None:
+            raise NotFoundError(f"no queue named {shared_name!r:.80} in container {container!r:.80}")
+        return handle
+
     def get(self, handle):
         if type(handle) is not int:
             raise InvalidArgumentError(f"a queue handle is an int, got {handle!r:.40}")
