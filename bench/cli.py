@@ -20,3 +20,14 @@ def broker(as_json, seconds, window):
 
     result = run(seconds=seconds, window=window, progress=None if as_json else click.echo)
     click.echo(json.dumps(result))
+
+
+@bench.command()
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON result line.")
+@click.option("--epochs", default=10, show_default=True, help="Epochs of the 1 ps + 2 workers async run.")
+def train(as_json, epochs):
+    """Training: examples/s of real clusters vs one process, ps pull/push vs raw pyzmq."""
+    from bench.train import run
+
+    result = run(epochs=epochs, progress=None if as_json else click.echo)
+    click.echo(json.dumps(result))

@@ -37,16 +37,21 @@ def setup_logging(level, task):
 
 
 def run_service(service_class, bind, ready_file, log_level, client_timeout, max_message_bytes):
-    setup_logging(log_level, service_class.name)
+    def build(limits):
+        return service_class(bind, limits=limits, client_timeout=client_timeout)
+    run_service_instance(build, service_class.name, ready_file, log_level, max_message_bytes)
+
+
+def run_service_instance(build, task, ready_file, log_level, max_message_bytes):
+    """Set up the process, build the service with `build(limits)`, announce it, serve until SIGTERM."""
+    setup_logging(log_level, task)
     keep_freed_memory()
-    limits = dataclasses.replace(DEFAULT_LIMITS, max_message_bytes=max_message_bytes)
-    service = service_class(bind, limits=limits, client_timeout=client_timeout)
-    logging.getLogger(service_class.name).info("%s listening on %s (pid %d)", service.name, service.endpoint,
-                                               os.getpid())
+    service = build(dataclasses.replace(DEFAULT_LIMITS, max_message_bytes=max_message_bytes))
+    logging.getLogger(service.name).info("%s listening on %s (pid %d)", service.name, service.endpoint, os.getpid())
     if ready_file:
         tmp = f"{ready_file}.tmp"
         with open(tmp, "w") as f:
             f.write(service.endpoint + "\n")
         os.replace(tmp, ready_file)
     service.run()
-    logging.getLogger(service_class.name).info("%s stopped", service.name)
+    logging.getLogger(service.name).info("%s stopped", service.name)

@@ -233,3 +233,14 @@ def load_model(spec, backend="numpy"):
             f"model class {spec['type']!r} does not implement variables, initial_values, "
             "loss_and_gradients and predict")
     return model
+
+
+MNIST_MLP = {"type": "mlp", "layers": [784, 100, 10], "activation": "sigmoid",
+             "init": {"kind": "truncated_normal", "stddev": 0.1}, "seed": 1}
+"""The seeds' distributed MNIST network: 784-100-10 with a sigmoid hidden layer."""
+
+
+def model_variables(spec):
+    """The variable list of any model spec (built-in or `module:Class`), without building kernels."""
+    spec = validate_spec(spec)
+    return mlp_variables(spec) if spec["type"] == "mlp" else load_model(spec).variables()

@@ -78,6 +78,22 @@ def start_service(module, args=(), bind="tcp://127.0.0.1:*", ready_timeout=30.0,
     raise DeadlineExceededError(f"{module} did not serve within {ready_timeout} s:\n{_tail(log_path)}")
 
 
+def start_process(module, args=(), env=None, log_dir=None, name=None):
+    """Run `python -m module args...` (a worker: no endpoint to wait for), logging to a file."""
+    log_dir = log_dir or tempfile.mkdtemp(prefix="zmqflow-")
+    log_path = os.path.join(log_dir, f"{name or module}.{time.monotonic_ns()}.log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **(env or {})})
+    return ServiceProcess(proc, None, None, log_path)
+
+
+def compute_thread_env(threads):
+    """Environment that caps BLAS/OpenMP/numba threads of a compute process (set before numpy loads)."""
+    n = str(max(1, int(threads)))
+    return {"OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "NUMBA_NUM_THREADS": n}
+
+
 def _tail(path, lines=20):
     try:
         with open(path, errors="replace") as f:

@@ -5,6 +5,10 @@ import click
 from bench.cli import bench
 from services.broker.cli import command as broker
 from services.operator_commands import ping, queues
+from services.placement_command import placement
+from services.ps.cli import command as ps
+from services.train import command as train
+from services.worker.cli import command as worker
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -13,9 +17,13 @@ def main():
 
 
 main.add_command(broker)
+main.add_command(ps)
+main.add_command(worker)
+main.add_command(train)
 main.add_command(ping)
 main.add_command(queues)
 main.add_command(bench)
+main.add_command(placement)
 
 
 @main.command()

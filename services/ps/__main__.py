@@ -1,0 +1,3 @@
+from services.ps.cli import main
+
+main()

@@ -1,0 +1,70 @@
+"""`zmqflow-ps`: run one parameter-server shard."""
+
+import logging
+
+import click
+
+from common.cli_support import run_service_instance, service_options
+from common.model_spec import model_variables
+from common.placement import place
+from common.task_options import model_options, parse_json_option, resolve_model, task_from_tf_config
+
+
+@click.command(name="ps", context_settings={"show_default": True})
+@service_options(default_bind="tcp://127.0.0.1:5600")
+@click.option("--task-index", default=None, type=int, help="This shard's index (default: TF_CONFIG, else 0).")
+@click.option("--num-ps", default=None, type=int, help="Number of ps shards (default: TF_CONFIG, else 1).")
+@model_options
+@click.option("--optimizer", default='{"kind": "sgd", "learning_rate": 0.5}',
+              help='Optimizer as JSON: kind sgd|momentum|adam|adagrad, learning_rate (number or schedule).')
+@click.option("--mode", default="async", type=click.Choice(["async", "sync"]))
+@click.option("--replicas-to-aggregate", default=None, type=int, help="Sync: gradients averaged per step.")
+@click.option("--total-num-replicas", default=None, type=int, help="Sync: workers in all (spares allowed).")
+@click.option("--staleness-bound", default=None, type=int, help="Async: drop pushes staler than this.")
+@click.option("--staleness-scaling", is_flag=True, help="Async: scale gradients by 1/(1+staleness).")
+@click.option("--warmup-steps", default=0, help="Async: accept pushes from one replica only for these steps.")
+@click.option("--restore-from", default=None, type=click.Path(file_okay=False),
+              help="Restore this shard's share of the latest checkpoint here at start (a restarted shard).")
+def command(bind, ready_file, log_level, client_timeout, max_message_bytes, task_index, num_ps, model_spec,
+            placement_strategy, max_shard_bytes, optimizer, mode, replicas_to_aggregate, total_num_replicas,
+            staleness_bound, staleness_scaling, warmup_steps, restore_from):
+    """Hold a share of the model's variables and apply the workers' gradients.
+
+    The placement is computed from the model's variable list, the same on every
+    task. With TF_CONFIG set (task type ps), the index, the number of shards and
+    the address come from it.
+    """
+    from services.ps.server import PsService
+
+    tf_task = task_from_tf_config(("ps",))
+    if tf_task is not None:
+        task_index = tf_task.task_index if task_index is None else task_index
+        num_ps = tf_task.cluster.num_tasks("ps") if num_ps is None else num_ps
+        bind = f"tcp://*:{tf_task.cluster.task_address('ps', task_index).rsplit(':', 1)[1]}"
+    task_index, num_ps = task_index or 0, num_ps or 1
+    placement = place(model_variables(resolve_model(model_spec)), num_ps, placement_strategy, max_shard_bytes)
+    pieces = {p.key: p for p in placement.for_shard(task_index)}
+    state_options = {"optimizer": parse_json_option(optimizer, "--optimizer"), "mode": mode,
+                     "replicas_to_aggregate": replicas_to_aggregate, "total_num_replicas": total_num_replicas,
+                     "staleness_bound": staleness_bound, "staleness_scaling": staleness_scaling,
+                     "warmup_steps": warmup_steps}
+
+    def build(limits):
+        service = PsService(bind, task_index, pieces, state_options, limits=limits, client_timeout=client_timeout)
+        log = logging.getLogger("ps-shard")
+        log.info("ps:%d of %d, %s mode, placement:\n%s", task_index, num_ps, mode, placement.table())
+        if restore_from:
+            from services.ps import checkpoint
+            if checkpoint.latest_checkpoint(restore_from):
+                service.restore_latest(restore_from)
+        return service
+
+    run_service_instance(build, f"ps:{task_index}", ready_file, log_level, max_message_bytes)
+
+
+def main():
+    command(auto_envvar_prefix="ZMQFLOW_PS")
+
+
+if __name__ == "__main__":
+    main()

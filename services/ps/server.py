@@ -1,0 +1,213 @@
+"""The ps-shard service: messages in, calls on `ShardState` out.
+
+Ops (all tensors travel in the order of `names`):
+  init       chief: initial values of this shard's pieces (args: step, names)
+  restore    chief: load this shard's rows from a checkpoint (args: dir [, path])
+  wait_ready park until the shard is initialized (non-chief workers at start)
+  pull       all of the shard's variables in one message; `newer_than` answers
+             without tensors when nothing changed; `min_version` parks until the
+             shard reaches that version (how sync workers wait for the next step)
+  push       gradients tagged with the version they were computed from
+  push_sparse / pull_rows   rows of one variable (indices + values)
+  save       write this shard's pieces into a checkpoint's staging directory
+  worker_done  a worker finished: parked sync waits are released so nobody waits
+             for a step that can no longer complete
+  stats, shutdown
+`bf16: true` on pull/push sends values as bfloat16 (half the bytes).
+"""
+
+import logging
+
+import ml_dtypes
+import numpy as np
+
+from common.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError
+from common.rpc_service import PARKED, Service
+from services.ps import checkpoint
+from services.ps.shard import ShardState
+
+log = logging.getLogger(__name__)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+class PsService(Service):
+    name = "ps-shard"
+
+    def __init__(self, bind, shard_index, pieces, state_options, **service_options):
+        super().__init__(bind, **service_options)
+        self.shard_index = shard_index
+        self.pieces = pieces  # {key: Piece} of this shard, in placement order
+        self.state = ShardState({k: (p.shape, p.dtype) for k, p in pieces.items()}, **state_options)
+        self.names = list(pieces)
+        self._ready_waiters = []
+        self._version_waiters = []
+        self.done_workers = set()
+        self.handlers.update(init=self._init, restore=self._restore, wait_ready=self._wait_ready, pull=self._pull,
+                             push=self._push, push_sparse=self._push_sparse, pull_rows=self._pull_rows,
+                             save=self._save, worker_done=self._worker_done, stats=self._stats,
+                             shutdown=self._shutdown)
+
+    # ------------------------------------------------ initialization
+
+    def _init(self, call):
+        values = self._named_tensors(call)
+        self.state.initialize(values, step=_int(call.args.get("step", 0), "step"), force=bool(call.args.get("force")))
+        self._wake_ready()
+        return {"version": self.state.version}
+
+    def _restore(self, call):
+        return self.restore_latest(_str(call.args.get("dir"), "dir"), call.args.get("path"))
+
+    def restore_latest(self, directory, path=None):
+        """Load this shard's rows of the latest checkpoint in `directory` (any shard count)."""
+        path = path or checkpoint.latest_checkpoint(directory)
+        if path is None:
+            raise FailedPreconditionError(f"no checkpoint in {directory!r}")
+        ckpt = checkpoint.Checkpoint(path)
+        values, slots = {}, {}
+        for key, piece in self.pieces.items():
+            values[key], slots[key] = ckpt.read_rows(piece.variable, piece.row_start, piece.row_end)
+        self.state.restore(values, slots, ckpt.step)
+        self._wake_ready()
+        log.info("ps:%d restored %d pieces at step %d from %s", self.shard_index, len(values), ckpt.step, path)
+        return {"version": self.state.version, "path": str(path)}
+
+    def _wait_ready(self, call):
+        if self.state.initialized:
+            return {"version": self.state.version}
+        self._ready_waiters.append(call)
+        return self.park(call)
+
+    def _wake_ready(self):
+        for call in self._ready_waiters:
+            self.reply(call, {"version": self.state.version})
+        self._ready_waiters = []
+        self._wake_versions()
+
+    # ------------------------------------------------ pull and push
+
+    def _pull(self, call):
+        self._require_ready()
+        min_version = call.args.get("min_version")
+        if min_version is not None and self.state.version < _int(min_version, "min_version"):
+            self._version_waiters.append(call)
+            return self.park(call)
+        return self._pull_answer(call)
+
+    def _pull_answer(self, call, released=False):
+        newer_than = call.args.get("newer_than")
+        version, values = self.state.pull(newer_than=None if newer_than is None else _int(newer_than, "newer_than"))
+        result = {"version": version, "released": released}
+        if values is None:
+            return result, ()
+        tensors = [values[n] for n in self.names]
+        if call.args.get("bf16"):
+            tensors = [t.astype(BF16) for t in tensors]
+        return {**result, "names": self.names}, tensors
+
+    def _wake_versions(self):
+        still = []
+        for call in self._version_waiters:
+            if call.finished:
+                continue
+            if self.state.version >= call.args["min_version"]:
+                self.reply(call, *self._pull_answer(call))
+            else:
+                still.append(call)
+        self._version_waiters = still
+
+    def on_deadline(self, call):
+        if call.op == "pull":
+            wait = self.state.waiting_for()
+            self.fail(call, DeadlineExceededError(
+                f"ps:{self.shard_index} still at version {self.state.version} (waiting for {call.args['min_version']}): "
+                f"step {wait.get('step')} has gradients from replicas {wait.get('contributed')} and misses "
+                f"{wait.get('missing')}"))
+        elif call.op == "wait_ready":
+            self.fail(call, DeadlineExceededError(f"ps:{self.shard_index} not initialized yet: the chief has not "
+                                                  "initialized or restored the variables"))
+        else:
+            super().on_deadline(call)
+
+    def _push(self, call):
+        self._require_ready()
+        grads = self._named_tensors(call)
+        result = self.state.push(grads, _int(call.args.get("version"), "version"),
+                                 _int(call.args.get("replica", 0), "replica"))
+        self._wake_versions()
+        return vars(result) if not hasattr(result, "_asdict") else result._asdict()
+
+    def _push_sparse(self, call):
+        self._require_ready()
+        if len(call.tensors) != 2:
+            raise InvalidArgumentError("push_sparse takes two tensors: indices and rows")
+        indices, rows = call.tensors
+        rows = rows.astype(np.float32) if rows.dtype == BF16 else rows
+        result = self.state.push_sparse(_str(call.args.get("name"), "name"), indices, rows,
+                                        _int(call.args.get("version"), "version"),
+                                        _int(call.args.get("replica", 0), "replica"))
+        self._wake_versions()
+        return vars(result)
+
+    def _pull_rows(self, call):
+        self._require_ready()
+        if len(call.tensors) != 1:
+            raise InvalidArgumentError("pull_rows takes one tensor: the row indices")
+        rows = self.state.pull_rows(_str(call.args.get("name"), "name"), call.tensors[0])
+        return {"version": self.state.version}, [rows]
+
+    # ------------------------------------------------ checkpoints, end of training
+
+    def _save(self, call):
+        self._require_ready()
+        own_step, values, slots = self.state.snapshot_for_checkpoint()
+        step = _int(call.args.get("step", own_step), "step")  # the chief's global step names the checkpoint
+        directory = _str(call.args.get("dir"), "dir")
+        checkpoint.write_shard(directory, step, self.shard_index,
+                               {k: (self.pieces[k], values[k], slots[k]) for k in self.names})
+        return {"step": step}
+
+    def _worker_done(self, call):
+        self.done_workers.add(_int(call.args.get("replica", 0), "replica"))
+        for waiter in self._version_waiters:
+            if not waiter.finished:
+                self.reply(waiter, *self._pull_answer(waiter, released=True))
+        self._version_waiters = []
+        return {"done": sorted(self.done_workers)}
+
+    def _stats(self, call):
+        return {"shard": self.shard_index, "initialized": self.state.initialized, **self.state.stats(),
+                "done_workers": sorted(self.done_workers)}
+
+    def _shutdown(self, call):
+        log.info("ps:%d shutting down at version %d (asked by the chief)", self.shard_index, self.state.version)
+        self.stop()
+        return {"version": self.state.version}
+
+    def describe(self):
+        return {"shard": self.shard_index, "version": self.state.version, "initialized": self.state.initialized}
+
+    # ------------------------------------------------ helpers
+
+    def _require_ready(self):
+        if not self.state.initialized:
+            raise FailedPreconditionError(f"variables of ps:{self.shard_index} are not initialized; "
+                                          "the chief initializes or restores them")
+
+    def _named_tensors(self, call):
+        names = call.args.get("names")
+        if not isinstance(names, list) or len(names) != len(call.tensors):
+            raise InvalidArgumentError(f"'names' must list one name per tensor ({len(call.tensors)} tensors)")
+        return {_str(n, "names[]"): (t.astype(np.float32) if t.dtype == BF16 else t) for n, t in zip(names, call.tensors)}
+
+
+def _int(value, what):
+    if type(value) is not int:
+        raise InvalidArgumentError(f"'{what}' must be an int, got {value!r:.40}")
+    return value
+
+
+def _str(value, what):
+    if not isinstance(value, str) or not value:
+        raise InvalidArgumentError(f"'{what}' must be a non-empty string, got {value!r:.40}")
+    return value

@@ -1,0 +1,3 @@
+from services.worker.cli import main
+
+main()

@@ -1,0 +1,113 @@
+"""`zmqflow-worker`: one training worker (task 0 is the chief)."""
+
+import json
+import logging
+import os
+
+import click
+
+from common.cli_support import setup_logging
+from common.memory import keep_freed_memory
+from common.task_options import model_options, resolve_model, task_from_tf_config
+
+
+@click.command(name="worker", context_settings={"show_default": True})
+@click.option("--ps", "ps_endpoints", multiple=True, help="A ps shard endpoint, in shard order (repeat); "
+              "default: the ps job of TF_CONFIG.")
+@click.option("--broker", required=True, envvar="ZMQFLOW_BROKER", help="The queue-broker endpoint.")
+@click.option("--queue", "queue_name", default="train", help="shared_name of the instance queue to train from.")
+@click.option("--container", default="", help="Resource container of the instance queue.")
+@click.option("--task-index", default=None, type=int, help="Worker index (default: TF_CONFIG, else 0).")
+@click.option("--num-workers", default=None, type=int, help="Workers in the job (default: TF_CONFIG, else 1).")
+@model_options
+@click.option("--backend", default="numba", type=click.Choice(["numpy", "numba", "cupy"]),
+              help="Kernels: numba (CPU), numpy (reference) or cupy (GPU).")
+@click.option("--batch-size", default=100)
+@click.option("--mode", default="async", type=click.Choice(["async", "sync"]), help="Must match the ps shards.")
+@click.option("--bf16", is_flag=True, help="Send pulls and pushes as bfloat16.")
+@click.option("--max-steps", default=None, type=int, help="Stop at this global step (StopAtStepHook).")
+@click.option("--log-every", default=100, help="Log a line every N steps.")
+@click.option("--checkpoint-dir", default=None, type=click.Path(file_okay=False),
+              help="Chief: restore from / save checkpoints here.")
+@click.option("--checkpoint-every-steps", default=None, type=int)
+@click.option("--checkpoint-every-secs", default=None, type=float)
+@click.option("--keep-checkpoints", default=5)
+@click.option("--summaries", default=None, type=click.Path(dir_okay=False), help="Chief: JSON-lines summaries file.")
+@click.option("--hook", "user_hooks", multiple=True, help="A user hook 'module:Class' (repeat).")
+@click.option("--evaluate", is_flag=True, help="Chief: report test accuracy on the MNIST test split at the end.")
+@click.option("--shutdown-ps", is_flag=True, help="Chief: tell the ps shards to exit when training ends.")
+@click.option("--result-file", default=None, type=click.Path(dir_okay=False), help="Write the summary as JSON here.")
+@click.option("--examples-per-epoch", default=None, type=int, help="For the epoch column of the log.")
+@click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+def command(ps_endpoints, broker, queue_name, container, task_index, num_workers, model_spec, placement_strategy,
+            max_shard_bytes, backend, batch_size, mode, bf16, max_steps, log_every, checkpoint_dir,
+            checkpoint_every_steps, checkpoint_every_secs, keep_checkpoints, summaries, user_hooks, evaluate,
+            shutdown_ps, result_file, examples_per_epoch, log_level):
+    """Train: dequeue mini-batches from the broker, pull parameters, push gradients.
+
+    Task 0 (or the chief job of TF_CONFIG) is the chief: it initializes or
+    restores the variables, checkpoints, and evaluates at the end.
+    """
+    from common import queues
+    from common.datasets import mnist_split
+    from common.model_spec import load_model, model_variables
+    from common.placement import place
+    from common.ps_client import PsClient
+    from services.worker import hooks as H
+    from services.worker.trainer import Trainer
+
+    tf_task = task_from_tf_config(("worker", "chief", "master"))
+    if tf_task is not None:
+        cluster = tf_task.cluster
+        ps_endpoints = ps_endpoints or [cluster.endpoint("ps", i) for i in cluster.task_indices("ps")]
+        chiefs = [j for j in ("chief", "master") if j in cluster.jobs]
+        offset = cluster.num_tasks(chiefs[0]) if chiefs else 0
+        if task_index is None:
+            task_index = tf_task.task_index + (offset if tf_task.task_type == "worker" else 0)
+        if num_workers is None:
+            num_workers = offset + (cluster.num_tasks("worker") if "worker" in cluster.jobs else 0)
+    task_index, num_workers = task_index or 0, num_workers or 1
+    if not ps_endpoints:
+        raise click.UsageError("no ps shards: pass --ps (one per shard) or set TF_CONFIG")
+    setup_logging(log_level, f"worker:{task_index}")
+    keep_freed_memory()
+    is_chief = task_index == 0
+    spec = resolve_model(model_spec)
+    model = load_model(spec, backend=backend)
+    placement = place(model_variables(spec), len(ps_endpoints), placement_strategy, max_shard_bytes)
+    if is_chief:
+        logging.getLogger("worker").info("placement over %d ps shards:\n%s", len(ps_endpoints), placement.table())
+    ps = PsClient(ps_endpoints, placement, bf16=bf16, name=f"worker{task_index}")
+    queue = queues.attach(queue_name, container=container, broker=broker, timeout=120.0)
+    hooks = [H.LoggingHook(log_every)]
+    if max_steps:
+        hooks.append(H.StopAtStepHook(max_steps))
+    if is_chief and checkpoint_dir:
+        hooks.append(H.CheckpointHook(checkpoint_dir, checkpoint_every_steps, checkpoint_every_secs, keep_checkpoints))
+    if is_chief and summaries:
+        hooks.append(H.SummaryHook(summaries))
+    hooks += [H.load_hook(h) for h in user_hooks]
+    trainer = Trainer(model, ps, queue, replica=task_index, num_workers=num_workers, is_chief=is_chief,
+                      batch_size=batch_size, mode=mode, hooks=hooks, checkpoint_dir=checkpoint_dir,
+                      examples_per_epoch=examples_per_epoch, config={"model": spec, "backend": backend})
+    summary = trainer.run()
+    if is_chief and evaluate:
+        _, (test_x, test_y) = mnist_split()
+        summary["test_accuracy"] = trainer.evaluate(test_x, test_y)
+        logging.getLogger("worker").info("test accuracy: %.4f", summary["test_accuracy"])
+    if is_chief and shutdown_ps:
+        ps.shutdown()
+    ps.close()
+    if result_file:
+        tmp = result_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(summary, f)
+        os.replace(tmp, result_file)
+
+
+def main():
+    command(auto_envvar_prefix="ZMQFLOW_WORKER")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""The worker's training loop: dequeue, pull, compute, push, with the next batch and
+parameters already in flight while computing (between-graph replication).
+
+Task 0 (or the `chief` job) is the chief: it initializes or restores the
+variables (the others wait until the shards are ready), saves checkpoints,
+waits for the other workers at the end, saves the final checkpoint and
+evaluates on the held-out set. End of input is the queue's OutOfRange.
+"""
+
+import logging
+import time
+
+import numpy as np
+
+from common.errors import DeadlineExceededError, OutOfRangeError
+from services.worker.hooks import StepContext
+
+log = logging.getLogger("worker")
+
+
+class Trainer:
+    def __init__(self, model, ps, queue, replica=0, num_workers=1, is_chief=True, batch_size=100, mode="async",
+                 hooks=(), seed=None, checkpoint_dir=None, examples_per_epoch=None, sync_timeout=30.0,
+                 end_timeout=120.0, config=None):
+        self.model, self.ps, self.queue = model, ps, queue
+        self.replica, self.num_workers, self.is_chief = replica, num_workers, is_chief
+        self.batch_size, self.mode, self.hooks, self.seed = batch_size, mode, list(hooks), seed
+        self.checkpoint_dir, self.examples_per_epoch = checkpoint_dir, examples_per_epoch
+        self.sync_timeout, self.end_timeout = sync_timeout, end_timeout
+        self.config = config or {}
+        self.global_step = 0
+        self.examples = 0
+        self.steps = 0
+        self.losses = []
+
+    def resolved_config(self):
+        return {"mode": self.mode, "batch_size": self.batch_size, "num_workers": self.num_workers, **self.config}
+
+    # ------------------------------------------------ start
+
+    def start(self):
+        """Chief: restore the latest checkpoint if any, else initialize. Others: wait until ready."""
+        from services.ps.checkpoint import latest_checkpoint
+        if self.is_chief:
+            latest = latest_checkpoint(self.checkpoint_dir) if self.checkpoint_dir else None
+            if latest:
+                versions = [r["version"] for r in self.ps.restore(self.checkpoint_dir)]
+                log.info("chief restored %s (step %d)", latest, versions[0])
+            else:
+                self.ps.initialize(self.model.initial_values(self.seed))
+                log.info("chief initialized the variables on %d ps shards", len(self.ps.endpoints))
+        else:
+            self.ps.wait_ready(timeout=self.end_timeout)
+            log.info("worker %d: the model is ready", self.replica)
+
+    # ------------------------------------------------ the loop
+
+    def run(self):
+        self.start()
+        for hook in self.hooks:
+            hook.begin(self)
+        started = time.perf_counter()
+        next_batch = self.queue.dequeue_up_to_async(self.batch_size)
+        params = self.ps.pull()
+        self.global_step = self.ps.versions[0]
+        self._push = None
+        try:
+            while True:
+                try:
+                    x, y = self._batch(next_batch.result())
+                except OutOfRangeError:
+                    break
+                next_batch = self.queue.dequeue_up_to_async(self.batch_size)  # prefetch while computing
+                if self.mode == "sync":
+                    loss, grads = self.model.loss_and_gradients(params, x, y)
+                    params = self._sync_exchange(grads)
+                else:
+                    next_params = self.ps.pull_async()  # prefetch: arrives while we compute
+                    loss, grads = self.model.loss_and_gradients(params, x, y)
+                    self._settle_push()
+                    self._push = self.ps.push_async(grads, self.replica)
+                    params = next_params.result()
+                    self.global_step = self.ps.versions[0]
+                self.steps += 1
+                self.examples += len(y)
+                self.losses.append(loss)
+                ctx = StepContext(self, self.steps, self.global_step, float(loss), self.examples, self._epoch(),
+                                  len(y), time.perf_counter() - started)
+                if any([hook.after_step(ctx) for hook in self.hooks]):
+                    next_batch.cancel()
+                    break
+            self._settle_push()
+        finally:
+            self.elapsed = time.perf_counter() - started
+        return self.finish()
+
+    def _settle_push(self):
+        """Collect the previous step's push results (at most one push in flight)."""
+        if self._push is not None:
+            self._push.result()
+            self._push = None
+
+    def _sync_exchange(self, grads):
+        """Push this step's gradients, then wait until every shard applied the step."""
+        versions = list(self.ps.versions)
+        self.ps.push(grads, self.replica)
+        try:
+            params = self.ps.pull(min_version=[v + 1 for v in versions], timeout=self.sync_timeout)
+        except DeadlineExceededError as exc:
+            log.warning("worker %d: %s", self.replica, exc)
+            params = self.ps.pull()
+        self.global_step = self.ps.versions[0]
+        return params
+
+    def _batch(self, value):
+        if isinstance(value, dict):
+            return value["image"], value["label"]
+        return value[0], value[1]
+
+    def _epoch(self):
+        if not self.examples_per_epoch:
+            return 0
+        return self.global_step * self.batch_size // self.examples_per_epoch
+
+    # ------------------------------------------------ the end
+
+    def finish(self):
+        self.ps.worker_done(self.replica)
+        if self.is_chief:
+            self._wait_for_workers()
+        for hook in self.hooks:
+            hook.end(self)
+        rate = self.examples / self.elapsed if self.elapsed else 0.0
+        log.info("worker %d done: %d steps, %d examples, %.0f examples/s, global step %d", self.replica,
+                 self.steps, self.examples, rate, self.global_step)
+        return {"replica": self.replica, "steps": self.steps, "examples": self.examples, "seconds": self.elapsed,
+                "examples_per_s": rate, "global_step": self.global_step,
+                "final_loss": float(np.mean(self.losses[-20:])) if self.losses else None}
+
+    def _wait_for_workers(self):
+        deadline = time.monotonic() + self.end_timeout
+        while time.monotonic() < deadline:
+            done = set(self.ps.stats()[0]["done_workers"])
+            if len(done) >= self.num_workers:
+                return
+            time.sleep(0.05)
+        log.warning("chief: workers %s did not finish within %.0f s", sorted(set(range(self.num_workers)) - done),
+                    self.end_timeout)
+
+    def evaluate(self, x, y):
+        """Accuracy of the current parameters on (x, y)."""
+        params = self.ps.pull()
+        probabilities = self.model.predict(params, x)
+        return float(np.mean(np.argmax(probabilities, axis=1) == y))
