@@ -147,7 +147,7 @@ def run(epochs=10, progress=None):
     say(f"64 MB: ps {result['ps_roundtrip_mb_per_s_64mb']} MB/s, raw {result['raw_roundtrip_mb_per_s_64mb']} MB/s")
     for key, (ps, workers, mode, ep) in {"1ps_1w_async": (1, 1, "async", 3), "1ps_2w_async": (1, 2, "async", epochs),
                                          "1ps_2w_sync": (1, 2, "sync", 3)}.items():
-        summary = run_training(ps, workers, mode, epochs=ep, progress=False)
+        summary = run_training(progress=False, num_ps=ps, num_workers=workers, mode=mode, epochs=ep)
         result[f"examples_per_s_{key}"] = summary["examples_per_s"]
         if key == "1ps_2w_async":
             result["test_accuracy"] = summary["test_accuracy"]

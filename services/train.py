@@ -46,80 +46,119 @@ def feed(queue, x, y, epochs, seed, stop):
         queue.close(cancel_pending_enqueues=stop.is_set())
 
 
-def run_training(num_ps=1, num_workers=2, mode="async", epochs=10, batch_size=100, optimizer=None, backend="numba",
-                 replicas_to_aggregate=None, spare_replicas=0, shuffle_queue=False, checkpoint_dir=None,
-                 checkpoint_every_steps=None, bf16=False, log_dir=None, progress=True, seed=0, model=None,
-                 extra_ps_args=(), extra_worker_args=()):
-    """Run the job; returns a summary dict (test_accuracy, examples_per_s, ...)."""
-    log_dir = log_dir or tempfile.mkdtemp(prefix="zmqflow-train-")
-    optimizer = optimizer or dict(DEFAULT_OPTIMIZER)
-    model = model or MNIST_MLP
-    (train_x, train_y), _ = mnist_split()
-    procs, stop = [], threading.Event()
-    threads = max(1, (os.cpu_count() or 2) // max(1, num_workers))
-    try:
-        broker = start_service("services.broker", log_dir=log_dir)
-        procs.append(broker)
-        if shuffle_queue:
-            queue = RandomShuffleQueue(20_000, 2_000, ["float32", "int32"], shapes=[[784], []],
-                                       names=["image", "label"], seed=seed, shared_name="train", broker=broker.endpoint)
-        else:
-            queue = FIFOQueue(20_000, ["float32", "int32"], shapes=[[784], []], names=["image", "label"],
-                              shared_name="train", broker=broker.endpoint)
-        feeder = threading.Thread(target=feed, args=(queue, train_x, train_y, epochs, seed, stop), daemon=True)
-        feeder.start()
-        total = num_workers + spare_replicas
-        ps_args = ["--num-ps", str(num_ps), "--model", json.dumps(model), "--optimizer", json.dumps(optimizer),
-                   "--mode", mode, *extra_ps_args]
-        if mode == "sync":
-            ps_args += ["--replicas-to-aggregate", str(replicas_to_aggregate or num_workers),
-                        "--total-num-replicas", str(total)]
-        if checkpoint_dir:
-            ps_args += ["--restore-from", checkpoint_dir]
-        shards = []
-        for i in range(num_ps):
-            shards.append(start_service("services.ps", ["--task-index", str(i), *ps_args], log_dir=log_dir))
-        procs += shards
-        worker_args = ["--broker", broker.endpoint, "--num-workers", str(total), "--backend", backend,
-                       "--batch-size", str(batch_size), "--mode", mode, "--model", json.dumps(model),
-                       "--examples-per-epoch", str(len(train_y)), *extra_worker_args]
-        for endpoint in (s.endpoint for s in shards):
-            worker_args += ["--ps", endpoint]
-        if bf16:
-            worker_args.append("--bf16")
-        workers = []
-        result_files = [os.path.join(log_dir, f"worker{i}-result.json") for i in range(total)]
-        for i in range(total):
-            args = ["--task-index", str(i), *worker_args, "--result-file", result_files[i]]
-            if i == 0:
-                args += ["--evaluate", "--shutdown-ps"]
-                if checkpoint_dir:
-                    args += ["--checkpoint-dir", checkpoint_dir]
-                    if checkpoint_every_steps:
-                        args += ["--checkpoint-every-steps", str(checkpoint_every_steps)]
-            workers.append(start_process("services.worker", args, env=compute_thread_env(threads), log_dir=log_dir,
-                                         name=f"worker{i}"))
-        procs += workers
+class LocalCluster:
+    """broker + ps shards + workers + feeder as local processes; `with` stops every one by PID."""
+
+    def __init__(self, num_ps=1, num_workers=2, mode="async", epochs=10, batch_size=100, optimizer=None,
+                 backend="numba", replicas_to_aggregate=None, spare_replicas=0, shuffle_queue=False,
+                 checkpoint_dir=None, checkpoint_every_steps=None, bf16=False, log_dir=None, seed=0, model=None):
+        self.num_ps, self.num_workers, self.mode, self.epochs = num_ps, num_workers, mode, epochs
+        self.batch_size, self.backend, self.bf16, self.seed = batch_size, backend, bf16, seed
+        self.optimizer = optimizer or dict(DEFAULT_OPTIMIZER)
+        self.replicas_to_aggregate, self.spare_replicas = replicas_to_aggregate, spare_replicas
+        self.shuffle_queue, self.checkpoint_dir = shuffle_queue, checkpoint_dir
+        self.checkpoint_every_steps = checkpoint_every_steps
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="zmqflow-train-")
+        self.model = model or MNIST_MLP
+        self.total_workers = num_workers + spare_replicas
+        self.result_files = [os.path.join(self.log_dir, f"worker{i}-result.json") for i in range(self.total_workers)]
+        self.procs, self.shards, self.workers = [], [], []
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def start(self):
+        (train_x, train_y), _ = mnist_split()
+        self.examples_per_epoch = len(train_y)
+        self.broker = start_service("services.broker", log_dir=self.log_dir)
+        self.procs.append(self.broker)
+        declaration = dict(dtypes=["float32", "int32"], shapes=[[784], []], names=["image", "label"],
+                           shared_name="train", broker=self.broker.endpoint)
+        queue = (RandomShuffleQueue(20_000, 2_000, seed=self.seed, **declaration) if self.shuffle_queue
+                 else FIFOQueue(20_000, **declaration))
+        self.feeder = threading.Thread(target=feed, args=(queue, train_x, train_y, self.epochs, self.seed, self._stop),
+                                       daemon=True)
+        self.feeder.start()
+        for i in range(self.num_ps):
+            self.shards.append(self.start_ps(i))
+        threads = max(1, (os.cpu_count() or 2) // max(1, self.total_workers))
+        for i in range(self.total_workers):
+            self.workers.append(start_process("services.worker", self.worker_args(i), env=compute_thread_env(threads),
+                                              log_dir=self.log_dir, name=f"worker{i}"))
+        self.procs += self.workers
+        return self
+
+    def ps_args(self, index):
+        args = ["--task-index", str(index), "--num-ps", str(self.num_ps), "--model", json.dumps(self.model),
+                "--optimizer", json.dumps(self.optimizer), "--mode", self.mode]
+        if self.mode == "sync":
+            args += ["--replicas-to-aggregate", str(self.replicas_to_aggregate or self.num_workers),
+                     "--total-num-replicas", str(self.total_workers)]
+        if self.checkpoint_dir:
+            args += ["--restore-from", self.checkpoint_dir]
+        return args
+
+    def start_ps(self, index, bind="tcp://127.0.0.1:*"):
+        """Start (or restart, on the same `bind`) ps shard `index`."""
+        shard = start_service("services.ps", self.ps_args(index), bind=bind, log_dir=self.log_dir)
+        self.procs.append(shard)
+        return shard
+
+    def worker_args(self, index):
+        args = ["--task-index", str(index), "--broker", self.broker.endpoint, "--num-workers",
+                str(self.total_workers), "--backend", self.backend, "--batch-size", str(self.batch_size),
+                "--mode", self.mode, "--model", json.dumps(self.model), "--examples-per-epoch",
+                str(self.examples_per_epoch), "--result-file", self.result_files[index]]
+        for shard in self.shards:
+            args += ["--ps", shard.endpoint]
+        if self.bf16:
+            args.append("--bf16")
+        if index == 0:
+            args += ["--evaluate", "--shutdown-ps"]
+            if self.checkpoint_dir:
+                args += ["--checkpoint-dir", self.checkpoint_dir]
+                if self.checkpoint_every_steps:
+                    args += ["--checkpoint-every-steps", str(self.checkpoint_every_steps)]
+        return args
+
+    def ps_stats(self, index=0, timeout=2.0):
+        with RpcClient(self.shards[index].endpoint, heartbeat_interval=timeout) as client:
+            return client.call("stats", timeout=timeout)[0]
+
+    def wait(self, progress=False, timeout=600):
+        """Wait for every worker to exit; return the job's summary."""
         started = time.perf_counter()
-        _follow(shards[0].endpoint, workers, epochs * len(train_y) // batch_size, progress)
+        _follow(self.shards[0].endpoint, self.workers, self.epochs * self.examples_per_epoch // self.batch_size,
+                progress)
+        codes = [w.proc.wait(timeout=timeout) for w in self.workers]
         elapsed = time.perf_counter() - started
-        codes = [w.proc.wait(timeout=120) for w in workers]
-        if codes[0] != 0 or not os.path.exists(result_files[0]):
-            raise click.ClickException(f"the chief failed (exit {codes[0]}):\n{workers[0].log()[-3000:]}")
-        results = [_read_json(f) for f in result_files]
-        chief = results[0]
+        if codes[0] != 0 or not os.path.exists(self.result_files[0]):
+            raise click.ClickException(f"the chief failed (exit {codes[0]}):\n{self.workers[0].log()[-3000:]}")
+        results = [_read_json(f) for f in self.result_files]
         done = [r for r in results if r]
         examples = sum(r["examples"] for r in done)
         training_seconds = max(r["seconds"] for r in done)
-        return {"test_accuracy": chief.get("test_accuracy"), "global_step": chief["global_step"],
+        return {"test_accuracy": results[0].get("test_accuracy"), "global_step": results[0]["global_step"],
                 "examples": examples, "examples_per_s": round(examples / training_seconds),
                 "training_seconds": round(training_seconds, 3), "wall_seconds": round(elapsed, 2),
-                "worker_exit_codes": codes, "num_ps": num_ps, "num_workers": num_workers, "mode": mode,
-                "optimizer": optimizer, "log_dir": log_dir}
-    finally:
-        stop.set()
-        for p in reversed(procs):
+                "worker_exit_codes": codes, "num_ps": self.num_ps, "num_workers": self.num_workers,
+                "mode": self.mode, "optimizer": self.optimizer, "log_dir": self.log_dir}
+
+    def stop(self):
+        self._stop.set()
+        for p in reversed(self.procs):
             p.stop()
+
+
+def run_training(progress=True, **options):
+    """Run a whole job (see LocalCluster for the options); returns its summary."""
+    with LocalCluster(**options) as cluster:
+        cluster.start()
+        return cluster.wait(progress)
 
 
 def _read_json(path):
@@ -166,9 +205,10 @@ def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learn
     optimizer = {"kind": optimizer_kind, "learning_rate": learning_rate}
     if optimizer_kind == "momentum":
         optimizer["momentum"] = 0.9
-    summary = run_training(num_ps, num_workers, mode, epochs, batch_size, optimizer, backend,
-                           spare_replicas=spare_replicas, shuffle_queue=shuffle_queue, checkpoint_dir=checkpoint_dir,
-                           checkpoint_every_steps=checkpoint_every_steps, bf16=bf16, progress=not as_json)
+    summary = run_training(progress=not as_json, num_ps=num_ps, num_workers=num_workers, mode=mode, epochs=epochs,
+                           batch_size=batch_size, optimizer=optimizer, backend=backend, spare_replicas=spare_replicas,
+                           shuffle_queue=shuffle_queue, checkpoint_dir=checkpoint_dir,
+                           checkpoint_every_steps=checkpoint_every_steps, bf16=bf16)
     if as_json:
         click.echo(json.dumps(summary))
     else:

@@ -17,6 +17,7 @@ Ops (all tensors travel in the order of `names`):
 """
 
 import logging
+import time
 
 import ml_dtypes
 import numpy as np
@@ -42,6 +43,7 @@ class PsService(Service):
         self._ready_waiters = []
         self._version_waiters = []
         self.done_workers = set()
+        self.replica_seen = {}  # replica -> monotonic time of its last push (the chief spots dead workers)
         self.handlers.update(init=self._init, restore=self._restore, wait_ready=self._wait_ready, pull=self._pull,
                              push=self._push, push_sparse=self._push_sparse, pull_rows=self._pull_rows,
                              save=self._save, worker_done=self._worker_done, stats=self._stats,
@@ -132,10 +134,11 @@ class PsService(Service):
     def _push(self, call):
         self._require_ready()
         grads = self._named_tensors(call)
-        result = self.state.push(grads, _int(call.args.get("version"), "version"),
-                                 _int(call.args.get("replica", 0), "replica"))
+        replica = _int(call.args.get("replica", 0), "replica")
+        self.replica_seen[replica] = time.monotonic()
+        result = self.state.push(grads, _int(call.args.get("version"), "version"), replica)
         self._wake_versions()
-        return vars(result) if not hasattr(result, "_asdict") else result._asdict()
+        return vars(result)
 
     def _push_sparse(self, call):
         self._require_ready()
@@ -176,8 +179,10 @@ class PsService(Service):
         return {"done": sorted(self.done_workers)}
 
     def _stats(self, call):
+        now = time.monotonic()
         return {"shard": self.shard_index, "initialized": self.state.initialized, **self.state.stats(),
-                "done_workers": sorted(self.done_workers)}
+                "done_workers": sorted(self.done_workers),
+                "replica_idle_s": {str(r): round(now - t, 3) for r, t in self.replica_seen.items()}}
 
     def _shutdown(self, call):
         log.info("ps:%d shutting down at version %d (asked by the chief)", self.shard_index, self.state.version)

@@ -197,6 +197,8 @@ class ShardState:
         """Gradients of every piece, computed from parameters of `version` by `replica`."""
         self._require_initialized()
         nbytes = _check_arrays(grads, self.specs, "gradients")
+        if self._from_the_future(version):
+            return self._drop("future", 0)
         staleness = self._receive(version, replica, nbytes)
         if self.mode == "async":
             reason = self._async_drop_reason(staleness, replica)
@@ -235,6 +237,8 @@ class ShardState:
                 f"sparse gradient of {name!r} must be {var.dtype} rows of shape "
                 f"{list(indices.shape + var.shape[1:])}, got {getattr(rows, 'dtype', type(rows).__name__)} "
                 f"{list(np.shape(rows))}")
+        if self._from_the_future(version):
+            return self._drop("future", 0)
         staleness = self._receive(version, replica, indices.nbytes + rows.nbytes)
         if self.mode == "async":
             reason = self._async_drop_reason(staleness, replica)
@@ -254,6 +258,14 @@ class ShardState:
         if all(replica in c for c in self._contributors.values()):
             self._complete.add(replica)
         return self._accumulated(staleness)
+
+    def _from_the_future(self, version):
+        """A push tagged with a version this shard never reached: it was computed before the shard
+        restarted from an older checkpoint. It is dropped and counted (reason 'future'), not an error."""
+        if _is_int(version, 0) and version > self.version:
+            self._received += 1
+            return True
+        return False
 
     def _receive(self, version, replica, nbytes):
         """Check the push's tags, count it, and return its staleness."""

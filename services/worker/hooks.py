@@ -9,7 +9,7 @@ import json
 import logging
 import time
 
-from common.errors import InvalidArgumentError
+from common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 
 log = logging.getLogger("worker")
 
@@ -78,8 +78,13 @@ class CheckpointHook(Hook):
         return False
 
     def save(self, trainer):
-        path = trainer.ps.save(self.directory, keep=self.keep, config=trainer.resolved_config())
+        """Save now; a shard that is away (restarting) skips this checkpoint, not the training."""
         self._last_time, self._last_step = time.monotonic(), trainer.global_step
+        try:
+            path = trainer.ps.save(self.directory, keep=self.keep, config=trainer.resolved_config())
+        except (UnavailableError, FailedPreconditionError) as exc:
+            log.warning("checkpoint at step %d skipped: %s", trainer.global_step, exc)
+            return None
         log.info("checkpoint saved: %s", path)
         return path
 

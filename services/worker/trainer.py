@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from common.errors import DeadlineExceededError, OutOfRangeError
+from common.errors import DeadlineExceededError, OutOfRangeError, UnavailableError
 from services.worker.hooks import StepContext
 
 log = logging.getLogger("worker")
@@ -71,16 +71,11 @@ class Trainer:
                 except OutOfRangeError:
                     break
                 next_batch = self.queue.dequeue_up_to_async(self.batch_size)  # prefetch while computing
-                if self.mode == "sync":
-                    loss, grads = self.model.loss_and_gradients(params, x, y)
-                    params = self._sync_exchange(grads)
-                else:
-                    next_params = self.ps.pull_async()  # prefetch: arrives while we compute
-                    loss, grads = self.model.loss_and_gradients(params, x, y)
-                    self._settle_push()
-                    self._push = self.ps.push_async(grads, self.replica)
-                    params = next_params.result()
-                    self.global_step = self.ps.versions[0]
+                try:
+                    loss, params = self._step(params, x, y)
+                except UnavailableError as exc:
+                    params = self._recover(exc)
+                    continue
                 self.steps += 1
                 self.examples += len(y)
                 self.losses.append(loss)
@@ -93,6 +88,36 @@ class Trainer:
         finally:
             self.elapsed = time.perf_counter() - started
         return self.finish()
+
+    def _step(self, params, x, y):
+        """One step: (loss, the parameters for the next step)."""
+        if self.mode == "sync":
+            loss, grads = self.model.loss_and_gradients(params, x, y)
+            return loss, self._sync_exchange(grads)
+        next_params = self.ps.pull_async()  # prefetch: arrives while we compute
+        loss, grads = self.model.loss_and_gradients(params, x, y)
+        self._settle_push()
+        self._push = self.ps.push_async(grads, self.replica)
+        params = next_params.result()
+        self.global_step = self.ps.versions[0]
+        return loss, params
+
+    def _recover(self, error):
+        """A ps shard went away: wait (bounded) until every shard serves again, then start over
+        from fresh parameters. The step in hand is lost; a restarted shard restores its checkpoint."""
+        log.warning("worker %d: %s; waiting for the ps shards to come back", self.replica, error)
+        self._push = None
+        deadline = time.monotonic() + self.end_timeout
+        while True:
+            try:
+                self.ps.wait_ready(timeout=5.0)
+                params = self.ps.pull()
+                self.global_step = self.ps.versions[0]
+                log.info("worker %d: ps shards back at global step %d", self.replica, self.global_step)
+                return params
+            except (UnavailableError, DeadlineExceededError) as exc:
+                if time.monotonic() > deadline:
+                    raise UnavailableError(f"ps shards did not come back within {self.end_timeout:.0f} s: {exc}")
 
     def _settle_push(self):
         """Collect the previous step's push results (at most one push in flight)."""
@@ -137,15 +162,21 @@ class Trainer:
                 "examples_per_s": rate, "global_step": self.global_step,
                 "final_loss": float(np.mean(self.losses[-20:])) if self.losses else None}
 
-    def _wait_for_workers(self):
+    def _wait_for_workers(self, silent_after=10.0):
+        """Until every worker said it is done, or has been silent (a dead worker) for `silent_after` s."""
         deadline = time.monotonic() + self.end_timeout
         while time.monotonic() < deadline:
-            done = set(self.ps.stats()[0]["done_workers"])
-            if len(done) >= self.num_workers:
+            stats = self.ps.stats()[0]
+            done = set(stats["done_workers"])
+            idle = {int(r): s for r, s in stats.get("replica_idle_s", {}).items()}
+            missing = [r for r in range(self.num_workers) if r not in done]
+            if all(idle.get(r, 0.0) > silent_after for r in missing):
+                if missing:
+                    log.warning("chief: workers %s stopped without finishing (silent for %.0f s)", missing,
+                                silent_after)
                 return
             time.sleep(0.05)
-        log.warning("chief: workers %s did not finish within %.0f s", sorted(set(range(self.num_workers)) - done),
-                    self.end_timeout)
+        log.warning("chief: workers %s did not finish within %.0f s", missing, self.end_timeout)
 
     def evaluate(self, x, y):
         """Accuracy of the current parameters on (x, y)."""

@@ -254,10 +254,21 @@ def test_bad_gradients_are_never_partially_applied():
         with pytest.raises(InvalidArgumentError):
             state.push(grads, 0, 0)
     with pytest.raises(InvalidArgumentError, match="version"):
-        state.push(good, 1, 0)  # from the future
+        state.push(good, -1, 0)
     with pytest.raises(InvalidArgumentError, match="replica"):
         shard(mode="sync", replicas_to_aggregate=2).push(good, 0, 2)
     assert state.version == 0 and state.stats()["pushes_received"] == 0
+    for name, value in current(state).items():
+        np.testing.assert_array_equal(value, before[name])
+
+
+def test_push_from_before_a_restore_is_dropped_as_future():
+    state = shard()
+    state.initialize(values(0))
+    before = current(state)
+    result = state.push(values(1), 5, 0)  # computed on a version this shard never reached
+    assert result.dropped and result.reason == "future" and state.version == 0
+    assert state.stats()["dropped"] == {"future": 1}
     for name, value in current(state).items():
         np.testing.assert_array_equal(value, before[name])
 

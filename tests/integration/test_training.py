@@ -1,0 +1,69 @@
+"""Real processes on loopback: broker, ps shards and workers train MNIST to the accuracy target.
+
+Each test owns its cluster and stops every process by PID, also when it fails.
+"""
+
+import time
+
+import pytest
+
+from services.ps import checkpoint
+from services.train import LocalCluster, run_training
+
+TARGET = 0.90
+
+
+def test_async_one_ps_two_workers_reaches_target():
+    summary = run_training(progress=False, num_ps=1, num_workers=2, mode="async", epochs=10)
+    assert summary["worker_exit_codes"] == [0, 0]
+    assert summary["test_accuracy"] >= TARGET, summary
+    assert summary["examples"] == 10 * 4500  # every instance trained on exactly once per epoch
+
+
+def test_sync_two_workers_two_ps_reaches_target():
+    summary = run_training(progress=False, num_ps=2, num_workers=2, mode="sync", epochs=10)
+    assert summary["worker_exit_codes"] == [0, 0]
+    assert summary["test_accuracy"] >= TARGET, summary
+    assert summary["global_step"] <= 10 * 4500 // 200 + 1  # one update per pair of batches
+
+
+def _wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except Exception:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_killed_ps_restarts_from_checkpoint_and_training_completes(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    with LocalCluster(num_ps=2, num_workers=2, epochs=30, checkpoint_dir=ckpt, checkpoint_every_steps=50,
+                      log_dir=str(tmp_path)) as cluster:
+        cluster.start()
+        _wait_for(lambda: checkpoint.latest_checkpoint(ckpt) and cluster.ps_stats(1)["version"] > 150, 60,
+                  "a checkpoint and 150 steps")
+        victim = cluster.shards[1]
+        endpoint = victim.endpoint
+        victim.kill()  # kill -9, mid-run
+        restored_from = checkpoint.Checkpoint(checkpoint.latest_checkpoint(ckpt)).step
+        cluster.shards[1] = cluster.start_ps(1, bind=endpoint)
+        assert cluster.ps_stats(1)["version"] == restored_from  # it restored its share at start
+        summary = cluster.wait()
+    assert summary["worker_exit_codes"] == [0, 0]
+    assert summary["test_accuracy"] >= TARGET, summary
+    assert any("waiting for the ps shards to come back" in w.log() for w in cluster.workers)
+
+
+def test_sync_with_a_spare_replica_survives_a_killed_worker(tmp_path):
+    with LocalCluster(num_ps=1, num_workers=2, spare_replicas=1, mode="sync", epochs=10,
+                      log_dir=str(tmp_path)) as cluster:
+        cluster.start()
+        _wait_for(lambda: cluster.ps_stats(0)["version"] > 30, 60, "30 sync steps")
+        cluster.workers[2].kill()
+        summary = cluster.wait()
+    assert summary["worker_exit_codes"][:2] == [0, 0]
+    assert summary["test_accuracy"] >= TARGET - 0.02, summary
