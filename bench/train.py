@@ -15,6 +15,7 @@ import numpy as np
 import zmq
 
 from common.datasets import mnist_split
+from common.memory import keep_freed_memory
 from common.model_spec import MNIST_MLP, load_model, model_variables
 from common.placement import place
 from common.processes import start_service
@@ -127,6 +128,7 @@ def ps_big_roundtrip_mb_per_s(rounds=5):
 
 
 def run(epochs=10, progress=None):
+    keep_freed_memory()  # like every zmqflow process: large frames reuse freed memory
     say = progress or (lambda *_: None)
     (x, y), _ = mnist_split()
     result = {"benchmark": "train", "batch_size": BATCH}

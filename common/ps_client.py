@@ -9,6 +9,7 @@ its own version; the global step is ps 0's.
 import ml_dtypes
 import numpy as np
 
+from common.errors import InvalidArgumentError
 from common.rpc_client import RpcClient
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -23,6 +24,8 @@ class PsClient:
         self.clients = [RpcClient(e, default_timeout=timeout, name=f"{name}-ps{i}") for i, e in enumerate(self.endpoints)]
         self.shard_keys = [[p.key for p in placement.for_shard(i)] for i in range(len(self.endpoints))]
         self.versions = [0] * len(self.endpoints)
+        self._parts = {}  # the last value of every piece: a pull_if_newer fills in only what changed
+        self._model = None
 
     # ------------------------------------------------ start-up
 
@@ -46,19 +49,56 @@ class PsClient:
 
     def pull_async(self, min_version=None, timeout=None):
         """`min_version`: an int for every shard or a list, one per shard (sync: wait for the step)."""
-        if min_version is not None and not isinstance(min_version, (list, tuple)):
-            min_version = [min_version] * len(self.clients)
-        calls = []
-        for i, client in enumerate(self.clients):
-            args = {"bf16": self.bf16}
-            if min_version is not None:
-                args["min_version"] = min_version[i]
-            calls.append(client.submit("pull", args, timeout=timeout or self.timeout))
-        return _Gathered(calls, self._assemble_pull)
+        return self._pull_all(self._per_shard(min_version), None, timeout)
 
     def pull(self, min_version=None, timeout=None):
         """{variable: value} of the whole model; sets `versions`."""
         return self.pull_async(min_version, timeout).result()
+
+    def pull_if_newer(self, timeout=None):
+        """Like pull, but shards whose version did not move since our last pull send no tensors;
+        returns None when nothing changed anywhere, else the whole model from `cache`."""
+        return self._pull_all(None, list(self.versions), timeout).result()
+
+    def _pull_all(self, min_versions, newer_than, timeout):
+        calls = []
+        for i, client in enumerate(self.clients):
+            args = {"bf16": self.bf16}
+            if min_versions is not None:
+                args["min_version"] = min_versions[i]
+            if newer_than is not None:
+                args["newer_than"] = newer_than[i]
+            calls.append(client.submit("pull", args, timeout=timeout or self.timeout))
+        return _Gathered(calls, self._assemble_pull)
+
+    def _per_shard(self, value):
+        if value is None or isinstance(value, (list, tuple)):
+            return value
+        return [value] * len(self.clients)
+
+    # ------------------------------------------------ rows of embedding-like variables
+
+    def _shard_of(self, variable):
+        pieces = self.placement.pieces_of(variable)
+        if len(pieces) != 1:
+            raise InvalidArgumentError(f"sparse access to {variable!r} needs an unpartitioned variable; it has "
+                                       f"{len(pieces)} row blocks")
+        return pieces[0].shard
+
+    def pull_rows(self, variable, indices):
+        """Rows `indices` of `variable`."""
+        shard = self._shard_of(variable)
+        result, tensors = self.clients[shard].call("pull_rows", {"name": variable},
+                                                   [np.asarray(indices, dtype=np.int64)])
+        return tensors[0]
+
+    def push_sparse(self, variable, indices, rows, replica=0):
+        """Gradient rows for rows `indices` of `variable`, tagged with the shard's last pulled version."""
+        shard = self._shard_of(variable)
+        rows = rows.astype(BF16) if self.bf16 else rows
+        return self.clients[shard].call("push_sparse", {"name": variable, "version": self.versions[shard],
+                                                        "replica": replica},
+                                        [np.asarray(indices, dtype=np.int64), rows])[0]
 
     def push_async(self, grads, replica=0):
         pieces = self._split(grads)
@@ -110,12 +150,16 @@ class PsClient:
         return pieces
 
     def _assemble_pull(self, replies):
-        parts = {}
+        changed = False
         for i, (result, tensors) in enumerate(replies):
             self.versions[i] = result["version"]
             for key, t in zip(result.get("names", []), tensors):
-                parts[key] = t.astype(np.float32) if t.dtype == BF16 else t
-        return {v: self.placement.assemble(v, parts) for v in self.placement.variables()}
+                self._parts[key] = t.astype(np.float32) if t.dtype == BF16 else t
+                changed = True
+        if not changed and self._model is not None:
+            return None  # a pull_if_newer that found nothing new
+        self._model = {v: self.placement.assemble(v, self._parts) for v in self.placement.variables()}
+        return self._model
 
 
 class _Gathered:

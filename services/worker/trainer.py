@@ -39,8 +39,10 @@ class Trainer:
     # ------------------------------------------------ start
 
     def start(self):
-        """Chief: restore the latest checkpoint if any, else initialize. Others: wait until ready."""
+        """Chief: restore the latest checkpoint if any, else initialize. Others: wait until ready.
+        Every worker first runs one step on zeros, so kernel compilation is not counted as training."""
         from services.ps.checkpoint import latest_checkpoint
+        self._warm_up()
         if self.is_chief:
             latest = latest_checkpoint(self.checkpoint_dir) if self.checkpoint_dir else None
             if latest:
@@ -52,6 +54,12 @@ class Trainer:
         else:
             self.ps.wait_ready(timeout=self.end_timeout)
             log.info("worker %d: the model is ready", self.replica)
+
+    def _warm_up(self):
+        params = self.model.initial_values(self.seed)
+        first = self.model.variables()[0]
+        x = np.zeros((self.batch_size, first.shape[0]), dtype=first.dtype)
+        self.model.loss_and_gradients(params, x, np.zeros(self.batch_size, dtype=np.int32))
 
     # ------------------------------------------------ the loop
 

@@ -1,0 +1,165 @@
+"""The ps-shard service over real sockets: init, pull/push, bf16, sparse rows, sync waits and stalls,
+checkpoints restored onto another number of shards, TF_CONFIG, shutdown."""
+
+import json
+import os
+import socket
+
+import numpy as np
+import pytest
+
+from common.errors import DeadlineExceededError
+from common.model_spec import MNIST_MLP, load_model, model_variables
+from common.placement import place
+from common.processes import start_service
+from common.ps_client import PsClient
+from common.rpc_client import RpcClient
+
+SPEC = json.dumps(MNIST_MLP)
+SGD = json.dumps({"kind": "sgd", "learning_rate": 0.5})
+
+
+def shards(tmp_path, n=1, *extra):
+    return [start_service("services.ps", ["--task-index", str(i), "--num-ps", str(n), "--model", SPEC,
+                                          "--optimizer", SGD, *extra], log_dir=str(tmp_path)) for i in range(n)]
+
+
+def client(procs, **kw):
+    return PsClient([p.endpoint for p in procs], place(model_variables(MNIST_MLP), len(procs)), **kw)
+
+
+@pytest.fixture
+def initial():
+    return load_model(MNIST_MLP).initial_values(1)
+
+
+def test_init_pull_push_and_pull_if_newer(tmp_path, initial):
+    procs = shards(tmp_path, 2)
+    try:
+        ps = client(procs)
+        ps.initialize(initial)
+        pulled = ps.pull()
+        for name, value in initial.items():
+            np.testing.assert_array_equal(pulled[name], value)
+        assert ps.pull_if_newer() is None  # nothing changed
+        grads = {k: np.ones_like(v) for k, v in initial.items()}
+        results = ps.push(grads)
+        assert all(r["applied"] for r in results)
+        after = ps.pull_if_newer()
+        np.testing.assert_allclose(after["hidden/weights"], initial["hidden/weights"] - 0.5, rtol=1e-6)
+        assert ps.versions == [1, 1]
+        ps.shutdown()
+        assert [p.proc.wait(10) for p in procs] == [0, 0]  # shutdown is a protocol: exit 0
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_bf16_transfer_halves_the_bytes_and_still_trains(tmp_path, initial):
+    procs = shards(tmp_path)
+    try:
+        ps = client(procs, bf16=True)
+        ps.initialize(initial)
+        pulled = ps.pull()
+        assert pulled["hidden/weights"].dtype == np.float32
+        np.testing.assert_allclose(pulled["hidden/weights"], initial["hidden/weights"], rtol=1e-2, atol=1e-3)
+        ps.push({k: np.full_like(v, 0.25) for k, v in initial.items()})
+        after = ps.pull()
+        np.testing.assert_allclose(after["softmax/biases"], initial["softmax/biases"] - 0.125, atol=1e-2)
+        stats = ps.stats()[0]
+        assert stats["bytes_pushed"] == sum(v.size for v in initial.values()) * 4  # applied as float32
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_sparse_rows(tmp_path, initial):
+    procs = shards(tmp_path)
+    try:
+        ps = client(procs)
+        ps.initialize(initial)
+        ps.pull()
+        rows = ps.pull_rows("hidden/weights", [3, 7])
+        np.testing.assert_array_equal(rows, initial["hidden/weights"][[3, 7]])
+        result = ps.push_sparse("hidden/weights", [3], np.ones((1, 100), np.float32))
+        assert result["applied"]
+        after = ps.pull_rows("hidden/weights", [3, 4])
+        np.testing.assert_allclose(after[0], initial["hidden/weights"][3] - 0.5, rtol=1e-6)
+        np.testing.assert_array_equal(after[1], initial["hidden/weights"][4])
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_sync_waits_for_the_step_and_names_missing_replicas(tmp_path, initial):
+    procs = shards(tmp_path, 1, "--mode", "sync", "--replicas-to-aggregate", "2", "--total-num-replicas", "3")
+    try:
+        a, b = client(procs, name="a"), client(procs, name="b")
+        a.initialize(initial)
+        a.pull(), b.pull()
+        grads = {k: np.zeros_like(v) for k, v in initial.items()}
+        a.push(grads, replica=0)
+        with pytest.raises(DeadlineExceededError, match=r"misses \[1, 2\]"):
+            a.pull(min_version=1, timeout=0.3)  # the stall report names who is missing
+        waiting = a.pull_async(min_version=1, timeout=10)
+        b.push(grads, replica=2)  # the spare completes the step
+        waiting.result()
+        assert a.versions == [1]
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_workers_wait_until_the_chief_initialized(tmp_path, initial):
+    procs = shards(tmp_path)
+    try:
+        worker, chief = client(procs, name="w"), client(procs, name="chief")
+        with RpcClient(procs[0].endpoint) as raw:
+            waiting = raw.submit("wait_ready", timeout=10)
+            chief.initialize(initial)
+            assert waiting.result()[0]["version"] == 0
+        worker.wait_ready(timeout=2)
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_checkpoint_from_two_shards_restores_onto_one(tmp_path, initial):
+    ckpt = str(tmp_path / "ckpt")
+    two = shards(tmp_path, 2)
+    try:
+        ps = client(two)
+        ps.initialize(initial)
+        ps.pull()
+        ps.push({k: np.ones_like(v) for k, v in initial.items()})
+        trained = ps.pull()
+        path = ps.save(ckpt)
+        assert os.path.basename(path) == "ckpt-1"
+    finally:
+        for p in two:
+            p.stop()
+    one = shards(tmp_path, 1, "--restore-from", ckpt)
+    try:
+        ps = client(one)
+        restored = ps.pull()  # restored at start: no init needed
+        assert ps.versions == [1]
+        for name, value in trained.items():
+            np.testing.assert_array_equal(restored[name], value)
+    finally:
+        for p in one:
+            p.stop()
+
+
+def test_ps_takes_index_count_and_address_from_tf_config(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        ports = [s.getsockname()[1]]
+    tf_config = {"cluster": {"ps": [f"127.0.0.1:{ports[0]}"], "worker": ["127.0.0.1:1"]},
+                 "task": {"type": "ps", "index": 0}}
+    proc = start_service("services.ps", ["--model", SPEC], bind="tcp://127.0.0.1:*",
+                         env={"TF_CONFIG": json.dumps(tf_config)}, log_dir=str(tmp_path))
+    try:
+        assert proc.endpoint.endswith(f":{ports[0]}")
+        assert "ps:0 of 1" in proc.log()
+    finally:
+        proc.stop()
