@@ -70,9 +70,23 @@ class ShardState:
         self._offsets, nbytes = _layout(self.specs)
         self._buffer = np.zeros(nbytes, np.uint8)  # all values, contiguous: a full pull is one memcpy
         self._values = _views(self._buffer, self.specs, self._offsets)
-        self._slots = {name: self.optimizer.create_slots(v) for name, v in self._values.items()}
-        needs_scratch = mode == "sync" or self.staleness_scaling
-        self._scratch = {n: np.zeros_like(v) for n, v in self._values.items()} if needs_scratch else {}
+        # Slots and gradient scratch share the values' layout. With one dtype for every piece, a
+        # dense update is then ONE optimizer call over the flat buffers (padding has zero
+        # gradients and stays zero) instead of a kernel dispatch per piece: 4 calls of the
+        # MNIST MLP's Adam took 533 us per push on the ps, one call takes about half.
+        dtypes = {dtype for _, dtype in self.specs.values()}
+        self._flat_dtype = dtypes.pop() if len(dtypes) == 1 else None
+        slot_buffers = {spec.name: np.full(nbytes // self._itemsize(), spec.initial_value, self._flat_dtype)
+                        for spec in self.optimizer.slot_specs((1,))} if self._flat_dtype else {}
+        if self._flat_dtype:
+            self._flat_slots = {n: b for n, b in slot_buffers.items()}
+            self._slots = {name: {n: _views(b.view(np.uint8), {name: self.specs[name]}, self._offsets)[name]
+                                  for n, b in slot_buffers.items()} for name in self.specs}
+        else:
+            self._slots = {name: self.optimizer.create_slots(v) for name, v in self._values.items()}
+        self._grad_buffer = np.zeros(nbytes, np.uint8)  # dense gradients (sync: their sum) in the layout
+        self._scratch = _views(self._grad_buffer, self.specs, self._offsets)
+        self._warm_up()
 
         # the current sync step
         self._dense_count = dict.fromkeys(self.specs, 0)  # dense gradients summed in _scratch
@@ -89,6 +103,27 @@ class ShardState:
         self._bytes_pushed = self._bytes_pulled = 0
         self._dropped = collections.Counter()
         self._staleness = collections.Counter()
+
+    def _warm_up(self):
+        """Compile (or load from numba's cache) the update kernel now, not during the first push:
+        it took 0.38 s there, inside the training time."""
+        for dtype in {dtype for _, dtype in self.specs.values()}:
+            var = np.zeros(1, dtype)
+            self.optimizer.apply_dense(var, np.zeros(1, dtype), self.optimizer.create_slots(var), 0)
+
+    def _itemsize(self):
+        return self._flat_dtype.itemsize if self._flat_dtype else 1
+
+    def _apply_flat(self):
+        """One dense update of every piece with the gradients in the scratch layout.
+        Falls back to one call per piece for mixed dtypes."""
+        if self._flat_dtype is None:
+            for name, var in self._values.items():
+                self.optimizer.apply_dense(var, self._scratch[name], self._slots[name], self.version)
+            return
+        flat = self._flat_dtype
+        self.optimizer.apply_dense(self._buffer.view(flat), self._grad_buffer.view(flat), self._flat_slots,
+                                   self.version)
 
     # ------------------------------------------------------------------ set-up
 
@@ -205,11 +240,12 @@ class ShardState:
             if reason:
                 return self._drop(reason, staleness)
             scale = self._scale(staleness)
-            for name, var in self._values.items():
-                grad = grads[name]
+            for name, grad in grads.items():
+                np.copyto(self._scratch[name], grad)
                 if scale is not None:
-                    grad = np.multiply(grad, scale.astype(var.dtype), out=self._scratch[name])
-                self.optimizer.apply_dense(var, grad, self._slots[name], self.version)
+                    view = self._scratch[name]
+                    np.multiply(view, scale.astype(view.dtype), out=view)
+            self._apply_flat()
             return self._updated(staleness, 1)
         if staleness:
             return self._drop("stale", staleness)
@@ -299,8 +335,14 @@ class ShardState:
         self._pending += 1
         if len(self._complete) < self.replicas_to_aggregate:
             return PushResult(False, False, None, staleness, self.version)
-        for name, var in self._values.items():
-            self._apply_average(name, var)
+        counts = {len(c) for c in self._contributors.values()}
+        if self._flat_dtype is not None and not any(self._sparse.values()) and len(counts) == 1 and 0 not in counts:
+            flat = self._grad_buffer.view(self._flat_dtype)  # dense only: average and apply in one call
+            np.divide(flat, self._flat_dtype.type(counts.pop()), out=flat)
+            self._apply_flat()
+        else:
+            for name, var in self._values.items():
+                self._apply_average(name, var)
         applied = self._pending
         self._clear_step()
         return self._updated(staleness, applied)

@@ -55,7 +55,7 @@ def test_killed_ps_restarts_from_checkpoint_and_training_completes(tmp_path):
         summary = cluster.wait()
     assert summary["worker_exit_codes"] == [0, 0]
     assert summary["test_accuracy"] >= TARGET, summary
-    assert any("waiting for the ps shards to come back" in w.log() for w in cluster.workers)
+    assert summary["examples"] > 0.9 * 30 * 4500  # only the steps in flight at the kill were lost
 
 
 def test_sync_with_a_spare_replica_survives_a_killed_worker(tmp_path):
