@@ -53,5 +53,12 @@ def run_service_instance(build, task, ready_file, log_level, max_message_bytes):
         with open(tmp, "w") as f:
             f.write(service.endpoint + "\n")
         os.replace(tmp, ready_file)
-    service.run()
+    profile_dir = os.environ.get("ZMQFLOW_PROFILE_DIR")
+    if profile_dir:  # measure, don't guess: cProfile stats of the whole service loop, written at exit
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.runcall(service.run)
+        profiler.dump_stats(os.path.join(profile_dir, f"{task.replace(':', '-')}.{os.getpid()}.prof"))
+    else:
+        service.run()
     logging.getLogger(service.name).info("%s stopped", service.name)
