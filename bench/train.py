@@ -49,7 +49,7 @@ def single_process_examples_per_s(x, y, epochs=2):
     return epochs * (len(y) // BATCH) * BATCH / (time.perf_counter() - start)
 
 
-def _raw_echo_rate(payload_bytes, seconds=1.0, rounds=None):
+def _raw_echo_rate(payload_bytes, seconds=1.0, rounds=None, warm_up=3):
     """Round trips/s and MB/s of a plain DEALER -> ROUTER echo of `payload_bytes` (a thread echoes)."""
     import threading
     ctx = zmq.Context.instance()
@@ -67,6 +67,9 @@ def _raw_echo_rate(payload_bytes, seconds=1.0, rounds=None):
     dealer = ctx.socket(zmq.DEALER)
     dealer.connect(f"tcp://127.0.0.1:{port}")
     payload = np.ones(payload_bytes // 4, np.float32)
+    for _ in range(warm_up):
+        dealer.send(payload, copy=False)
+        dealer.recv(copy=False)
     n, start = 0, time.perf_counter()
     while (rounds is None and time.perf_counter() - start < seconds) or (rounds is not None and n < rounds):
         dealer.send(payload, copy=False)
@@ -103,8 +106,9 @@ def ps_rates(seconds=1.0):
         shard.stop()
 
 
-def ps_big_roundtrip_mb_per_s(rounds=5):
-    """pull + push of one 16 M float32 variable (64 MB) through a ps shard."""
+def ps_big_roundtrip_mb_per_s(rounds=8, warm_up=3):
+    """pull + push of one 16 M float32 variable (64 MB) through a ps shard, after `warm_up`
+    rounds (the first buffers of each side pay their page faults: ~300 ms per 64 MB here)."""
     spec = {"type": "mlp", "layers": [4096, 4096], "activation": "none"}
     shard = start_service("services.ps", ["--model", json.dumps(spec), "--max-message-bytes", str(1 << 30)])
     try:
@@ -113,8 +117,9 @@ def ps_big_roundtrip_mb_per_s(rounds=5):
         params = load_model(spec, "numpy").initial_values(1)
         ps.initialize(params)
         grads = {k: np.zeros_like(v) for k, v in params.items()}
-        ps.pull()
-        ps.push(grads)
+        for _ in range(warm_up):
+            ps.pull()
+            ps.push(grads)
         start = time.perf_counter()
         for _ in range(rounds):
             ps.pull()
@@ -143,7 +148,7 @@ def run(epochs=10, progress=None):
                   raw_roundtrips_per_s_318kb=round(raw_rate), pull_vs_raw=round(pulls / raw_rate, 3))
     say(f"ps: {pulls:.0f} pulls/s, {pushes:.0f} pushes/s; raw 318 KB round trips {raw_rate:.0f}/s")
     result["ps_roundtrip_mb_per_s_64mb"] = round(ps_big_roundtrip_mb_per_s(), 1)
-    _, raw_mb = _raw_echo_rate(64 * 1024 * 1024, rounds=5)
+    _, raw_mb = _raw_echo_rate(64 * 1024 * 1024, rounds=8)
     result["raw_roundtrip_mb_per_s_64mb"] = round(raw_mb, 1)
     result["big_vs_raw"] = round(result["ps_roundtrip_mb_per_s_64mb"] / raw_mb, 3)
     say(f"64 MB: ps {result['ps_roundtrip_mb_per_s_64mb']} MB/s, raw {result['raw_roundtrip_mb_per_s_64mb']} MB/s")

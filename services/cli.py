@@ -4,6 +4,7 @@ import click
 
 from bench.cli import bench
 from services.broker.cli import command as broker
+from services.devices_command import devices
 from services.operator_commands import ping, queues
 from services.placement_command import placement
 from services.ps.cli import command as ps
@@ -24,6 +25,7 @@ main.add_command(ping)
 main.add_command(queues)
 main.add_command(bench)
 main.add_command(placement)
+main.add_command(devices)
 
 
 @main.command()

@@ -39,10 +39,22 @@ from common.task_options import model_options, resolve_model, task_from_tf_confi
 @click.option("--result-file", default=None, type=click.Path(dir_okay=False), help="Write the summary as JSON here.")
 @click.option("--examples-per-epoch", default=None, type=int, help="For the epoch column of the log.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+# --- devices and towers (services/worker/devices.py, towers.py) ---
+@click.option("--device", default=None, help="Device of the layers, a TF device string (/gpu:0, /cpu:0, "
+              "/job:worker/task:1/gpu:0). Default: /gpu:0 if CuPy sees a GPU, else /cpu:0.")
+@click.option("--placement-function", default=None, help="'module:function' called per layer; returns its device.")
+@click.option("--allow-soft-placement", is_flag=True, help="Run a layer on the CPU when its device has no kernel.")
+@click.option("--log-device-placement", is_flag=True, help="Log the device of every layer's ops.")
+@click.option("--gpu-memory-fraction", default=None, type=click.FloatRange(0, 1, min_open=True),
+              help="Limit CuPy's memory pool to this fraction of each GPU.")
+@click.option("--towers", default=1, type=click.IntRange(min=1),
+              help="Split each batch over N towers (GPUs, or CPU threads) and average before one push.")
+# --- end devices and towers ---
 def command(ps_endpoints, broker, queue_name, container, task_index, num_workers, model_spec, placement_strategy,
             max_shard_bytes, backend, batch_size, mode, bf16, max_steps, log_every, checkpoint_dir,
             checkpoint_every_steps, checkpoint_every_secs, keep_checkpoints, summaries, user_hooks, evaluate,
-            shutdown_ps, result_file, examples_per_epoch, log_level):
+            shutdown_ps, result_file, examples_per_epoch, log_level,
+            device, placement_function, allow_soft_placement, log_device_placement, gpu_memory_fraction, towers):
     """Train: dequeue mini-batches from the broker, pull parameters, push gradients.
 
     Task 0 (or the chief job of TF_CONFIG) is the chief: it initializes or
@@ -50,7 +62,7 @@ def command(ps_endpoints, broker, queue_name, container, task_index, num_workers
     """
     from common import queues
     from common.datasets import mnist_split
-    from common.model_spec import load_model, model_variables
+    from common.model_spec import model_variables
     from common.placement import place
     from common.ps_client import PsClient
     from services.worker import hooks as H
@@ -73,7 +85,18 @@ def command(ps_endpoints, broker, queue_name, container, task_index, num_workers
     keep_freed_memory()
     is_chief = task_index == 0
     spec = resolve_model(model_spec)
-    model = load_model(spec, backend=backend)
+    # --- devices and towers: the model with its layers placed (services/worker/devices.py) ---
+    from common.errors import InvalidArgumentError
+    from services.worker.devices import build_model
+    try:
+        model = build_model(spec, backend=backend, device=device, placement_function=placement_function,
+                            allow_soft_placement=allow_soft_placement, log_device_placement=log_device_placement,
+                            gpu_memory_fraction=gpu_memory_fraction, towers=towers,
+                            job=tf_task.task_type if tf_task else "worker",
+                            task=tf_task.task_index if tf_task else task_index)
+    except InvalidArgumentError as exc:
+        raise click.ClickException(f"InvalidArgumentError: {exc}") from None
+    # --- end devices and towers ---
     placement = place(model_variables(spec), len(ps_endpoints), placement_strategy, max_shard_bytes)
     if is_chief:
         logging.getLogger("worker").info("placement over %d ps shards:\n%s", len(ps_endpoints), placement.table())

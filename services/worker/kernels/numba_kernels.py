@@ -26,7 +26,7 @@ ACTIVATION_CODES = {"sigmoid": SIGMOID, "relu": RELU, "tanh": TANH, "none": NONE
 _MAX_WORKSPACES = 4  # a few batch sizes (the last, shorter batch of an epoch) stay warm
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # towers on CPU threads overlap
 def bias_activation(z, b, act):
     """z = f(z + b) in place, row by row; `act` is an activation code."""
     n, m = z.shape
@@ -47,7 +47,7 @@ def bias_activation(z, b, act):
                 row[j] = row[j] + b[j]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # towers on CPU threads overlap
 def bias_sigmoid_f32(z, b):
     """z = sigmoid(z + b) in place for float32, twice as fast as bias_activation: numba calls
     libm's scalar expf per element, so here exp is Cephes' expf polynomial (about 1 ulp),
@@ -73,7 +73,7 @@ def bias_sigmoid_f32(z, b):
             row[j] = np.float32(1.0) / (np.float32(1.0) + row[j] * scale[j])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # towers on CPU threads overlap
 def activation_grad(d, a, act, db):
     """d *= f'(z) (from the output a = f(z)) in place, and db = column sums of the result."""
     n, m = d.shape
@@ -95,7 +95,7 @@ def activation_grad(d, a, act, db):
             db[j] += row[j]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # towers on CPU threads overlap
 def softmax_xent_grad(logits, labels, db):
     """Mean cross-entropy of `labels`; logits become (softmax - onehot) / batch in place and
     db their column sums. Returns -1 - i if labels[i] is not a class id."""
@@ -126,7 +126,7 @@ def softmax_xent_grad(logits, labels, db):
     return total / n
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # towers on CPU threads overlap
 def softmax_rows(logits):
     """Row-wise softmax in place."""
     n, m = logits.shape

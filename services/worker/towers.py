@@ -1,0 +1,85 @@
+"""In-graph replication inside one worker (`--towers N`), TensorFlow's multi-GPU recipe: each
+tower computes the loss and gradients of its slice of the batch on its own device, and the
+worker averages them before its one push per step.
+
+Towers run on threads: CuPy launches asynchronously and numpy's BLAS releases the GIL, so N
+towers overlap on N GPUs or N cores (the numba elementwise kernels hold the GIL; they are the
+small part of a step). With CPU towers, give BLAS one thread per tower so they fit the cores.
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from common.errors import InvalidArgumentError
+
+
+def tower_devices(n, num_gpus):
+    """Tower i on GPU i (round robin when towers outnumber GPUs); all on the CPU without a GPU."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InvalidArgumentError(f"towers must be a positive integer, got {n!r}")
+    return [f"/gpu:{i % num_gpus}" for i in range(n)] if num_gpus else ["/cpu:0"] * n
+
+
+def split_sizes(batch, towers):
+    """Contiguous slice sizes, the first ones one larger when the batch does not divide (np.array_split)."""
+    return [batch // towers + (i < batch % towers) for i in range(towers)]
+
+
+class TowerModel:
+    """The Model protocol over towers. `model_factory(device)` builds one tower's model and is
+    called once per device, in order: every tower needs its own, as kernels reuse scratch buffers.
+    `towers` is a list of device strings or a count (tower_devices over the visible GPUs).
+
+    The result equals one model on the whole batch: the loss and gradients of each slice are
+    means over the slice, so they are averaged with the slice sizes as weights."""
+
+    def __init__(self, model_factory, towers):
+        if isinstance(towers, int) and not isinstance(towers, bool):
+            from services.worker.devices import visible_gpu_count
+            towers = tower_devices(towers, visible_gpu_count())
+        self.devices = list(towers)
+        if not self.devices:
+            raise InvalidArgumentError("a TowerModel needs at least one tower")
+        self.towers = [model_factory(device) for device in self.devices]
+        self._pool = ThreadPoolExecutor(len(self.towers), "tower") if len(self.towers) > 1 else None
+
+    def variables(self):
+        return self.towers[0].variables()
+
+    def initial_values(self, seed=None):
+        return self.towers[0].initial_values(seed)
+
+    def loss_and_gradients(self, params, x, y):
+        results, sizes = self._map(lambda tower, xs, ys: tower.loss_and_gradients(params, xs, ys), x, y)
+        total = sum(sizes)
+        loss = sum(tower_loss * n for (tower_loss, _), n in zip(results, sizes)) / total
+        grads = {}
+        for name in results[0][1]:
+            grads[name] = results[0][1][name] * (sizes[0] / total)
+            for (_, tower_grads), n in zip(results[1:], sizes[1:]):
+                grads[name] += tower_grads[name] * (n / total)
+        return float(loss), grads
+
+    def predict(self, params, x):
+        results, _ = self._map(lambda tower, xs, _: tower.predict(params, xs), x, None)
+        return results[0] if len(results) == 1 else np.concatenate(results)
+
+    def _map(self, fn, x, y):
+        """fn(tower, x slice, y slice) on every tower at once: ([results], [slice sizes])."""
+        batch = x.shape[0] if getattr(x, "ndim", 0) >= 1 else 0
+        used = min(len(self.towers), batch)
+        if used <= 1:  # one tower, or a batch that tower 0 will reject with the model's own error
+            return [fn(self.towers[0], x, y)], [max(batch, 1)]
+        sizes, futures, start = split_sizes(batch, used), [], 0
+        for tower, n in zip(self.towers, sizes):
+            part = slice(start, start + n)
+            futures.append(self._pool.submit(fn, tower, x[part], None if y is None else y[part]))
+            start += n
+        return [f.result() for f in futures], sizes
+
+    def close(self):
+        """Stop the tower threads."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None

@@ -1,0 +1,69 @@
+"""A stub GPU for the device tests: numpy underneath, but strict about where arrays live.
+
+Arrays "on the GPU" are `FakeGpuArray`s; any ufunc (matmul, add, exp, sums...) that mixes one
+with a plain host array fails, as CuPy refuses to mix numpy and CuPy arrays, so a missing
+move between devices shows up. `xp` is not numpy itself, so the MLP treats the stub as a device.
+"""
+
+import numpy as np
+
+from services.worker.kernels.numpy_kernels import Kernels as NumpyKernels
+
+
+class FakeGpuArray(np.ndarray):
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        arrays = inputs + tuple(kwargs.get("out", ()))
+        if any(type(a) is np.ndarray and a.ndim > 0 for a in arrays):
+            raise AssertionError(f"{ufunc.__name__} mixes a host array with a fake-GPU array")
+        inputs = tuple(a.view(np.ndarray) if isinstance(a, FakeGpuArray) else a for a in inputs)
+        if "out" in kwargs:
+            kwargs["out"] = tuple(o.view(np.ndarray) for o in kwargs["out"])
+        result = getattr(ufunc, method)(*inputs, **kwargs)
+        return result.view(FakeGpuArray) if isinstance(result, np.ndarray) else result
+
+
+class FakeXp:
+    """The stub's array module: numpy's functions, but a different object than numpy."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
+class FakeGpuKernels(NumpyKernels):
+    """The numpy kernels on FakeGpuArrays; counts the copies to and from the host."""
+
+    name = "fake-gpu"
+    xp = FakeXp()
+
+    def __init__(self, index=0):
+        self.index, self.to_device_calls, self.to_host_calls = index, 0, 0
+
+    def to_device(self, array, dtype):
+        self.to_device_calls += 1
+        assert not isinstance(array, FakeGpuArray), "device-to-device copies go through the host"
+        return np.ascontiguousarray(array, dtype=dtype).copy().view(FakeGpuArray)
+
+    def to_host(self, array, out=None):
+        assert isinstance(array, FakeGpuArray), f"to_host of a {type(array).__name__}"
+        self.to_host_calls += 1
+        host = array.view(np.ndarray).copy()
+        if out is not None:
+            np.copyto(out, host)
+            return out
+        return host
+
+
+class FakeGpus:
+    """`gpu_kernels` for DeviceOptions: a FakeGpuKernels per request, all kept for inspection."""
+
+    def __init__(self):
+        self.made = []
+
+    def __call__(self, index):
+        self.made.append(FakeGpuKernels(index))
+        return self.made[-1]
+
+
+def fake_gpu_options(num_gpus=1, **fields):
+    """build_model / DeviceOptions keywords for `num_gpus` stub GPUs."""
+    return dict(num_gpus=num_gpus, gpu_kernels=FakeGpus(), **fields)

@@ -1,0 +1,365 @@
+"""Worker device placement: listing, defaults, explicit devices, placement functions, soft
+placement and its errors, logging, the GPU memory fraction, and placed models whose numbers
+equal the plain MLP's (mixed CPU/GPU placements run on the stub GPU of tests/worker)."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from common.errors import InvalidArgumentError
+from common.model_spec import MNIST_MLP, load_model
+from services.cli import main
+from services.worker import devices as D
+from services.worker.kernels import gpu_count
+from services.worker.model import MLP
+from tests.worker import fake_gpu_options
+
+CPU0 = "/job:worker/replica:0/task:0/device:CPU:0"
+GPU0 = "/job:worker/replica:0/task:0/device:GPU:0"
+
+
+def spec(activation="sigmoid", layers=(784, 100, 10), dtype="float32"):
+    return {"type": "mlp", "layers": list(layers), "activation": activation,
+            "init": {"kind": "truncated_normal", "stddev": 0.1}, "seed": 1, "dtype": dtype}
+
+
+def batch(n, n_in=784, classes=10, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.random((n, n_in)).astype(np.float32), rng.integers(0, classes, n)
+
+
+def params_of(model, seed=3):
+    """Initial weights with random biases, so the bias gradients are exercised too."""
+    rng = np.random.default_rng(seed)
+    params = model.initial_values(1)
+    for name, value in params.items():
+        if name.endswith("/biases"):
+            params[name] = (0.1 * rng.standard_normal(value.shape)).astype(value.dtype)
+    return params
+
+
+def assert_same_as_mlp(model, model_spec, n=50, tol=dict(rtol=2e-4, atol=2e-6)):
+    reference = load_model(model_spec, backend="numpy")
+    params = params_of(reference)
+    x, y = batch(n, model_spec["layers"][0], model_spec["layers"][-1], seed=n)
+    want_loss, want = reference.loss_and_gradients(params, x, y)
+    for _ in range(2):
+        loss, grads = model.loss_and_gradients(params, x, y)
+        np.testing.assert_allclose(loss, want_loss, **tol)
+        assert list(grads) == list(want)
+        for name in want:
+            assert type(grads[name]) is np.ndarray and grads[name].dtype == want[name].dtype, name
+            np.testing.assert_allclose(grads[name], want[name], err_msg=name, **tol)
+    probs = model.predict(params, x)
+    assert type(probs) is np.ndarray
+    np.testing.assert_allclose(probs, reference.predict(params, x), **tol)
+
+
+def placed(model_spec=MNIST_MLP, **fields):
+    return D.place_model(model_spec, D.DeviceOptions(**fields))
+
+
+# ------------------------------------------------------------------ listing and defaults
+
+def test_list_devices_reports_the_cpu_with_memory_and_cores():
+    found = D.list_devices()
+    cpu = found[0]
+    assert cpu["name"] == "/cpu:0" and cpu["device_type"] == "CPU"
+    assert cpu["memory_total"] >= cpu["memory_free"] > 0 and cpu["cores"] >= 1
+    assert len([d for d in found if d["device_type"] == "GPU"]) == D.visible_gpu_count()
+
+
+@pytest.mark.parametrize("value", ["", "-1"])
+def test_cuda_visible_devices_empty_or_minus_one_hides_every_gpu(monkeypatch, value):
+    monkeypatch.setattr(D, "gpu_count", lambda: 2)
+    assert D.visible_gpu_count() == 2 and D.default_device() == "/gpu:0"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    assert D.visible_gpu_count() == 0 and D.default_device() == "/cpu:0"
+    assert [d["name"] for d in D.list_devices()] == ["/cpu:0"]
+
+
+def fake_cupy(limits):
+    """Just what list_devices and set_gpu_memory_fraction call: two 16 GiB GPUs."""
+    class Device:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            limits["current"] = self.index
+
+        def __exit__(self, *exc):
+            limits["current"] = None
+
+    class Pool:
+        def set_limit(self, fraction):
+            limits[limits["current"]] = fraction
+
+    runtime = types.SimpleNamespace(
+        getDeviceProperties=lambda i: {"name": b"Fake GPU", "major": 9, "minor": 0, "multiProcessorCount": 132},
+        memGetInfo=lambda: (15 << 30, 16 << 30))
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime, Device=Device),
+                                 get_default_memory_pool=Pool)
+
+
+def test_gpus_are_listed_with_memory_and_limited_by_the_memory_fraction(monkeypatch):
+    limits = {"current": None}
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(limits))
+    monkeypatch.setattr(D, "gpu_count", lambda: 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpus = [d for d in D.list_devices() if d["device_type"] == "GPU"]
+    assert [(g["name"], g["memory_total"], g["memory_free"]) for g in gpus] == [
+        ("/gpu:0", 16 << 30, 15 << 30), ("/gpu:1", 16 << 30, 15 << 30)]
+    assert gpus[0]["description"] == "Fake GPU" and gpus[0]["compute_capability"] == "9.0"
+    assert D.set_gpu_memory_fraction(0.25) is True
+    assert limits[0] == limits[1] == 0.25
+
+
+@pytest.mark.parametrize("fraction", [0, -0.5, 1.5, True, "half"])
+def test_gpu_memory_fraction_must_be_in_0_1(fraction):
+    with pytest.raises(InvalidArgumentError, match="gpu memory fraction"):
+        D.set_gpu_memory_fraction(fraction)
+
+
+def test_gpu_memory_fraction_without_a_gpu_is_a_logged_no_op(monkeypatch, caplog):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with caplog.at_level(logging.INFO, logger="devices"):
+        assert D.set_gpu_memory_fraction(0.5) is False
+    assert "no GPU is visible" in caplog.text
+
+
+# ------------------------------------------------------------------ placement
+
+def devices_of(model):
+    return model.devices
+
+
+def test_default_is_cpu_without_a_gpu_and_gpu0_with_one():
+    assert devices_of(placed(num_gpus=0)) == {"hidden": CPU0, "softmax": CPU0}
+    assert devices_of(placed(**fake_gpu_options())) == {"hidden": GPU0, "softmax": GPU0}
+
+
+def test_partial_device_strings_fill_in_from_the_task_and_the_default():
+    assert devices_of(placed(device="/cpu:0", **fake_gpu_options()))["hidden"] == CPU0
+    assert devices_of(placed(device="/device:GPU", **fake_gpu_options()))["hidden"] == GPU0
+    assert devices_of(placed(device="/job:worker/task:2", task=2, num_gpus=0))["hidden"] == \
+        "/job:worker/replica:0/task:2/device:CPU:0"
+    assert devices_of(placed(device="/job:worker/task:1/gpu:1", task=1, **fake_gpu_options(2)))["softmax"] == \
+        "/job:worker/replica:0/task:1/device:GPU:1"
+
+
+@pytest.mark.parametrize("device, named", [("/job:worker/task:1/gpu:0", "task 1"), ("/job:ps/cpu:0", "job 'ps'"),
+                                           ("/replica:2/cpu:0", "replica 2")])
+def test_another_tasks_device_is_invalid_argument_naming_it(device, named):
+    with pytest.raises(InvalidArgumentError, match=named) as info:
+        placed(device=device, allow_soft_placement=True, num_gpus=0)
+    assert "hidden" in str(info.value) and "/job:worker/replica:0/task:0" in str(info.value)
+
+
+def test_bad_device_string_is_invalid_argument():
+    with pytest.raises(InvalidArgumentError, match="tpu:0"):
+        placed(device="/tpu:0", num_gpus=0)
+
+
+def test_gpu_without_a_gpu_is_invalid_argument_naming_layer_op_dtype_and_device():
+    with pytest.raises(InvalidArgumentError) as info:
+        placed(device="/gpu:0", num_gpus=0)
+    message = str(info.value)
+    assert message.startswith("Cannot assign a device for operation hidden/MatMul: Could not satisfy explicit")
+    assert "'hidden'" in message and "float32" in message and "device:GPU:0" in message
+
+
+def test_gpu_index_beyond_the_visible_gpus_and_cpu_1_are_invalid_argument():
+    with pytest.raises(InvalidArgumentError, match="GPU:1"):
+        placed(device="/gpu:1", **fake_gpu_options(1))
+    with pytest.raises(InvalidArgumentError, match="CPU:1"):
+        placed(device="/cpu:1", num_gpus=0)
+
+
+def test_dtype_without_a_gpu_kernel_is_invalid_argument_in_tf_words():
+    with pytest.raises(InvalidArgumentError) as info:
+        placed(spec(dtype="float64"), device="/gpu:0", **fake_gpu_options())
+    message = str(info.value)
+    assert "Cannot assign a device for operation hidden/MatMul" in message
+    assert "no supported kernel for GPU devices is available" in message
+    assert "float64" in message and "device:GPU:0" in message and "--allow-soft-placement" in message
+
+
+def test_soft_placement_falls_back_to_the_cpu(caplog):
+    with caplog.at_level(logging.INFO, logger="devices"):
+        model = placed(spec(dtype="float64"), device="/gpu:0", allow_soft_placement=True, **fake_gpu_options())
+    assert devices_of(model) == {"hidden": CPU0, "softmax": CPU0}
+    assert all(p.soft for p in model.placements) and "soft placement" in caplog.text
+    assert devices_of(placed(device="/gpu:0", allow_soft_placement=True, num_gpus=0))["hidden"] == CPU0
+    assert_same_as_mlp(model, spec(dtype="float64"), tol=dict(rtol=1e-10, atol=1e-12))
+
+
+def test_default_device_without_a_kernel_goes_to_the_cpu_silently():
+    assert devices_of(placed(spec(dtype="float64"), **fake_gpu_options())) == {"hidden": CPU0, "softmax": CPU0}
+
+
+def test_kernel_registry():
+    assert D.has_kernel("GPU", "MatMul", "float32") and D.has_kernel("GPU", "MatMul", "float16")
+    assert not D.has_kernel("GPU", "MatMul", "float64") and not D.has_kernel("GPU", "Sigmoid", "bfloat16")
+    assert D.has_kernel("CPU", "SparseSoftmaxCrossEntropyWithLogits", "float64")
+
+
+SEEN = []
+
+
+def softmax_on_cpu(op):
+    """A placement function as tf.device(fn) takes: the head on the CPU, the rest left as it is."""
+    SEEN.append((op.name, op.type, op.ops, op.dtype, op.shape, op.device))
+    return "/cpu:0" if op.name == "softmax" else None
+
+
+def test_placement_function_by_module_name_is_called_per_layer():
+    SEEN.clear()
+    model = placed(placement_function=f"{__name__}:softmax_on_cpu", device="/gpu:0", **fake_gpu_options())
+    assert devices_of(model) == {"hidden": GPU0, "softmax": CPU0}
+    assert SEEN == [("hidden", "MatMul", ("MatMul", "BiasAdd", "Sigmoid"), "float32", (784, 100), ""),
+                    ("softmax", "MatMul", ("MatMul", "BiasAdd", "SparseSoftmaxCrossEntropyWithLogits", "Softmax"),
+                     "float32", (100, 10), "")]  # innermost scope: the function speaks first, --device fills in
+
+
+def test_placement_function_returning_a_devicespec_and_bad_names():
+    from common.device import DeviceSpec
+    model = placed(placement_function=lambda op: DeviceSpec(device_type="GPU", device_index=0), **fake_gpu_options())
+    assert devices_of(model)["hidden"] == GPU0
+    with pytest.raises(InvalidArgumentError, match="cannot be loaded"):
+        placed(placement_function="no_such_module_xyz:fn", num_gpus=0)
+    with pytest.raises(InvalidArgumentError, match="not a callable"):
+        placed(placement_function=f"{__name__}:SEEN", num_gpus=0)
+
+
+def test_log_device_placement_in_tf_format(caplog):
+    with caplog.at_level(logging.INFO, logger="devices"):
+        placed(placement_function=softmax_on_cpu, log_device_placement=True, **fake_gpu_options())
+    assert f"hidden/MatMul: (MatMul): {GPU0}" in caplog.text
+    assert f"hidden/Sigmoid: (Sigmoid): {GPU0}" in caplog.text
+    assert f"softmax/SparseSoftmaxCrossEntropyWithLogits: (SparseSoftmaxCrossEntropyWithLogits): {CPU0}" \
+        in caplog.text
+
+
+# ------------------------------------------------------------------ placed models compute as the MLP
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_one_device_delegates_to_the_mlp(backend):
+    model = placed(cpu_backend=backend, num_gpus=0)
+    assert model._mlp is not None and model._mlp.kernels.name == backend
+    assert_same_as_mlp(model, MNIST_MLP)
+
+
+@pytest.mark.parametrize("activation", ["sigmoid", "relu", "tanh", "none"])
+def test_mixed_gpu_cpu_placement_equals_the_mlp(activation):
+    options = fake_gpu_options(placement_function=softmax_on_cpu, cpu_backend="numba")
+    model = D.place_model(spec(activation), D.DeviceOptions(**options))
+    assert model._mlp is None and devices_of(model) == {"hidden": GPU0, "softmax": CPU0}
+    assert_same_as_mlp(model, spec(activation))
+    gpu = options["gpu_kernels"].made[0]
+    assert gpu.to_device_calls > 0 and gpu.to_host_calls > 0
+
+
+def test_three_layers_alternating_over_two_gpus_and_the_cpu():
+    layout = {"hidden1": "/gpu:1", "hidden2": "/cpu:0", "softmax": "/gpu:0"}
+    model_spec = spec("tanh", layers=(20, 16, 12, 5))
+    model = D.place_model(model_spec, D.DeviceOptions(
+        placement_function=lambda op: layout[op.name], **fake_gpu_options(2)))
+    assert [d[-5:] for d in devices_of(model).values()] == ["GPU:1", "CPU:0", "GPU:0"]
+    assert_same_as_mlp(model, model_spec, n=7)
+    model = D.place_model(model_spec, D.DeviceOptions(
+        placement_function=lambda op: "/gpu:1" if op.name == "softmax" else "/gpu:0", **fake_gpu_options(2)))
+    assert_same_as_mlp(model, model_spec, n=7)  # GPU to GPU goes through the host
+
+
+def test_mixed_placement_writes_into_out_and_checks_its_inputs():
+    model = placed(placement_function=softmax_on_cpu, **fake_gpu_options())
+    params = params_of(model)
+    x, y = batch(8)
+    out = {v.name: np.empty(v.shape, np.float32) for v in model.variables()}
+    _, grads = model.loss_and_gradients(params, x, y, out=out)
+    assert all(grads[name] is out[name] for name in out)
+    with pytest.raises(InvalidArgumentError, match="outside the valid range"):
+        model.loss_and_gradients(params, x, np.full(8, 10))
+    with pytest.raises(InvalidArgumentError, match="missing"):
+        model.loss_and_gradients({}, x, y)
+    with pytest.raises(InvalidArgumentError, match="inputs must have shape"):
+        model.loss_and_gradients(params, x[:, :5], y)
+
+
+def test_build_model_flags():
+    model = D.build_model(MNIST_MLP, backend="numpy", device="/cpu:0")
+    assert devices_of(model) == {"hidden": CPU0, "softmax": CPU0} and model._mlp.kernels.name == "numpy"
+    with pytest.raises(InvalidArgumentError, match="GPU:0"):  # --backend cupy asks for /gpu:0
+        D.build_model(MNIST_MLP, backend="cupy", num_gpus=0)
+    assert devices_of(D.build_model(MNIST_MLP, backend="cupy", **fake_gpu_options()))["hidden"] == GPU0
+    with pytest.raises(InvalidArgumentError, match="gpu memory fraction"):
+        D.build_model(MNIST_MLP, gpu_memory_fraction=2.0)
+
+
+class UserModel(MLP):
+    """A `module:Class` model: it computes where it chooses."""
+
+    def __init__(self, spec):
+        super().__init__(MNIST_MLP, backend="numpy")
+
+
+def test_user_models_place_themselves():
+    model = D.place_model({"type": f"{__name__}:UserModel"}, D.DeviceOptions(device="/gpu:0"))
+    assert type(model) is UserModel
+
+
+# ------------------------------------------------------------------ command lines
+
+def test_zmqflow_devices_lists_the_cpu():
+    result = CliRunner().invoke(main, ["devices"])
+    assert result.exit_code == 0, result.output
+    assert "/cpu:0" in result.output and "GiB" in result.output and "default device:" in result.output
+    listed = json.loads(CliRunner().invoke(main, ["devices", "--json"]).output)
+    assert listed["devices"][0]["name"] == "/cpu:0" and listed["default_device"] == D.default_device()
+
+
+def test_worker_help_lists_the_device_flags():
+    result = CliRunner().invoke(main, ["worker", "--help"])
+    assert result.exit_code == 0
+    for flag in ("--device", "--placement-function", "--allow-soft-placement", "--log-device-placement",
+                 "--gpu-memory-fraction", "--towers"):
+        assert flag in result.output
+
+
+def test_worker_rejects_another_tasks_device_before_connecting():
+    out = subprocess.run([sys.executable, "-m", "services.worker", "--ps", "tcp://127.0.0.1:9", "--broker",
+                          "tcp://127.0.0.1:9", "--device", "/job:worker/task:3/cpu:0"],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "TF_CONFIG": ""})
+    assert out.returncode == 1 and "InvalidArgumentError" in out.stderr and "task 3" in out.stderr
+
+
+# ------------------------------------------------------------------ on a real GPU
+
+@pytest.fixture
+def real_gpu():
+    pytest.importorskip("cupy")
+    if gpu_count() == 0:
+        pytest.skip("no CUDA device")
+
+
+def test_real_gpu_mixed_placement_equals_the_mlp(real_gpu):
+    model = D.place_model(MNIST_MLP, D.DeviceOptions(placement_function=softmax_on_cpu))
+    assert devices_of(model) == {"hidden": GPU0, "softmax": CPU0}
+    assert_same_as_mlp(model, MNIST_MLP)
+    assert_same_as_mlp(D.place_model(MNIST_MLP, D.DeviceOptions(device="/gpu:0")), MNIST_MLP)
+
+
+def test_real_gpu_listing_and_memory_fraction(real_gpu):
+    gpus = [d for d in D.list_devices() if d["device_type"] == "GPU"]
+    assert len(gpus) == gpu_count() and gpus[0]["memory_total"] > 0
+    assert D.set_gpu_memory_fraction(0.5) is True
+    import cupy
+    assert cupy.get_default_memory_pool().get_limit() > 0
+    cupy.get_default_memory_pool().set_limit(size=0)  # no limit again, for the other tests
