@@ -7,6 +7,7 @@ import os
 import click
 
 from common.cli_support import setup_logging
+from common.errors import OpError
 from common.memory import keep_freed_memory
 from common.task_options import model_options, resolve_model, task_from_tf_config
 
@@ -23,6 +24,8 @@ from common.task_options import model_options, resolve_model, task_from_tf_confi
 @click.option("--backend", default="numba", type=click.Choice(["numpy", "numba", "cupy"]),
               help="Kernels: numba (CPU), numpy (reference) or cupy (GPU).")
 @click.option("--batch-size", default=100)
+@click.option("--dequeue-timeout", default=600.0, help="Seconds to wait for a mini-batch before giving up "
+              "(the error names the queue).")
 @click.option("--mode", default="async", type=click.Choice(["async", "sync"]), help="Must match the ps shards.")
 @click.option("--bf16", is_flag=True, help="Send pulls and pushes as bfloat16.")
 @click.option("--max-steps", default=None, type=int, help="Stop at this global step (StopAtStepHook).")
@@ -51,7 +54,7 @@ from common.task_options import model_options, resolve_model, task_from_tf_confi
               help="Split each batch over N towers (GPUs, or CPU threads) and average before one push.")
 # --- end devices and towers ---
 def command(ps_endpoints, broker, queue_name, container, task_index, num_workers, model_spec, placement_strategy,
-            max_shard_bytes, backend, batch_size, mode, bf16, max_steps, log_every, checkpoint_dir,
+            max_shard_bytes, backend, batch_size, dequeue_timeout, mode, bf16, max_steps, log_every, checkpoint_dir,
             checkpoint_every_steps, checkpoint_every_secs, keep_checkpoints, summaries, user_hooks, evaluate,
             shutdown_ps, result_file, examples_per_epoch, log_level,
             device, placement_function, allow_soft_placement, log_device_placement, gpu_memory_fraction, towers):
@@ -112,8 +115,13 @@ def command(ps_endpoints, broker, queue_name, container, task_index, num_workers
     hooks += [H.load_hook(h) for h in user_hooks]
     trainer = Trainer(model, ps, queue, replica=task_index, num_workers=num_workers, is_chief=is_chief,
                       batch_size=batch_size, mode=mode, hooks=hooks, checkpoint_dir=checkpoint_dir,
-                      examples_per_epoch=examples_per_epoch, config={"model": spec, "backend": backend})
-    summary = trainer.run()
+                      examples_per_epoch=examples_per_epoch, dequeue_timeout=dequeue_timeout,
+                      config={"model": spec, "backend": backend})
+    try:
+        summary = trainer.run()
+    except OpError as exc:  # a peer we cannot do without is gone: say which, exit non-zero
+        logging.getLogger("worker").error("worker %d stops: %s: %s", task_index, type(exc).__name__, exc)
+        raise SystemExit(1) from None
     if is_chief and evaluate:
         _, (test_x, test_y) = mnist_split()
         summary["test_accuracy"] = trainer.evaluate(test_x, test_y)

@@ -21,12 +21,12 @@ log = logging.getLogger("worker")
 class Trainer:
     def __init__(self, model, ps, queue, replica=0, num_workers=1, is_chief=True, batch_size=100, mode="async",
                  hooks=(), seed=None, checkpoint_dir=None, examples_per_epoch=None, sync_timeout=30.0,
-                 end_timeout=120.0, config=None):
+                 end_timeout=120.0, dequeue_timeout=600.0, config=None):
         self.model, self.ps, self.queue = model, ps, queue
         self.replica, self.num_workers, self.is_chief = replica, num_workers, is_chief
         self.batch_size, self.mode, self.hooks, self.seed = batch_size, mode, list(hooks), seed
         self.checkpoint_dir, self.examples_per_epoch = checkpoint_dir, examples_per_epoch
-        self.sync_timeout, self.end_timeout = sync_timeout, end_timeout
+        self.sync_timeout, self.end_timeout, self.dequeue_timeout = sync_timeout, end_timeout, dequeue_timeout
         self.config = config or {}
         self.global_step = 0
         self.examples = 0
@@ -68,7 +68,7 @@ class Trainer:
         for hook in self.hooks:
             hook.begin(self)
         started = time.perf_counter()
-        next_batch = self.queue.dequeue_up_to_async(self.batch_size)
+        next_batch = self._dequeue()
         params = self.ps.pull()
         self.global_step = self.ps.versions[0]
         self._push = None
@@ -78,7 +78,11 @@ class Trainer:
                     x, y = self._batch(next_batch.result())
                 except OutOfRangeError:
                     break
-                next_batch = self.queue.dequeue_up_to_async(self.batch_size)  # prefetch while computing
+                except DeadlineExceededError:
+                    raise DeadlineExceededError(
+                        f"worker {self.replica}: no mini-batch from queue '{self.queue.name}' at {self.queue.broker} "
+                        f"within {self.dequeue_timeout:.0f} s; is a reader feeding it?") from None
+                next_batch = self._dequeue()  # prefetch while computing
                 try:
                     loss, params = self._step(params, x, y)
                 except UnavailableError as exc:
@@ -96,6 +100,9 @@ class Trainer:
         finally:
             self.elapsed = time.perf_counter() - started
         return self.finish()
+
+    def _dequeue(self):
+        return self.queue.dequeue_up_to_async(self.batch_size, timeout=self.dequeue_timeout)
 
     def _step(self, params, x, y):
         """One step: (loss, the parameters for the next step)."""
@@ -161,6 +168,7 @@ class Trainer:
         self.ps.worker_done(self.replica)
         if self.is_chief:
             self._wait_for_workers()
+        self.global_step = self.ps.stats()[0]["version"]  # with prefetch, the last push is not in our pull
         for hook in self.hooks:
             hook.end(self)
         rate = self.examples / self.elapsed if self.elapsed else 0.0
