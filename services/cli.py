@@ -30,6 +30,7 @@ main.add_command(devices)
 
 @main.command()
 def demo():
-    """Run the demo: MNIST through a real broker (what `make demo` runs)."""
-    from services.demo import run_demo
+    """Run the demo (what `make demo` runs): MNIST through a broker, then 2 ps + 2 workers training it."""
+    from services.demo import run_demo, run_training_demo
     run_demo()
+    run_training_demo()
