@@ -51,7 +51,7 @@ def test_killed_ps_restarts_from_checkpoint_and_training_completes(tmp_path):
         victim.kill()  # kill -9, mid-run
         restored_from = checkpoint.Checkpoint(checkpoint.latest_checkpoint(ckpt)).step
         cluster.shards[1] = cluster.start_ps(1, bind=endpoint)
-        assert cluster.ps_stats(1)["version"] == restored_from  # it restored its share at start
+        assert f"restored 2 pieces at step {restored_from}" in cluster.shards[1].log()  # its share, at start
         summary = cluster.wait()
     assert summary["worker_exit_codes"] == [0, 0]
     assert summary["test_accuracy"] >= TARGET, summary
