@@ -31,7 +31,7 @@ from common.errors import InvalidArgumentError
 from common.model_spec import layer_names, load_model, mlp_initial_values, mlp_variables, validate_spec
 from services.worker.kernels import get_backend, gpu_count
 from services.worker.kernels.numpy_kernels import check_labels
-from services.worker.model import MLP
+from services.worker.model import MLP, checked_param
 
 log = logging.getLogger("devices")
 
@@ -366,12 +366,7 @@ class PlacedModel:
         """[weights], [biases], each on its layer's device, after checking names and shapes."""
         weights, biases = [], []
         for i, var in enumerate(self._variables):
-            value = params.get(var.name) if hasattr(params, "get") else None
-            if value is None:
-                raise InvalidArgumentError(f"parameter {var.name!r} is missing")
-            if tuple(value.shape) != var.shape:
-                raise InvalidArgumentError(
-                    f"parameter {var.name!r} has shape {list(value.shape)}, expected {list(var.shape)}")
+            value = checked_param(params, var)
             rt = self._layers[i // 2]
             with rt.enter():
                 (biases if i % 2 else weights).append(rt.kernels.to_device(value, self.dtype))

@@ -11,6 +11,16 @@ from common.model_spec import mlp_initial_values, mlp_variables, validate_spec
 from services.worker.kernels import get_backend
 
 
+def checked_param(params, var):
+    """params[var.name], or InvalidArgument naming the missing or mis-shaped parameter."""
+    value = params.get(var.name) if hasattr(params, "get") else None
+    if value is None:
+        raise InvalidArgumentError(f"parameter {var.name!r} is missing")
+    if tuple(value.shape) != var.shape:
+        raise InvalidArgumentError(f"parameter {var.name!r} has shape {list(value.shape)}, expected {list(var.shape)}")
+    return value
+
+
 class MLP:
     """Dense layers with a shared activation and a softmax cross-entropy head.
 
@@ -57,15 +67,7 @@ class MLP:
 
     def _device_params(self, params):
         """[weights...], [biases...] on the backend, after checking names and shapes."""
-        arrays = []
-        for var in self._variables:
-            value = params.get(var.name) if hasattr(params, "get") else None
-            if value is None:
-                raise InvalidArgumentError(f"parameter {var.name!r} is missing")
-            if tuple(value.shape) != var.shape:
-                raise InvalidArgumentError(
-                    f"parameter {var.name!r} has shape {list(value.shape)}, expected {list(var.shape)}")
-            arrays.append(self.kernels.to_device(value, self.dtype))
+        arrays = [self.kernels.to_device(checked_param(params, var), self.dtype) for var in self._variables]
         return arrays[0::2], arrays[1::2]
 
     def _batch(self, x):
