@@ -31,3 +31,15 @@ def train(as_json, epochs):
 
     result = run(epochs=epochs, progress=None if as_json else click.echo)
     click.echo(json.dumps(result))
+
+
+@bench.command()
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON result line.")
+@click.option("--epochs", default=8, show_default=True, help="Passes over the 5,000 MNIST rows per phase.")
+@click.option("--repeats", default=3, show_default=True, help="Runs of each phase; medians are reported.")
+def reader(as_json, epochs, repeats):
+    """Reader: MNIST rows/s from CSV and TFRecord shards into the broker vs parsing alone."""
+    from bench.reader import run
+
+    result = run(epochs=epochs, repeats=repeats, progress=None if as_json else click.echo)
+    click.echo(json.dumps(result))

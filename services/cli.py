@@ -8,6 +8,7 @@ from services.devices_command import devices
 from services.operator_commands import ping, queues
 from services.placement_command import placement
 from services.ps.cli import command as ps
+from services.reader.cli import command as reader
 from services.train import command as train
 from services.worker.cli import command as worker
 
@@ -25,6 +26,7 @@ main.add_command(ping)
 main.add_command(queues)
 main.add_command(bench)
 main.add_command(placement)
+main.add_command(reader)
 main.add_command(devices)
 
 

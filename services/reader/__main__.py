@@ -1,0 +1,3 @@
+from services.reader.cli import main
+
+main()

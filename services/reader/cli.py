@@ -1,0 +1,248 @@
+"""`zmqflow-reader` / `zmqflow reader` / `python -m services.reader`: one reader process of an input pipeline.
+
+    zmqflow reader --broker tcp://127.0.0.1:5555 --preset mnist-csv --num-epochs 2 --readers 2
+    zmqflow reader --broker ... --files 'shards/*.csv' --format csv \\
+        --format-options '{"record_defaults": [[0.0], [0.0], [0]], "skip_header_lines": 1}' --queue train
+
+Presets (PRESETS) describe the files shipped in data/ so that every format ends
+in the same instance queue the workers expect: `image` float32 [784] in [0, 1]
+and `label` int32. `start_readers` starts reader processes for launchers (zmqflow
+train), benchmarks and tests:
+
+    procs = start_readers(broker, processes=2, log_dir=d, files=["shards/*.csv"], preset="mnist-csv",
+                          queue="train", queue_kind="shuffle", capacity=20_000, min_after_dequeue=2_000,
+                          num_epochs=10, seed=0)
+    ...                      # workers dequeue from "train" until OutOfRange
+    for p in procs: p.stop() # by PID; they exit by themselves once the pipeline closed
+"""
+
+import json
+import os
+import signal
+import sys
+
+import click
+
+from common.cli_support import setup_logging
+from common.datasets import DATA_DIR
+from common.errors import OpError
+from common.memory import keep_freed_memory
+from common.processes import start_process
+from services.reader.coordination import DEFAULT_LEASE_S, DEFAULT_TOKEN_WAIT_S
+from services.reader.formats import FORMATS
+from services.reader.pipeline import DEFAULT_ENQUEUE_TIMEOUT, QUEUE_KINDS
+
+_MNIST = {"features": ["image", "label"]}
+PRESETS = {
+    "mnist-csv": {**_MNIST, "format": "csv", "files": [os.path.join(DATA_DIR, "mnist_5k.csv.gz")],
+                  "options": {"record_defaults": [[0.0]] * 784 + [[0]],
+                              "columns": {"image": list(range(784)), "label": 784}, "scale": {"image": 1 / 255}}},
+    "mnist-tfrecord": {**_MNIST, "format": "tfrecord", "files": [os.path.join(DATA_DIR, "mnist_sample-*.tfrecord*")],
+                       "options": {"features": {"image": {"shape": [784], "dtype": "float32"},
+                                                "label": {"shape": [], "dtype": "int32"}}}},
+    "mnist-fixed": {**_MNIST, "format": "fixed_length", "files": [os.path.join(DATA_DIR, "mnist_sample.bin")],
+                    "options": {"record_bytes": 785, "header_bytes": 4, "footer_bytes": 2,
+                                "fields": [["label", "uint8", 0], ["image", "uint8", 1, [784]]],
+                                "scale": {"image": 1 / 255}},
+                    "cast": {"label": "int32"}},
+}
+
+
+def resolve_input(preset=None, format_kind=None, format_options=None, files=(), features=None, cast=None,
+                  chunk_size=None, skip_malformed=False):
+    """(format kind, format options, files, features, cast): a preset, overridden by what is given."""
+    base = PRESETS[preset] if preset else {}
+    kind = format_kind or base.get("format")
+    if kind is None:
+        raise click.UsageError("give --format (csv, fixed_length, tfrecord) or --preset")
+    options = dict(base.get("options", {})) if kind == base.get("format") else {}
+    options.update(format_options or {})
+    if chunk_size is not None:
+        options["chunk_size"] = chunk_size
+    if skip_malformed:
+        if kind != "csv":
+            raise click.UsageError("--skip-malformed applies to the csv format only")
+        options["skip_malformed"] = True
+    files = list(files) or base.get("files", [])
+    return (kind, options, files, list(features) if features else base.get("features"),
+            {**base.get("cast", {}), **(cast or {})})
+
+
+def _parse_cast(values):
+    cast = {}
+    for item in values:
+        name, sep, dtype = item.partition("=")
+        if not sep or not name or not dtype:
+            raise click.BadParameter(f"{item!r}: expected NAME=DTYPE, e.g. label=int32", param_hint="--cast")
+        cast[name] = dtype
+    return cast
+
+
+def _tf_config_task():
+    """(name, broker endpoint or None) from TF_CONFIG: task type 'reader' names the member reader:<index>,
+    and a 'broker' job in the cluster gives the broker's address."""
+    from common.cluster import ClusterSpec
+    task = ClusterSpec.from_tf_config()
+    if task is None:
+        return "reader", None
+    broker = task.cluster.endpoint("broker", task.cluster.task_indices("broker")[0]) \
+        if "broker" in task.cluster.jobs else None
+    name = f"reader:{task.task_index}" if task.task_type == "reader" else "reader"
+    return name, broker
+
+
+@click.command(name="reader", context_settings={"show_default": True})
+@click.option("--broker", default=None, envvar="ZMQFLOW_BROKER",
+              help="The queue-broker endpoint. Default: $ZMQFLOW_BROKER, else the 'broker' job of TF_CONFIG.")
+@click.option("--files", "file_patterns", multiple=True, metavar="GLOB",
+              help="Input files (a glob; repeat). Default: the preset's files in data/.")
+@click.option("--preset", type=click.Choice(sorted(PRESETS)), default=None,
+              help="Format, options and files of the MNIST samples in data/: image float32 [784] in [0,1], "
+                   "label int32.")
+@click.option("--format", "format_kind", type=click.Choice(sorted(FORMATS)), default=None,
+              help="File format (overrides the preset's).")
+@click.option("--format-options", default=None, metavar="JSON",
+              help='Options of the format as JSON, merged over the preset\'s, e.g. \'{"skip_header_lines": 1}\' '
+                   "(see services/reader/formats).")
+@click.option("--features", multiple=True, metavar="NAME",
+              help="Features to enqueue, in queue order (repeat). Default: the preset's, else every feature.")
+@click.option("--cast", "cast_values", multiple=True, metavar="NAME=DTYPE", help="Cast a feature before enqueueing.")
+@click.option("--num-epochs", default=1, help="Passes over the files; 0 = forever (the queue never closes).")
+@click.option("--shuffle-files/--no-shuffle-files", default=True,
+              help="Shuffle the file names every epoch (string_input_producer's shuffle).")
+@click.option("--seed", default=None, type=int, help="Seed of the file shuffle and of the shuffle queue.")
+@click.option("--readers", default=1, help="Reader threads in this process (parsing holds the GIL: for more cores "
+                                           "run more reader processes on the same --queue).")
+@click.option("--queue", "queue_name", default="train", help="shared_name of the instance queue (and the pipeline's).")
+@click.option("--queue-kind", type=click.Choice(QUEUE_KINDS), default="shuffle",
+              help="RandomShuffleQueue, FIFOQueue, or PaddingFIFOQueue (variable-length features).")
+@click.option("--capacity", default=10_000, help="Capacity of the instance queue.")
+@click.option("--min-after-dequeue", default=None, type=int, help="Shuffle queue: default capacity / 2.")
+@click.option("--chunk-size", default=None, type=int, help="Instances per enqueue_many (the format's default: 256).")
+@click.option("--in-flight", default=2, help="enqueue_many requests a reader thread keeps outstanding while it "
+                                             "parses the next chunk.")
+@click.option("--skip-malformed", is_flag=True, help="CSV: skip and count malformed lines instead of failing.")
+@click.option("--container", default="", help="Resource container of the pipeline's queues.")
+@click.option("--lease", "lease_s", default=DEFAULT_LEASE_S,
+              help="Seconds without a beat after which the other members take this reader as dead.")
+@click.option("--token-wait", "token_wait_s", default=DEFAULT_TOKEN_WAIT_S,
+              help="Seconds to wait for the pipeline record before taking it as lost.")
+@click.option("--enqueue-timeout", default=DEFAULT_ENQUEUE_TIMEOUT,
+              help="Seconds one chunk may wait for room in the instance queue before the pipeline fails.")
+@click.option("--progress-every", default=10.0, help="Seconds between progress lines (0: none).")
+@click.option("--stats-file", default=None, type=click.Path(dir_okay=False),
+              help="Write this reader's summary as JSON here at exit.")
+@click.option("--name", default=None, help="Member name in the pipeline record (default: reader, or reader:<index> "
+                                           "from TF_CONFIG); the host and pid are appended.")
+@click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+def command(broker, file_patterns, preset, format_kind, format_options, features, cast_values, num_epochs,
+            shuffle_files, seed, readers, queue_name, queue_kind, capacity, min_after_dequeue, chunk_size,
+            in_flight, skip_malformed, container, lease_s, token_wait_s, enqueue_timeout, progress_every, stats_file,
+            name, log_level):
+    """Read files into the broker's instance queue: one reader process of an input pipeline.
+
+    The first reader process to join a pipeline expands the globs and feeds the
+    file names (NUM_EPOCHS passes, shuffled per epoch) into QUEUE.filenames;
+    every reader thread of every reader process on the same --queue takes names
+    from it and pushes the file's instances with enqueue_many. The instance
+    queue is closed once, by the last reader to finish, so consumers get every
+    instance and then OutOfRange. A reader that dies mid-file fails the
+    pipeline: its queues are closed with cancel and the error is recorded for
+    consumers (see services/reader/coordination.py).
+
+    Exits 0 when the pipeline closed or this reader was stopped (SIGTERM or
+    SIGINT: between files it leaves quietly, mid-file it fails the pipeline with
+    CancelledError), 1 when the pipeline failed otherwise. TF_CONFIG: task type 'reader' names the
+    member reader:<index>; a 'broker' job gives the broker's address.
+    """
+    from services.reader.pipeline import ReaderPipeline
+
+    tf_name, tf_broker = _tf_config_task()
+    broker = broker or tf_broker
+    if not broker:
+        raise click.UsageError("no broker: pass --broker, set ZMQFLOW_BROKER, or a 'broker' job in TF_CONFIG")
+    options = None
+    if format_options:
+        try:
+            options = json.loads(format_options)
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--format-options") from None
+    kind, options, files, features, cast = resolve_input(preset, format_kind, options, file_patterns, features,
+                                                         _parse_cast(cast_values), chunk_size, skip_malformed)
+    name = name or tf_name
+    setup_logging(log_level, name)
+    keep_freed_memory()
+    try:
+        pipeline = ReaderPipeline(broker, files, kind, options, queue=queue_name, container=container,
+                                  queue_kind=queue_kind, capacity=capacity, min_after_dequeue=min_after_dequeue,
+                                  seed=seed, num_epochs=num_epochs or None, shuffle_files=shuffle_files,
+                                  readers=readers, features=features, cast=cast, lease_s=lease_s,
+                                  token_wait_s=token_wait_s, enqueue_timeout=enqueue_timeout, in_flight=in_flight,
+                                  name=name, progress_every=progress_every)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: pipeline.request_stop(signal.Signals(signum).name))
+        summary = pipeline.run()
+    except OpError as exc:
+        click.echo(f"reader: {type(exc).__name__}: {exc}", err=True)
+        summary = {"outcome": "error", "error": f"{type(exc).__name__}: {exc}"}
+    if stats_file:
+        tmp = f"{stats_file}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(summary, f)
+        os.replace(tmp, stats_file)
+    if summary["outcome"] in ("failed", "error") and not summary.get("stopped"):
+        sys.exit(1)
+
+
+def reader_args(files=(), preset=None, format_kind=None, format_options=None, **options):
+    """The command line of one reader process: keyword arguments named like the CLI options, dashes as
+    underscores (queue="train", num_epochs=2, queue_kind="fifo", lease=2.0, skip_malformed=True,
+    shuffle_files=False, cast={"label": "int32"}, features=["image", "label"], ...)."""
+    args = [arg for pattern in files for arg in ("--files", os.fspath(pattern))]
+    if preset:
+        args += ["--preset", preset]
+    if format_kind:
+        args += ["--format", format_kind]
+    if format_options:
+        args += ["--format-options", json.dumps(format_options)]
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if key == "shuffle_files":
+            args.append("--shuffle-files" if value else "--no-shuffle-files")
+        elif value is None or value is False:
+            continue
+        elif value is True:
+            args.append(flag)
+        elif key == "cast":
+            args += [arg for name, dtype in value.items() for arg in ("--cast", f"{name}={dtype}")]
+        elif key == "features":
+            args += [arg for name in value for arg in ("--features", name)]
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def start_readers(broker, processes=1, log_dir=None, env=None, stats_dir=None, **options):
+    """Start `processes` reader processes on one pipeline (options as in reader_args); returns their
+    ServiceProcess handles, to be stopped by PID (`stop()` sends SIGTERM). With `stats_dir`, reader i
+    writes its summary to stats_dir/reader-i.json."""
+    procs = []
+    try:
+        for i in range(processes):
+            args = ["--broker", broker, *reader_args(**options)]
+            if stats_dir:
+                args += ["--stats-file", os.path.join(stats_dir, f"reader-{i}.json")]
+            procs.append(start_process("services.reader", args, env=env, log_dir=log_dir, name=f"reader{i}"))
+    except BaseException:
+        for proc in procs:
+            proc.stop()
+        raise
+    return procs
+
+
+def main():
+    command(auto_envvar_prefix="ZMQFLOW_READER")
+
+
+if __name__ == "__main__":
+    main()

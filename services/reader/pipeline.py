@@ -1,0 +1,408 @@
+"""Readers: the threads of one reader process take file names and push their instances into the instance queue.
+
+    pipeline = ReaderPipeline(broker, ["shards/train-*.csv"], "csv", csv_options, queue="train",
+                              queue_kind="shuffle", capacity=10_000, min_after_dequeue=5_000,
+                              num_epochs=2, readers=3)
+    summary = pipeline.run()   # returns when the instance queue is closed, or the pipeline failed
+
+One process is one member of the pipeline's close protocol (coordination.py): it
+joins, beats while it works, and finishes when its readers are done; the last
+member to finish closes the instance queue, and a member that stops beating
+fails the pipeline. The first member to join also runs the file-name producer
+(producer.py); every member should be given the same files and epochs.
+
+Each of the `readers` threads dequeues a file name, reads the file chunk by chunk
+with its own format object (formats/) and pushes each chunk with one
+enqueue_many, keeping up to `in_flight` pushes outstanding while it parses the
+next chunk, so the round trips overlap parsing (order is kept: one socket per
+thread, served in arrival order). Threads, as TF's queue runners, because a process
+is the unit of failure and of the close protocol; parsing holds the GIL, so to
+use more cores run more reader processes on the same queue (`start_readers` in
+cli.py). Features with a ragged (None) dimension go to a PaddingFIFOQueue one
+instance per enqueue, as one enqueue_many holds instances of one shape only.
+
+Bounded waits: file names are taken with a POLL_S deadline and retried; a push
+waits at most `enqueue_timeout` for room, after which the pipeline fails
+(a timed-out enqueue_many may have inserted part of its chunk, so it cannot be
+retried without duplicates). A stop (SIGTERM) between files leaves cleanly; a stop
+mid-file fails the pipeline with CancelledError naming the file, as TF's
+coordinator closed the queues with cancel on request_stop.
+"""
+
+import collections
+import logging
+import threading
+import time
+
+import numpy as np
+
+from common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError,
+                           OutOfRangeError, UnavailableError)
+from common.queues import FIFOQueue, PaddingFIFOQueue, RandomShuffleQueue
+from common.rpc_client import default_pool
+from services.reader.coordination import (DEFAULT_LEASE_S, DEFAULT_TOKEN_WAIT_S, FILENAMES_SUFFIX, Coordinator,
+                                          PipelineRegister, member_id)
+from services.reader.formats import open_format
+from services.reader.producer import DEFAULT_CAPACITY, expand_globs, filename_queue, string_input_producer
+
+log = logging.getLogger("reader")
+
+QUEUE_KINDS = ("shuffle", "fifo", "padding")
+POLL_S = 1.0
+DEFAULT_ENQUEUE_TIMEOUT = 3600.0
+
+
+def queue_components(spec, features=None, cast=None):
+    """[(name, dtype, shape)] of the instance queue: the chosen features of a format's spec, after casts."""
+    cast = dict(cast or {})
+    names = list(spec) if features is None else list(features)
+    unknown = [n for n in list(names) + list(cast) if n not in spec]
+    if unknown:
+        raise InvalidArgumentError(f"features {unknown} are not in the format's spec {sorted(spec)}")
+    if not names:
+        raise InvalidArgumentError("no feature to enqueue")
+    components = []
+    for name in names:
+        dtype, shape = spec[name]
+        if name in cast:
+            if dtype == "string" or cast[name] == "string":
+                raise InvalidArgumentError(f"feature {name!r}: cannot cast between string and numbers")
+            dtype = np.dtype(cast[name]).name
+        components.append((name, dtype, list(shape)))
+    return components
+
+
+def open_instance_queue(broker, shared_name, components, kind="shuffle", capacity=10_000, min_after_dequeue=None,
+                        seed=None, container="", pool=None):
+    """Create or attach to the instance queue declared from `components` (queue_components)."""
+    if kind not in QUEUE_KINDS:
+        raise InvalidArgumentError(f"queue kind {kind!r}: expected one of {', '.join(QUEUE_KINDS)}")
+    names = [n for n, _, _ in components]
+    dtypes = [d for _, d, _ in components]
+    shapes = [s for _, _, s in components]
+    ragged = [n for n, _, s in components if None in s]
+    if ragged and kind != "padding":
+        raise InvalidArgumentError(f"features {ragged} have a variable length: use the padding queue kind")
+    common = dict(names=names, shared_name=shared_name, container=container, broker=broker, pool=pool)
+    if kind == "shuffle":
+        if min_after_dequeue is None:
+            min_after_dequeue = capacity // 2
+        return RandomShuffleQueue(capacity, min_after_dequeue, dtypes, shapes, seed=seed, **common)
+    if kind == "padding":
+        return PaddingFIFOQueue(capacity, dtypes, shapes, **common)
+    return FIFOQueue(capacity, dtypes, shapes, **common)
+
+
+class ReaderCounters:
+    """What the readers of one process did; safe to update from several threads."""
+
+    def __init__(self, readers):
+        self._lock = threading.Lock()
+        self.instances = self.files_done = 0
+        self.reading = [None] * readers  # the file each reader thread is in, or None
+        self.formats = [None] * readers
+        self.started = time.monotonic()
+
+    def pushed(self, count):
+        with self._lock:
+            self.instances += count
+
+    def file_done(self):
+        with self._lock:
+            self.files_done += 1
+
+    def snapshot(self):
+        """A JSON-able dict: instances, instances_per_s, files_done, bytes_read, malformed_skipped, reading."""
+        fmt = [f.counters for f in self.formats if f is not None]
+        elapsed = max(1e-9, time.monotonic() - self.started)
+        return {"instances": self.instances, "instances_per_s": round(self.instances / elapsed, 1),
+                "files_done": self.files_done, "bytes_read": sum(c.bytes_read for c in fmt),
+                "records_read": sum(c.records_read for c in fmt),
+                "malformed_skipped": sum(c.malformed_skipped for c in fmt),
+                "reading": [p for p in self.reading if p], "seconds": round(elapsed, 3)}
+
+
+class ReaderPipeline:
+    """One reader process's part of a pipeline: its reader threads, the producer if it is first, its beats."""
+
+    def __init__(self, broker, files, format_kind, format_options=None, *, queue="train", container="",
+                 queue_kind="shuffle", capacity=10_000, min_after_dequeue=None, seed=None, num_epochs=1,
+                 shuffle_files=True, readers=1, features=None, cast=None, filename_capacity=DEFAULT_CAPACITY,
+                 lease_s=DEFAULT_LEASE_S, token_wait_s=DEFAULT_TOKEN_WAIT_S,
+                 enqueue_timeout=DEFAULT_ENQUEUE_TIMEOUT, in_flight=2, name="reader", progress_every=10.0, pool=None):
+        for what, value in (("readers", readers), ("in_flight", in_flight)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidArgumentError(f"{what} must be an int >= 1, got {value!r}")
+        self.broker, self.queue_name, self.container = broker, queue, container
+        self.format_kind, self.format_options = format_kind, dict(format_options or {})
+        spec = open_format(format_kind, **self.format_options).spec  # bad options fail here, before joining
+        self.components = queue_components(spec, features, cast)
+        self.cast = {n: np.dtype(d) for n, d in (cast or {}).items()}
+        self.ragged = any(None in s for _, _, s in self.components)
+        self.queue_options = dict(kind=queue_kind, capacity=capacity, min_after_dequeue=min_after_dequeue, seed=seed)
+        self.files = expand_globs(files) if files else []
+        self.num_epochs, self.shuffle_files, self.seed = num_epochs, shuffle_files, seed
+        self.readers, self.filename_capacity = readers, filename_capacity
+        self.lease_s, self.token_wait_s, self.enqueue_timeout = lease_s, token_wait_s, enqueue_timeout
+        self.in_flight = in_flight
+        self.member = member_id(name)
+        self.progress_every = progress_every
+        self.pool = pool or default_pool
+        self.counters = ReaderCounters(readers)
+        self.role = None
+        self.record = None
+        self.names_pushed = 0
+        self._halt = threading.Event()  # stop working: a stop was asked for, or the pipeline is over
+        self._stop_reason = None
+        self._stop_requested = threading.Event()
+        self._producer_done = threading.Event()
+        self._local_error = None
+        self._abandoned = []
+        self._exhausted = []  # reader threads that saw the end of the file names
+        self._threads = []
+        self._beat_thread = None
+
+    # ------------------------------------------------ lifecycle
+
+    def start(self):
+        """Open the queues, join the pipeline, start the threads. Returns self."""
+        self.instance_queue = open_instance_queue(self.broker, self.queue_name, self.components,
+                                                  container=self.container, pool=self.pool, **self.queue_options)
+        self.filename_queue = filename_queue(self.broker, self.queue_name + FILENAMES_SUFFIX, self.container,
+                                             self.filename_capacity, self.pool)
+        register = PipelineRegister(self.broker, self.queue_name, self.container, token_wait_s=self.token_wait_s,
+                                    pool=self.pool)
+        self.coordinator = Coordinator(register, self.instance_queue, self.filename_queue, self.member, self.lease_s)
+        self.role = self.coordinator.join({"readers": self.readers})
+        log.info("%s joined pipeline %r as %s (%d reader threads)", self.member, self.queue_name, self.role,
+                 self.readers)
+        if self.role == "closed":
+            log.warning("pipeline %r is already closed: nothing to read (use a new queue name, or reset the "
+                        "container, to read again)", self.queue_name)
+            return self
+        self.counters.started = time.monotonic()
+        if self.role == "producer":
+            self._spawn(self._produce, "producer")
+        else:
+            self._producer_done.set()
+        for i in range(self.readers):
+            self._spawn(self._read_files, f"reader-{i}", i)
+        self._beat_thread = threading.Thread(target=self._beat_loop, name="beat", daemon=True)
+        self._beat_thread.start()
+        return self
+
+    def run(self):
+        """start() and wait(): the summary once the pipeline is over for this member."""
+        return self.start().wait()
+
+    def request_stop(self, reason="stopped"):
+        """Ask the pipeline to stop (safe from a signal handler: wait() does the work)."""
+        self._stop_reason = reason
+        self._stop_requested.set()
+
+    def wait(self):
+        """Until this member is done and the pipeline closed (or failed, or stopped); returns the summary."""
+        if self.role == "closed":
+            return self.summary()
+        while any(t.is_alive() for t in self._threads):
+            if self._stop_requested.is_set() and not self._halt.is_set():
+                self._stop_now()
+            for t in self._threads:
+                t.join(0.1)
+        stopped_mid_work = self._abandoned or not self._producer_done.is_set()
+        if self._local_error is None and self._stop_reason and stopped_mid_work:
+            self._fail(CancelledError(f"reader {self.member} was stopped ({self._stop_reason}) while reading "
+                                      f"{', '.join(self._abandoned) or 'file names (producer)'}; the rest of "
+                                      "that input is lost"))
+        elif self._local_error is None:
+            try:
+                exhausted = len(self._exhausted) == self.readers
+                self._note(self.coordinator.finish(self.counters.snapshot(), exhausted))
+            except OpError as exc:
+                self._local_error = exc
+        while (self._local_error is None and self._stop_reason is None
+               and (self.record is None or self.record.closed is None)):
+            if self._stop_requested.is_set():
+                self._stop_reason = self._stop_reason or "stopped"
+                break
+            self._stop_requested.wait(min(POLL_S, self.lease_s / 4))
+        self._halt.set()
+        if self._beat_thread is not None:
+            self._beat_thread.join(self.token_wait_s + 5)
+        summary = self.summary()
+        log.info("%s: %s", self.member, _describe(summary))
+        return summary
+
+    def summary(self):
+        """outcome: 'ok' (closed after every member finished), 'failed' (the record's error), 'error' (this
+        member lost the broker or the record), 'stopped' (left between files), 'already-closed';
+        stopped: the reason given to request_stop, if any."""
+        record = self.record
+        if self._local_error is not None:
+            outcome, error = "error", str(self._local_error)
+        elif record is not None and record.closed is not None:
+            outcome, error = record.closed, record.doc["error"]
+        else:
+            outcome = "already-closed" if self.role == "closed" else "stopped" if self._stop_reason else None
+            error = None
+        return {"member": self.member, "queue": self.queue_name, "role": self.role, "outcome": outcome,
+                "error": error, "stopped": self._stop_reason, "closed_by": record.doc["closed_by"] if record else None,
+                "names_pushed": self.names_pushed, **self.counters.snapshot()}
+
+    # ------------------------------------------------ threads
+
+    def _spawn(self, target, name, *args):
+        thread = threading.Thread(target=self._guarded, args=(target, *args), name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _guarded(self, target, *args):
+        try:
+            target(*args)
+        except Exception as exc:  # any failure of a thread fails the pipeline, as TF's coordinator did
+            if not self._halt.is_set():
+                self._fail(exc if isinstance(exc, OpError) else InternalError(f"{type(exc).__name__}: {exc}"))
+            else:
+                log.debug("%s after the pipeline stopped: %s", threading.current_thread().name, exc)
+        finally:
+            self.pool.close_thread()
+
+    def _produce(self):
+        if not self.files:
+            raise InvalidArgumentError(f"{self.member} runs the file-name producer of {self.queue_name!r} "
+                                       "but was given no files")
+        produced = string_input_producer(self.files, self.broker, self.queue_name + FILENAMES_SUFFIX, self.container,
+                                         self.num_epochs, self.shuffle_files, self.seed, self.filename_capacity,
+                                         stop=self._halt, pool=self.pool)
+        self.names_pushed = produced.names
+        if produced.closed or self._halt.is_set():
+            self._producer_done.set()
+
+    def _read_files(self, index):
+        fmt = self.counters.formats[index] = open_format(self.format_kind, **self.format_options)
+        while not self._halt.is_set():
+            try:
+                name = self.filename_queue.dequeue(timeout=POLL_S)
+            except DeadlineExceededError:
+                continue
+            except OutOfRangeError:
+                self._exhausted.append(index)
+                return
+            path = name.item().decode()
+            self.counters.reading[index] = path
+            try:
+                if not self._push_file(fmt, path):
+                    self._abandoned.append(path)
+                    return
+            except CancelledError as exc:
+                raise CancelledError(f"reader {self.member}: the instance queue {self.queue_name!r} was closed "
+                                     f"while {path} was being pushed ({exc})") from None
+            self.counters.reading[index] = None
+            self.counters.file_done()
+
+    def _push_file(self, fmt, path):
+        """Every chunk of `path` into the instance queue, up to `in_flight` pushes outstanding while the
+        next chunk is parsed; False if a stop came first."""
+        pending = collections.deque()
+        for chunk in fmt.read(path):
+            if self._halt.is_set():
+                while pending:
+                    self._settle(pending.popleft())
+                return False
+            values = {name: self._component(chunk, name) for name, _, _ in self.components}
+            if self.ragged:
+                futures = [self.instance_queue.enqueue_async({n: v[i] for n, v in values.items()},
+                                                             timeout=self.enqueue_timeout) for i in range(chunk.count)]
+            else:
+                futures = [self.instance_queue.enqueue_many_async(values, timeout=self.enqueue_timeout)]
+            pending.append((futures, chunk.count))
+            while len(pending) > self.in_flight:
+                self._settle(pending.popleft())
+        while pending:
+            self._settle(pending.popleft())
+        return True
+
+    def _component(self, chunk, name):
+        values = chunk.features[name]
+        dtype = self.cast.get(name)
+        return values if dtype is None else values.astype(dtype, copy=False)
+
+    def _settle(self, attempt):
+        futures, count = attempt
+        try:
+            for future in futures:
+                future.result()
+        except DeadlineExceededError:
+            raise DeadlineExceededError(f"instance queue {self.queue_name!r} had no room for {self.enqueue_timeout} s "
+                                        "(are the consumers running?); part of a chunk may be in, so the pipeline "
+                                        "cannot go on") from None
+        self.counters.pushed(count)
+
+    def _beat_loop(self):
+        period = self.lease_s / 4
+        last_log = time.monotonic()
+        unreachable_since = None
+        try:
+            while not self._halt.wait(period):
+                try:
+                    record = self.coordinator.beat(self.counters.snapshot())
+                    unreachable_since = None
+                except UnavailableError as exc:  # the broker is away: keep trying for a lease, then give up
+                    unreachable_since = unreachable_since or time.monotonic()
+                    log.warning("beat failed: %s", exc)
+                    if time.monotonic() - unreachable_since > self.lease_s:
+                        self._local_error = exc
+                        self._halt.set()
+                    continue
+                except OpError as exc:  # the record is lost: unblock everyone, and stop
+                    self._local_error = self._local_error or exc
+                    self._fail(exc)
+                    return
+                self._note(record)
+                if record.failed:
+                    self._halt.set()
+                if self.progress_every and time.monotonic() - last_log >= self.progress_every:
+                    last_log = time.monotonic()
+                    log.info("%s", _describe(self.counters.snapshot()))
+        finally:
+            self.pool.close_thread()
+
+    def _note(self, record):
+        """Keep the newest record seen; a closed one is never replaced (closing is final)."""
+        if self.record is None or self.record.closed is None:
+            self.record = record
+
+    # ------------------------------------------------ stopping and failing
+
+    def _stop_now(self):
+        reading = [p for p in self.counters.reading if p]
+        busy = reading or not self._producer_done.is_set()
+        self._halt.set()
+        if busy:
+            what = ", ".join(reading) or "file names (producer)"
+            self._fail(CancelledError(f"reader {self.member} was stopped ({self._stop_reason}) while reading {what}; "
+                                      "the rest of that input is lost"))
+        else:
+            log.info("%s stopping (%s) between files", self.member, self._stop_reason)
+
+    def _fail(self, error):
+        """Fail the pipeline with `error` (a no-op if it is already over) and stop this member's work."""
+        self._halt.set()
+        self.coordinator.fail(error)
+        try:
+            self._note(self.coordinator.register.read())
+        except OpError as exc:
+            log.error("could not read the pipeline record after failing: %s", exc)
+            self._local_error = self._local_error or error
+
+
+def _describe(stats):
+    line = (f"{stats['instances']:,} instances ({stats['instances_per_s']:,.0f}/s), {stats['files_done']} files done, "
+            f"{stats['bytes_read'] / 1e6:.1f} MB read, {stats['malformed_skipped']} malformed skipped")
+    if stats.get("reading"):
+        line += f"; reading {', '.join(stats['reading'])}"
+    if stats.get("outcome"):
+        line += f"; pipeline {stats['outcome']}" + (f" by {stats['closed_by']}" if stats.get("closed_by") else "")
+        if stats.get("error"):
+            line += f": {stats['error']}"
+    return line

@@ -1,0 +1,114 @@
+"""The file-name producer: TensorFlow's string_input_producer, over the broker's FIFO queues.
+
+    names = expand_globs(["data/train-*.csv", "extra.csv"])
+    string_input_producer(names, broker, "train.filenames", num_epochs=2, shuffle=True, seed=7)
+
+Expands globs (sorted, each pattern must match something), cycles through the
+files once per epoch for `num_epochs` epochs (None: forever), shuffles them per
+epoch when asked (seeded: the same seed gives the same sequence of epochs),
+pushes the names into a FIFO queue of strings and closes it when the last epoch
+is in, so readers end on OutOfRange exactly when every name was handed out.
+
+The epoch order (`epoch_file_names`) is plain code; only `string_input_producer`
+talks to the broker. Names are pushed one `enqueue` at a time with a short
+deadline, retried while the queue is full: a timed-out single enqueue inserts
+nothing, whereas a timed-out enqueue_many may have inserted part of its names.
+"""
+
+import glob
+import itertools
+import logging
+import os
+import threading
+from typing import NamedTuple
+
+import numpy as np
+
+from common.errors import CancelledError, DeadlineExceededError, InvalidArgumentError, NotFoundError
+from common.queues import FIFOQueue
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CAPACITY = 32  # TF's string_input_producer default
+POLL_S = 1.0
+
+
+class Produced(NamedTuple):
+    """What a producer run did: `names` pushed, and whether it closed the queue (it finished)."""
+
+    names: int
+    closed: bool
+
+
+def expand_globs(patterns):
+    """Every file matched by `patterns` (a string or a list), each pattern's matches sorted,
+    duplicates dropped in first-seen order. A pattern that matches nothing is NotFound, as
+    TF's string_input_producer refuses an empty list; a plain path that exists is kept as is."""
+    if isinstance(patterns, (str, os.PathLike)):
+        patterns = [patterns]
+    files, seen = [], set()
+    for pattern in patterns:
+        pattern = os.fspath(pattern)
+        matches = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
+        if not matches:
+            raise NotFoundError(f"no file matches {pattern!r}")
+        for path in matches:
+            if path not in seen:
+                seen.add(path)
+                files.append(path)
+    return files
+
+
+def epoch_file_names(files, num_epochs=None, shuffle=True, seed=None):
+    """The names in the order readers get them: `num_epochs` passes (None: forever), each
+    a fresh permutation when `shuffle` (numpy's generator seeded once with `seed`)."""
+    files = list(files)
+    if not files:
+        raise InvalidArgumentError("string_input_producer needs at least one file name")
+    if num_epochs is not None and (isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1):
+        raise InvalidArgumentError(f"num_epochs must be None or an int >= 1, got {num_epochs!r}")
+    rng = np.random.default_rng(seed)
+    epochs = itertools.count() if num_epochs is None else range(num_epochs)
+    for _ in epochs:
+        order = rng.permutation(len(files)) if shuffle else range(len(files))
+        for i in order:
+            yield files[i]
+
+
+def filename_queue(broker, shared_name, container="", capacity=DEFAULT_CAPACITY, pool=None):
+    """The FIFO queue of file names (one string per element), created or attached."""
+    return FIFOQueue(capacity, ["string"], shapes=[[]], shared_name=shared_name, container=container,
+                     broker=broker, pool=pool)
+
+
+def string_input_producer(files, broker, shared_name, container="", num_epochs=None, shuffle=True, seed=None,
+                          capacity=DEFAULT_CAPACITY, stop=None, pool=None):
+    """Push the names of `num_epochs` epochs into the queue `shared_name`, then close it.
+
+    Returns Produced(names pushed, closed). Stops early, without closing, when `stop`
+    (a threading.Event) is set or when someone else closed the queue (a failed
+    pipeline closes it with cancel): the caller decides what an unfinished
+    producer means. Every wait is bounded (POLL_S), so a stop is seen promptly.
+    """
+    stop = stop or threading.Event()
+    queue = filename_queue(broker, shared_name, container, capacity, pool)
+    pushed = 0
+    for name in epoch_file_names(files, num_epochs, shuffle, seed):
+        while True:
+            if stop.is_set():
+                return Produced(pushed, False)
+            try:
+                queue.enqueue(os.fspath(name).encode(), timeout=POLL_S)
+                break
+            except DeadlineExceededError:
+                continue  # full: the readers are busy; wait again
+            except CancelledError:
+                log.info("file-name queue %r was closed by someone else after %d names", shared_name, pushed)
+                return Produced(pushed, False)
+        pushed += 1
+    try:
+        queue.close(timeout=30.0)
+    except CancelledError:  # closed meanwhile by a failing pipeline
+        return Produced(pushed, False)
+    log.info("file-name queue %r: %d names pushed (%s epochs), closed", shared_name, pushed, num_epochs)
+    return Produced(pushed, True)
