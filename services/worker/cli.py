@@ -115,7 +115,7 @@ def command(ps_endpoints, broker, queue_name, container, task_index, num_workers
     hooks += [H.load_hook(h) for h in user_hooks]
     trainer = Trainer(model, ps, queue, replica=task_index, num_workers=num_workers, is_chief=is_chief,
                       batch_size=batch_size, mode=mode, hooks=hooks, checkpoint_dir=checkpoint_dir,
-                      examples_per_epoch=examples_per_epoch, dequeue_timeout=dequeue_timeout,
+                      examples_per_epoch=examples_per_epoch, dequeue_timeout=dequeue_timeout, container=container,
                       config={"model": spec, "backend": backend})
     try:
         summary = trainer.run()

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from common.errors import DeadlineExceededError, OutOfRangeError, UnavailableError
+from services.reader.coordination import raise_if_failed
 from services.worker.hooks import StepContext
 
 log = logging.getLogger("worker")
@@ -21,13 +22,14 @@ log = logging.getLogger("worker")
 class Trainer:
     def __init__(self, model, ps, queue, replica=0, num_workers=1, is_chief=True, batch_size=100, mode="async",
                  hooks=(), seed=None, checkpoint_dir=None, examples_per_epoch=None, sync_timeout=30.0,
-                 end_timeout=120.0, dequeue_timeout=600.0, config=None):
+                 end_timeout=120.0, dequeue_timeout=600.0, container="", config=None):
         self.model, self.ps, self.queue = model, ps, queue
         self.replica, self.num_workers, self.is_chief = replica, num_workers, is_chief
         self.batch_size, self.mode, self.hooks, self.seed = batch_size, mode, list(hooks), seed
         self.checkpoint_dir, self.examples_per_epoch = checkpoint_dir, examples_per_epoch
         self.sync_timeout, self.end_timeout, self.dequeue_timeout = sync_timeout, end_timeout, dequeue_timeout
         self.config = config or {}
+        self.container = container
         self.global_step = 0
         self.examples = 0
         self.steps = 0
@@ -77,6 +79,7 @@ class Trainer:
                 try:
                     x, y = self._batch(next_batch.result())
                 except OutOfRangeError:
+                    raise_if_failed(self.queue, self.container)  # a failed reader pipeline is no end of data
                     break
                 except DeadlineExceededError:
                     raise DeadlineExceededError(
