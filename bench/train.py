@@ -1,7 +1,9 @@
 """Training benchmark: whole jobs on loopback against their ceilings, measured in the same run.
 
 - examples/s of 1 ps + 1 worker async, 1 ps + 2 workers async (with test accuracy
-  after 10 epochs), 1 ps + 2 workers sync, all through real processes;
+  after 10 epochs), 1 ps + 2 workers sync, all through real processes with preloaded
+  input (TF's example fed from memory too), and 1 ps + 2 workers fed by a reader process
+  that parses record files every epoch;
 - the same model and kernels in one process with no services (the ceiling);
 - one forward+backward step with numba vs numpy kernels;
 - pulls/pushes of the MLP's variables against a plain pyzmq round trip of the same bytes;
@@ -152,9 +154,10 @@ def run(epochs=10, progress=None):
     result["raw_roundtrip_mb_per_s_64mb"] = round(raw_mb, 1)
     result["big_vs_raw"] = round(result["ps_roundtrip_mb_per_s_64mb"] / raw_mb, 3)
     say(f"64 MB: ps {result['ps_roundtrip_mb_per_s_64mb']} MB/s, raw {result['raw_roundtrip_mb_per_s_64mb']} MB/s")
-    for key, (ps, workers, mode, ep) in {"1ps_1w_async": (1, 1, "async", 3), "1ps_2w_async": (1, 2, "async", epochs),
-                                         "1ps_2w_sync": (1, 2, "sync", 3)}.items():
-        summary = run_training(progress=False, num_ps=ps, num_workers=workers, mode=mode, epochs=ep)
+    runs = {"1ps_1w_async": (1, 1, "async", 3, "preloaded"), "1ps_2w_async": (1, 2, "async", epochs, "preloaded"),
+            "1ps_2w_sync": (1, 2, "sync", 3, "preloaded"), "1ps_2w_async_readers": (1, 2, "async", 3, "readers")}
+    for key, (ps, workers, mode, ep, feed) in runs.items():
+        summary = run_training(progress=False, num_ps=ps, num_workers=workers, mode=mode, epochs=ep, input=feed)
         result[f"examples_per_s_{key}"] = summary["examples_per_s"]
         if key == "1ps_2w_async":
             result["test_accuracy"] = summary["test_accuracy"]

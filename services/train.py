@@ -1,10 +1,15 @@
 """`zmqflow train`: a whole training job on this machine, as processes on loopback.
 
-broker + n ps shards + m workers (worker 0 is the chief), fed by a feeder
-thread that enqueues the MNIST training split for the requested epochs (each
-epoch shuffled, so a FIFOQueue is enough; `--shuffle-queue` uses a
-RandomShuffleQueue as tf.train.shuffle_batch did) and closes the queue, so the
-workers end on OutOfRange. A
+broker + n ps shards + m workers (worker 0 is the chief), fed by a reader
+process: the 4,500-row training split is written (in a seeded random order) as
+8 fixed-length record files, and the reader pushes them for the requested
+epochs, each epoch's file order shuffled, into the instance queue, which it
+closes at the end, so the workers end on OutOfRange. Training data never flows
+through this process. `--input preloaded` instead enqueues the split from
+memory in this process (TF's preloaded data; no parsing per epoch, the input
+the benchmark's figures compare against). Readers feed a RandomShuffleQueue, as
+tf.train.shuffle_batch did (a file's rows come in order); preloaded input a
+FIFOQueue, since the feeder shuffles every epoch itself. A
 progress bar follows the global step; at the end the chief's test accuracy and
 the examples per second are printed, and every process is stopped by PID.
 """
@@ -21,37 +26,55 @@ from tqdm import tqdm
 
 from common.datasets import mnist_split
 from common.model_spec import MNIST_MLP
-from common.processes import compute_thread_env, start_process, start_service
 from common.queues import FIFOQueue, RandomShuffleQueue
+from common.processes import compute_thread_env, start_process, start_service
 from common.rpc_client import RpcClient
+from services.reader.cli import start_readers
 
-CHUNK = 500
+INPUTS = ("readers", "preloaded")
+RECORD_FORMAT = {"record_bytes": 785, "fields": [["label", "uint8", 0], ["image", "uint8", 1, [784]]],
+                 "scale": {"image": 1 / 255}, "chunk_size": 500}
 DEFAULT_OPTIMIZER = {"kind": "adam", "learning_rate": 0.002}
 """Adam reaches >= 0.90 test accuracy on the 4,500-row split within 10 epochs also with the
 staleness of async workers (SGD 0.5 stays near 0.89 there); measured, see the README."""
 
 
 def feed(queue, x, y, epochs, seed, stop):
-    """Enqueue `epochs` shuffled passes over (x, y) in chunks, then close the queue."""
+    """Preloaded input: enqueue `epochs` shuffled passes over in-memory (x, y), then close the queue."""
     rng = np.random.default_rng(seed)
     try:
         for _ in range(epochs):
             order = rng.permutation(len(y))
-            for start in range(0, len(order), CHUNK):
+            for start in range(0, len(order), 500):
                 if stop.is_set():
                     return
-                idx = order[start:start + CHUNK]
+                idx = order[start:start + 500]
                 queue.enqueue_many({"image": x[idx], "label": y[idx]}, timeout=600)
     finally:
         queue.close(cancel_pending_enqueues=stop.is_set())
 
 
+def write_record_shards(x, y, directory, shards=8, seed=0):
+    """The rows as `shards` fixed-length record files (label byte + 784 pixel bytes), in a seeded
+    random order so that every file holds every digit; returns the directory."""
+    os.makedirs(directory, exist_ok=True)
+    order = np.random.default_rng(seed).permutation(len(y))
+    pixels = np.rint(x[order] * 255).astype(np.uint8)
+    records = np.concatenate([y[order].astype(np.uint8)[:, None], pixels], axis=1)
+    for i, part in enumerate(np.array_split(records, shards)):
+        with open(os.path.join(directory, f"train-{i:02d}-of-{shards:02d}.bin"), "wb") as f:
+            f.write(part.tobytes())
+    return directory
+
+
 class LocalCluster:
-    """broker + ps shards + workers + feeder as local processes; `with` stops every one by PID."""
+    """broker + ps shards + workers + the input (a reader process, or a feeder thread for preloaded
+    data) on this machine; `with` stops every process by PID."""
 
     def __init__(self, num_ps=1, num_workers=2, mode="async", epochs=10, batch_size=100, optimizer=None,
-                 backend="numba", replicas_to_aggregate=None, spare_replicas=0, shuffle_queue=False,
-                 checkpoint_dir=None, checkpoint_every_steps=None, bf16=False, log_dir=None, seed=0, model=None):
+                 backend="numba", replicas_to_aggregate=None, spare_replicas=0, shuffle_queue=None,
+                 checkpoint_dir=None, checkpoint_every_steps=None, bf16=False, log_dir=None, seed=0, model=None,
+                 input="readers"):
         self.num_ps, self.num_workers, self.mode, self.epochs = num_ps, num_workers, mode, epochs
         self.batch_size, self.backend, self.bf16, self.seed = batch_size, backend, bf16, seed
         self.optimizer = optimizer or dict(DEFAULT_OPTIMIZER)
@@ -62,6 +85,11 @@ class LocalCluster:
         self.model = model or MNIST_MLP
         self.total_workers = num_workers + spare_replicas
         self.result_files = [os.path.join(self.log_dir, f"worker{i}-result.json") for i in range(self.total_workers)]
+        if input not in INPUTS:
+            raise click.BadParameter(f"input must be one of {', '.join(INPUTS)}, got {input!r}")
+        self.input = input
+        if shuffle_queue is None:  # readers hand out whole files in order: mix them as shuffle_batch did
+            self.shuffle_queue = input == "readers"
         self.procs, self.shards, self.workers = [], [], []
         self._stop = threading.Event()
 
@@ -76,13 +104,10 @@ class LocalCluster:
         self.examples_per_epoch = len(train_y)
         self.broker = start_service("services.broker", log_dir=self.log_dir)
         self.procs.append(self.broker)
-        declaration = dict(dtypes=["float32", "int32"], shapes=[[784], []], names=["image", "label"],
-                           shared_name="train", broker=self.broker.endpoint)
-        queue = (RandomShuffleQueue(20_000, 2_000, seed=self.seed, **declaration) if self.shuffle_queue
-                 else FIFOQueue(20_000, **declaration))
-        self.feeder = threading.Thread(target=feed, args=(queue, train_x, train_y, self.epochs, self.seed, self._stop),
-                                       daemon=True)
-        self.feeder.start()
+        if self.input == "preloaded":
+            self._start_feeder(train_x, train_y)
+        else:
+            self._start_readers(train_x, train_y)
         for i in range(self.num_ps):
             self.shards.append(self.start_ps(i))
         threads = max(1, (os.cpu_count() or 2) // max(1, self.total_workers))
@@ -91,6 +116,24 @@ class LocalCluster:
                                               log_dir=self.log_dir, name=f"worker{i}"))
         self.procs += self.workers
         return self
+
+    def _start_feeder(self, train_x, train_y):
+        declaration = dict(dtypes=["float32", "int32"], shapes=[[784], []], names=["image", "label"],
+                           shared_name="train", broker=self.broker.endpoint)
+        queue = (RandomShuffleQueue(20_000, 2_000, seed=self.seed, **declaration) if self.shuffle_queue
+                 else FIFOQueue(20_000, **declaration))
+        threading.Thread(target=feed, args=(queue, train_x, train_y, self.epochs, self.seed, self._stop),
+                         daemon=True).start()
+
+    def _start_readers(self, train_x, train_y):
+        shards = write_record_shards(train_x, train_y, os.path.join(self.log_dir, "train-data"), seed=self.seed)
+        self.procs += start_readers(
+            self.broker.endpoint, processes=1, log_dir=self.log_dir, env=compute_thread_env(1),
+            stats_dir=self.log_dir, files=[os.path.join(shards, "*.bin")], format_kind="fixed_length",
+            format_options=RECORD_FORMAT, features=["image", "label"], cast={"label": "int32"}, queue="train",
+            queue_kind="shuffle" if self.shuffle_queue else "fifo", capacity=20_000, num_epochs=self.epochs,
+            shuffle_files=True, seed=self.seed, chunk_size=500, progress_every=0,
+            min_after_dequeue=2_000 if self.shuffle_queue else None)
 
     def ps_args(self, index):
         args = ["--task-index", str(index), "--num-ps", str(self.num_ps), "--model", json.dumps(self.model),
@@ -193,14 +236,17 @@ def _follow(ps0, workers, total_steps, progress):
 @click.option("--optimizer", "optimizer_kind", default="adam", type=click.Choice(["sgd", "momentum", "adam", "adagrad"]))
 @click.option("--learning-rate", default=0.002)
 @click.option("--backend", default="numba", type=click.Choice(["numpy", "numba", "cupy"]))
-@click.option("--shuffle-queue", is_flag=True, help="Feed through a RandomShuffleQueue (tf.train.shuffle_batch) "
-              "instead of a FIFOQueue; the feeder shuffles every epoch either way.")
+@click.option("--shuffle-queue/--fifo-queue", default=None, help="Feed through a RandomShuffleQueue "
+              "(tf.train.shuffle_batch) or a FIFOQueue. Default: shuffle for readers, FIFO for preloaded input "
+              "(the feeder already shuffles every epoch).")
+@click.option("--input", "input_kind", default="readers", type=click.Choice(INPUTS),
+              help="readers: a reader process reads record files every epoch; preloaded: from memory.")
 @click.option("--bf16", is_flag=True, help="bfloat16 pulls and pushes.")
 @click.option("--checkpoint-dir", default=None, type=click.Path(file_okay=False))
 @click.option("--checkpoint-every-steps", default=None, type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learning_rate, optimizer_kind, backend,
-            shuffle_queue, bf16, checkpoint_dir, checkpoint_every_steps, as_json):
+            shuffle_queue, input_kind, bf16, checkpoint_dir, checkpoint_every_steps, as_json):
     """Train the MNIST MLP with a broker, NUM_PS ps shards and NUM_WORKERS workers on this machine."""
     optimizer = {"kind": optimizer_kind, "learning_rate": learning_rate}
     if optimizer_kind == "momentum":
@@ -208,7 +254,7 @@ def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learn
     summary = run_training(progress=not as_json, num_ps=num_ps, num_workers=num_workers, mode=mode, epochs=epochs,
                            batch_size=batch_size, optimizer=optimizer, backend=backend, spare_replicas=spare_replicas,
                            shuffle_queue=shuffle_queue, checkpoint_dir=checkpoint_dir,
-                           checkpoint_every_steps=checkpoint_every_steps, bf16=bf16)
+                           checkpoint_every_steps=checkpoint_every_steps, bf16=bf16, input=input_kind)
     if as_json:
         click.echo(json.dumps(summary))
     else:
