@@ -90,6 +90,7 @@ class RpcClient:
         self._poller.register(self.socket, zmq.POLLIN)
         self._last_heard = time.monotonic()
         self._last_ping = 0.0
+        self._unanswered_since = None  # when the oldest ping still without any answer was sent
 
     # ------------------------------------------------ public
 
@@ -159,12 +160,17 @@ class RpcClient:
             if pending.deadline is not None and now >= pending.deadline:
                 self._give_up(pending)
                 return
-            if now - self._last_heard > self.heartbeat_interval * self.heartbeat_liveness:
+            # dead = a ping unanswered for `liveness` intervals; silence alone is no proof, since this
+            # socket is not pumped while its owner waits on another service or computes
+            if self._unanswered_since is not None and \
+                    now - self._unanswered_since > self.heartbeat_interval * self.heartbeat_liveness:
                 self._declare_dead(now)
                 return
             if now - max(self._last_heard, self._last_ping) >= self.heartbeat_interval:
                 self._pings.add(self._send("ping", {"ids": list(self._pending)}, (), None, track=False))
                 self._last_ping = now
+                if self._unanswered_since is None:
+                    self._unanswered_since = now
             limit = min(self.heartbeat_interval, (pending.deadline - now) if pending.deadline else 1e9)
             if wire.readable(self.socket) or self._poller.poll(max(1, int(limit * 1000))):
                 self._receive_all()
@@ -173,6 +179,7 @@ class RpcClient:
         while wire.readable(self.socket):
             _, header, frames, error = wire.recv_message(self.socket, False, self.limits)
             self._last_heard = time.monotonic()
+            self._unanswered_since = None
             self._backoff = BACKOFF_START
             if error is not None or header is None:
                 log.warning("malformed reply from %s dropped: %s", self.address, error)
@@ -216,7 +223,7 @@ class RpcClient:
             f"no answer from {self.address} to {pending.op} (request {pending.id}) within its deadline and grace")
 
     def _declare_dead(self, now):
-        silent = now - self._last_heard
+        silent = now - self._unanswered_since
         for rid, pending in list(self._pending.items()):
             pending.done = True
             pending.error = UnavailableError(f"service at {self.address} did not answer for {silent:.1f} s "

@@ -92,9 +92,17 @@ class PsService(Service):
         self._require_ready()
         min_version = call.args.get("min_version")
         if min_version is not None and self.state.version < _int(min_version, "min_version"):
+            if self._step_cannot_complete():
+                return self._pull_answer(call, released=True)
             self._version_waiters.append(call)
             return self.park(call)
         return self._pull_answer(call)
+
+    def _step_cannot_complete(self):
+        """Sync: fewer workers left than a step needs (the others finished their input)."""
+        needed = self.state.replicas_to_aggregate
+        total = self.state.total_num_replicas
+        return self.state.mode == "sync" and total is not None and total - len(self.done_workers) < needed
 
     def _pull_answer(self, call, released=False):
         newer_than = call.args.get("newer_than")
@@ -172,6 +180,8 @@ class PsService(Service):
 
     def _worker_done(self, call):
         self.done_workers.add(_int(call.args.get("replica", 0), "replica"))
+        if not self._step_cannot_complete():
+            return {"done": sorted(self.done_workers)}
         for waiter in self._version_waiters:
             if not waiter.finished:
                 self.reply(waiter, *self._pull_answer(waiter, released=True))

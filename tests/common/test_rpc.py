@@ -169,3 +169,11 @@ def test_bye_cancels_parked_requests(toy):
     while not toy.withdrawn and time.monotonic() < deadline:
         time.sleep(0.01)
     assert toy.withdrawn == [("cancel", toy.waiting[0].id)]
+
+
+def test_a_client_not_pumped_for_a_while_is_not_taken_for_dead(toy):
+    with RpcClient(toy.endpoint, heartbeat_interval=0.1, heartbeat_liveness=3) as a, RpcClient(toy.endpoint) as b:
+        pending = a.submit("wait", timeout=10)
+        time.sleep(0.6)  # its owner was busy elsewhere: nobody read this socket for 6 intervals
+        b.call("release", timeout=5)
+        assert pending.result()[0] == {"released": True}

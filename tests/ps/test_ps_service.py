@@ -163,3 +163,19 @@ def test_ps_takes_index_count_and_address_from_tf_config(tmp_path):
         assert "ps:0 of 1" in proc.log()
     finally:
         proc.stop()
+
+
+def test_sync_wait_is_released_when_too_few_workers_are_left(tmp_path, initial):
+    procs = shards(tmp_path, 1, "--mode", "sync", "--replicas-to-aggregate", "2", "--total-num-replicas", "2")
+    try:
+        a = client(procs, name="a")
+        a.initialize(initial)
+        a.pull()
+        a.worker_done(1)  # replica 1 ran out of input
+        a.push({k: np.zeros_like(v) for k, v in initial.items()}, replica=0)
+        with RpcClient(procs[0].endpoint) as raw:
+            result, _ = raw.call("pull", {"min_version": 1}, timeout=5)  # answered at once, not after 5 s
+        assert result["released"] and result["version"] == 0
+    finally:
+        for p in procs:
+            p.stop()
