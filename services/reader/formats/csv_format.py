@@ -114,6 +114,10 @@ class CsvFormat(RecordFormat):
         if all(f.dtype != "string" for f in self._features):
             self._struct = np.dtype([(f.name, _TYPES[f.dtype], f.shape) for f in self._features])
             self._usecols = [c for f in self._features for c in f.cols]
+            if self._usecols == list(range(self._ncols)):
+                # every column, in order: loadtxt itself refuses a wrong field count, an empty field or a
+                # quote, so the per-line pre-check (13% of the parse time) is not needed
+                self._usecols = None
         super().__init__(chunk_size, compression, scale)
 
     def _spec(self):
@@ -136,7 +140,7 @@ class CsvFormat(RecordFormat):
 
     def _parse(self, lines, path, lineno):
         """Features of the good lines of a chunk; a bad line raises, or is skipped and counted."""
-        if self._struct is not None and self._plain(lines):
+        if self._struct is not None and (self._usecols is None or self._plain(lines)):
             try:
                 table = np.loadtxt(lines, dtype=self._struct, delimiter=self.field_delim,
                                    usecols=self._usecols, comments=None, ndmin=1)
