@@ -10,7 +10,9 @@ OutOfRange, so process start-up is left out.
 Baseline, in the same run: the same CSV shards parsed by the same format object
 in this process with no broker (`parse_only_instances_per_s`), and numpy's own
 loadtxt of the same rows (`numpy_loadtxt_instances_per_s`). Every phase runs
-`repeats` times and reports its median; `reader_vs_parse` is csv_1r / parse_only.
+`repeats` times and reports its median; `reader_vs_parse` is csv_1r / parse_only
+(both scale pixels to [0, 1]); `parse_vs_numpy_loadtxt` compares parsing itself
+(`parse_unscaled_instances_per_s`, no /255) with loadtxt, which does not scale.
 """
 
 import glob
@@ -47,9 +49,13 @@ def make_shards(directory, shards=SHARDS):
     return os.path.join(directory, "mnist-*.csv"), os.path.join(directory, "mnist-*.tfrecord"), len(lines)
 
 
-def parse_only(pattern, preset, epochs):
-    """Instances/s of one format object reading the shards `epochs` times, no broker."""
-    fmt = open_format(PRESETS[preset]["format"], **PRESETS[preset]["options"])
+def parse_only(pattern, preset, epochs, scale=True):
+    """Instances/s of one format object reading the shards `epochs` times, no broker. Without
+    `scale` it is parsing itself (no /255), the job numpy.loadtxt does in the baseline."""
+    options = dict(PRESETS[preset]["options"])
+    if not scale:
+        options.pop("scale", None)
+    fmt = open_format(PRESETS[preset]["format"], **options)
     files = sorted(glob.glob(pattern))
     start, count = time.perf_counter(), 0
     for _ in range(epochs):
@@ -100,9 +106,11 @@ def run(epochs=8, repeats=3, progress=None):
     try:
         csv_glob, tfrecord_glob, rows = make_shards(work)
         broker = start_service("services.broker", log_dir=work)
-        samples = {"csv_1r": [], "csv_2r": [], "tfrecord_1r": [], "parse_only": [], "numpy_loadtxt": []}
+        samples = {"csv_1r": [], "csv_2r": [], "tfrecord_1r": [], "parse_only": [], "parse_unscaled": [],
+                   "numpy_loadtxt": []}
         for rep in range(repeats):
             samples["parse_only"].append(parse_only(csv_glob, "mnist-csv", epochs))
+            samples["parse_unscaled"].append(parse_only(csv_glob, "mnist-csv", 2, scale=False))
             samples["numpy_loadtxt"].append(numpy_loadtxt(csv_glob))
             for key, pattern, preset, readers in (("csv_1r", csv_glob, "mnist-csv", 1),
                                                   ("csv_2r", csv_glob, "mnist-csv", 2),
@@ -123,6 +131,7 @@ def run(epochs=8, repeats=3, progress=None):
             "parse_only_instances_per_s": round(median["parse_only"]),
             "numpy_loadtxt_instances_per_s": round(median["numpy_loadtxt"]),
             "reader_vs_parse": round(median["csv_1r"] / median["parse_only"], 3),
-            "parse_vs_numpy_loadtxt": round(median["parse_only"] / median["numpy_loadtxt"], 3),
+            "parse_unscaled_instances_per_s": round(median["parse_unscaled"]),
+            "parse_vs_numpy_loadtxt": round(median["parse_unscaled"] / median["numpy_loadtxt"], 3),
             "rows": rows, "epochs": epochs, "shards": SHARDS, "repeats": repeats, "cpus": os.cpu_count(),
             "samples": {k: [round(x) for x in v] for k, v in samples.items()}}
