@@ -115,6 +115,30 @@ class PsClient:
         """Push gradients tagged with the versions of the last pull; one result per shard."""
         return self.push_async(grads, replica).result()
 
+    # ------------------------------------------------ preloaded data
+
+    def preload(self, name, data, shard=0):
+        """Hold `data` ({component: array with rows}) on one shard, for workers to slice."""
+        names = list(data)
+        return self.clients[shard].call("preload", {"name": name, "names": names}, [data[n] for n in names])[0]
+
+    def preloaded_rows(self, name, shard=0, timeout=120.0):
+        """Rows of the preloaded data set `name`, waiting (bounded) until someone has preloaded it."""
+        import time
+        from common.errors import NotFoundError
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.clients[shard].call("take_rows", {"name": name}, [np.zeros(0, np.int64)])[0]["rows"]
+            except NotFoundError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def take_rows_async(self, name, indices, shard=0):
+        pending = self.clients[shard].submit("take_rows", {"name": name}, [np.asarray(indices, dtype=np.int64)])
+        return _Gathered([pending], lambda replies: dict(zip(replies[0][0]["names"], replies[0][1])))
+
     # ------------------------------------------------ checkpoints and the end
 
     def save(self, directory, keep=5, config=None):

@@ -7,7 +7,8 @@ epochs, each epoch's file order shuffled, into the instance queue, which it
 closes at the end, so the workers end on OutOfRange. Training data never flows
 through this process. `--input preloaded` instead enqueues the split from
 memory in this process (TF's preloaded data; no parsing per epoch, the input
-the benchmark's figures compare against). Readers feed a RandomShuffleQueue, as
+the benchmark's figures compare against); `--input ps` holds the split once
+on ps 0 as non-trainable data that every worker slices by row. Readers feed a RandomShuffleQueue, as
 tf.train.shuffle_batch did (a file's rows come in order); preloaded input a
 FIFOQueue, since the feeder shuffles every epoch itself. A
 progress bar follows the global step; at the end the chief's test accuracy and
@@ -31,7 +32,7 @@ from common.processes import compute_thread_env, start_process, start_service
 from common.rpc_client import RpcClient
 from services.reader.cli import start_readers
 
-INPUTS = ("readers", "preloaded")
+INPUTS = ("readers", "preloaded", "ps")
 RECORD_FORMAT = {"record_bytes": 785, "fields": [["label", "uint8", 0], ["image", "uint8", 1, [784]]],
                  "scale": {"image": 1 / 255}, "chunk_size": 500}
 DEFAULT_OPTIMIZER = {"kind": "adam", "learning_rate": 0.002}
@@ -106,10 +107,14 @@ class LocalCluster:
         self.procs.append(self.broker)
         if self.input == "preloaded":
             self._start_feeder(train_x, train_y)
-        else:
+        elif self.input == "readers":
             self._start_readers(train_x, train_y)
         for i in range(self.num_ps):
             self.shards.append(self.start_ps(i))
+        if self.input == "ps":  # the seeds' preloading: the split held once on ps 0, sliced by the workers
+            with RpcClient(self.shards[0].endpoint) as client:
+                client.call("preload", {"name": "train", "names": ["image", "label"]}, [train_x, train_y],
+                            timeout=30)
         threads = max(1, (os.cpu_count() or 2) // max(1, self.total_workers))
         for i in range(self.total_workers):
             self.workers.append(start_process("services.worker", self.worker_args(i), env=compute_thread_env(threads),
@@ -160,6 +165,8 @@ class LocalCluster:
             args += ["--ps", shard.endpoint]
         if self.bf16:
             args.append("--bf16")
+        if self.input == "ps":
+            args += ["--preloaded", "train", "--epochs", str(self.epochs)]
         if index == 0:
             args += ["--evaluate", "--shutdown-ps"]
             if self.checkpoint_dir:
@@ -240,7 +247,8 @@ def _follow(ps0, workers, total_steps, progress):
               "(tf.train.shuffle_batch) or a FIFOQueue. Default: shuffle for readers, FIFO for preloaded input "
               "(the feeder already shuffles every epoch).")
 @click.option("--input", "input_kind", default="readers", type=click.Choice(INPUTS),
-              help="readers: a reader process reads record files every epoch; preloaded: from memory.")
+              help="readers: a reader process reads record files every epoch; preloaded: fed from this "
+                 "process's memory; ps: held once on ps 0 and sliced by the workers (the seeds' preloading).")
 @click.option("--bf16", is_flag=True, help="bfloat16 pulls and pushes.")
 @click.option("--checkpoint-dir", default=None, type=click.Path(file_okay=False))
 @click.option("--checkpoint-every-steps", default=None, type=int)

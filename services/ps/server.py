@@ -22,7 +22,7 @@ import time
 import ml_dtypes
 import numpy as np
 
-from common.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError
+from common.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError, NotFoundError
 from common.rpc_service import PARKED, Service
 from services.ps import checkpoint
 from services.ps.shard import ShardState
@@ -43,10 +43,12 @@ class PsService(Service):
         self._ready_waiters = []
         self._version_waiters = []
         self.done_workers = set()
+        self.preloaded = {}  # name -> {component: array}: a data set held once, never trained
         self.replica_seen = {}  # replica -> monotonic time of its last push (the chief spots dead workers)
         self.handlers.update(init=self._init, restore=self._restore, wait_ready=self._wait_ready, pull=self._pull,
                              push=self._push, push_sparse=self._push_sparse, pull_rows=self._pull_rows,
                              save=self._save, worker_done=self._worker_done, stats=self._stats,
+                             preload=self._preload, take_rows=self._take_rows,
                              shutdown=self._shutdown)
 
     # ------------------------------------------------ initialization
@@ -166,6 +168,32 @@ class PsService(Service):
             raise InvalidArgumentError("pull_rows takes one tensor: the row indices")
         rows = self.state.pull_rows(_str(call.args.get("name"), "name"), call.tensors[0])
         return {"version": self.state.version}, [rows]
+
+    # ------------------------------------------------ preloaded data (the seeds' preloading)
+
+    def _preload(self, call):
+        """Hold a small data set as non-trainable tensors that workers slice by row."""
+        name, data = _str(call.args.get("name"), "name"), self._named_tensors(call)
+        rows = {len(t) if t.ndim else -1 for t in data.values()}
+        if len(rows) != 1 or -1 in rows:
+            raise InvalidArgumentError(f"preloaded data {name!r}: every component needs the same number of rows")
+        self.preloaded[name] = data
+        log.info("ps:%d holds preloaded data %r: %d rows, %d bytes", self.shard_index, name, rows.pop(),
+                 sum(t.nbytes for t in data.values()))
+        return {"rows": len(next(iter(data.values()))), "names": list(data)}
+
+    def _take_rows(self, call):
+        name = _str(call.args.get("name"), "name")
+        data = self.preloaded.get(name)
+        if data is None:
+            raise NotFoundError(f"ps:{self.shard_index} holds no preloaded data {name!r}")
+        if len(call.tensors) != 1 or call.tensors[0].dtype.kind not in "iu":
+            raise InvalidArgumentError("take_rows takes one integer tensor: the row indices")
+        indices = call.tensors[0]
+        rows = len(next(iter(data.values())))
+        if indices.size and (indices.min() < 0 or indices.max() >= rows):
+            raise InvalidArgumentError(f"row indices of {name!r} must be in [0, {rows})")
+        return {"names": list(data), "rows": rows}, [t[indices] for t in data.values()]
 
     # ------------------------------------------------ checkpoints, end of training
 

@@ -2,15 +2,17 @@
 
 TensorFlow's "preloaded data" put a data set that fits in memory into a
 non-trainable variable and let slice_input_producer cut it into instances.
-What exists here is the loading and the slicing, plus the hook through which the
-ps side will take the arrays; placing them in a ps variable that workers slice
-with a pull of rows is not built yet, so nothing here talks to a ps:
+Here the loading and the slicing happen in one process, and `preload_to_ps`
+puts the arrays on a ps shard (its `preload` op: held once, never trained),
+where workers slice them by row (`zmqflow worker --preloaded NAME`,
+services/worker/preloaded_input.py):
 
     data = load_dataset("data/mnist_5k.csv.gz", "csv", options, features=["image", "label"])
     data.size, data["label"]                     # 5000, int32 [5000]
     for b in data.batches(100, num_epochs=1, shuffle=True, seed=0):   # like slice_input_producer + batch
         ...
-    preload(data, target)                        # target(name, array) per feature: the hook for the ps side
+    preload_to_ps(data, "tcp://ps0:5600", "train")   # then: zmqflow worker --preloaded train ...
+    preload(data, target)                        # or any target(name, array) per feature
 
 Loading reads every file with a format (formats/), so the instances are the same
 as the reader pipeline's; it refuses more than `max_bytes` (ResourceExhausted),
@@ -97,3 +99,12 @@ def preload(data, target):
     for name, values in data.features.items():
         target(name, values)
     return list(data.features)
+
+
+def preload_to_ps(data, ps_endpoint, name, timeout=60.0):
+    """Hold `data` on the ps shard at `ps_endpoint` as the preloaded data set `name`."""
+    from common.rpc_client import RpcClient
+    names = list(data.features)
+    with RpcClient(ps_endpoint) as client:
+        return client.call("preload", {"name": name, "names": names}, [data.features[n] for n in names],
+                           timeout=timeout)[0]

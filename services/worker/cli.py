@@ -15,9 +15,12 @@ from common.task_options import model_options, resolve_model, task_from_tf_confi
 @click.command(name="worker", context_settings={"show_default": True})
 @click.option("--ps", "ps_endpoints", multiple=True, help="A ps shard endpoint, in shard order (repeat); "
               "default: the ps job of TF_CONFIG.")
-@click.option("--broker", required=True, envvar="ZMQFLOW_BROKER", help="The queue-broker endpoint.")
+@click.option("--broker", default=None, envvar="ZMQFLOW_BROKER", help="The queue-broker endpoint.")
 @click.option("--queue", "queue_name", default="train", help="shared_name of the instance queue to train from.")
 @click.option("--container", default="", help="Resource container of the instance queue.")
+@click.option("--preloaded", default=None, help="Train from this data set preloaded on ps 0 (sliced by row) "
+              "instead of a broker queue.")
+@click.option("--epochs", default=1, help="With --preloaded: passes over the data set.")
 @click.option("--task-index", default=None, type=int, help="Worker index (default: TF_CONFIG, else 0).")
 @click.option("--num-workers", default=None, type=int, help="Workers in the job (default: TF_CONFIG, else 1).")
 @model_options
@@ -53,7 +56,7 @@ from common.task_options import model_options, resolve_model, task_from_tf_confi
 @click.option("--towers", default=1, type=click.IntRange(min=1),
               help="Split each batch over N towers (GPUs, or CPU threads) and average before one push.")
 # --- end devices and towers ---
-def command(ps_endpoints, broker, queue_name, container, task_index, num_workers, model_spec, placement_strategy,
+def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task_index, num_workers, model_spec, placement_strategy,
             max_shard_bytes, backend, batch_size, dequeue_timeout, mode, bf16, max_steps, log_every, checkpoint_dir,
             checkpoint_every_steps, checkpoint_every_secs, keep_checkpoints, summaries, user_hooks, evaluate,
             shutdown_ps, result_file, examples_per_epoch, log_level,
@@ -104,7 +107,14 @@ def command(ps_endpoints, broker, queue_name, container, task_index, num_workers
     if is_chief:
         logging.getLogger("worker").info("placement over %d ps shards:\n%s", len(ps_endpoints), placement.table())
     ps = PsClient(ps_endpoints, placement, bf16=bf16, name=f"worker{task_index}")
-    queue = queues.attach(queue_name, container=container, broker=broker, timeout=120.0)
+    if preloaded:
+        from services.worker.preloaded_input import PreloadedInput
+        queue = PreloadedInput(ps, preloaded, ps.preloaded_rows(preloaded), epochs, batch_size, task_index,
+                               num_workers)
+    elif broker:
+        queue = queues.attach(queue_name, container=container, broker=broker, timeout=120.0)
+    else:
+        raise click.UsageError("no input: pass --broker (and --queue) or --preloaded")
     hooks = [H.LoggingHook(log_every)]
     if max_steps:
         hooks.append(H.StopAtStepHook(max_steps))

@@ -79,7 +79,8 @@ class Trainer:
                 try:
                     x, y = self._batch(next_batch.result())
                 except OutOfRangeError:
-                    raise_if_failed(self.queue, self.container)  # a failed reader pipeline is no end of data
+                    if getattr(self.queue, "broker", None):  # a failed reader pipeline is no end of data
+                        raise_if_failed(self.queue, self.container)
                     break
                 except DeadlineExceededError:
                     raise DeadlineExceededError(

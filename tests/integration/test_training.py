@@ -20,6 +20,13 @@ def test_async_one_ps_two_workers_reaches_target():
     assert summary["examples"] == 10 * 4500  # every instance trained on exactly once per epoch
 
 
+def test_data_preloaded_on_the_ps_and_sliced_by_workers_reaches_target():
+    summary = run_training(progress=False, num_ps=1, num_workers=2, epochs=10, input="ps")
+    assert summary["worker_exit_codes"] == [0, 0]
+    assert summary["test_accuracy"] >= TARGET, summary
+    assert summary["examples"] == 10 * 4500
+
+
 def test_sync_two_workers_two_ps_reaches_target():
     summary = run_training(progress=False, num_ps=2, num_workers=2, mode="sync", epochs=10)
     assert summary["worker_exit_codes"] == [0, 0]

@@ -179,3 +179,36 @@ def test_sync_wait_is_released_when_too_few_workers_are_left(tmp_path, initial):
     finally:
         for p in procs:
             p.stop()
+
+
+def test_preloaded_data_is_held_once_and_sliced_by_row(tmp_path):
+    from common.errors import InvalidArgumentError, NotFoundError
+    procs = shards(tmp_path)
+    try:
+        ps = client(procs)
+        x, y = np.arange(20, dtype=np.float32).reshape(10, 2), np.arange(10, dtype=np.int32)
+        assert ps.preload("train", {"image": x, "label": y}) == {"rows": 10, "names": ["image", "label"]}
+        assert ps.preloaded_rows("train") == 10
+        got = ps.take_rows_async("train", [7, 2]).result()
+        assert got["image"].tolist() == [[14, 15], [4, 5]] and got["label"].tolist() == [7, 2]
+        with pytest.raises(InvalidArgumentError):
+            ps.take_rows_async("train", [10]).result()
+        with pytest.raises(NotFoundError):
+            ps.take_rows_async("other", [0]).result()
+        with pytest.raises(InvalidArgumentError):
+            ps.preload("bad", {"a": x, "b": y[:3]})  # components of different lengths
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_reader_preload_puts_a_data_set_on_the_ps(tmp_path):
+    from services.reader.preload import PreloadedData, preload_to_ps
+    procs = shards(tmp_path)
+    try:
+        data = PreloadedData({"x": np.ones((4, 3), np.float32), "y": np.arange(4, dtype=np.int32)})
+        assert preload_to_ps(data, procs[0].endpoint, "small")["rows"] == 4
+        assert client(procs).take_rows_async("small", [3]).result()["y"].tolist() == [3]
+    finally:
+        for p in procs:
+            p.stop()
