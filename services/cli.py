@@ -9,6 +9,7 @@ from services.operator_commands import ping, queues
 from services.placement_command import placement
 from services.ps.cli import command as ps
 from services.reader.cli import command as reader
+from services.serve.cli import command as serve
 from services.train import command as train
 from services.worker.cli import command as worker
 
@@ -28,6 +29,7 @@ main.add_command(bench)
 main.add_command(placement)
 main.add_command(reader)
 main.add_command(devices)
+main.add_command(serve)
 
 
 @main.command()

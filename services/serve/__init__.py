@@ -1,0 +1,1 @@
+"""Model servers: answer predict requests from a checkpoint (or the live ps shards), batching concurrent calls."""

@@ -1,0 +1,3 @@
+from services.serve.cli import main
+
+main()

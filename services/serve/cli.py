@@ -1,0 +1,60 @@
+"""`zmqflow serve` / `zmqflow-serve`: run one model server."""
+
+import click
+
+from common.cli_support import run_service_instance, service_options
+from common.task_options import model_options
+
+
+@click.command(name="serve", context_settings={"show_default": True})
+@service_options(default_bind="tcp://127.0.0.1:5700")
+@click.option("--checkpoint", "checkpoint_dir", default=None, type=click.Path(file_okay=False),
+              help="Serve the latest checkpoint in this directory.")
+@click.option("--follow-ps", multiple=True,
+              help="Instead, pull from these ps shard endpoints (repeat, or comma-separated; shard order).")
+@click.option("--refresh-secs", default=None, type=float,
+              help="Reload parameters this often (newer checkpoint or ps version). Default: 5 with --follow-ps.")
+@model_options
+@click.option("--backend", default="numba", type=click.Choice(["numpy", "numba", "cupy"]))
+@click.option("--max-batch", default=256, help="Most rows run together in one batch.")
+@click.option("--max-delay-ms", default=2.0, help="Longest a request waits for others to join its batch.")
+@click.option("--name", "model_name", default=None, help="Model name in replies (default: the checkpoint directory's).")
+def command(bind, ready_file, log_level, client_timeout, max_message_bytes, checkpoint_dir, follow_ps, refresh_secs,
+            model_spec, placement_strategy, max_shard_bytes, backend, max_batch, max_delay_ms, model_name):
+    """Answer predict requests from a checkpoint or the live ps shards, batching concurrent requests."""
+    from services.serve.server import ModelServer, default_model_name
+
+    endpoints = [e for item in follow_ps for e in item.split(",") if e]
+    if not checkpoint_dir and not endpoints:
+        raise click.UsageError("give --checkpoint DIR or --follow-ps ENDPOINT")
+    if refresh_secs is None and endpoints:
+        refresh_secs = 5.0
+    spec = _spec(model_spec, checkpoint_dir)
+
+    def build(limits):
+        return ModelServer(bind, spec, backend=backend, max_batch=max_batch, max_delay_ms=max_delay_ms,
+                           model_name=model_name or default_model_name(checkpoint_dir, endpoints),
+                           checkpoint_dir=checkpoint_dir, ps_endpoints=endpoints,
+                           placement_strategy=placement_strategy, max_shard_bytes=max_shard_bytes,
+                           refresh_secs=refresh_secs, limits=limits, client_timeout=client_timeout)
+
+    run_service_instance(build, "serve", ready_file, log_level, max_message_bytes)
+
+
+def _spec(model_spec, checkpoint_dir):
+    """--model, else the spec the checkpoint was trained with (its config), else the MNIST MLP."""
+    from common.task_options import resolve_model
+    if model_spec is None and checkpoint_dir:
+        from services.ps.checkpoint import Checkpoint, latest_checkpoint
+        path = latest_checkpoint(checkpoint_dir)
+        if path and isinstance(Checkpoint(path).config.get("model"), dict):
+            return Checkpoint(path).config["model"]
+    return resolve_model(model_spec)
+
+
+def main():
+    command(auto_envvar_prefix="ZMQFLOW_SERVE")
+
+
+if __name__ == "__main__":
+    main()

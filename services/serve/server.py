@@ -1,0 +1,165 @@
+"""`ModelServer`: answers `predict` from a checkpoint (or the live ps shards), running concurrent calls as one batch.
+
+Why a parked call per request: the service loop is single-threaded, so a predict call is
+parked in the batcher and answered when its batch runs, either when `max_batch` rows are
+queued or when the oldest has waited `max_delay`. The wake-up for that timer rides on the
+service's deadline heap (a finished placeholder call, so the base loop's poll wakes in
+time and never fails it); `_expire` is extended to run the due batches. A request whose
+deadline passes before its batch runs is withdrawn with DEADLINE_EXCEEDED, as any parked call.
+"""
+
+import heapq
+import logging
+import os
+import time
+
+import numpy as np
+
+from common.errors import DeadlineExceededError, InvalidArgumentError, NotFoundError
+from common.model_spec import load_model, model_variables
+from common.rpc_service import PARKED, Call, Service
+from services.serve.batcher import Batcher
+
+log = logging.getLogger(__name__)
+
+
+class ModelServer(Service):
+    name = "serve"
+
+    def __init__(self, bind, spec, backend="numpy", max_batch=256, max_delay_ms=2.0, model_name="model",
+                 checkpoint_dir=None, ps_endpoints=(), placement_strategy="round_robin", max_shard_bytes=None,
+                 refresh_secs=None, **service_options):
+        super().__init__(bind, **service_options)
+        if not checkpoint_dir and not ps_endpoints:
+            raise InvalidArgumentError("a model server needs a checkpoint directory or ps endpoints to follow")
+        self.spec, self.backend, self.model_name = spec, backend, model_name
+        self.model = load_model(spec, backend=backend)
+        variables = self.model.variables()
+        self.inputs, self.classes = variables[0].shape[0], variables[-1].shape[-1]
+        self.batcher = Batcher(max_batch, max_delay_ms / 1000.0)
+        self.checkpoint_dir, self.refresh_secs = checkpoint_dir, refresh_secs
+        self.ps = None
+        if ps_endpoints:
+            from common.placement import place
+            from common.ps_client import PsClient
+            placement = place(model_variables(spec), len(ps_endpoints), placement_strategy, max_shard_bytes)
+            self.ps = PsClient(list(ps_endpoints), placement, name="serve")
+        self.params, self.version, self.source = None, None, None
+        self.stats.update(predictions=0, batches=0, batched_rows=0, largest_batch=0, reloads=0)
+        self._reload(force=True)
+        self.model.predict(self.params, np.zeros((1, self.inputs), np.float32))  # compile kernels before serving
+        self._next_refresh = time.monotonic() + refresh_secs if refresh_secs else None
+        self._timer_at = None
+        self.handlers.update(predict=self._predict, model_info=self._model_info)
+
+    # ------------------------------------------------ parameters
+
+    def _reload(self, force=False):
+        """Load the newest parameters; keep the current ones (and say why) if that fails after start."""
+        try:
+            if self.ps is not None:
+                params = self.ps.pull(timeout=30.0) if force else self.ps.pull_if_newer(timeout=5.0)
+                if params is not None:
+                    self.params, self.version, self.source = params, self.ps.versions[0], "ps"
+                    self.stats["reloads"] += 1
+                return
+            from services.ps.checkpoint import Checkpoint, latest_checkpoint
+            path = latest_checkpoint(self.checkpoint_dir)
+            if path is None:
+                raise NotFoundError(f"no committed checkpoint in {self.checkpoint_dir!r}")
+            if path == self.source and not force:
+                return
+            ckpt = Checkpoint(path)
+            self.params = {v.name: ckpt.read(v.name)[0] for v in self.model.variables()}
+            self.version, self.source = ckpt.step, path
+            self.stats["reloads"] += 1
+            log.info("serving %s step %d from %s", self.model_name, self.version, path)
+        except Exception as exc:
+            if force:
+                raise
+            log.warning("refresh failed, still serving version %s: %s", self.version, exc)
+
+    # ------------------------------------------------ ops
+
+    def _predict(self, call):
+        if len(call.tensors) != 1:
+            raise InvalidArgumentError(f"predict takes one tensor x [n, {self.inputs}], got {len(call.tensors)}")
+        x = call.tensors[0]
+        if x.ndim != 2 or x.shape[1] != self.inputs or x.shape[0] == 0 or x.dtype.kind not in "fiu":
+            raise InvalidArgumentError(
+                f"predict input must be numbers of shape [n >= 1, {self.inputs}], got {x.dtype} {list(x.shape)}")
+        now = time.monotonic()
+        if call.deadline is not None and call.deadline <= now:
+            raise DeadlineExceededError("the request's deadline passed before it could be batched")
+        self.park(call)
+        self.batcher.add(call, x.astype(np.float32, copy=False), call.received)
+        self._run_due(now)
+        return PARKED
+
+    def _model_info(self, call):
+        return {"model": self.model_name, "version": self.version, "spec": self.spec, "inputs": self.inputs,
+                "classes": self.classes, "backend": self.backend, "source": self.source,
+                "max_batch": self.batcher.max_batch, "max_delay_ms": self.batcher.max_delay * 1000.0,
+                "stats": dict(self.stats)}
+
+    def describe(self):
+        return {"model": self.model_name, "version": self.version, "queued": len(self.batcher)}
+
+    # ------------------------------------------------ batches
+
+    def _run_due(self, now):
+        while self.batcher.ready(now):
+            self._run_batch()
+            now = time.monotonic()
+        due = self.batcher.due()
+        if due is not None and (self._timer_at is None or due < self._timer_at or self._timer_at <= now):
+            self._timer_at = due
+            wake = Call(None, 0, "batch-timer", {}, [], due, now)
+            wake.finished = True  # only wakes the loop: the base `_expire` drops it unseen
+            self._seq += 1
+            heapq.heappush(self._deadlines, (due, self._seq, wake))
+
+    def _run_batch(self):
+        items, sizes, x = self.batcher.take()
+        try:
+            output = np.asarray(self.model.predict(self.params, x), np.float32)
+            parts = Batcher.split(output, sizes)
+        except Exception as exc:  # a model error fails this batch, not the server
+            log.exception("predict failed on a batch of %d rows", len(x))
+            error = exc if hasattr(exc, "code") else InvalidArgumentError(f"predict failed: {exc!r}")
+            for call in items:
+                self.fail(call, error)
+            return
+        result = {"model": self.model_name, "version": self.version, "batch_rows": len(x)}
+        for call, rows in zip(items, parts):
+            self.reply(call, result, [rows])
+        self.stats["predictions"] += len(items)
+        self.stats["batches"] += 1
+        self.stats["batched_rows"] += len(x)
+        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(x))
+
+    def _expire(self, now):
+        super()._expire(now)  # requests past their deadline leave the batcher first (on_deadline)
+        self._run_due(time.monotonic())
+        if self._next_refresh is not None and now >= self._next_refresh:
+            self._reload()
+            self._next_refresh = time.monotonic() + self.refresh_secs
+
+    def on_deadline(self, call):
+        self.batcher.remove(call)
+        self.fail(call, DeadlineExceededError(f"predict request {call.id}: its batch could not run before the deadline"))
+
+    def on_cancel(self, call, error):
+        self.batcher.remove(call)
+        self.fail(call, error)
+
+    def close(self):
+        if self.ps is not None:
+            self.ps.close()
+        super().close()
+
+
+def default_model_name(checkpoint_dir, ps_endpoints):
+    if checkpoint_dir:
+        return os.path.basename(os.path.normpath(checkpoint_dir)) or "model"
+    return "ps-model"

@@ -1,0 +1,46 @@
+"""The batcher alone: size and delay bounds, order, withdrawal, splitting back per request."""
+
+import numpy as np
+import pytest
+
+from services.serve.batcher import Batcher
+
+
+def rows(n, start=0):
+    return np.arange(start, start + n, dtype=np.float32).reshape(n, 1)
+
+
+def test_runs_when_full_or_when_the_oldest_waited_long_enough():
+    b = Batcher(max_batch=4, max_delay=0.01)
+    assert b.due() is None and not b.ready(0.0)
+    b.add("a", rows(2), now=1.0)
+    assert b.due() == pytest.approx(1.01) and not b.ready(1.005) and b.ready(1.01)
+    b.add("b", rows(2), now=1.005)
+    assert b.ready(1.006)  # 4 rows: full
+
+
+def test_take_respects_max_batch_and_splits_back_in_order():
+    b = Batcher(max_batch=5, max_delay=0.0)
+    b.add("a", rows(2, 0), 0.0)
+    b.add("b", rows(3, 2), 0.0)
+    b.add("c", rows(2, 5), 0.0)
+    out = b.run(lambda x: x * 10)
+    assert [item for item, _ in out] == ["a", "b"]
+    np.testing.assert_array_equal(out[1][1], rows(3, 2) * 10)
+    assert len(b) == 1 and b.rows == 2
+    items, sizes, x = b.take()
+    assert items == ["c"] and sizes == [2] and x.shape == (2, 1)
+
+
+def test_an_oversized_request_runs_alone_and_removed_items_never_run():
+    b = Batcher(max_batch=2, max_delay=0.0)
+    b.add("big", rows(5), 0.0)
+    b.add("gone", rows(1), 0.0)
+    assert b.remove("gone") and not b.remove("gone")
+    items, sizes, x = b.take()
+    assert items == ["big"] and x.shape == (5, 1) and len(b) == 0 and b.rows == 0
+
+
+def test_split_checks_the_row_count():
+    with pytest.raises(ValueError):
+        Batcher.split(np.zeros((3, 2)), [1, 1])
