@@ -153,8 +153,9 @@ class PsClient:
     def stats(self):
         return [c.call("stats", timeout=5.0)[0] for c in self.clients]
 
-    def worker_done(self, replica):
-        for call in [c.submit("worker_done", {"replica": replica}) for c in self.clients]:
+    def worker_done(self, replica, lost=False):
+        """`replica` finished its input; `lost=True` is the chief counting a silent worker as finished."""
+        for call in [c.submit("worker_done", {"replica": replica, "lost": lost}) for c in self.clients]:
             call.result()
 
     def shutdown(self):

@@ -88,7 +88,7 @@ class Service:
         return {}
 
     def close(self):
-        self.socket.close(0)
+        self.socket.close(linger=500)  # the last replies (a shutdown's own) still leave; bounded
 
     # ------------------------------------------------ completing calls
 

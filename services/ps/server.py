@@ -10,8 +10,9 @@ Ops (all tensors travel in the order of `names`):
   push       gradients tagged with the version they were computed from
   push_sparse / pull_rows   rows of one variable (indices + values)
   save       write this shard's pieces into a checkpoint's staging directory
-  worker_done  a worker finished: parked sync waits are released so nobody waits
-             for a step that can no longer complete
+  worker_done  a worker finished (or, `lost: true`, the chief gave up on a silent one):
+             parked sync waits are released so nobody waits for a step that can no
+             longer complete
   stats, shutdown
 `bf16: true` on pull/push sends values as bfloat16 (half the bytes).
 """
@@ -43,6 +44,7 @@ class PsService(Service):
         self._ready_waiters = []
         self._version_waiters = []
         self.done_workers = set()
+        self.lost_workers = set()  # counted as done by the chief (silent); leave this set when they report
         self.preloaded = {}  # name -> {component: array}: a data set held once, never trained
         self.replica_seen = {}  # replica -> monotonic time of its last push (the chief spots dead workers)
         self.handlers.update(init=self._init, restore=self._restore, wait_ready=self._wait_ready, pull=self._pull,
@@ -207,23 +209,32 @@ class PsService(Service):
         return {"step": step}
 
     def _worker_done(self, call):
-        self.done_workers.add(_int(call.args.get("replica", 0), "replica"))
-        if not self._step_cannot_complete():
-            return {"done": sorted(self.done_workers)}
+        replica = _int(call.args.get("replica", 0), "replica")
+        if not call.args.get("lost"):
+            self.lost_workers.discard(replica)
+        elif replica not in self.done_workers:
+            self.lost_workers.add(replica)
+        self.done_workers.add(replica)
+        if self._step_cannot_complete():
+            self._release_version_waiters()
+        return {"done": sorted(self.done_workers), "lost": sorted(self.lost_workers)}
+
+    def _release_version_waiters(self):
+        """Answer every parked sync wait now (marked `released`): its step will never complete."""
         for waiter in self._version_waiters:
             if not waiter.finished:
                 self.reply(waiter, *self._pull_answer(waiter, released=True))
         self._version_waiters = []
-        return {"done": sorted(self.done_workers)}
 
     def _stats(self, call):
         now = time.monotonic()
         return {"shard": self.shard_index, "initialized": self.state.initialized, **self.state.stats(),
-                "done_workers": sorted(self.done_workers),
+                "done_workers": sorted(self.done_workers), "lost_workers": sorted(self.lost_workers),
                 "replica_idle_s": {str(r): round(now - t, 3) for r, t in self.replica_seen.items()}}
 
     def _shutdown(self, call):
         log.info("ps:%d shutting down at version %d (asked by the chief)", self.shard_index, self.state.version)
+        self._release_version_waiters()  # nobody is left waiting on a shard that is gone
         self.stop()
         return {"version": self.state.version}
 

@@ -182,18 +182,33 @@ class Trainer:
                 "examples_per_s": rate, "global_step": self.global_step,
                 "final_loss": float(np.mean(self.losses[-20:])) if self.losses else None}
 
-    def _wait_for_workers(self, silent_after=10.0):
-        """Until every worker said it is done, or has been silent (a dead worker) for `silent_after` s."""
-        deadline = time.monotonic() + self.end_timeout
+    def _wait_for_workers(self, silent_after=10.0, grace=5.0):
+        """Until every worker said it is done. A worker silent for `silent_after` s is counted as
+        done on the shards (so a sync step the live ones wait for is released); if it stays silent
+        `grace` s more, it is taken for dead."""
+        started = deadline = time.monotonic()
+        deadline += self.end_timeout
+        declared = {}  # replica -> when the chief counted it as done
+        missing = []
         while time.monotonic() < deadline:
+            now = time.monotonic()
             stats = self.ps.stats()[0]
-            done = set(stats["done_workers"])
+            done, lost = set(stats["done_workers"]), set(stats.get("lost_workers", []))
             idle = {int(r): s for r, s in stats.get("replica_idle_s", {}).items()}
+            silent = [r for r in range(self.num_workers)
+                      if r not in done and idle.get(r, now - started) > silent_after]
+            if silent:
+                log.warning("chief: workers %s silent for %.0f s: counted as finished so no step waits for them",
+                            silent, silent_after)
+                for r in silent:
+                    self.ps.worker_done(r, lost=True)
+                    declared[r] = now
+                continue
             missing = [r for r in range(self.num_workers) if r not in done]
-            if all(idle.get(r, 0.0) > silent_after for r in missing):
-                if missing:
-                    log.warning("chief: workers %s stopped without finishing (silent for %.0f s)", missing,
-                                silent_after)
+            still_possible = [r for r in lost if now - declared.get(r, now) < grace or idle.get(r, grace) < grace]
+            if not missing and not still_possible:
+                if lost:
+                    log.warning("chief: workers %s stopped without finishing", sorted(lost))
                 return
             time.sleep(0.05)
         log.warning("chief: workers %s did not finish within %.0f s", missing, self.end_timeout)

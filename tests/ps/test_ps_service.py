@@ -2,6 +2,7 @@
 checkpoints restored onto another number of shards, TF_CONFIG, shutdown."""
 
 import json
+import time
 import os
 import socket
 
@@ -176,6 +177,44 @@ def test_sync_wait_is_released_when_too_few_workers_are_left(tmp_path, initial):
         with RpcClient(procs[0].endpoint) as raw:
             result, _ = raw.call("pull", {"min_version": 1}, timeout=5)  # answered at once, not after 5 s
         assert result["released"] and result["version"] == 0
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_a_worker_counted_lost_by_the_chief_releases_the_wait_and_can_still_report(tmp_path, initial):
+    procs = shards(tmp_path, 1, "--mode", "sync", "--replicas-to-aggregate", "2", "--total-num-replicas", "3")
+    try:
+        a = client(procs, name="a")
+        a.initialize(initial)
+        a.worker_done(0)  # the chief ran out of input: 2 replicas left, a step still possible
+        with RpcClient(procs[0].endpoint) as raw:
+            parked = raw.submit("pull", {"min_version": 1}, timeout=10)  # replica 1 waits for a partner
+            time.sleep(0.2)
+            a.worker_done(2, lost=True)  # replica 2 went silent (killed): nobody can complete the step
+            result, _ = parked.result()
+            assert result["released"] and result["version"] == 0
+            assert raw.call("stats")[0]["lost_workers"] == [2]
+            a.worker_done(2)  # a worker taken for lost that reports after all is no longer lost
+            stats = raw.call("stats")[0]
+            assert stats["lost_workers"] == [] and stats["done_workers"] == [0, 2]
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_shutdown_answers_parked_sync_waits(tmp_path, initial):
+    procs = shards(tmp_path, 1, "--mode", "sync", "--replicas-to-aggregate", "2")
+    try:
+        a = client(procs, name="a")
+        a.initialize(initial)
+        with RpcClient(procs[0].endpoint) as raw:
+            parked = raw.submit("pull", {"min_version": 1}, timeout=10)
+            time.sleep(0.2)
+            a.shutdown()
+            result, _ = parked.result()
+            assert result["released"]
+        assert procs[0].proc.wait(10) == 0
     finally:
         for p in procs:
             p.stop()
