@@ -5,12 +5,14 @@ to calls, parks requests that cannot complete yet, and replies to every ticket
 a call completed (after the queue's loop finished, so replies are atomic).
 """
 
+import dataclasses
 import logging
 
 from common.errors import CancelledError, DeadlineExceededError, InvalidArgumentError
 from common.limits import DEFAULT_LIMITS
 from common.rpc_service import PARKED, Service
 from services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
+from services.broker.queues.quota import BrokerLimits
 
 log = logging.getLogger(__name__)
 
@@ -20,9 +22,10 @@ QUEUE_OPS = ("enqueue", "enqueue_many", "dequeue", "dequeue_many", "dequeue_up_t
 class BrokerService(Service):
     name = "queue-broker"
 
-    def __init__(self, bind, limits=DEFAULT_LIMITS, client_timeout=30.0, context=None):
-        super().__init__(bind, limits, client_timeout, context)
-        self.registry = QueueRegistry()
+    def __init__(self, bind, limits=DEFAULT_LIMITS, client_timeout=30.0, context=None, broker_limits=None, **options):
+        super().__init__(bind, limits, client_timeout, context, **options)
+        self.broker_limits = broker_limits or BrokerLimits()
+        self.registry = QueueRegistry(self.broker_limits)
         for op in QUEUE_OPS:
             self.handlers[op] = self._queue_op
         self.handlers.update(open_queue=self._open_queue, attach_queue=self._attach_queue, size=self._size, is_closed=self._is_closed,
@@ -112,4 +115,5 @@ class BrokerService(Service):
         return {"queues": self.registry.list()}
 
     def describe(self):
-        return {"queues": len(self.registry.list())}
+        return {"queues": len(self.registry), "bytes": self.registry.quota.total_bytes,
+                "limits": dataclasses.asdict(self.broker_limits)}

@@ -21,6 +21,7 @@ import numpy as np
 from common import dtypes as wire_dtypes
 from common.errors import CancelledError, InvalidArgumentError, OutOfRangeError, ResourceExhaustedError
 from services.broker.queues.declaration import format_shape
+from services.broker.queues.quota import Quota, fixed_row_bytes, nbytes
 from services.broker.queues.ticket import BATCH_DEQUEUE_OPS, ENQUEUE_OPS, OPS
 
 COMPLETE, PROGRESS, NO_PROGRESS = 2, 1, 0
@@ -62,7 +63,7 @@ class QueueBase:
 
     kind = None
 
-    def __init__(self, decl, name):
+    def __init__(self, decl, name, quota=None):
         self.decl = decl
         self.name = name
         self._capacity = decl.capacity if decl.capacity >= 0 else sys.maxsize
@@ -70,6 +71,10 @@ class QueueBase:
         self._dtypes = tuple(wire_dtypes.as_numpy(d) for d in decl.dtypes)
         self._ncomp = len(self._dtypes)
         self._shapes = None if decl.shapes is None else tuple(tuple(s) for s in decl.shapes)
+        self._quota = quota or Quota()  # the registry's, shared by every queue of the broker
+        self._container = decl.container
+        self._row_bytes = fixed_row_bytes(self._dtypes, self._shapes)  # None: elements vary, count each
+        self.held_bytes = 0  # stored elements + pending enqueues' rest (see quota.py)
         self._closed = False
         self._enq = deque()  # E
         self._deq = deque()  # D
@@ -109,6 +114,10 @@ class QueueBase:
             raise InvalidArgumentError(f"{ticket!r} was already submitted")
         self._validate(ticket)
         op = ticket.op
+        if op in ENQUEUE_OPS:
+            n = self._request_bytes(ticket)
+            self._quota.charge(self._container, n, self.name)  # ResourceExhausted: refused, nothing changed
+            self.held_bytes += n
         if op == "close" and ticket.cancel_pending_enqueues:
             return self._cancelling_close(ticket)
         if op == "enqueue_many" and ticket._batch == 0 or op in BATCH_DEQUEUE_OPS and ticket.n == 0:
@@ -140,6 +149,10 @@ class QueueBase:
         """Withdraw every pending ticket (container reset)."""
         return self._cancel_where(lambda t: True, error)
 
+    def free(self):
+        """Give back every byte this queue still holds (the registry freed it, after cancel_all)."""
+        self._release(self.held_bytes)
+
     def size(self):
         return len(self._elements)
 
@@ -152,7 +165,7 @@ class QueueBase:
                 "closed": self._closed, "dtypes": list(d.dtypes),
                 "shapes": None if d.shapes is None else [list(s) for s in d.shapes],
                 "names": None if d.names is None else list(d.names), "min_after_dequeue": d.min_after_dequeue,
-                "waiting_enqueues": len(self._enq), "waiting_dequeues": len(self._deq)}
+                "waiting_enqueues": len(self._enq), "waiting_dequeues": len(self._deq), "bytes": self.held_bytes}
 
     def __repr__(self):
         return f"<{self.kind} {self.name!r} size={len(self._elements)} closed={self._closed}>"
@@ -238,6 +251,8 @@ class QueueBase:
 
     def _withdraw(self, t, error):
         """Finish a ticket already removed from its list: restore what it held (§5)."""
+        if t.op in ENQUEUE_OPS:
+            self._release(self._request_bytes(t))
         if t._held:
             self._restore(t._held)
         t._held = None
@@ -270,6 +285,7 @@ class QueueBase:
     def _try_enqueue(self, t):
         if self._closed:
             t.error = self._closed_error()
+            self._release(self._request_bytes(t))
             return COMPLETE
         if len(self._elements) < self._capacity:
             self._elements.append(tuple(t.components))
@@ -279,6 +295,7 @@ class QueueBase:
     def _try_enqueue_many(self, t):
         if self._closed:
             t.error = self._closed_error()  # elements already inserted stay
+            self._release(self._request_bytes(t))
             return COMPLETE
         elements, i, batch = self._elements, t._next, t._batch
         end = min(batch, i + self._capacity - len(elements))
@@ -299,7 +316,9 @@ class QueueBase:
                 return COMPLETE
         elif len(elements) <= self._min_after:
             return NO_PROGRESS
-        t.result = list(self._take())
+        element = self._take()
+        t.result = list(element)
+        self._release(self._row_bytes if self._row_bytes is not None else self._elements_bytes((element,)))
         return COMPLETE
 
     def _try_dequeue_many(self, t):
@@ -337,6 +356,8 @@ class QueueBase:
             self._restore(held)
             t.error = ResourceExhaustedError(f"{self.kind} '{self.name}': a batch of {len(held)} elements could "
                                              f"not be assembled: {e}")
+            return COMPLETE
+        self._release(self._elements_bytes(held))
         return COMPLETE
 
     def _try_close(self, t):
@@ -354,6 +375,7 @@ class QueueBase:
         self._closed = True
         done = []
         for e in self._enq:
+            self._release(self._request_bytes(e))
             e._queue = None
             e.error = CancelledError("Enqueue operation was cancelled")
             e.done = True
@@ -363,3 +385,24 @@ class QueueBase:
         done.append(t)
         self._run(done)
         return done
+
+    # ------------------------------------------------ bytes held (quota.py)
+
+    def _request_bytes(self, t):
+        """Bytes of what an enqueue has not inserted yet (all of it for `enqueue`)."""
+        if t.op == "enqueue":
+            return self._row_bytes if self._row_bytes is not None else sum(map(nbytes, t.components))
+        rest = t._batch - t._next
+        if self._row_bytes is not None or not rest:
+            return rest * (self._row_bytes or 0)
+        return sum(nbytes(c[t._next:]) for c in t.components)
+
+    def _elements_bytes(self, elements):
+        if self._row_bytes is not None:
+            return len(elements) * self._row_bytes
+        return sum(nbytes(c) for e in elements for c in e)
+
+    def _release(self, n):
+        if n:
+            self.held_bytes -= n
+            self._quota.release(self._container, n)

@@ -10,8 +10,8 @@ class FIFOQueue(QueueBase):
 
     kind = "FIFOQueue"
 
-    def __init__(self, decl, name):
-        super().__init__(decl, name)
+    def __init__(self, decl, name, quota=None):
+        super().__init__(decl, name, quota)
         self._elements = deque()
         self._take = self._elements.popleft  # bound once: the hot path calls it per element
 

@@ -21,8 +21,8 @@ class PaddingFIFOQueue(FIFOQueue):
 
     kind = "PaddingFIFOQueue"
 
-    def __init__(self, decl, name):
-        super().__init__(decl, name)
+    def __init__(self, decl, name, quota=None):
+        super().__init__(decl, name, quota)
         self._known = tuple(tuple((a, d) for a, d in enumerate(s) if d is not None) for s in self._shapes)
         self._fully_defined = tuple(None not in s for s in self._shapes)
         self._zeros = tuple(wire_dtypes.zero_value(d) for d in decl.dtypes)

@@ -18,8 +18,8 @@ class RandomShuffleQueue(QueueBase):
 
     kind = "RandomShuffleQueue"
 
-    def __init__(self, decl, name):
-        super().__init__(decl, name)
+    def __init__(self, decl, name, quota=None):
+        super().__init__(decl, name, quota)
         self._elements = []
         seed = decl.seed
         self._rng = np.random.default_rng(None if seed is None else seed % 2 ** 64)

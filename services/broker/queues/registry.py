@@ -6,10 +6,12 @@ queue that happens to share its name.
 """
 
 import itertools
+from collections import Counter
 
 from common.errors import CancelledError, InvalidArgumentError, NotFoundError
 from services.broker.queues.fifo import FIFOQueue
 from services.broker.queues.padding_fifo import PaddingFIFOQueue
+from services.broker.queues.quota import Quota
 from services.broker.queues.random_shuffle import RandomShuffleQueue
 
 QUEUE_CLASSES = {cls.kind: cls for cls in (FIFOQueue, RandomShuffleQueue, PaddingFIFOQueue)}
@@ -18,7 +20,9 @@ QUEUE_CLASSES = {cls.kind: cls for cls in (FIFOQueue, RandomShuffleQueue, Paddin
 class QueueRegistry:
     """Creates, attaches to, finds and frees queues."""
 
-    def __init__(self):
+    def __init__(self, limits=None):
+        self.quota = Quota(limits)  # queue counts, capacities, bytes held (quota.py)
+        self._counts = Counter()  # container -> number of queues
         self._queues = {}  # handle -> queue
         self._where = {}  # handle -> (container, shared_name)
         self._by_name = {}  # (container, shared_name) -> handle, shared queues only
@@ -36,9 +40,11 @@ class QueueRegistry:
             handle = self._by_name[key]
             decl.check_compatible(self._queues[handle].decl)
             return handle, False
+        self.quota.check_new_queue(decl, len(self._queues), self._counts[decl.container])
         handle = next(self._handles)
         name = decl.shared_name or f"queue-{handle}"
-        self._queues[handle] = QUEUE_CLASSES[decl.kind](decl, name)
+        self._queues[handle] = QUEUE_CLASSES[decl.kind](decl, name, self.quota)
+        self._counts[decl.container] += 1
         self._where[handle] = key
         if decl.shared_name:
             self._by_name[key] = handle
@@ -66,8 +72,10 @@ class QueueRegistry:
             queue = self._queues.pop(handle)
             key = self._where.pop(handle)
             self._by_name.pop(key, None)
+            self._counts[container] -= 1
             done.extend(queue.cancel_all(CancelledError(
                 f"{queue.kind} '{queue.name}' was freed: container '{container}' was reset")))
+            queue.free()
         return done
 
     def cancel_owner(self, owner, error):
