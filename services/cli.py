@@ -4,6 +4,7 @@ import click
 
 from bench.cli import bench
 from services.broker.cli import command as broker
+from services.cluster_command import cluster
 from services.devices_command import devices
 from services.operator_commands import ping, queues
 from services.placement_command import placement
@@ -11,6 +12,7 @@ from services.ps.cli import command as ps
 from services.reader.cli import command as reader
 from services.serve.cli import command as serve
 from services.train import command as train
+from services.up.cli import command as up
 from services.worker.cli import command as worker
 
 
@@ -30,6 +32,8 @@ main.add_command(placement)
 main.add_command(reader)
 main.add_command(devices)
 main.add_command(serve)
+main.add_command(up)
+main.add_command(cluster)
 
 
 @main.command()

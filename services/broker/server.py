@@ -29,7 +29,13 @@ class BrokerService(Service):
         for op in QUEUE_OPS:
             self.handlers[op] = self._queue_op
         self.handlers.update(open_queue=self._open_queue, attach_queue=self._attach_queue, size=self._size, is_closed=self._is_closed,
-                             reset=self._reset, list_queues=self._list_queues)
+                             reset=self._reset, list_queues=self._list_queues, shutdown=self._shutdown)
+
+    def _shutdown(self, call):
+        """The chief says the job is over: exit 0, so compose and Kubernetes see it complete."""
+        log.info("queue-broker shutting down (asked by %s)", call.args.get("by", "a client"))
+        self.stop()
+        return {"queues": len(self.registry)}
 
     # ------------------------------------------------ queue requests
 

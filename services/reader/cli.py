@@ -152,7 +152,7 @@ def command(broker, file_patterns, preset, format_kind, format_options, features
 
     Exits 0 when the pipeline closed or this reader was stopped (SIGTERM or
     SIGINT: between files it leaves quietly, mid-file it fails the pipeline with
-    CancelledError), 1 when the pipeline failed otherwise. TF_CONFIG: task type 'reader' names the
+    CancelledError), 3 when the broker was lost, 1 when the pipeline failed otherwise. TF_CONFIG: task type 'reader' names the
     member reader:<index>; a 'broker' job gives the broker's address.
     """
     from services.reader.pipeline import ReaderPipeline
@@ -184,14 +184,15 @@ def command(broker, file_patterns, preset, format_kind, format_options, features
         summary = pipeline.run()
     except OpError as exc:
         click.echo(f"reader: {type(exc).__name__}: {exc}", err=True)
-        summary = {"outcome": "error", "error": f"{type(exc).__name__}: {exc}"}
+        summary = {"outcome": "error", "error": f"{type(exc).__name__}: {exc}",
+                   "peer_lost": type(exc).__name__ == "UnavailableError"}
     if stats_file:
         tmp = f"{stats_file}.tmp"
         with open(tmp, "w") as f:
             json.dump(summary, f)
         os.replace(tmp, stats_file)
     if summary["outcome"] in ("failed", "error") and not summary.get("stopped"):
-        sys.exit(1)
+        sys.exit(3 if summary.get("peer_lost") else 1)  # 3: the broker was lost (deploy/README.md)
 
 
 def reader_args(files=(), preset=None, format_kind=None, format_options=None, **options):

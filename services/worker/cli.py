@@ -11,6 +11,9 @@ from common.errors import OpError
 from common.memory import keep_freed_memory
 from common.task_options import model_options, resolve_model, task_from_tf_config
 
+PEER_LOST = 3
+"""Exit code of a task that lost a peer it cannot do without (documented in deploy/README.md)."""
+
 
 @click.command(name="worker", context_settings={"show_default": True})
 @click.option("--ps", "ps_endpoints", multiple=True, help="A ps shard endpoint, in shard order (repeat); "
@@ -42,6 +45,8 @@ from common.task_options import model_options, resolve_model, task_from_tf_confi
 @click.option("--hook", "user_hooks", multiple=True, help="A user hook 'module:Class' (repeat).")
 @click.option("--evaluate", is_flag=True, help="Chief: report test accuracy on the MNIST test split at the end.")
 @click.option("--shutdown-ps", is_flag=True, help="Chief: tell the ps shards to exit when training ends.")
+@click.option("--shutdown-broker", is_flag=True, help="Chief: tell the broker to exit when training ends "
+              "(every worker is done by then), so the whole job completes with exit 0.")
 @click.option("--result-file", default=None, type=click.Path(dir_okay=False), help="Write the summary as JSON here.")
 @click.option("--examples-per-epoch", default=None, type=int, help="For the epoch column of the log.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
@@ -59,12 +64,16 @@ from common.task_options import model_options, resolve_model, task_from_tf_confi
 def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task_index, num_workers, model_spec, placement_strategy,
             max_shard_bytes, backend, batch_size, dequeue_timeout, mode, bf16, max_steps, log_every, checkpoint_dir,
             checkpoint_every_steps, checkpoint_every_secs, keep_checkpoints, summaries, user_hooks, evaluate,
-            shutdown_ps, result_file, examples_per_epoch, log_level,
+            shutdown_ps, shutdown_broker, result_file, examples_per_epoch, log_level,
             device, placement_function, allow_soft_placement, log_device_placement, gpu_memory_fraction, towers):
     """Train: dequeue mini-batches from the broker, pull parameters, push gradients.
 
     Task 0 (or the chief job of TF_CONFIG) is the chief: it initializes or
     restores the variables, checkpoints, and evaluates at the end.
+
+    Exit codes: 0 training ended; 3 a peer was lost (a ps shard or the broker
+    unreachable past its timeout, or the input pipeline lost a reader); 1 any
+    other error; 2 bad options.
     """
     from common import queues
     from common.datasets import mnist_split
@@ -130,20 +139,33 @@ def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task
     try:
         summary = trainer.run()
     except OpError as exc:  # a peer we cannot do without is gone: say which, exit non-zero
+        from common.errors import AbortedError, UnavailableError
         logging.getLogger("worker").error("worker %d stops: %s: %s", task_index, type(exc).__name__, exc)
-        raise SystemExit(1) from None
+        raise SystemExit(PEER_LOST if isinstance(exc, (UnavailableError, AbortedError)) else 1) from None
     if is_chief and evaluate:
         _, (test_x, test_y) = mnist_split()
         summary["test_accuracy"] = trainer.evaluate(test_x, test_y)
         logging.getLogger("worker").info("test accuracy: %.4f", summary["test_accuracy"])
     if is_chief and shutdown_ps:
         ps.shutdown()
+    if is_chief and shutdown_broker and broker:
+        _shutdown_broker(broker)
     ps.close()
     if result_file:
         tmp = result_file + ".tmp"
         with open(tmp, "w") as f:
             json.dump(summary, f)
         os.replace(tmp, result_file)
+
+
+def _shutdown_broker(broker):
+    """Ask the broker to exit; one that is already gone is no error at the end of a job."""
+    from common.rpc_client import RpcClient
+    try:
+        with RpcClient(broker, heartbeat_interval=5.0) as client:
+            client.call("shutdown", {"by": "the chief"}, timeout=5.0)
+    except OpError as exc:
+        logging.getLogger("worker").warning("broker shutdown: %s: %s", type(exc).__name__, exc)
 
 
 def main():

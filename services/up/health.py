@@ -1,0 +1,55 @@
+"""Run a service's healthcheck command locally until it passes, bounded; the result in `state`."""
+
+import subprocess
+import threading
+import time
+
+
+class HealthWatch:
+    """state: 'checking', then 'healthy' or 'unhealthy' (never passed within `limit` seconds, or the
+    service exited first). Checks every `period` s (the compose interval, at most 0.5 s: locally a
+    check is cheap and start-up is what we wait for)."""
+
+    def __init__(self, service, cwd, env, alive, limit):
+        self.service, self.cwd, self.env, self.alive, self.limit = service, cwd, env, alive, limit
+        check = service.check
+        self.period = min(check.interval, check.start_interval, 0.5)
+        self.timeout = max(1.0, check.timeout)
+        self.state, self.detail = "checking", ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"health-{service.name}", daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+
+    def _run(self):
+        deadline = time.monotonic() + self.limit
+        while not self._stop.is_set():
+            if not self.alive():
+                self.state, self.detail = "unhealthy", "it exited before its healthcheck passed"
+                return
+            if self._check():
+                self.state = "healthy"
+                return
+            if time.monotonic() > deadline:
+                self.state = "unhealthy"
+                self.detail = f"its healthcheck did not pass within {self.limit:.0f} s: {self.detail}"
+                return
+            self._stop.wait(self.period)
+
+    def _check(self):
+        try:
+            done = subprocess.run(self.service.health, cwd=self.cwd, env=self.env, timeout=self.timeout,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        except subprocess.TimeoutExpired:
+            self.detail = f"the check took longer than {self.timeout:.0f} s"
+            return False
+        except OSError as exc:
+            self.detail = f"the check cannot run: {exc}"
+            return False
+        self.detail = done.stdout.decode("utf-8", "replace").strip()[-300:]
+        return done.returncode == 0
