@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from common import curve
+from common.errors import InvalidArgumentError
 from common.limits import DEFAULT_LIMITS
 from common.memory import keep_freed_memory
 
@@ -24,11 +26,26 @@ def service_options(default_bind):
                          help="Seconds a client holding blocked requests may stay silent before they are cancelled."),
             click.option("--max-message-bytes", default=DEFAULT_LIMITS.max_message_bytes,
                          help="Largest request accepted; bigger ones are answered INVALID_ARGUMENT."),
+            click.option("--curve-dir", envvar=curve.ENV, expose_value=False, callback=_use_curve_dir,
+                         type=click.Path(file_okay=False), default=None,
+                         help="Encrypt with ZeroMQ CURVE and accept only the clients in DIR/authorized/ "
+                              "(keys from `zmqflow keys generate DIR`); also read from " + curve.ENV + "."),
         ]
         for option in reversed(options):
             fn = option(fn)
         return fn
     return decorate
+
+
+def _use_curve_dir(ctx, param, value):
+    """Check the keys before serving, then hand the directory to the service, its clients and children."""
+    if value:
+        try:
+            curve.check_dir(value)
+        except InvalidArgumentError as exc:
+            raise click.BadParameter(str(exc)) from None
+        os.environ[curve.ENV] = os.path.abspath(value)
+    return value
 
 
 def setup_logging(level, task):

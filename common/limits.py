@@ -2,7 +2,9 @@
 
 A message over a limit is answered INVALID_ARGUMENT naming the limit; the
 socket-level cap (`socket_max_frame_bytes`) only protects memory from frames
-far beyond it, which libzmq refuses by dropping the connection.
+far beyond it, which libzmq refuses by dropping the connection. The client
+then names the limit itself: every ping answer carries max_message_bytes.
+The broker's limits on queues and bytes are in services/broker/queues/quota.py.
 """
 
 from dataclasses import dataclass

@@ -13,7 +13,9 @@ request's deadline and waits a grace period longer for the answer, so an
 element is never handed to a client that stopped waiting.
 
 One client belongs to one thread (ZeroMQ sockets are not thread-safe); use one
-client per thread.
+client per thread. With ZMQFLOW_CURVE_DIR set (or `curve_dir=`) it speaks CURVE
+and checks the service's key (common/curve.py). A request over the service's
+max_message_bytes (learnt from ping answers) is refused with InvalidArgument.
 """
 
 import itertools
@@ -23,8 +25,8 @@ import uuid
 
 import zmq
 
-from common import wire
-from common.errors import UnavailableError, error_from_code
+from common import curve, wire
+from common.errors import InvalidArgumentError, UnavailableError, error_from_code
 from common.limits import DEFAULT_LIMITS
 
 log = logging.getLogger(__name__)
@@ -41,10 +43,10 @@ def grace_for(timeout):
 class PendingCall:
     """A request in flight; `result()` waits for its reply."""
 
-    __slots__ = ("client", "id", "op", "deadline", "done", "value", "error")
+    __slots__ = ("client", "id", "op", "deadline", "done", "value", "error", "size")
 
-    def __init__(self, client, rid, op, deadline):
-        self.client, self.id, self.op, self.deadline = client, rid, op, deadline
+    def __init__(self, client, rid, op, deadline, size=0):
+        self.client, self.id, self.op, self.deadline, self.size = client, rid, op, deadline, size
         self.done, self.value, self.error = False, None, None
 
     def result(self):
@@ -63,7 +65,7 @@ class PendingCall:
 
 class RpcClient:
     def __init__(self, address, default_timeout=None, heartbeat_interval=1.0, heartbeat_liveness=3,
-                 limits=DEFAULT_LIMITS, context=None, name="client"):
+                 limits=DEFAULT_LIMITS, context=None, name="client", curve_dir=USE_DEFAULT):
         self.address = address
         self.default_timeout = default_timeout
         self.heartbeat_interval = heartbeat_interval
@@ -71,6 +73,9 @@ class RpcClient:
         self.limits = limits
         self.context = context or zmq.Context.instance()
         self.name = name
+        curve_dir = curve.curve_dir_from_env() if curve_dir is USE_DEFAULT else curve_dir
+        self._curve = curve.ClientKeys(curve_dir) if curve_dir else None  # verify the service's key
+        self.service_max_bytes = None  # the service's request size limit, told by its ping answers
         self._ids = itertools.count(1)
         self._pending = {}
         self._pings = set()
@@ -85,6 +90,8 @@ class RpcClient:
         self.socket.routing_id = f"{self.name}-{uuid.uuid4().hex[:12]}".encode()
         self.socket.setsockopt(zmq.MAXMSGSIZE, self.limits.socket_max_frame_bytes)
         self.socket.sndhwm = self.socket.rcvhwm = 100_000
+        self.socket.sndtimeo = int(self.heartbeat_interval * self.heartbeat_liveness * 1000)  # never block for ever
+        curve.secure_client(self.socket, self._curve)
         self.socket.connect(self.address)
         self._poller = zmq.Poller()
         self._poller.register(self.socket, zmq.POLLIN)
@@ -143,14 +150,20 @@ class RpcClient:
         rid = next(self._ids)
         deadline_ms = None if timeout is None else max(0, int(timeout * 1000))
         frames = wire.request_frames(op, rid, args, tensors, deadline_ms)
-        wire.send_message(self.socket, frames)
+        size = sum(map(len, frames)) if tensors else len(frames[0])
+        if self.service_max_bytes is not None and size > self.service_max_bytes:  # it would be refused: say so now
+            raise self._oversize(op, size)
+        try:
+            wire.send_message(self.socket, frames)
+        except zmq.Again:  # no connection to queue on: the service refused our handshake, or is gone
+            raise self._unreachable(op) from None
         if not track:
             return rid
         now = time.monotonic()
         if not self._pending:
             self._last_heard = now  # silence counts from when we start expecting an answer
         deadline = None if timeout is None else now + timeout + grace_for(timeout)
-        pending = PendingCall(self, rid, op, deadline)
+        pending = PendingCall(self, rid, op, deadline, size)
         self._pending[rid] = pending
         return pending
 
@@ -167,7 +180,10 @@ class RpcClient:
                 self._declare_dead(now)
                 return
             if now - max(self._last_heard, self._last_ping) >= self.heartbeat_interval:
-                self._pings.add(self._send("ping", {"ids": list(self._pending)}, (), None, track=False))
+                try:
+                    self._pings.add(self._send("ping", {"ids": list(self._pending)}, (), None, track=False))
+                except UnavailableError:
+                    return  # every pending call failed with it
                 self._last_ping = now
                 if self._unanswered_since is None:
                     self._unanswered_since = now
@@ -187,7 +203,10 @@ class RpcClient:
             rid = header.get("id")
             if rid in self._pings:
                 self._pings.discard(rid)
-                self._forget_unknown((header.get("result") or {}).get("unknown", []))
+                result = header.get("result") or {}
+                if type(result.get("max_message_bytes")) is int:
+                    self.service_max_bytes = result["max_message_bytes"]
+                self._forget_unknown(result.get("unknown", []))
                 continue
             pending = self._pending.pop(rid, None)
             if pending is None:
@@ -212,8 +231,15 @@ class RpcClient:
             pending = self._pending.pop(rid, None)
             if pending is not None and not pending.done:
                 pending.done = True
+                if self.service_max_bytes is not None and pending.size > self.service_max_bytes:  # dropped unread
+                    pending.error = self._oversize(pending.op, pending.size)
+                    continue
                 pending.error = UnavailableError(
                     f"service at {self.address} lost request {rid} ({pending.op}); the connection was interrupted")
+
+    def _oversize(self, op, size):
+        return InvalidArgumentError(f"request {op} of {size} bytes exceeds the limit of {self.service_max_bytes} "
+                                    f"bytes (max_message_bytes) of the service at {self.address}")
 
     def _give_up(self, pending):
         self._pending.pop(pending.id, None)
@@ -221,6 +247,21 @@ class RpcClient:
         pending.done = True
         pending.error = UnavailableError(
             f"no answer from {self.address} to {pending.op} (request {pending.id}) within its deadline and grace")
+
+    def _unreachable(self, op):
+        """Fail every pending call and reconnect: sending found no connection (e.g. a CURVE key refused)."""
+        hint = " (is this client's CURVE key in the service's authorized/?)" if self._curve else ""
+        error = UnavailableError(f"service at {self.address} has no connection to send {op} on: it refused this "
+                                 f"client's handshake{hint} or is gone")
+        for pending in self._pending.values():
+            pending.done, pending.error = True, error
+        self._pending.clear()
+        self._pings.clear()
+        self.socket.close(0)
+        self._connect()
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+        return error
 
     def _declare_dead(self, now):
         silent = now - self._unanswered_since

@@ -23,7 +23,7 @@ import time
 
 import zmq
 
-from common import wire
+from common import curve, wire
 from common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError)
 from common.limits import DEFAULT_LIMITS
 
@@ -54,7 +54,7 @@ class Service:
 
     name = "service"
 
-    def __init__(self, bind, limits=DEFAULT_LIMITS, client_timeout=30.0, context=None):
+    def __init__(self, bind, limits=DEFAULT_LIMITS, client_timeout=30.0, context=None, curve_dir=None):
         self.limits = limits
         self.client_timeout = client_timeout
         self.context = context or zmq.Context.instance()
@@ -62,6 +62,8 @@ class Service:
         self.socket.linger = 0
         self.socket.setsockopt(zmq.MAXMSGSIZE, limits.socket_max_frame_bytes)
         self.socket.sndhwm = self.socket.rcvhwm = 100_000
+        self.curve_dir = curve_dir or curve.curve_dir_from_env()  # CURVE keys, or a warning when exposed
+        curve.secure_server(self.socket, bind, curve.ServerKeys(self.curve_dir) if self.curve_dir else None)
         self.socket.bind(bind)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.parked = {}
@@ -219,7 +221,7 @@ class Service:
         if not isinstance(ids, list):
             raise InvalidArgumentError("ping ids must be a list")
         unknown = [i for i in ids if (call.identity, i) not in self.parked]
-        return {"unknown": unknown, "service": self.name}
+        return {"unknown": unknown, "service": self.name, "max_message_bytes": self.limits.max_message_bytes}
 
     def _cancel(self, call):
         target = self.parked.get((call.identity, call.args.get("target")))
@@ -236,4 +238,4 @@ class Service:
     def _info(self, call):
         return {"service": self.name, "endpoint": self.endpoint, "pid": os.getpid(),
                 "uptime_s": round(time.monotonic() - self.started, 3), "parked": len(self.parked),
-                "stats": dict(self.stats), **self.describe()}
+                "stats": dict(self.stats), "curve": bool(self.curve_dir), **self.describe()}

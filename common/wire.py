@@ -194,7 +194,8 @@ def recv_message(sock, expect_identity, limits=DEFAULT_LIMITS):
         elif error is None:
             error = InvalidArgumentError(f"message has more than {limits.max_frames} frames (the limit)")
     if error is None and total > limits.max_message_bytes:
-        error = InvalidArgumentError(f"message of {total} bytes exceeds the limit of {limits.max_message_bytes} bytes")
+        error = InvalidArgumentError(f"message of {total} bytes exceeds the limit of {limits.max_message_bytes} "
+                                     "bytes (max_message_bytes)")
     return identity, header, frames, error
 
 

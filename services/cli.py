@@ -6,6 +6,7 @@ from bench.cli import bench
 from services.broker.cli import command as broker
 from services.cluster_command import cluster
 from services.devices_command import devices
+from services.keys_command import keys
 from services.operator_commands import ping, queues
 from services.placement_command import placement
 from services.ps.cli import command as ps
@@ -34,6 +35,7 @@ main.add_command(devices)
 main.add_command(serve)
 main.add_command(up)
 main.add_command(cluster)
+main.add_command(keys)
 
 
 @main.command()

@@ -1,0 +1,20 @@
+import os
+import shutil
+
+import pytest
+
+from common import curve
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    """A key directory (client, client-2 authorized) and an outsider: a client pair the service never authorized."""
+    root = tmp_path_factory.mktemp("curve")
+    keys, other, outsider = str(root / "keys"), str(root / "other"), str(root / "outsider")
+    curve.generate(keys, ["client-2"])
+    curve.generate(other)
+    os.makedirs(outsider)
+    shutil.copy(os.path.join(keys, "server.key"), outsider)  # it knows the real service key...
+    for name in ("client.key", "client.key_secret"):  # ...but has a pair of its own
+        shutil.copy(os.path.join(other, name), outsider)
+    return {"keys": keys, "other": other, "outsider": outsider}

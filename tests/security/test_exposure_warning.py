@@ -1,0 +1,69 @@
+"""A service listening beyond loopback without CURVE says so, loudly, in its log.
+
+The services here really bind loopback: a context whose sockets rewrite the
+wildcard address lets the test see the service's own log line without ever
+listening on the network.
+"""
+
+import logging
+
+import pytest
+import zmq
+
+from common import curve
+from common.rpc_service import Service
+
+
+class _LoopbackSocket(zmq.Socket):
+    def bind(self, addr):
+        return super().bind(addr.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:").replace("tcp://*:", "tcp://127.0.0.1:"))
+
+
+class _LoopbackContext(zmq.Context):
+    _socket_class = _LoopbackSocket
+
+
+@pytest.fixture
+def context():
+    ctx = _LoopbackContext()
+    yield ctx
+    curve.stop_authenticator(ctx)
+    ctx.term()
+
+
+def serve(bind, context, **kw):
+    service = Service(bind, context=context, **kw)
+    service.close()
+    return service
+
+
+@pytest.mark.parametrize("bind", ["tcp://0.0.0.0:*", "tcp://*:*"])
+def test_binding_every_interface_without_curve_logs_a_security_warning(bind, context, caplog):
+    with caplog.at_level(logging.WARNING):
+        serve(bind, context)
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(line.startswith(f"SECURITY: listening on {bind} without CURVE") and "--curve-dir" in line
+               for line in lines), lines
+
+
+def test_binding_loopback_does_not_warn(context, caplog):
+    with caplog.at_level(logging.WARNING):
+        serve("tcp://127.0.0.1:*", context)
+    assert not [r for r in caplog.records if "SECURITY" in r.getMessage()]
+
+
+def test_binding_every_interface_with_curve_does_not_warn(context, keys, caplog):
+    with caplog.at_level(logging.WARNING):
+        service = serve("tcp://0.0.0.0:*", context, curve_dir=keys["keys"])
+    assert service.curve_dir == keys["keys"]
+    assert not [r for r in caplog.records if "SECURITY" in r.getMessage()]
+
+
+@pytest.mark.parametrize("bind,local", [
+    ("tcp://127.0.0.1:5555", True), ("tcp://127.0.0.2:*", True), ("tcp://localhost:5555", True),
+    ("tcp://[::1]:5555", True), ("ipc:///tmp/x", True), ("inproc://x", True),
+    ("tcp://0.0.0.0:5555", False), ("tcp://*:5555", False), ("tcp://10.1.2.3:5555", False),
+    ("tcp://eth0:5555", False), ("tcp://[::]:5555", False),
+])
+def test_is_loopback(bind, local):
+    assert curve.is_loopback(bind) is local
