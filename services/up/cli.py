@@ -2,6 +2,7 @@
 
 import os
 import sys
+import tempfile
 
 import click
 
@@ -54,7 +55,7 @@ def find_chief(services):
               "services, 0.0.0.0 or loopback), in commands, healthchecks and environment (TF_CONFIG too).")
 @click.option("--workdir", default=None, type=click.Path(file_okay=False),
               help="Local directory for the compose volumes (volume NAME -> WORKDIR/NAME). "
-                   "Default: ./.zmqflow-up.")
+                   "Default: a new temporary directory (give one to keep checkpoints between runs).")
 @click.option("--exit-code-from", default=None, metavar="SERVICE",
               help="When SERVICE exits, stop the rest and exit with its code. Default: the chief "
                    "(the service whose TF_CONFIG makes it the chief), when it runs.")
@@ -82,7 +83,7 @@ def command(service_names, compose_file, service_list, no_deps, port_offset, wor
     try:
         project = load(compose_file)
         chosen = select(project, names, with_deps=not no_deps)
-        localizer = Localizer(project.services, port_offset, workdir or ".zmqflow-up")
+        localizer = Localizer(project.services, port_offset, workdir or tempfile.mkdtemp(prefix="zmqflow-up-"))
         services = [localizer.localize(project.services[name]) for name in chosen]
     except (ComposeError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None

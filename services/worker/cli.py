@@ -121,7 +121,10 @@ def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task
         queue = PreloadedInput(ps, preloaded, ps.preloaded_rows(preloaded), epochs, batch_size, task_index,
                                num_workers)
     elif broker:
-        queue = queues.attach(queue_name, container=container, broker=broker, timeout=120.0)
+        try:
+            queue = queues.attach(queue_name, container=container, broker=broker, timeout=120.0)
+        except OpError as exc:
+            _exit_on_error(task_index, exc)
     else:
         raise click.UsageError("no input: pass --broker (and --queue) or --preloaded")
     hooks = [H.LoggingHook(log_every)]
@@ -139,9 +142,7 @@ def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task
     try:
         summary = trainer.run()
     except OpError as exc:  # a peer we cannot do without is gone: say which, exit non-zero
-        from common.errors import AbortedError, UnavailableError
-        logging.getLogger("worker").error("worker %d stops: %s: %s", task_index, type(exc).__name__, exc)
-        raise SystemExit(PEER_LOST if isinstance(exc, (UnavailableError, AbortedError)) else 1) from None
+        _exit_on_error(task_index, exc)
     if is_chief and evaluate:
         _, (test_x, test_y) = mnist_split()
         summary["test_accuracy"] = trainer.evaluate(test_x, test_y)
@@ -156,6 +157,14 @@ def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task
         with open(tmp, "w") as f:
             json.dump(summary, f)
         os.replace(tmp, result_file)
+
+
+def _exit_on_error(task_index, exc):
+    """Name the failing peer and exit: PEER_LOST when a service is unreachable or the input pipeline
+    lost a reader, 1 for any other error."""
+    from common.errors import AbortedError, UnavailableError
+    logging.getLogger("worker").error("worker %d stops: %s: %s", task_index, type(exc).__name__, exc)
+    raise SystemExit(PEER_LOST if isinstance(exc, (UnavailableError, AbortedError)) else 1) from None
 
 
 def _shutdown_broker(broker):

@@ -1,0 +1,76 @@
+"""zmqflow up without processes: interpolation, compose checks, hosts/ports/volumes onto this machine."""
+
+import json
+
+import pytest
+
+from services.up.cli import find_chief, select
+from services.up.compose import ComposeError, duration, load
+from services.up.interpolate import InterpolationError, interpolate
+from services.up.localize import Localizer
+
+
+def test_interpolation_like_compose():
+    env = {"A": "1", "EMPTY": ""}
+    assert interpolate("${EPOCHS:-5} ${A:-9} $A ${A} $$A", env) == "5 1 1 1 $A"
+    assert interpolate("${EMPTY:-d}|${EMPTY-d}|${A:+yes}|${B:+yes}", env) == "d||yes|"
+    with pytest.raises(InterpolationError, match="NEEDED.*set it"):
+        interpolate("${NEEDED:?set it}", env)
+    with pytest.raises(InterpolationError, match="invalid interpolation"):
+        interpolate("${1bad}", env)
+
+
+def test_durations():
+    assert duration("1m30s", "x") == 90 and duration("500ms", "x") == 0.5 and duration(3, "x") == 3
+    with pytest.raises(ComposeError, match="not a duration"):
+        duration("soon", "x")
+
+
+def write(tmp_path, text):
+    path = tmp_path / "compose.yml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("services:\n  a: {image: x}\n", "service a has no command"),
+    ("services:\n  a: {command: x, depends_on: {b: {condition: service_healthy}}}\n", "'b', which is not a service"),
+    ("services:\n  a: {command: x, depends_on: {a: {condition: service_running}}}\n", "condition 'service_running'"),
+    ("services:\n  a: {command: x, depends_on: [b]}\n  b: {command: x, depends_on: [a]}\n", "cycle: a -> b -> a"),
+    ("services:\n  a: {command: x, healthcheck: {test: [PING]}}\n", "CMD or CMD-SHELL"),
+    ("version: '3'\n", "no 'services'"),
+    ("services:\n  a: {command: '${X:?X is required}'}\n", "X is required"),
+])
+def test_bad_compose_files_are_named(tmp_path, text, message):
+    with pytest.raises(ComposeError, match=message):
+        load(write(tmp_path, text), env={})
+
+
+def test_localize_hosts_ports_tf_config_and_volumes(project, tmp_path):
+    localizer = Localizer(project.services, port_offset=1000, workdir=str(tmp_path))
+    ps0 = localizer.localize(project.services["ps0"])
+    cluster = json.loads(ps0.env["TF_CONFIG"])["cluster"]
+    assert cluster["ps"] == ["127.0.0.1:6600", "127.0.0.1:6601"] and cluster["broker"] == ["127.0.0.1:6555"]
+    assert ps0.argv[-1] == str(tmp_path / "zmqflow-data" / "ckpt")
+    assert ps0.health == ["zmqflow", "ping", "tcp://127.0.0.1:6600"]
+    broker = localizer.localize(project.services["broker"])
+    assert broker.argv[-1] == "tcp://127.0.0.1:6555"
+    aggregator = localizer.localize(project.services["aggregator"])
+    assert "tcp://127.0.0.1:6702" in aggregator.argv and not any("serve" in a for a in aggregator.argv)
+    # only the topology's hosts move: a port on another host, or a path like /database, stays
+    assert localizer.address("tcp://example.org:5600 ps0:5600x tcp://*:5601") == \
+        "tcp://example.org:5600 127.0.0.1:6600x tcp://127.0.0.1:6601"
+    assert localizer.text("/database /data", [("/data", "/local")]) == "/database /local"
+    with pytest.raises(ValueError, match="out of range"):
+        Localizer(project.services, port_offset=60_000).address("ps0:5600")
+
+
+def test_selection_adds_dependencies_and_finds_the_chief(project):
+    assert select(project, ["worker1"]) == ["broker", "ps0", "ps1", "worker1"]
+    assert select(project, ["worker1"], with_deps=False) == ["worker1"]
+    assert select(project, [])[-1] == "aggregator"
+    with pytest.raises(ComposeError, match="no such service: nope"):
+        select(project, ["nope"])
+    localizer = Localizer(project.services)
+    services = [localizer.localize(project.services[n]) for n in select(project, [])]
+    assert find_chief(services) == "worker0"

@@ -1,0 +1,136 @@
+"""zmqflow up for real: the shipped compose file trains to completion; order, exits and stops."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.deploy.conftest import COMPOSE, ROOT, compose_ports, free_port_offset
+
+ZMQFLOW = os.path.join(os.path.dirname(sys.executable), "zmqflow")
+TRAINING = ["broker", "ps0", "ps1", "reader", "worker0", "worker1"]
+
+
+def up(args, env=None, timeout=90):
+    """Run `zmqflow up ARGS` to its end; on a timeout, SIGTERM (it stops its services), then SIGKILL."""
+    proc = subprocess.Popen([ZMQFLOW, "up", *args], cwd=ROOT, env={**os.environ, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=20)
+        finally:
+            proc.kill()
+        pytest.fail(f"zmqflow up did not finish in {timeout} s:\n{out[-5000:]}")
+    return proc.returncode, out
+
+
+def gone(pid, within=5.0):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_shipped_compose_file_trains_to_completion(project, tmp_path):
+    offset = free_port_offset(compose_ports(project))
+    started = time.monotonic()
+    code, out = up(["-f", COMPOSE, "--port-offset", str(offset), "--workdir", str(tmp_path), "--abort-on-failure",
+                    "--services", ",".join(TRAINING)], env={"EPOCHS": "1"})
+    assert code == 0, out[-5000:]
+    for name in TRAINING:   # every service ends by itself, with 0: the job is complete
+        assert f"zmqflow up: {name} exited with code 0" in out, out[-5000:]
+    assert "worker0 is done" in out and "stopping every service" in out
+    assert re.search(r"^worker0  \| .*test accuracy: 0\.\d+", out, re.M)
+    assert f"listening on tcp://127.0.0.1:{5555 + offset}" in out and f"127.0.0.1:{5601 + offset}" in out
+    assert os.listdir(tmp_path / "zmqflow-data" / "ckpt"), "the chief's checkpoints are in the local volume"
+    pids = [int(p) for p in re.findall(r"listening on \S+ \(pid (\d+)\)", out)]
+    assert len(pids) == 3 and all(gone(pid) for pid in pids)
+    assert time.monotonic() - started < 60
+
+
+def write(tmp_path, text):
+    path = tmp_path / "compose.yml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_healthy_dependency_first_and_exit_code_from(tmp_path):
+    compose = write(tmp_path, """
+x-base: &base
+  environment: {MARK: "${MARK:-unset}"}
+services:
+  slow:
+    <<: *base
+    command: ["python", "-c", "import os, time; open('slow.pid', 'w').write(str(os.getpid())); time.sleep(1.0); open('slow.ready', 'w'); print('slow ready', flush=True); time.sleep(120)"]
+    healthcheck: {test: ["CMD-SHELL", "test -f slow.ready"], interval: 1s}
+  after:
+    <<: *base
+    command: ["python", "-c", "import os, sys; print('after sees', os.path.exists('slow.ready'), os.environ['MARK']); sys.exit(7)"]
+    depends_on: {slow: {condition: service_healthy}}
+""")
+    code, out = up(["-f", compose, "--exit-code-from", "after", "--no-color"], env={"MARK": "m1"})
+    assert code == 7, out
+    assert "after  | after sees True m1" in out and "slow   | slow ready" in out
+    assert "zmqflow up: after exited with code 7" in out and "zmqflow up: slow exited with code" in out
+    assert gone(int((tmp_path / "slow.pid").read_text()))
+
+
+def test_a_dependency_that_fails_stops_the_run(tmp_path):
+    compose = write(tmp_path, """
+services:
+  bad:
+    command: ["python", "-c", "import sys; sys.exit(3)"]
+    healthcheck: {test: ["CMD", "false"], interval: 1s}
+  waiting:
+    command: ["python", "-c", "print('must not run')"]
+    depends_on: {bad: {condition: service_healthy}}
+""")
+    code, out = up(["-f", compose])
+    assert code == 1, out
+    assert "zmqflow up: bad exited with code 3" in out
+    assert "waiting cannot start: bad is unhealthy (it exited before its healthcheck passed)" in out
+    assert "must not run" not in out
+
+
+def test_sigterm_stops_every_process_group(tmp_path):
+    compose = write(tmp_path, """
+services:
+  long:
+    command: ["sh", "-c", "sleep 300 & echo $$! > grandchild.pid; echo $$$$ > long.pid; wait"]
+""")
+    proc = subprocess.Popen([ZMQFLOW, "up", "-f", compose], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "long.pid").exists() or not (tmp_path / "grandchild.pid").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the service did not start"
+            time.sleep(0.05)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out
+    assert "SIGTERM, stopping every service" in out and "zmqflow up: long exited with code" in out
+    for name in ("long.pid", "grandchild.pid"):
+        assert gone(int((tmp_path / name).read_text().strip())), name
+
+
+def test_bad_file_and_options_are_reported(tmp_path):
+    code, out = up(["-f", str(tmp_path / "missing.yml")])
+    assert code == 1 and "does not exist" in out
+    code, out = up(["-f", COMPOSE, "--exit-code-from", "nope", "--dry-run"])
+    assert code == 2 and "'nope' is not among the services run" in out
