@@ -64,7 +64,8 @@ def run_service_instance(build, task, ready_file, log_level, max_message_bytes):
     setup_logging(log_level, task)
     keep_freed_memory()
     service = build(dataclasses.replace(DEFAULT_LIMITS, max_message_bytes=max_message_bytes))
-    logging.getLogger(service.name).info("%s listening on %s (pid %d)", service.name, service.endpoint, os.getpid())
+    logging.getLogger(service.name).info("%s listening on %s (pid %d)%s", service.name, service.endpoint, os.getpid(),
+                                         " with CURVE" if getattr(service, "curve_dir", None) else "")
     if ready_file:
         tmp = f"{ready_file}.tmp"
         with open(tmp, "w") as f:

@@ -35,8 +35,9 @@ def generate(directory, clients, force):
     """Make DIRECTORY/server.key[_secret], one client.key[_secret] per client and authorized/.
 
     Start every service with --curve-dir DIRECTORY (or ZMQFLOW_CURVE_DIR set);
-    clients read ZMQFLOW_CURVE_DIR. Give each machine only the secret file it
-    needs; remove a client's key from authorized/ to refuse it (on restart).
+    clients read ZMQFLOW_CURVE_DIR. Secret files are readable by their owner
+    only; remove a client's key from authorized/ to refuse it (services read
+    authorized/ when they start).
     """
     try:
         names = curve.generate(directory, _client_names(clients), force=force)

@@ -134,6 +134,7 @@ def test_services_started_with_the_environment_variable_use_curve(keys, tmp_path
     proc = start_service("services.broker", log_dir=str(tmp_path), env={curve.ENV: keys["keys"]})
     try:
         refused_within(proc.endpoint, None, bound=5)
+        assert "with CURVE" in proc.log()
         with RpcClient(proc.endpoint, curve_dir=keys["keys"]) as client:
             assert client.call("info", timeout=5)[0]["curve"] is True
     finally:
