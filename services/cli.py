@@ -3,6 +3,7 @@
 import click
 
 from bench.cli import bench
+from services.aggregator.cli import command as aggregator
 from services.broker.cli import command as broker
 from services.cluster_command import cluster
 from services.devices_command import devices
@@ -12,6 +13,7 @@ from services.placement_command import placement
 from services.ps.cli import command as ps
 from services.reader.cli import command as reader
 from services.serve.cli import command as serve
+from services.sweep.cli import command as sweep
 from services.train import command as train
 from services.up.cli import command as up
 from services.worker.cli import command as worker
@@ -26,6 +28,7 @@ main.add_command(broker)
 main.add_command(ps)
 main.add_command(worker)
 main.add_command(train)
+main.add_command(sweep)
 main.add_command(ping)
 main.add_command(queues)
 main.add_command(bench)
@@ -33,6 +36,7 @@ main.add_command(placement)
 main.add_command(reader)
 main.add_command(devices)
 main.add_command(serve)
+main.add_command(aggregator)
 main.add_command(up)
 main.add_command(cluster)
 main.add_command(keys)

@@ -1,0 +1,1 @@
+"""`zmqflow sweep`: hyperparameter sweeps, many small trainings in parallel on one cluster."""

@@ -1,0 +1,111 @@
+"""The search space without sockets: grid expansion, seeded random search, and clear errors for bad specs."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from services.cli import main
+from services.sweep.space import DEFAULTS, SpaceError, grid, load_space, parse_grid, sample
+
+
+def test_grid_expands_every_combination_in_order_with_defaults():
+    points = grid(parse_grid("lr=0.001,0.01; hidden=64,128x64 ;optimizer=adam,sgd"))
+    assert len(points) == 8
+    assert points[0] == {**DEFAULTS, "learning_rate": 0.001, "hidden": [64], "optimizer": "adam"}
+    assert points[1]["optimizer"] == "sgd" and points[2]["hidden"] == [128, 64]  # the last axis changes fastest
+    assert points[-1] == {**DEFAULTS, "learning_rate": 0.01, "hidden": [128, 64], "optimizer": "sgd"}
+
+
+def test_aliases_types_and_base_values():
+    points = grid(parse_grid("batch=50,200;epochs=2;activation=relu"), base={"epochs": 5, "batch_size": 10})
+    assert [p["batch_size"] for p in points] == [50, 200]
+    assert all(p["epochs"] == 2 and p["activation"] == "relu" for p in points)  # the space beats the base
+    assert grid(parse_grid("lr=0.1"), base={"epochs": 5})[0]["epochs"] == 5
+
+
+def test_random_search_is_seeded_and_stays_in_its_ranges():
+    space = parse_grid("lr=log:1e-4..1e-1;hidden=32,64;batch_size=20..200;optimizer=adam,sgd,momentum")
+    first, again, other = sample(space, 20, seed=7), sample(space, 20, seed=7), sample(space, 20, seed=8)
+    assert first == again and first != other
+    assert all(1e-4 <= p["learning_rate"] <= 1e-1 for p in first)
+    assert all(20 <= p["batch_size"] <= 200 and isinstance(p["batch_size"], int) for p in first)
+    assert {tuple(p["hidden"]) for p in first} == {(32,), (64,)}
+    # log-uniform: about as many draws below 1e-2.5 as above (uniform would put ~97 % above)
+    low = sum(p["learning_rate"] < 10 ** -2.5 for p in sample(space, 400, seed=1))
+    assert 140 < low < 260
+
+
+def test_space_file_yaml_and_json(tmp_path):
+    yaml_file = tmp_path / "space.yaml"
+    yaml_file.write_text("lr: [0.001, 0.01]\nhidden: [64, [128, 64]]\nepochs: 2\n")
+    points = grid(load_space(str(yaml_file)))
+    assert [p["hidden"] for p in points] == [[64], [128, 64], [64], [128, 64]]
+    json_file = tmp_path / "space.json"
+    json_file.write_text(json.dumps({"learning_rate": {"log_uniform": [0.0001, 0.1]}, "optimizer": ["sgd"]}))
+    assert len(sample(load_space(str(json_file)), 3, seed=0)) == 3
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("", "empty"),
+    ("lr", "not NAME=VALUE"),
+    ("lr=", "empty value"),
+    ("lr=0.1,,0.2", "empty value"),
+    ("momentum=0.9", "unknown hyperparameter 'momentum'"),
+    ("lr=-1", "positive number"),
+    ("lr=fast", "not a number"),
+    ("hidden=0", "positive integer"),
+    ("hidden=64xa", "positive integer"),
+    ("epochs=1.5", "positive integer"),
+    ("optimizer=rmsprop", "not one of sgd, momentum, adam, adagrad"),
+    ("activation=gelu", "not one of"),
+    ("lr=0.1;lr=0.2", "appears twice"),
+    ("lr=0.1;learning_rate=0.2", "given twice"),
+    ("lr=3..1", "empty"),
+    ("lr=log:0..1", "positive"),
+    ("lr=a..b", "LOW..HIGH"),
+    ("hidden=16..64", "only learning_rate, batch_size and epochs take a range"),
+])
+def test_bad_grid_specs_are_named(spec, message):
+    with pytest.raises(SpaceError, match=message):
+        grid(parse_grid(spec))
+
+
+def test_a_range_needs_random_search_and_bad_files_are_named(tmp_path):
+    with pytest.raises(SpaceError, match="use --random N"):
+        grid(parse_grid("lr=log:1e-4..1e-1"))
+    with pytest.raises(SpaceError, match="does not exist"):
+        load_space(str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lr: [0.1\n")
+    with pytest.raises(SpaceError, match="not valid YAML"):
+        load_space(str(bad))
+    bad.write_text("[1, 2]\n")
+    with pytest.raises(SpaceError, match="mapping"):
+        load_space(str(bad))
+    bad.write_text("lr: {normal: [0, 1]}\n")
+    with pytest.raises(SpaceError, match="uniform"):
+        load_space(str(bad))
+
+
+def test_cli_reports_bad_specs_and_lists_runs():
+    runner = CliRunner()
+    result = runner.invoke(main, ["sweep", "--grid", "lr=0.1;foo=2"])
+    assert result.exit_code == 2 and "Invalid value for --grid: unknown hyperparameter 'foo'" in result.output
+    result = runner.invoke(main, ["sweep"])
+    assert result.exit_code == 2 and "--grid" in result.output and "--space" in result.output
+    result = runner.invoke(main, ["sweep", "--grid", "lr=0.1", "--space", "x.yaml"])
+    assert result.exit_code == 2 and "not both" in result.output
+    result = runner.invoke(main, ["sweep", "--grid", "lr=log:1e-3..1e-1;hidden=8,16", "--random", "3", "--seed", "4",
+                                  "--dry-run"])
+    assert result.exit_code == 0 and result.output.count("run-00") == 3, result.output
+    assert result.output == runner.invoke(main, ["sweep", "--grid", "lr=log:1e-3..1e-1;hidden=8,16", "--random", "3",
+                                                 "--seed", "4", "--dry-run"]).output
+
+
+def test_help_documents_every_option():
+    output = CliRunner().invoke(main, ["sweep", "--help"]).output
+    for option in ("--grid", "--space", "--random", "--seed", "--parallel", "--epochs", "--batch-size", "--out",
+                   "--keep-best", "--input", "--validation-fraction", "--split-seed", "--backend", "--run-timeout",
+                   "--dry-run", "--json"):
+        assert option in output

@@ -1,0 +1,70 @@
+"""`zmqflow sweep` for real: a broker, per run a ps task and a worker, on MNIST; kept checkpoints served."""
+
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from common.processes import start_service
+from common.serve_client import ModelClient
+from services.cli import main
+from services.sweep.data import sweep_split
+
+
+def _sweep(args):
+    result = CliRunner().invoke(main, ["sweep", *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_sweep_ranks_runs_keeps_the_best_and_they_serve(tmp_path):
+    out = tmp_path / "sweep"
+    output = _sweep(["--grid", "lr=0.01;hidden=32,48x16,24", "--epochs", "2", "--parallel", "2", "--keep-best", "2",
+                     "--out", str(out)])
+    document = json.loads((out / "leaderboard.json").read_text())
+    runs = document["runs"]
+    assert len(runs) == 3 and all(r["status"] == "ok" for r in runs), output
+    accuracies = [r["validation_accuracy"] for r in runs]
+    assert accuracies == sorted(accuracies, reverse=True) and [r["rank"] for r in runs] == [1, 2, 3]
+    assert all(a > 0.5 for a in accuracies)
+    rows = list(csv.DictReader(open(out / "leaderboard.csv")))
+    assert [r["run_id"] for r in rows] == [r["run_id"] for r in runs]
+    assert (out / "sweep.png").stat().st_size > 10_000
+    # each run's queue lived in its own container: every run saw its own epochs of data, no more, no less
+    train, validation = sweep_split()
+    for run in runs:
+        result = json.loads((out / "runs" / run["run_id"] / "result.json").read_text())
+        assert result["examples"] == 2 * len(train[1])
+        assert run["curve_points"] >= 2 * len(train[1]) // 100
+    kept = [b["checkpoint"] for b in document["best"]]
+    assert kept == [r["checkpoint"] for r in runs[:2]] and runs[2]["checkpoint"] is None
+    assert sorted(os.listdir(out / "checkpoints")) == sorted(os.path.basename(k) for k in kept)
+    for best in document["best"]:
+        assert json.loads(open(best["model_file"]).read()) == best["model"]
+        server = start_service("services.serve", ["--checkpoint", best["checkpoint"], "--model", best["model_file"],
+                                                  "--backend", "numpy"], log_dir=str(tmp_path))
+        try:
+            with ModelClient(server.endpoint, timeout=20) as client:
+                probs, info = client.predict(validation[0])
+        finally:
+            server.stop()
+        assert info["model"] == best["run_id"] and probs.shape == (len(validation[1]), 10)
+        assert np.mean(probs.argmax(axis=1) == validation[1]) == pytest.approx(best["validation_accuracy"], abs=1e-3)
+    assert sorted(r["model"]["layers"][1:-1] for r in runs) == [[24], [32], [48, 16]]  # none the default 100
+
+
+def test_sweep_with_input_on_the_ps_and_a_failing_run(tmp_path):
+    out = tmp_path / "sweep"
+    _sweep(["--grid", "optimizer=sgd;lr=0.5", "--epochs", "1", "--input", "ps", "--parallel", "1", "--out", str(out),
+            "--json"])
+    run = json.loads((out / "leaderboard.json").read_text())["runs"][0]
+    assert run["status"] == "ok" and run["validation_accuracy"] > 0.5 and run["kept"]
+    output = _sweep(["--grid", "lr=0.01", "--run-timeout", "0.3", "--out", str(out), "--parallel", "1"])
+    document = json.loads((out / "leaderboard.json").read_text())
+    run = document["runs"][0]
+    assert run["status"] == "failed" and "did not finish within 0.3 s" in run["error"] and run["rank"] is None
+    assert document["best"] == [] and "FAILED" in output
+    assert not os.listdir(out / "checkpoints")
