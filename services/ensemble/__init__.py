@@ -1,0 +1,1 @@
+"""`zmqflow ensemble`: serve a sweep's best models behind an aggregator and compare them."""

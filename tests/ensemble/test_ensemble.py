@@ -1,0 +1,61 @@
+"""`zmqflow ensemble` over a real sweep: servers for the best k, an aggregator, test accuracies."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from common.aggregator_client import AggregatorClient
+from common.errors import NotFoundError
+from services.ensemble.evaluate import accuracy, verdict
+from services.ensemble.launch import Ensemble, best_runs
+
+ZMQFLOW = [sys.executable, "-m", "services"]
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    subprocess.run([*ZMQFLOW, "sweep", "--grid", "lr=0.003,0.01;hidden=32,64", "--random", "3", "--epochs", "1",
+                    "--keep-best", "2", "--parallel", "2", "--out", str(out), "--json"],
+                   check=True, timeout=180, capture_output=True)
+    return out
+
+
+def test_ensemble_reports_each_member_and_the_combined_accuracy(sweep_dir, tmp_path):
+    result = subprocess.run([*ZMQFLOW, "ensemble", "--sweep", str(sweep_dir), "--top", "2", "--json",
+                             "--log-dir", str(tmp_path)], check=True, timeout=120, capture_output=True, text=True)
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [m["rank"] for m in report["members"]] == [1, 2]
+    assert all(0.5 < m["test_accuracy"] <= 1.0 for m in report["members"])  # trained models, not chance (0.1)
+    assert set(report["ensemble"]) == {"mean", "vote"} and all(0.5 < a <= 1.0 for a in report["ensemble"].values())
+    assert report["verdict"].startswith("the ensemble")
+
+
+def test_the_ensemble_answers_with_every_member_and_without_a_dead_one(sweep_dir, tmp_path):
+    runs = best_runs(str(sweep_dir), 2)
+    x = np.random.default_rng(0).random((4, 784), dtype=np.float32)
+    with Ensemble(runs, log_dir=str(tmp_path), deadline_ms=500) as ensemble:
+        with AggregatorClient(ensemble.aggregator.endpoint) as client:
+            probabilities, info = client.predict(x, min_members=2)
+            assert probabilities.shape == (4, 10) and np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-4)
+            assert len(info["answered"]) == 2
+            ensemble.members[1].kill()
+            probabilities, info = client.predict(x, deadline_ms=300)
+            assert probabilities.shape == (4, 10) and len(info["answered"]) == 1
+
+
+def test_a_sweep_without_kept_checkpoints_is_a_clear_error(tmp_path):
+    (tmp_path / "leaderboard.json").write_text(json.dumps({"runs": [], "best": []}))
+    with pytest.raises(NotFoundError, match="keeps no checkpoint"):
+        best_runs(str(tmp_path), 3)
+    with pytest.raises(NotFoundError, match="no leaderboard"):
+        best_runs(str(tmp_path / "missing"), 3)
+
+
+def test_accuracy_and_verdict():
+    x, y = np.eye(3, dtype=np.float32), np.array([0, 1, 1])
+    assert accuracy(lambda b: b, x, y, batch=2) == pytest.approx(2 / 3)
+    assert "beats" in verdict(0.9, [0.8, 0.85]) and "ties" in verdict(0.9, [0.9]) and "trails" in verdict(0.8, [0.9])
