@@ -73,7 +73,12 @@ class Service:
         self._running = False
         self.started = time.monotonic()
         self.stats = {"requests": 0, "errors": 0, "bad_requests": 0, "deadlines": 0}
+        self.op_stats = None  # common.metrics.OpStats: requests timed per op, only with --metrics-port
+        self.metrics_address = None
         self.handlers = {"ping": self._ping, "cancel": self._cancel, "bye": self._bye, "info": self._info}
+        self._poller = zmq.Poller()
+        self._poller.register(self.socket, zmq.POLLIN)
+        self._extra_sockets = {}  # socket -> on_readable(): a subclass's own sockets polled by this loop
 
     # ------------------------------------------------ hooks for subclasses
 
@@ -88,6 +93,15 @@ class Service:
     def describe(self):
         """Extra fields for `info`."""
         return {}
+
+    def add_socket(self, sock, on_readable):
+        """Poll `sock` in this loop too (e.g. a DEALER to a peer); `on_readable()` drains it."""
+        self._extra_sockets[sock] = on_readable
+        self._poller.register(sock, zmq.POLLIN)
+
+    def remove_socket(self, sock):
+        if self._extra_sockets.pop(sock, None) is not None:
+            self._poller.unregister(sock)
 
     def close(self):
         self.socket.close(linger=500)  # the last replies (a shutdown's own) still leave; bounded
@@ -105,15 +119,19 @@ class Service:
         if call.finished:
             return
         call.finished = True
-        self.parked.pop(call.key, None)
+        parked = self.parked.pop(call.key, None)
+        if self.op_stats is not None:
+            self.op_stats.observe(call.op, call.received, 0, parked is not None)
         self._send(call.identity, wire.reply_frames(call.id, 0, None, result, tensors))
 
     def fail(self, call, error):
         if call.finished:
             return
         call.finished = True
-        self.parked.pop(call.key, None)
+        parked = self.parked.pop(call.key, None)
         self.stats["errors"] += 1
+        if self.op_stats is not None:
+            self.op_stats.observe(call.op, call.received, error.code, parked is not None)
         self._send(call.identity, wire.reply_frames(call.id, error.code, error.message))
 
     def _send(self, identity, frames):
@@ -130,14 +148,16 @@ class Service:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop())
         self._running = True
-        poller = zmq.Poller()
-        poller.register(self.socket, zmq.POLLIN)
+        poller = self._poller
         next_sweep = time.monotonic() + 1.0
         while self._running:
             now = time.monotonic()
             wait = min(next_sweep, self._deadlines[0][0] if self._deadlines else next_sweep) - now
-            if poller.poll(max(0, min(wait, 0.2)) * 1000):
-                self._drain()
+            for sock, _ in poller.poll(max(0, min(wait, 0.2)) * 1000):
+                if sock is self.socket:
+                    self._drain()
+                elif sock in self._extra_sockets:
+                    self._extra_sockets[sock]()
             now = time.monotonic()
             self._expire(now)
             if now >= next_sweep:
@@ -186,11 +206,20 @@ class Service:
             if isinstance(exc, InvalidArgumentError):
                 self.stats["bad_requests"] += 1
             self.stats["errors"] += 1
+            if self.op_stats is not None:
+                self.op_stats.observe(self._op_label(header), now, exc.code, False)
             self._send(identity, wire.reply_frames(rid, exc.code, exc.message))
         except Exception as exc:  # a bug in a handler must not kill the loop
             log.exception("internal error handling %r", header)
             self.stats["errors"] += 1
+            if self.op_stats is not None:
+                self.op_stats.observe(self._op_label(header), now, InternalError.code, False)
             self._send(identity, wire.reply_frames(rid, InternalError.code, f"internal error: {exc!r}"))
+
+    def _op_label(self, header):
+        """The op of a refused request for metrics: a known op's name, else 'unknown' (bounded labels)."""
+        op = header.get("op") if isinstance(header, dict) else None
+        return op if isinstance(op, str) and op in self.handlers else "unknown"
 
     def _expire(self, now):
         heap = self._deadlines
@@ -238,4 +267,5 @@ class Service:
     def _info(self, call):
         return {"service": self.name, "endpoint": self.endpoint, "pid": os.getpid(),
                 "uptime_s": round(time.monotonic() - self.started, 3), "parked": len(self.parked),
-                "stats": dict(self.stats), "curve": bool(self.curve_dir), **self.describe()}
+                "stats": dict(self.stats), "curve": bool(self.curve_dir), "metrics": self.metrics_address,
+                **self.describe()}

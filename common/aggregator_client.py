@@ -1,0 +1,51 @@
+"""Client of an aggregator: `AggregatorClient(address).predict(x) -> (probabilities, info)`.
+
+`info` says which members answered and why the others did not (timeout, error, unhealthy).
+The request's deadline travels twice: as `deadline_ms` (the aggregator answers AT it with
+what arrived) and as the RPC deadline, so the client waits no longer than it must.
+Like RpcClient, one client belongs to one thread.
+"""
+
+import numpy as np
+
+from common.rpc_client import RpcClient
+from common.serve_client import PendingPredict
+
+
+class AggregatorClient:
+    def __init__(self, address, timeout=30.0, name="aggregator-client", **rpc_options):
+        self.address = address
+        self.rpc = RpcClient(address, default_timeout=timeout, name=name, **rpc_options)
+
+    def predict_async(self, x, deadline_ms=None, min_members=None, combine=None, mode=None):
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        args = {k: v for k, v in (("deadline_ms", deadline_ms), ("min_members", min_members), ("combine", combine),
+                                  ("mode", mode)) if v is not None}
+        timeout = self.rpc.default_timeout if deadline_ms is None else deadline_ms / 1000.0
+        return PendingPredict(self.rpc.submit("predict", args, [x], timeout=timeout))
+
+    def predict(self, x, deadline_ms=None, min_members=None, combine=None, mode=None):
+        """(probabilities [n, classes] float32, info); DeadlineExceededError when too few members answered."""
+        return self.predict_async(x, deadline_ms, min_members, combine, mode).result()
+
+    def members(self, timeout=5.0):
+        """One dict per member: address, weight, healthy, outstanding, requests, answers, timeouts, errors, ..."""
+        return self.rpc.call("members", timeout=timeout)[0]["members"]
+
+    def add_member(self, address, weight=1.0, timeout=5.0):
+        return self.rpc.call("add_member", {"address": address, "weight": weight}, timeout=timeout)[0]["member"]
+
+    def remove_member(self, address, timeout=5.0):
+        return self.rpc.call("remove_member", {"address": address}, timeout=timeout)[0]["member"]
+
+    def stats(self, timeout=5.0):
+        return self.rpc.call("stats", timeout=timeout)[0]
+
+    def close(self):
+        self.rpc.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,3 @@
+from services.aggregator.cli import main
+
+main()

@@ -1,0 +1,58 @@
+"""`zmqflow aggregator` / `zmqflow-aggregator`: run one aggregator over model servers."""
+
+import click
+
+from common.cli_support import run_service_instance, service_options
+
+
+def parse_member(text):
+    """`ADDRESS[=WEIGHT]` -> (address, weight); weight defaults to 1."""
+    address, sep, weight = text.rpartition("=") if "=" in text else (text, "", "")
+    if not sep:
+        return text, 1.0
+    try:
+        value = float(weight)
+    except ValueError:
+        raise click.BadParameter(f"member {text!r}: weight {weight!r} is not a number") from None
+    if not address or value < 0:
+        raise click.BadParameter(f"member {text!r}: expected ADDRESS[=WEIGHT] with WEIGHT >= 0")
+    return address, value
+
+
+@click.command(name="aggregator", context_settings={"show_default": True})
+@service_options(default_bind="tcp://127.0.0.1:5800")
+@click.option("--member", "members", multiple=True, metavar="ADDRESS[=WEIGHT]",
+              help="A model server to ask (repeat); WEIGHT counts in --combine weighted.")
+@click.option("--mode", default="ensemble", type=click.Choice(["ensemble", "replica"]),
+              help="ensemble: ask every healthy member and combine; replica: ask the least busy one.")
+@click.option("--deadline-ms", default=1000, type=click.IntRange(min=1),
+              help="Deadline of a predict request that names none.")
+@click.option("--min-members", default=1, type=click.IntRange(min=1),
+              help="Answers a request needs by its deadline (ensemble), unless it names its own.")
+@click.option("--combine", default="mean", type=click.Choice(["mean", "vote", "weighted"]),
+              help="How answers are combined, unless a request names its own.")
+@click.option("--unhealthy-after", default=3, type=click.IntRange(min=1),
+              help="Failures in a row (timeouts, errors) that mark a member unhealthy.")
+@click.option("--probe-ms", default=500, type=click.IntRange(min=1),
+              help="How often an unhealthy member is probed; it is taken back when it answers.")
+def command(bind, ready_file, log_level, client_timeout, max_message_bytes, members, mode, deadline_ms, min_members,
+            combine, unhealthy_after, probe_ms):
+    """Answer predict requests from several model servers by each request's deadline."""
+    from services.aggregator.server import Aggregator
+
+    parsed = [parse_member(m) for item in members for m in item.split(",") if m]
+
+    def build(limits):
+        return Aggregator(bind, parsed, mode=mode, deadline_ms=deadline_ms, min_members=min_members, combine=combine,
+                          unhealthy_after=unhealthy_after, probe_ms=probe_ms, limits=limits,
+                          client_timeout=client_timeout)
+
+    run_service_instance(build, "aggregator", ready_file, log_level, max_message_bytes)
+
+
+def main():
+    command(auto_envvar_prefix="ZMQFLOW_AGGREGATOR")
+
+
+if __name__ == "__main__":
+    main()

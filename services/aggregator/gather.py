@@ -1,0 +1,75 @@
+"""One client request fanned out to members: who was asked, who answered, who did not and why.
+
+No sockets: the server records each member's reply or failure here and asks whether the
+request can be answered now (everyone asked has responded, or `min_members` can no longer
+be reached). `outcome()` combines what arrived or names who answered for the error.
+"""
+
+from common.errors import DeadlineExceededError, InvalidArgumentError, UnavailableError, error_from_code
+from services.aggregator.combine import combine, same_shape
+
+
+class Gather:
+    __slots__ = ("call", "mode", "combine", "min_members", "pending", "answers", "weights", "failures", "codes",
+                 "started", "shape", "payload")
+
+    def __init__(self, call, mode, combine_name, min_members, started):
+        self.call, self.mode, self.combine, self.min_members = call, mode, combine_name, min_members
+        self.pending = {}    # address -> the member-side request id still awaited
+        self.answers = {}    # address -> probabilities, in arrival order
+        self.weights = {}    # address -> weight of an answer (weighted combine)
+        self.failures = {}   # address -> why it did not count: timeout, unhealthy, removed, error: ...
+        self.codes = {}      # address -> the member's error code, for errors
+        self.started = started
+        self.shape = None    # the input's shape; an answer must have as many rows
+        self.payload = None  # the server's encoded request, sent once per member
+
+    def asked(self, address, rid):
+        self.pending[address] = rid
+
+    def skipped(self, address, reason):
+        self.failures[address] = reason
+
+    def answer(self, address, probs, weight):
+        self.pending.pop(address, None)
+        self.answers[address] = probs
+        self.weights[address] = weight
+
+    def fail(self, address, reason, code=None):
+        self.pending.pop(address, None)
+        self.failures[address] = reason
+        if code is not None:
+            self.codes[address] = code
+
+    def finished(self):
+        """True when nothing more can change the answer: all asked have responded, or too few can."""
+        return not self.pending or len(self.answers) + len(self.pending) < self.min_members
+
+    def info(self):
+        return {"mode": self.mode, "combine": self.combine, "answered": list(self.answers),
+                "missing": dict(self.failures), "min_members": self.min_members}
+
+    def outcome(self):
+        """(probs, info) from the answers so far; too few answers raise, naming who answered."""
+        info = self.info()
+        if len(self.answers) >= self.min_members and self.answers:
+            answers = list(self.answers.values())
+            if same_shape(answers) is None:
+                raise InvalidArgumentError("members answered with different shapes: " + ", ".join(
+                    f"{a} {list(p.shape)}" for a, p in self.answers.items()))
+            return combine(self.combine, answers, [self.weights[a] for a in self.answers]), info
+        raise self._shortfall()
+
+    def _shortfall(self):
+        answered = ", ".join(self.answers) or "none"
+        missing = "; ".join(f"{a}: {r}" for a, r in self.failures.items()) or "no members"
+        text = f"{len(self.answers)} of {self.min_members} needed members answered (answered: {answered}; " \
+               f"missing: {missing})"
+        if not self.failures and not self.answers:
+            return UnavailableError("the aggregator has no members to ask")
+        codes = set(self.codes.values())
+        if len(codes) == 1 and len(self.codes) == len(self.failures):  # every member refused it the same way
+            return error_from_code(codes.pop(), text)
+        if all(r == "unhealthy" for r in self.failures.values()) and not self.answers:
+            return UnavailableError(f"no healthy member to ask ({text})")
+        return DeadlineExceededError(text)

@@ -1,0 +1,59 @@
+"""Fake members for aggregator tests: tiny services in threads that answer after a delay, never, or with an error.
+
+Their output depends on the input (x[:, :1] + offset in every column), so an answer mixed into
+the wrong request is visible. The delay (seconds, or a function of x), mode and offset can be
+changed while they run.
+"""
+
+import heapq
+import threading
+import time
+
+import numpy as np
+
+from common.errors import UnavailableError
+from common.rpc_service import PARKED, Call, Service
+
+
+class FakeMember(Service):
+    name = "fake-member"
+
+    def __init__(self, offset=0.0, delay=0.0, mode="answer", classes=3):
+        super().__init__("tcp://127.0.0.1:*", client_timeout=5.0)
+        self.offset, self.delay, self.mode, self.classes = offset, delay, mode, classes
+        self.seen = 0
+        self.handlers["predict"] = self._predict
+        self._thread = threading.Thread(target=self.run, kwargs={"install_signals": False}, daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def shutdown(self):
+        self.stop()
+        self._thread.join(5)
+
+    def expected(self, x):
+        return np.repeat(x[:, :1], self.classes, axis=1).astype(np.float32) + np.float32(self.offset)
+
+    def _predict(self, call):
+        self.seen += 1
+        if self.mode == "error":
+            raise UnavailableError("fake member is failing")
+        if self.mode == "never":
+            return PARKED  # held, never answered
+        out = self.expected(call.tensors[0])
+        delay = self.delay(call.tensors[0]) if callable(self.delay) else self.delay
+        if delay <= 0:
+            return {"model": "fake"}, [out]
+        when = time.monotonic() + delay
+        timer = Call(None, 0, "answer", {}, [], when, time.monotonic())
+        timer.state = (call, out)
+        self._seq += 1
+        heapq.heappush(self._deadlines, (when, self._seq, timer))  # wakes the loop then: on_deadline answers
+        return PARKED
+
+    def on_deadline(self, call):
+        if call.op == "answer":  # the delay is over: answer, however late that is for the caller
+            call.finished = True
+            self.reply(call.state[0], {"model": "fake"}, [call.state[1]])
