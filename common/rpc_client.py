@@ -111,6 +111,17 @@ class RpcClient:
     def call(self, op, args=None, tensors=(), timeout=USE_DEFAULT):
         return self.submit(op, args, tensors, timeout).result()
 
+    def poll(self, timeout):
+        """Take in the replies that arrive within `timeout` s, without waiting for one call: for
+        open-loop drivers that send on a schedule and collect in between. Calls past their
+        deadline (and grace) are given up. Returns how many calls are still pending."""
+        if wire.readable(self.socket) or self._poller.poll(max(0, int(timeout * 1000))):
+            self._receive_all()
+        now = time.monotonic()
+        for pending in [p for p in self._pending.values() if p.deadline is not None and now >= p.deadline]:
+            self._give_up(pending)
+        return len(self._pending)
+
     def ping(self, timeout=2.0):
         """Round-trip time in seconds to the service, or UnavailableError."""
         start = time.monotonic()

@@ -1,0 +1,1 @@
+"""Load tests against running services (open-loop arrivals)."""

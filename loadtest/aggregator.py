@@ -1,0 +1,133 @@
+"""Load test of a running aggregator: open-loop predicts at a target rate, optionally killing or
+pausing one member half-way, then a table (and JSON) of failures and latency percentiles.
+
+    python -m loadtest.aggregator --address tcp://127.0.0.1:5800 --rate 500 --duration 10 \\
+        --kill-member 1 --at 0.5 --json-out load.json
+
+Killing or pausing a member sends it a signal by the PID its `info` op reports, so it works
+when the member runs on this host (as under `zmqflow up` or the demo).
+"""
+
+import json
+import os
+import signal
+
+import click
+import numpy as np
+
+from common.aggregator_client import AggregatorClient
+from common.rpc_client import RpcClient
+from loadtest.open_loop import run_open_loop
+
+
+class MemberFault:
+    """Kill (SIGKILL) or pause (SIGSTOP, SIGCONT after `pause_s`) one member at `at_s` seconds."""
+
+    def __init__(self, address, action, at_s, pause_s=0.0):
+        self.address, self.action, self.at_s, self.pause_s = address, action, at_s, pause_s
+        with RpcClient(address, default_timeout=5.0, name="loadtest-fault") as client:
+            self.pid = client.call("info")[0]["pid"]
+        self.state = "waiting"
+
+    def __call__(self, elapsed, run):
+        if self.state == "waiting" and elapsed >= self.at_s:
+            os.kill(self.pid, signal.SIGKILL if self.action == "kill" else signal.SIGSTOP)
+            self.state = "done" if self.action == "kill" else "paused"
+            run.events.append((round(elapsed, 3), f"{self.action} member {self.address} (pid {self.pid})"))
+        elif self.state == "paused" and elapsed >= self.at_s + self.pause_s:
+            self.resume()
+            run.events.append((round(elapsed, 3), f"resume member {self.address} (pid {self.pid})"))
+
+    def resume(self):
+        if self.state == "paused":
+            os.kill(self.pid, signal.SIGCONT)
+            self.state = "done"
+
+
+def load_test(address, rate, duration, deadline_ms, min_members=None, rows=1, fault=None, seed=0):
+    """Run the load; returns the report dict (overall, and before / after the fault)."""
+    x = np.random.default_rng(seed).random((rows, 784), dtype=np.float32)
+    client = AggregatorClient(address, name="loadtest")
+    try:
+        run = run_open_loop(lambda: client.predict_async(x, deadline_ms=deadline_ms, min_members=min_members),
+                            client.rpc.poll, rate, duration, on_tick=fault)
+    finally:
+        if fault is not None:
+            fault.resume()
+        client.close()
+    report = {"address": address, "rate": rate, "duration_s": duration, "deadline_ms": deadline_ms,
+              "rows_per_request": rows, "overall": run.summary(), "events": run.events,
+              "partial_answers": sum(1 for o in run.outcomes if o.info and o.info.get("missing"))}
+    if fault is not None:
+        report["before_fault"] = run.summary(0.0, fault.at_s)
+        report["after_fault"] = run.summary(fault.at_s, duration)
+    return report
+
+
+def print_table(report):
+    phases = [p for p in ("before_fault", "after_fault", "overall") if p in report]
+    click.echo(f"{'phase':<13} {'requests':>8} {'failed':>7} {'fail %':>7} {'qps':>7} {'p50 ms':>8} "
+               f"{'p99 ms':>8} {'p99.9 ms':>9}")
+    for phase in phases:
+        s = report[phase]
+        click.echo(f"{phase:<13} {s['requests']:>8} {s['failed']:>7} {100 * s['failed_share']:>6.2f}% {s['qps']:>7} "
+                   f"{_ms(s['p50_ms']):>8} {_ms(s['p99_ms']):>8} {_ms(s['p999_ms']):>9}")
+    for at, what in report["events"]:
+        click.echo(f"  at {at:.2f} s: {what}")
+    click.echo(f"answers without every member: {report['partial_answers']}")
+
+
+def _ms(value):
+    return "-" if value is None else f"{value:.2f}"
+
+
+@click.command("loadtest")
+@click.option("--address", required=True, help="The aggregator's endpoint, e.g. tcp://127.0.0.1:5800.")
+@click.option("--rate", default=500.0, show_default=True, type=click.FloatRange(min=1),
+              help="Requests per second, sent on schedule (open loop).")
+@click.option("--duration", default=10.0, show_default=True, type=click.FloatRange(min=0.1), help="Seconds of load.")
+@click.option("--deadline-ms", default=50, show_default=True, type=click.IntRange(1), help="Deadline of each request.")
+@click.option("--min-members", type=click.IntRange(1), default=None, help="Answers each request needs (default: the aggregator's).")
+@click.option("--rows", default=1, show_default=True, type=click.IntRange(1), help="Input rows per request.")
+@click.option("--kill-member", default=None,
+              help="Kill this member (its address, or its index in the aggregator's member list) at --at.")
+@click.option("--pause-member", default=None, help="Pause (SIGSTOP) this member at --at for --pause-secs, then resume it.")
+@click.option("--at", "at_fraction", default=0.5, show_default=True, type=click.FloatRange(0, 1),
+              help="When the fault happens, as a share of --duration.")
+@click.option("--pause-secs", default=2.0, show_default=True, type=click.FloatRange(min=0))
+@click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Also write the report here as JSON.")
+def command(address, rate, duration, deadline_ms, min_members, rows, kill_member, pause_member, at_fraction,
+            pause_secs, json_out):
+    """Open-loop load against a running aggregator: failures and latency p50/p99/p99.9."""
+    if kill_member and pause_member:
+        raise click.UsageError("--kill-member and --pause-member are exclusive")
+    fault = None
+    target = kill_member or pause_member
+    if target is not None:
+        fault = MemberFault(_member_address(address, target), "kill" if kill_member else "pause",
+                            at_fraction * duration, pause_secs)
+    report = load_test(address, rate, duration, deadline_ms, min_members, rows, fault)
+    print_table(report)
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(report, f, indent=1)
+        click.echo(f"report: {json_out}")
+
+
+def _member_address(aggregator, target):
+    if not target.isdigit():
+        return target
+    with AggregatorClient(aggregator, timeout=5.0) as client:
+        members = client.members()
+    index = int(target)
+    if index >= len(members):
+        raise click.BadParameter(f"the aggregator has {len(members)} members; no index {index}")
+    return members[index]["address"]
+
+
+def main():
+    command()
+
+
+if __name__ == "__main__":
+    main()
