@@ -3,7 +3,6 @@
 import dataclasses
 import logging
 import os
-import sys
 
 import click
 
@@ -33,8 +32,36 @@ def service_options(default_bind):
         ]
         for option in reversed(options):
             fn = option(fn)
-        return fn
+        return ops_options(fn)
     return decorate
+
+
+def ops_options(fn):
+    """--metrics-port, --metrics-host, --log-format: how any task (service, worker, reader) is operated."""
+    from common import logs, metrics
+
+    def use_metrics_port(ctx, param, value):
+        if value is not None and not 0 <= value < 65536:
+            raise click.BadParameter(f"{value} is not a port (0 = any free port)")
+        metrics.request(port=value)
+
+    def use_log_format(ctx, param, value):
+        if value:
+            logs.set_format(value)
+    options = [
+        click.option("--metrics-port", type=int, default=None, expose_value=False, callback=use_metrics_port,
+                     help="Serve Prometheus metrics over HTTP on this port (0 = any free port, shown in the log "
+                          "and in `info`). Default: off."),
+        click.option("--metrics-host", default="127.0.0.1", show_default=True, expose_value=False,
+                     callback=lambda ctx, param, value: metrics.request(host=value),
+                     help="Interface of the metrics endpoint."),
+        click.option("--log-format", type=click.Choice(logs.FORMATS), envvar=logs.ENV, default=None,
+                     expose_value=False, callback=use_log_format,
+                     help="text, or json: one JSON object per line (also " + logs.ENV + "). Default: text."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
 
 
 def _use_curve_dir(ctx, param, value):
@@ -49,8 +76,9 @@ def _use_curve_dir(ctx, param, value):
 
 
 def setup_logging(level, task):
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format=f"%(asctime)s %(levelname)s [{task}] %(name)s: %(message)s")
+    """Log lines naming `task`, as text or JSON (--log-format; common/logs.py)."""
+    from common import logs
+    logs.setup(level, task)
 
 
 def run_service(service_class, bind, ready_file, log_level, client_timeout, max_message_bytes):
@@ -64,6 +92,10 @@ def run_service_instance(build, task, ready_file, log_level, max_message_bytes):
     setup_logging(log_level, task)
     keep_freed_memory()
     service = build(dataclasses.replace(DEFAULT_LIMITS, max_message_bytes=max_message_bytes))
+    from common import metrics
+    if metrics.requested():  # --metrics-port: time requests per op, export the service's gauges
+        metrics.export_service(service, task)
+        service.metrics_address = metrics.serve()
     logging.getLogger(service.name).info("%s listening on %s (pid %d)%s", service.name, service.endpoint, os.getpid(),
                                          " with CURVE" if getattr(service, "curve_dir", None) else "")
     if ready_file:

@@ -13,6 +13,7 @@ from services.placement_command import placement
 from services.ps.cli import command as ps
 from services.reader.cli import command as reader
 from services.serve.cli import command as serve
+from services.status.command import command as status
 from services.sweep.cli import command as sweep
 from services.train import command as train
 from services.up.cli import command as up
@@ -40,6 +41,7 @@ main.add_command(aggregator)
 main.add_command(up)
 main.add_command(cluster)
 main.add_command(keys)
+main.add_command(status)
 
 
 @main.command()

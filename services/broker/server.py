@@ -120,6 +120,21 @@ class BrokerService(Service):
     def _list_queues(self, call):
         return {"queues": self.registry.list()}
 
+    def metric_families(self):
+        """Queue gauges for Prometheus, read from the registry at scrape time (common/metrics.py)."""
+        from common.metrics import gauge_family
+        queues, labels = self.registry.list(), ("container", "queue", "kind")
+        for field, name, doc in (("size", "queue_size", "Elements in the queue."),
+                                 ("capacity", "queue_capacity", "The queue's capacity (-1: unbounded)."),
+                                 ("waiting_enqueues", "waiting_enqueues", "Enqueue requests parked for room."),
+                                 ("waiting_dequeues", "waiting_dequeues", "Dequeue requests parked for elements."),
+                                 ("bytes", "queue_bytes", "Element bytes the queue holds."),
+                                 ("closed", "queue_closed", "1 once the queue is closed.")):
+            yield gauge_family(f"zmqflow_broker_{name}", doc,
+                               {(q["container"], q["shared_name"], q["kind"]): int(q[field]) for q in queues}, labels)
+        yield gauge_family("zmqflow_broker_queues", "Queues the broker holds.", len(self.registry))
+        yield gauge_family("zmqflow_broker_bytes", "Element bytes held by all queues.", self.registry.quota.total_bytes)
+
     def describe(self):
         return {"queues": len(self.registry), "bytes": self.registry.quota.total_bytes,
                 "limits": dataclasses.asdict(self.broker_limits)}

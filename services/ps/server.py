@@ -241,6 +241,32 @@ class PsService(Service):
     def describe(self):
         return {"shard": self.shard_index, "version": self.state.version, "initialized": self.state.initialized}
 
+    def metric_families(self):
+        """The shard's counters for Prometheus, read from its stats at scrape time (common/metrics.py)."""
+        from common.metrics import counter_family, gauge_family, histogram_family
+        stats, shard, now = self.state.stats(), (str(self.shard_index),), time.monotonic()
+        yield gauge_family("zmqflow_ps_version", "The shard's version (global step).", {shard: stats["version"]},
+                           ["shard"])
+        for key, doc in (("updates", "Updates applied to the variables."),
+                         ("pushes_received", "Gradient pushes received."), ("pushes_applied", "Pushes applied."),
+                         ("pulls", "Pulls answered."), ("bytes_pushed", "Gradient bytes received."),
+                         ("bytes_pulled", "Parameter bytes sent.")):
+            yield counter_family(f"zmqflow_ps_{key}", doc, {shard: stats[key]}, ["shard"])
+        yield gauge_family("zmqflow_ps_pushes_pending", "Sync: pushes accumulated for the current step.",
+                           {shard: stats["pushes_pending"]}, ["shard"])
+        yield counter_family("zmqflow_ps_pushes_dropped", "Pushes dropped, by reason (stale, duplicate, future, ...).",
+                             {(*shard, reason): n for reason, n in stats["dropped"].items()}, ["shard", "reason"])
+        staleness = stats["staleness"]
+        bounds = (0, 1, 2, 4, 8, 16, 32, 64)
+        counts = [sum(n for s, n in staleness.items() if (bounds[i - 1] if i else -1) < s <= b)
+                  for i, b in enumerate(bounds)] + [sum(n for s, n in staleness.items() if s > bounds[-1])]
+        yield histogram_family("zmqflow_ps_push_staleness", "Staleness (versions behind) of the pushes received.",
+                               ["shard"], {shard: (sum(s * n for s, n in staleness.items()), counts)}, bounds)
+        yield gauge_family("zmqflow_ps_done_workers", "Workers that reported done (lost ones included).",
+                           {shard: len(self.done_workers)}, ["shard"])
+        yield gauge_family("zmqflow_ps_replica_idle_seconds", "Seconds since each replica's last push.",
+                           {(*shard, str(r)): now - t for r, t in list(self.replica_seen.items())}, ["shard", "replica"])
+
     # ------------------------------------------------ helpers
 
     def _require_ready(self):

@@ -23,7 +23,7 @@ import sys
 
 import click
 
-from common.cli_support import setup_logging
+from common.cli_support import ops_options, setup_logging
 from common.datasets import DATA_DIR
 from common.errors import OpError
 from common.memory import keep_freed_memory
@@ -135,6 +135,7 @@ def _tf_config_task():
 @click.option("--name", default=None, help="Member name in the pipeline record (default: reader, or reader:<index> "
                                            "from TF_CONFIG); the host and pid are appended.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+@ops_options
 def command(broker, file_patterns, preset, format_kind, format_options, features, cast_values, num_epochs,
             shuffle_files, seed, readers, queue_name, queue_kind, capacity, min_after_dequeue, chunk_size,
             in_flight, skip_malformed, container, lease_s, token_wait_s, enqueue_timeout, progress_every, stats_file,
@@ -179,6 +180,10 @@ def command(broker, file_patterns, preset, format_kind, format_options, features
                                   readers=readers, features=features, cast=cast, lease_s=lease_s,
                                   token_wait_s=token_wait_s, enqueue_timeout=enqueue_timeout, in_flight=in_flight,
                                   name=name, progress_every=progress_every)
+        from common import metrics
+        if metrics.requested():  # --metrics-port
+            metrics.register(lambda: pipeline.counters.metric_families(name))
+            metrics.serve()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: pipeline.request_stop(signal.Signals(signum).name))
         summary = pipeline.run()

@@ -121,6 +121,19 @@ class ReaderCounters:
                 "malformed_skipped": sum(c.malformed_skipped for c in fmt),
                 "reading": [p for p in self.reading if p], "seconds": round(elapsed, 3)}
 
+    def metric_families(self, member):
+        """This reader process's counters for Prometheus, read at scrape time (common/metrics.py)."""
+        from common.metrics import counter_family, gauge_family
+        snap, key = self.snapshot(), (member,)
+        for field, doc in (("instances", "Instances pushed into the instance queue."), ("files_done", "Files read."),
+                           ("records_read", "Records read."), ("bytes_read", "Bytes read from files."),
+                           ("malformed_skipped", "Malformed records skipped.")):
+            yield counter_family(f"zmqflow_reader_{field}", doc, {key: snap[field]}, ["member"])
+        yield gauge_family("zmqflow_reader_instances_per_second", "Instances pushed per second since start.",
+                           {key: snap["instances_per_s"]}, ["member"])
+        yield gauge_family("zmqflow_reader_files_reading", "Files being read now.", {key: len(snap["reading"])},
+                           ["member"])
+
 
 class ReaderPipeline:
     """One reader process's part of a pipeline: its reader threads, the producer if it is first, its beats."""

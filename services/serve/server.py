@@ -105,6 +105,18 @@ class ModelServer(Service):
     def describe(self):
         return {"model": self.model_name, "version": self.version, "queued": len(self.batcher)}
 
+    def metric_families(self):
+        """The server's counters for Prometheus, read at scrape time (common/metrics.py)."""
+        from common.metrics import counter_family, gauge_family
+        model, stats = (self.model_name,), self.stats
+        yield gauge_family("zmqflow_serve_model_version", "Version (step) of the parameters served.",
+                           {model: self.version}, ["model"])
+        yield gauge_family("zmqflow_serve_queued_rows", "Requests waiting to join a batch.",
+                           {model: len(self.batcher)}, ["model"])
+        for key, doc in (("predictions", "Requests answered by predict."), ("batches", "Batches run."),
+                         ("batched_rows", "Rows run in batches."), ("reloads", "Parameter reloads.")):
+            yield counter_family(f"zmqflow_serve_{key}", doc, {model: stats[key]}, ["model"])
+
     # ------------------------------------------------ batches
 
     def _run_due(self, now):

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from common.cli_support import setup_logging
+from common.cli_support import ops_options, setup_logging
 from common.errors import OpError
 from common.memory import keep_freed_memory
 from common.task_options import model_options, resolve_model, task_from_tf_config
@@ -42,6 +42,10 @@ PEER_LOST = 3
 @click.option("--checkpoint-every-secs", default=None, type=float)
 @click.option("--keep-checkpoints", default=5)
 @click.option("--summaries", default=None, type=click.Path(dir_okay=False), help="Chief: JSON-lines summaries file.")
+@click.option("--summary-dir", default=None, type=click.Path(file_okay=False),
+              help="Chief: TensorBoard event files here (loss, examples/s, staleness, accuracy). "
+                   "Default: CHECKPOINT_DIR/train with --checkpoint-dir, else none; 'off' for none.")
+@click.option("--summary-every-steps", default=50, type=click.IntRange(min=1), help="Chief: steps between summaries.")
 @click.option("--hook", "user_hooks", multiple=True, help="A user hook 'module:Class' (repeat).")
 @click.option("--evaluate", is_flag=True, help="Chief: report test accuracy on the MNIST test split at the end.")
 @click.option("--shutdown-ps", is_flag=True, help="Chief: tell the ps shards to exit when training ends.")
@@ -61,11 +65,13 @@ PEER_LOST = 3
 @click.option("--towers", default=1, type=click.IntRange(min=1),
               help="Split each batch over N towers (GPUs, or CPU threads) and average before one push.")
 # --- end devices and towers ---
+@ops_options
 def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task_index, num_workers, model_spec, placement_strategy,
             max_shard_bytes, backend, batch_size, dequeue_timeout, mode, bf16, max_steps, log_every, checkpoint_dir,
             checkpoint_every_steps, checkpoint_every_secs, keep_checkpoints, summaries, user_hooks, evaluate,
             shutdown_ps, shutdown_broker, result_file, examples_per_epoch, log_level,
-            device, placement_function, allow_soft_placement, log_device_placement, gpu_memory_fraction, towers):
+            device, placement_function, allow_soft_placement, log_device_placement, gpu_memory_fraction, towers,
+            summary_dir, summary_every_steps):
     """Train: dequeue mini-batches from the broker, pull parameters, push gradients.
 
     Task 0 (or the chief job of TF_CONFIG) is the chief: it initializes or
@@ -135,6 +141,16 @@ def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task
     if is_chief and summaries:
         hooks.append(H.SummaryHook(summaries))
     hooks += [H.load_hook(h) for h in user_hooks]
+    from common import metrics
+    if metrics.serve_requested():  # --metrics-port
+        from services.worker.metrics_hook import MetricsHook
+        hooks.append(MetricsHook(f"worker:{task_index}"))
+    summary_dir = summary_dir or (os.path.join(checkpoint_dir, "train") if checkpoint_dir else None)
+    tensorboard = None
+    if is_chief and summary_dir and summary_dir != "off":
+        from services.worker.tensorboard import TensorBoardHook
+        tensorboard = TensorBoardHook(summary_dir, summary_every_steps)
+        hooks.append(tensorboard)
     trainer = Trainer(model, ps, queue, replica=task_index, num_workers=num_workers, is_chief=is_chief,
                       batch_size=batch_size, mode=mode, hooks=hooks, checkpoint_dir=checkpoint_dir,
                       examples_per_epoch=examples_per_epoch, dequeue_timeout=dequeue_timeout, container=container,
@@ -147,6 +163,10 @@ def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task
         _, (test_x, test_y) = mnist_split()
         summary["test_accuracy"] = trainer.evaluate(test_x, test_y)
         logging.getLogger("worker").info("test accuracy: %.4f", summary["test_accuracy"])
+        if tensorboard is not None:
+            tensorboard.add_scalar("accuracy", summary["test_accuracy"], summary["global_step"])
+    if tensorboard is not None:
+        tensorboard.close()
     if is_chief and shutdown_ps:
         ps.shutdown()
     if is_chief and shutdown_broker and broker:

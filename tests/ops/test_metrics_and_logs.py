@@ -1,0 +1,67 @@
+"""The pieces apart from sockets: OpStats histograms, callback families, log formatters; metrics off by default."""
+
+import json
+import logging
+import time
+
+from prometheus_client import generate_latest
+
+from common import logs, metrics
+from common.errors import DEADLINE_EXCEEDED
+from common.rpc_client import RpcClient
+
+
+def test_op_stats_fill_microsecond_buckets_and_count_codes():
+    stats = metrics.OpStats()
+    now = time.monotonic()
+    stats.observe("enqueue", now, 0, False)  # about a microsecond ago
+    stats.observe("dequeue", now - 0.3, DEADLINE_EXCEEDED, True)
+    families = {f.name: f for f in stats.families("svc")}
+    buckets = {(s.labels["op"], s.labels["le"]): s.value for s in families["zmqflow_rpc_request_duration_seconds"].samples
+               if s.name.endswith("_bucket")}
+    assert buckets[("enqueue", "1e-05")] == 1 and buckets[("dequeue", "0.25")] == 0 and buckets[("dequeue", "0.5")] == 1
+    codes = {(s.labels["op"], s.labels["code"]): s.value for s in families["zmqflow_rpc_requests"].samples
+             if s.name.endswith("_total")}
+    assert codes == {("enqueue", "OK"): 1, ("dequeue", "DEADLINE_EXCEEDED"): 1}
+    waits = [s for s in families["zmqflow_rpc_wait_seconds"].samples if s.name.endswith("_count")]
+    assert [(s.labels["op"], s.value) for s in waits] == [("dequeue", 1)]
+
+
+def test_callbacks_are_read_at_scrape_time_and_a_failing_one_is_skipped():
+    box = {"member-a": 1}
+    sources = [metrics.counter_callback("zmqflow_test_timeouts", "Timeouts per member.",
+                                        lambda: {(m,): n for m, n in box.items()}, ["member"]),
+               metrics.gauge_callback("zmqflow_test_broken", "Raises.", lambda: 1 / 0)]
+    try:
+        box["member-a"] = 5
+        text = generate_latest(metrics.REGISTRY).decode()
+        assert 'zmqflow_test_timeouts_total{member="member-a"} 5.0' in text
+        assert "zmqflow_test_broken" not in text
+    finally:
+        for source in sources:
+            metrics.unregister(source)
+
+
+def test_json_formatter_one_line_with_exception_text():
+    record = None
+    try:
+        raise ValueError("bad\nvalue")
+    except ValueError:
+        import sys
+        record = logging.LogRecord("ps-shard", logging.ERROR, __file__, 1, "failed: %s", ("x",), sys.exc_info())
+    line = logs.JsonFormatter("ps:1").format(record)
+    assert "\n" not in line
+    event = json.loads(line)
+    assert event["task"] == "ps:1" and event["level"] == "ERROR" and event["logger"] == "ps-shard"
+    assert event["message"] == "failed: x" and "ValueError: bad" in event["exception"] and event["time"].endswith("Z")
+
+
+def test_text_formatter_names_the_task_on_every_line():
+    record = logging.LogRecord("worker", logging.INFO, __file__, 1, "placement:\n%s", ("a\nb",), None)
+    lines = logs.TextFormatter("worker:0").format(record).splitlines()
+    assert len(lines) == 3 and "[worker:0]" in lines[0] and all(line.startswith("[worker:0] | ") for line in lines[1:])
+
+
+def test_metrics_are_off_unless_asked(broker):
+    with RpcClient(broker) as client:
+        assert client.call("info", timeout=5.0)[0]["metrics"] is None
