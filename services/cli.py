@@ -12,6 +12,8 @@ from services.operator_commands import ping, queues
 from services.placement_command import placement
 from services.ps.cli import command as ps
 from services.reader.cli import command as reader
+from loadtest.aggregator import command as loadtest
+from services.ensemble.cli import command as ensemble
 from services.serve.cli import command as serve
 from services.status.command import command as status
 from services.sweep.cli import command as sweep
@@ -30,6 +32,8 @@ main.add_command(ps)
 main.add_command(worker)
 main.add_command(train)
 main.add_command(sweep)
+main.add_command(ensemble)
+main.add_command(loadtest)
 main.add_command(ping)
 main.add_command(queues)
 main.add_command(bench)
@@ -45,8 +49,16 @@ main.add_command(status)
 
 
 @main.command()
-def demo():
-    """Run the demo (what `make demo` runs): MNIST through a broker, then 2 ps + 2 workers training it."""
-    from services.demo import run_demo, run_training_demo
-    run_demo()
-    run_training_demo()
+@click.option("--queue-tour/--no-queue-tour", default=True, show_default=True,
+              help="Start with a short tour of the queue-broker (MNIST through a shuffle queue).")
+@click.option("--epochs", default=10, show_default=True, type=click.IntRange(1), help="Epochs of the main training.")
+@click.option("--work-dir", type=click.Path(file_okay=False), default=None,
+              help="Where checkpoints, the sweep and logs go (default: a new temporary directory).")
+def demo(queue_tour, epochs, work_dir):
+    """Run the demo (what `make demo` runs): train with 2 ps + 2 workers, sweep, serve the best
+    three as an ensemble, load-test it with a member killed half-way, and summarize."""
+    from services.demo import run_demo
+    from services.demo_story import run_story
+    if queue_tour:
+        run_demo()
+    run_story(work_dir=work_dir, epochs=epochs)

@@ -1,14 +1,13 @@
-"""`make demo`: MNIST through a real queue-broker, then a real distributed training job.
+"""`make demo`, part 0: MNIST through a real queue-broker (the queue tour).
 
-Part 1 starts a broker process on a free loopback port, cuts the MNIST CSV (sorted
+It starts a broker process on a free loopback port, cuts the MNIST CSV (sorted
 by label) into 20 "files" handed in a shuffled order to two producer threads
 that enqueue_many into a RandomShuffleQueue, closes the queue once both finished (a coordinated close),
 and drains it with two consumers using dequeue_up_to until OutOfRange. It
 prints the queue table a user would see with `zmqflow queues`, the label mix
 of the first mini-batches (shuffled although the file is sorted), and the
-throughput. Part 2 trains the 784-100-10 MLP with a broker, 2 ps shards and 2
-async workers as processes (`zmqflow train --num-ps 2`), checkpointing, and
-prints the test accuracy and examples per second.
+throughput. The rest of the story (training, sweep, ensemble, load test) is
+services/demo_story.py.
 """
 
 import os
@@ -94,15 +93,3 @@ def run_demo(batch=100, producers=2, consumers=2):
 if __name__ == "__main__":
     run_demo()
 
-
-def run_training_demo():
-    from services.train import run_training
-    click.echo("\n$ zmqflow train --num-ps 2 --num-workers 2 --epochs 10 --checkpoint-dir <tmp>")
-    import tempfile
-    with tempfile.TemporaryDirectory(prefix="zmqflow-demo-") as ckpt:
-        summary = run_training(progress=True, num_ps=2, num_workers=2, epochs=10, checkpoint_dir=ckpt,
-                               checkpoint_every_steps=150)
-        saved = sorted(d for d in os.listdir(ckpt) if d.startswith("ckpt-"))
-    click.echo(f"test accuracy {summary['test_accuracy']:.4f} after 10 epochs; {summary['examples_per_s']:,} "
-               f"examples/s while training; global step {summary['global_step']}; checkpoints {', '.join(saved)}; "
-               f"worker exit codes {summary['worker_exit_codes']}")
