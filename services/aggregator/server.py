@@ -45,7 +45,7 @@ class _Probe:
 class _Link:
     """The aggregator's socket to one member and the requests in flight on it (rid -> Gather or _Probe)."""
 
-    __slots__ = ("address", "sock", "inflight", "ids", "probe_rid")
+    __slots__ = ("address", "sock", "inflight", "probe_rid")
 
     def __init__(self, context, address, limits, name):
         self.address = address
@@ -59,7 +59,6 @@ class _Link:
         curve.secure_client(self.sock, curve.ClientKeys(keys) if keys else None)
         self.sock.connect(address)
         self.inflight = {}
-        self.ids = itertools.count(1)
         self.probe_rid = None
 
 
@@ -78,6 +77,7 @@ class Aggregator(Service):
         self.agg_stats = AggregatorStats()
         self._features = None  # input width of the last request a member answered: probes send one such row
         self._timer_at = None
+        self._ids = itertools.count(1)  # member-side request ids: one per client request, the same to every member
         for address, weight in members:
             self._add(address, weight)
         self.handlers.update(predict=self._predict, add_member=self._add_member, remove_member=self._remove_member,
@@ -123,6 +123,7 @@ class Aggregator(Service):
 
     def _predict(self, call):
         x = _check_input(call.tensors)
+        call.tensors = [x]
         args = call.args
         mode = _check_mode(args.get("mode") or self.mode)
         combine = check_combine(args.get("combine") or self.combine)
@@ -135,7 +136,8 @@ class Aggregator(Service):
         call.deadline = deadline if call.deadline is None else min(deadline, call.deadline)
         self.agg_stats.counters["requests"] += 1
         gather = call.state = Gather(call, mode, combine, 1 if mode == "replica" else min_members, call.received)
-        gather.shape, gather.payload = x.shape, wire.encode_tensors([x])
+        gather.shape = x.shape
+        gather.payload = self._request(x, gather.call.deadline, now)
         if mode == "replica":
             member = self.members.least_outstanding()
             if member is not None:
@@ -153,15 +155,13 @@ class Aggregator(Service):
             return PARKED  # already answered by _finish
         return self.park(call)
 
-    def _ask(self, member, gather, now):
+    def _ask(self, member, gather, now, retry=False):
         link = self.links[member.address]
-        specs, frames = gather.payload
-        rid = next(link.ids)
-        remaining = max(1, int((gather.call.deadline - now) * 1000))
-        header = {"v": wire.VERSION, "op": "predict", "id": rid, "deadline_ms": remaining, "args": {},
-                  "tensors": specs}
+        rid, frames = gather.payload
+        if retry:  # the time left has shrunk since the first ask
+            rid, frames = gather.payload = self._request(gather.call.tensors[0], gather.call.deadline, now)
         try:
-            wire.send_message(link.sock, [wire.pack(header), *frames])
+            wire.send_message(link.sock, frames)
         except zmq.ZMQError as exc:
             self.members.sent(member)
             self._member_failed(member, gather, "errors", f"error: send failed: {exc}", None, now, advance=False)
@@ -169,6 +169,11 @@ class Aggregator(Service):
         link.inflight[rid] = gather
         gather.asked(member.address, rid)
         self.members.sent(member)
+
+    def _request(self, x, deadline, now):
+        """(rid, frames) of one predict to members, encoded once however many are asked."""
+        rid = next(self._ids)
+        return rid, wire.request_frames("predict", rid, {}, [x], max(1, int((deadline - now) * 1000)))
 
     # ------------------------------------------------ member replies
 
@@ -228,7 +233,7 @@ class Aggregator(Service):
             tried = set(gather.failures) | set(gather.pending)
             other = self.members.least_outstanding(exclude=tried)
             if other is not None:
-                self._ask(other, gather, now)
+                self._ask(other, gather, now, retry=True)
         self._advance(gather, now)
 
     def _advance(self, gather, now):
@@ -293,7 +298,7 @@ class Aggregator(Service):
         if link.probe_rid is not None:
             link.inflight.pop(link.probe_rid, None)  # the previous probe went unanswered
         timeout_ms = max(1, int(min(self.deadline_ms, self.members.probe_s * 1000)))
-        rid = next(link.ids)
+        rid = next(self._ids)
         if self._features:
             tensors = [np.zeros((1, self._features), np.float32)]
             frames = wire.request_frames("predict", rid, {}, tensors, timeout_ms)
@@ -344,6 +349,20 @@ class Aggregator(Service):
 
     def describe(self):
         return {"mode": self.mode, "members": len(self.members), "healthy": len(self.members.healthy())}
+
+    def metric_families(self):
+        """Counters per member and per aggregator for Prometheus, read at scrape time (common/metrics.py)."""
+        from common.metrics import counter_family, gauge_family
+        members = list(self.members.members.values())
+        for key in ("requests", "answers", "timeouts", "errors", "probes", "recoveries"):
+            yield counter_family(f"zmqflow_aggregator_member_{key}", f"Member {key}, per member.",
+                                 {(m.address,): m.counters[key] for m in members}, ["member"])
+        yield gauge_family("zmqflow_aggregator_member_healthy", "1 while the member is healthy.",
+                           {(m.address,): int(m.healthy) for m in members}, ["member"])
+        yield gauge_family("zmqflow_aggregator_member_outstanding", "Requests the member has not answered yet.",
+                           {(m.address,): m.outstanding for m in members}, ["member"])
+        for key, count in self.agg_stats.counters.items():
+            yield counter_family(f"zmqflow_aggregator_{key}", f"Client requests: {key}.", count)
 
     def close(self):
         for link in self.links.values():
