@@ -43,3 +43,19 @@ def reader(as_json, epochs, repeats):
 
     result = run(epochs=epochs, repeats=repeats, progress=None if as_json else click.echo)
     click.echo(json.dumps(result))
+
+
+@bench.command()
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON result line.")
+@click.option("--duration", default=3.0, show_default=True, help="Seconds of each phase.")
+@click.option("--rate", default=500, show_default=True, help="Open-loop requests per second.")
+@click.option("--deadline-ms", default=50, show_default=True, help="The aggregator's deadline with a member killed.")
+@click.option("--profile-dir", default=None, type=click.Path(file_okay=False),
+              help="Write the aggregators' cProfile stats here (ZMQFLOW_PROFILE_DIR).")
+def serve(as_json, duration, rate, deadline_ms, profile_dir):
+    """Serving: one model server direct vs an aggregator over 3 (open loop), and with one member killed."""
+    from bench.serve import run
+
+    result = run(seconds=duration, rate=rate, deadline_ms=deadline_ms, profile_dir=profile_dir,
+                 progress=None if as_json else click.echo)
+    click.echo(json.dumps(result))
