@@ -6,6 +6,7 @@ from bench.cli import bench
 from services.aggregator.cli import command as aggregator
 from services.broker.cli import command as broker
 from services.cluster_command import cluster
+from services.data_command import data
 from services.devices_command import devices
 from services.keys_command import keys
 from services.operator_commands import ping, queues
@@ -46,6 +47,7 @@ main.add_command(up)
 main.add_command(cluster)
 main.add_command(keys)
 main.add_command(status)
+main.add_command(data)
 
 
 @main.command()

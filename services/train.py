@@ -25,7 +25,7 @@ import click
 import numpy as np
 from tqdm import tqdm
 
-from common.datasets import mnist_split
+from common.datasets import mnist_split, write_record_shards
 from common.model_spec import MNIST_MLP
 from common.queues import FIFOQueue, RandomShuffleQueue
 from common.processes import compute_thread_env, start_process, start_service
@@ -33,8 +33,6 @@ from common.rpc_client import RpcClient
 from services.reader.cli import start_readers
 
 INPUTS = ("readers", "preloaded", "ps")
-RECORD_FORMAT = {"record_bytes": 785, "fields": [["label", "uint8", 0], ["image", "uint8", 1, [784]]],
-                 "scale": {"image": 1 / 255}, "chunk_size": 500}
 DEFAULT_OPTIMIZER = {"kind": "adam", "learning_rate": 0.002}
 """Adam reaches >= 0.90 test accuracy on the 4,500-row split within 10 epochs also with the
 staleness of async workers (SGD 0.5 stays near 0.89 there); measured, see the README."""
@@ -53,19 +51,6 @@ def feed(queue, x, y, epochs, seed, stop):
                 queue.enqueue_many({"image": x[idx], "label": y[idx]}, timeout=600)
     finally:
         queue.close(cancel_pending_enqueues=stop.is_set())
-
-
-def write_record_shards(x, y, directory, shards=8, seed=0):
-    """The rows as `shards` fixed-length record files (label byte + 784 pixel bytes), in a seeded
-    random order so that every file holds every digit; returns the directory."""
-    os.makedirs(directory, exist_ok=True)
-    order = np.random.default_rng(seed).permutation(len(y))
-    pixels = np.rint(x[order] * 255).astype(np.uint8)
-    records = np.concatenate([y[order].astype(np.uint8)[:, None], pixels], axis=1)
-    for i, part in enumerate(np.array_split(records, shards)):
-        with open(os.path.join(directory, f"train-{i:02d}-of-{shards:02d}.bin"), "wb") as f:
-            f.write(part.tobytes())
-    return directory
 
 
 class LocalCluster:
@@ -131,13 +116,13 @@ class LocalCluster:
                          daemon=True).start()
 
     def _start_readers(self, train_x, train_y):
-        shards = write_record_shards(train_x, train_y, os.path.join(self.log_dir, "train-data"), seed=self.seed)
+        shards = os.path.join(self.log_dir, "train-data")
+        write_record_shards(train_x, train_y, shards, seed=self.seed)   # what `zmqflow data mnist-shards` writes
         self.procs += start_readers(
             self.broker.endpoint, processes=1, log_dir=self.log_dir, env=compute_thread_env(1),
-            stats_dir=self.log_dir, files=[os.path.join(shards, "*.bin")], format_kind="fixed_length",
-            format_options=RECORD_FORMAT, features=["image", "label"], cast={"label": "int32"}, queue="train",
+            stats_dir=self.log_dir, files=[os.path.join(shards, "*.bin")], preset="mnist-shards", queue="train",
             queue_kind="shuffle" if self.shuffle_queue else "fifo", capacity=20_000, num_epochs=self.epochs,
-            shuffle_files=True, seed=self.seed, chunk_size=500, progress_every=0,
+            shuffle_files=True, seed=self.seed, progress_every=0,
             min_after_dequeue=2_000 if self.shuffle_queue else None)
 
     def ps_args(self, index):

@@ -24,7 +24,7 @@ import sys
 import click
 
 from common.cli_support import ops_options, setup_logging
-from common.datasets import DATA_DIR
+from common.datasets import DATA_DIR, RECORD_FORMAT
 from common.errors import OpError
 from common.memory import keep_freed_memory
 from common.processes import start_process
@@ -45,6 +45,9 @@ PRESETS = {
                                 "fields": [["label", "uint8", 0], ["image", "uint8", 1, [784]]],
                                 "scale": {"image": 1 / 255}},
                     "cast": {"label": "int32"}},
+    # The training split as written by `zmqflow data mnist-shards --out DIR`: no default files (--files 'DIR/*.bin').
+    "mnist-shards": {**_MNIST, "format": "fixed_length", "options": {**RECORD_FORMAT, "chunk_size": 500},
+                     "cast": {"label": "int32"}},
 }
 
 
@@ -64,6 +67,11 @@ def resolve_input(preset=None, format_kind=None, format_options=None, files=(), 
             raise click.UsageError("--skip-malformed applies to the csv format only")
         options["skip_malformed"] = True
     files = list(files) or base.get("files", [])
+    if not files:
+        hint = (" (write them with `zmqflow data mnist-shards --out DIR`, then --files 'DIR/*.bin')"
+                if preset == "mnist-shards" else "")
+        raise click.UsageError(f"no input files: give --files GLOB{hint}" if not preset else
+                               f"--preset {preset} has no default files: give --files GLOB{hint}")
     return (kind, options, files, list(features) if features else base.get("features"),
             {**base.get("cast", {}), **(cast or {})})
 

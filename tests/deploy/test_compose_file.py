@@ -10,7 +10,7 @@ from common.cluster import ClusterSpec
 from services.cli import main
 from tests.deploy.conftest import COMPOSE, compose_ports
 
-TOPOLOGY = {"broker", "ps0", "ps1", "reader", "worker0", "worker1", "serve0", "serve1", "serve2", "aggregator"}
+TOPOLOGY = {"data", "broker", "ps0", "ps1", "reader", "worker0", "worker1", "serve0", "serve1", "serve2", "aggregator"}
 
 
 def parse_zmqflow(argv):
@@ -41,13 +41,22 @@ def test_topology_services_and_shared_block(project):
     assert project.volumes == ["zmqflow-data"]
 
 
+ONE_SHOT = {"data"}   # exit 0 when done; dependents wait for service_completed_successfully
+
+
 def test_every_service_has_command_healthcheck_and_valid_dependencies(project):
     for name, service in project.services.items():
         assert service.command[0] == "zmqflow", name
+        if name in ONE_SHOT:
+            assert service.healthcheck is None, name
+            continue
         assert service.healthcheck is not None and service.healthcheck.test, name
         assert "curl" not in " ".join(service.healthcheck.test)
         for dep, condition in service.depends_on.items():
             assert dep in project.services
+            if dep in ONE_SHOT:
+                assert condition == "service_completed_successfully", (name, dep)
+                continue
             assert condition == "service_healthy", (name, dep)
             assert project.services[dep].healthcheck is not None
     assert not project.services["broker"].depends_on and not project.services["ps0"].depends_on
@@ -95,8 +104,22 @@ def test_commands_parse_with_the_real_clis(project):
     assert chief["shutdown_ps"] and chief["shutdown_broker"] and chief["checkpoint_dir"] == "/data/ckpt"
 
 
+def test_reader_streams_the_training_shards_the_data_service_writes(project):
+    """The chief evaluates on mnist_split's test rows: the reader must not read the whole CSV."""
+    data = parse_zmqflow(project.services["data"].command)
+    reader = parse_zmqflow(project.services["reader"].command)
+    assert project.services["data"].command[1:3] == ["data", "mnist-shards"]
+    assert reader["preset"] == "mnist-shards" and reader["file_patterns"] == (f"{data['out_dir']}/*.bin",)
+    assert project.services["reader"].depends_on["data"] == "service_completed_successfully"
+    assert data["out_dir"].startswith("/data/")                  # the shared volume
+    workers = {parse_zmqflow(project.services[w].command)["examples_per_epoch"] for w in ("worker0", "worker1")}
+    assert workers == {4500}                                     # the training split, not the 5,000-row sample
+
+
 def test_healthcheck_commands_parse(project):
     for name, service in project.services.items():
+        if name in ONE_SHOT:
+            continue
         test = service.healthcheck.test
         if test[:2] == ["/bin/sh", "-c"]:
             test = shlex.split(test[2].split("|")[0])

@@ -82,6 +82,17 @@ def test_same_commands_and_ports_as_compose(project):
         assert container(docs[("StatefulSet", job)])["command"] == ["sh", "/etc/zmqflow/entrypoint.sh"]
 
 
+def test_reader_init_container_writes_the_shards_it_reads(project):
+    spec = documents()[("Deployment", "reader")]["spec"]["template"]["spec"]
+    init = spec["initContainers"][0]
+    assert init["args"] == project.services["data"].command
+    out = init["args"][init["args"].index("--out") + 1]
+    mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+    assert {m["name"]: m["mountPath"] for m in spec["containers"][0]["volumeMounts"]} == mounts
+    assert out in mounts.values() and f"{out}/*.bin" in container({"spec": {"template": {"spec": spec}}})["args"]
+    assert {v["name"] for v in spec["volumes"]} == set(mounts)
+
+
 def test_tfjob_runs_the_compose_commands(project):
     spec = documents()[("TFJob", "zmqflow-mnist")]["spec"]["tfReplicaSpecs"]
     for replica, name in (("PS", "ps0"), ("Worker", "worker0")):

@@ -12,7 +12,7 @@ import pytest
 from tests.deploy.conftest import COMPOSE, ROOT, compose_ports, free_port_offset
 
 ZMQFLOW = os.path.join(os.path.dirname(sys.executable), "zmqflow")
-TRAINING = ["broker", "ps0", "ps1", "reader", "worker0", "worker1"]
+TRAINING = ["data", "broker", "ps0", "ps1", "reader", "worker0", "worker1"]
 
 
 def up(args, env=None, timeout=90):
@@ -54,6 +54,9 @@ def test_shipped_compose_file_trains_to_completion(project, tmp_path):
     assert re.search(r"^worker0  \| .*test accuracy: 0\.\d+", out, re.M)
     assert f"listening on tcp://127.0.0.1:{5555 + offset}" in out and f"127.0.0.1:{5601 + offset}" in out
     assert os.listdir(tmp_path / "zmqflow-data" / "ckpt"), "the chief's checkpoints are in the local volume"
+    assert "wrote 8 shards of the MNIST training split (4,500 rows" in out   # the one-shot data service
+    assert len(os.listdir(tmp_path / "zmqflow-data" / "mnist")) == 8
+    assert out.index("data exited with code 0") < re.search(r"^reader +\| ", out, re.M).start()   # reader after it
     pids = [int(p) for p in re.findall(r"listening on \S+ \(pid (\d+)\)", out)]
     assert len(pids) == 3 and all(gone(pid) for pid in pids)
     assert time.monotonic() - started < 60
