@@ -17,6 +17,7 @@ gone and its requests are cancelled, so a killed client never pins an element.
 
 import heapq
 import logging
+import math
 import os
 import signal
 import time
@@ -152,8 +153,9 @@ class Service:
         next_sweep = time.monotonic() + 1.0
         while self._running:
             now = time.monotonic()
-            wait = min(next_sweep, self._deadlines[0][0] if self._deadlines else next_sweep) - now
-            for sock, _ in poller.poll(max(0, min(wait, 0.2)) * 1000):
+            wait = self._next_wake(next_sweep) - now
+            # whole milliseconds, rounded up: a sub-millisecond timeout would be 0, a busy spin
+            for sock, _ in poller.poll(math.ceil(max(0.0, min(wait, 0.2)) * 1000)):
                 if sock is self.socket:
                     self._drain()
                 elif sock in self._extra_sockets:
@@ -225,9 +227,22 @@ class Service:
         heap = self._deadlines
         while heap and heap[0][0] <= now:
             _, _, call = heapq.heappop(heap)
-            if not call.finished:
+            if call is not None and not call.finished:  # None: a wake-up of `wake_at`
                 self.stats["deadlines"] += 1
                 self.on_deadline(call)
+
+    def wake_at(self, when):
+        """Make the loop run `_expire` by `when` (monotonic s): subclasses' timers (batches, probes)."""
+        self._seq += 1
+        heapq.heappush(self._deadlines, (when, self._seq, None))
+
+    def _next_wake(self, default):
+        """The earliest pending deadline or wake-up, dropping the entries of calls already answered
+        (most calls finish long before their deadline: without this the loop would wake for each)."""
+        heap = self._deadlines
+        while heap and heap[0][2] is not None and heap[0][2].finished:
+            heapq.heappop(heap)
+        return min(default, heap[0][0]) if heap else default
 
     def _sweep_clients(self, now):
         gone = {c.identity for c in self.parked.values() if now - self._last_seen.get(c.identity, now) > self.client_timeout}

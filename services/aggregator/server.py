@@ -12,7 +12,6 @@ fewest outstanding requests (a member that fails fast is replaced by another, ne
 the deadline).
 """
 
-import heapq
 import itertools
 import logging
 import time
@@ -22,7 +21,7 @@ import zmq
 
 from common import curve, wire
 from common.errors import (DEADLINE_EXCEEDED, INVALID_ARGUMENT, InvalidArgumentError, OpError, code_name)
-from common.rpc_service import PARKED, Call, Service
+from common.rpc_service import PARKED, Service
 from services.aggregator.combine import check_combine
 from services.aggregator.gather import Gather
 from services.aggregator.members import MemberSet
@@ -323,17 +322,14 @@ class Aggregator(Service):
             log.info("member %s answered a probe: healthy again", link.address)
 
     def _schedule_wake(self, when):
-        """Make the loop wake at `when` (a finished placeholder on the deadline heap, dropped unseen)."""
+        """Make the loop wake at `when` for the next probe (one wake-up pending at a time)."""
         if when is None:
             return
         now = time.monotonic()
         if self._timer_at is not None and now < self._timer_at <= when:
             return
         self._timer_at = when
-        wake = Call(None, 0, "probe-timer", {}, [], when, now)
-        wake.finished = True
-        self._seq += 1
-        heapq.heappush(self._deadlines, (when, self._seq, wake))
+        self.wake_at(when)
 
     # ------------------------------------------------ introspection
 

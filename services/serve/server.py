@@ -3,12 +3,10 @@
 Why a parked call per request: the service loop is single-threaded, so a predict call is
 parked in the batcher and answered when its batch runs, either when `max_batch` rows are
 queued or when the oldest has waited `max_delay`. The wake-up for that timer rides on the
-service's deadline heap (a finished placeholder call, so the base loop's poll wakes in
-time and never fails it); `_expire` is extended to run the due batches. A request whose
+service's deadline heap (`wake_at`); `_expire` is extended to run the due batches. A request whose
 deadline passes before its batch runs is withdrawn with DEADLINE_EXCEEDED, as any parked call.
 """
 
-import heapq
 import logging
 import os
 import time
@@ -17,7 +15,7 @@ import numpy as np
 
 from common.errors import DeadlineExceededError, InvalidArgumentError, NotFoundError
 from common.model_spec import load_model, model_variables
-from common.rpc_service import PARKED, Call, Service
+from common.rpc_service import PARKED, Service
 from services.serve.batcher import Batcher
 
 log = logging.getLogger(__name__)
@@ -126,10 +124,7 @@ class ModelServer(Service):
         due = self.batcher.due()
         if due is not None and (self._timer_at is None or due < self._timer_at or self._timer_at <= now):
             self._timer_at = due
-            wake = Call(None, 0, "batch-timer", {}, [], due, now)
-            wake.finished = True  # only wakes the loop: the base `_expire` drops it unseen
-            self._seq += 1
-            heapq.heappush(self._deadlines, (due, self._seq, wake))
+            self.wake_at(due)
 
     def _run_batch(self):
         items, sizes, x = self.batcher.take()
