@@ -7,10 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from common.model_spec import MNIST_MLP, load_model, model_variables
-from common.placement import place
+from bench.serve import write_random_checkpoint
 from common.processes import start_service
-from common.ps_client import PsClient
 from loadtest.open_loop import run_open_loop
 
 
@@ -46,16 +44,9 @@ def test_requests_leave_on_schedule_whatever_the_answers_take():
 
 @pytest.fixture(scope="module")
 def checkpoint_dir(tmp_path_factory):
-    logs, ckpt = tmp_path_factory.mktemp("logs"), tmp_path_factory.mktemp("ckpt")
-    proc = start_service("services.ps", ["--model", json.dumps(MNIST_MLP)], log_dir=str(logs))
-    try:
-        ps = PsClient([proc.endpoint], place(model_variables(MNIST_MLP), 1))
-        ps.initialize(load_model(MNIST_MLP).initial_values(1))
-        ps.save(str(ckpt), config={"model": MNIST_MLP})
-        ps.close()
-    finally:
-        proc.stop()
-    return str(ckpt)
+    ckpt = str(tmp_path_factory.mktemp("ckpt"))
+    write_random_checkpoint(ckpt)
+    return ckpt
 
 
 def test_load_test_with_a_member_killed_half_way(checkpoint_dir, tmp_path):
