@@ -25,7 +25,7 @@ from services.worker.cli import command as worker
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main():
-    """zmqflow: TensorFlow 1.x style distributed training as services over ZeroMQ."""
+    """zmqflow: TensorFlow 1.x style distributed training and ensemble serving as services over ZeroMQ."""
 
 
 main.add_command(broker)
@@ -54,13 +54,16 @@ main.add_command(data)
 @click.option("--queue-tour/--no-queue-tour", default=True, show_default=True,
               help="Start with a short tour of the queue-broker (MNIST through a shuffle queue).")
 @click.option("--epochs", default=10, show_default=True, type=click.IntRange(1), help="Epochs of the main training.")
+@click.option("--sweep-epochs", default=3, show_default=True, type=click.IntRange(1), help="Epochs of each sweep run.")
+@click.option("--load-seconds", default=4.0, show_default=True, type=click.FloatRange(min=0.5),
+              help="Length of the load test (a member is killed half-way).")
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None,
               help="Where checkpoints, the sweep and logs go (default: a new temporary directory).")
-def demo(queue_tour, epochs, work_dir):
+def demo(queue_tour, epochs, sweep_epochs, load_seconds, work_dir):
     """Run the demo (what `make demo` runs): train with 2 ps + 2 workers, sweep, serve the best
     three as an ensemble, load-test it with a member killed half-way, and summarize."""
     from services.demo import run_demo
     from services.demo_story import run_story
     if queue_tour:
         run_demo()
-    run_story(work_dir=work_dir, epochs=epochs)
+    run_story(work_dir=work_dir, epochs=epochs, sweep_epochs=sweep_epochs, load_seconds=load_seconds)

@@ -55,8 +55,15 @@ def test_broker_exits_zero_on_sigterm(tmp_path):
     assert "stopped" in proc.log()
 
 
-def test_demo_delivers_every_instance_once():
-    result = CliRunner().invoke(main, ["demo"])
+def test_demo_tells_the_whole_story(tmp_path):
+    result = CliRunner().invoke(main, ["demo", "--epochs", "2", "--sweep-epochs", "1", "--load-seconds", "1",
+                                       "--work-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "delivered 5000 of 5000 instances exactly once: True" in result.output
     assert "broker stopped (exit 0)" in result.output
+    summary = result.output.split("== 5. summary")[1]
+    accuracies = [float(line.split()[-1]) for line in summary.splitlines() if "test accuracy" in line]
+    assert len(accuracies) == 6 and all(0.5 < a <= 1.0 for a in accuracies), summary  # trained, 3 members, 2 ensembles
+    assert "QPS answered" in summary and "timeouts per member" in summary
+    assert (tmp_path / "sweep" / "leaderboard.json").exists()
+    assert "kill member" in result.output
