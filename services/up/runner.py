@@ -112,6 +112,7 @@ class Runner:
             code = self.codes[name] = proc.returncode
             self.out.note(f"zmqflow up: {name} exited with code {code}")
             if name == self.exit_code_from:
+                self._let_others_finish()
                 self.out.note(f"zmqflow up: {name} is done, stopping every service")
                 return code
             if code != 0 and self.abort_on_failure:
@@ -123,6 +124,20 @@ class Runner:
         return None
 
     # ------------------------------------------------ stopping
+
+    def _let_others_finish(self, grace=3.0):
+        """The chief just told the ps shards and the broker to exit: give them `grace` s to do so
+        by themselves (a SIGTERM to a process already shutting down ends it with -15, not 0)."""
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            alive = [n for n, p in self.procs.items() if p is not None and n not in self.codes and p.poll() is None]
+            for name, proc in self.procs.items():
+                if proc is not None and name not in self.codes and proc.poll() is not None:
+                    self.codes[name] = proc.returncode
+                    self.out.note(f"zmqflow up: {name} exited with code {proc.returncode}")
+            if not alive:
+                return
+            time.sleep(0.05)
 
     def stop_all(self):
         """SIGTERM to every live process group (dependents first), SIGKILL after stop_timeout."""
