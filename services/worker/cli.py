@@ -65,13 +65,19 @@ PEER_LOST = 3
 @click.option("--towers", default=1, type=click.IntRange(min=1),
               help="Split each batch over N towers (GPUs, or CPU threads) and average before one push.")
 # --- end devices and towers ---
+@click.option("--serve", "serve_checkpoint", default=None, type=click.Path(file_okay=False),
+              help="Serve mode: answer predict requests from the latest checkpoint in this directory instead of "
+                   "training (the same as `zmqflow serve --checkpoint DIR`).")
+@click.option("--bind", default="tcp://127.0.0.1:5700", help="With --serve: the endpoint to listen on.")
+@click.option("--ready-file", default=None, type=click.Path(dir_okay=False),
+              help="With --serve: write the bound endpoint here once serving.")
 @ops_options
 def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task_index, num_workers, model_spec, placement_strategy,
             max_shard_bytes, backend, batch_size, dequeue_timeout, mode, bf16, max_steps, log_every, checkpoint_dir,
             checkpoint_every_steps, checkpoint_every_secs, keep_checkpoints, summaries, user_hooks, evaluate,
             shutdown_ps, shutdown_broker, result_file, examples_per_epoch, log_level,
             device, placement_function, allow_soft_placement, log_device_placement, gpu_memory_fraction, towers,
-            summary_dir, summary_every_steps):
+            summary_dir, summary_every_steps, serve_checkpoint, bind, ready_file):
     """Train: dequeue mini-batches from the broker, pull parameters, push gradients.
 
     Task 0 (or the chief job of TF_CONFIG) is the chief: it initializes or
@@ -80,7 +86,16 @@ def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task
     Exit codes: 0 training ended; 3 a peer was lost (a ps shard or the broker
     unreachable past its timeout, or the input pipeline lost a reader); 1 any
     other error; 2 bad options.
+
+    With --serve DIR the worker trains nothing: it is a model server over the
+    latest checkpoint in DIR (see `zmqflow serve --help` for batching options).
     """
+    if serve_checkpoint:
+        from services.serve.cli import command as serve_command
+        args = ["--checkpoint", serve_checkpoint, "--bind", bind, "--backend", backend, "--log-level", log_level]
+        args += ["--ready-file", ready_file] if ready_file else []
+        args += ["--model", model_spec] if model_spec else []
+        return serve_command.main(args=args, prog_name="zmqflow worker --serve", standalone_mode=True)
     from common import queues
     from common.datasets import mnist_split
     from common.model_spec import model_variables

@@ -131,3 +131,15 @@ def test_follow_ps_serves_the_shards_latest_version(tmp_path):
         if serve_proc is not None:
             serve_proc.stop()
         ps_proc.stop()
+
+
+def test_a_worker_in_serve_mode_answers_predictions(checkpoint_dir, tmp_path):
+    proc = start_service("services.worker", ["--serve", checkpoint_dir, "--backend", "numpy"], log_dir=str(tmp_path))
+    try:
+        x = np.random.default_rng(2).random((3, 784), dtype=np.float32)
+        with ModelClient(proc.endpoint, timeout=10.0) as client:
+            probabilities, info = client.predict(x)
+        np.testing.assert_allclose(probabilities, local_predict(checkpoint_dir, x), rtol=1e-4, atol=1e-6)
+        assert info["version"] == 1
+    finally:
+        proc.stop()
