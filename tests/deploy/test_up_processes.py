@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from tests.deploy.conftest import COMPOSE, ROOT, compose_ports, free_port_offset
@@ -60,6 +61,41 @@ def test_shipped_compose_file_trains_to_completion(project, tmp_path):
     pids = [int(p) for p in re.findall(r"listening on \S+ \(pid (\d+)\)", out)]
     assert len(pids) == 3 and all(gone(pid) for pid in pids)
     assert time.monotonic() - started < 60
+
+
+def test_shipped_topology_serves_an_ensemble_through_the_aggregator(project, tmp_path):
+    """The whole file: training, then the model servers on the chief's checkpoint behind the aggregator."""
+    from common.aggregator_client import AggregatorClient
+    from common.rpc_client import RpcClient
+    offset = free_port_offset(compose_ports(project))
+    aggregator = f"tcp://127.0.0.1:{5800 + offset}"
+    proc = subprocess.Popen([ZMQFLOW, "up", "-f", COMPOSE, "--port-offset", str(offset), "--workdir", str(tmp_path),
+                             "--keep-running"], cwd=ROOT, env={**os.environ, "EPOCHS": "2", "CHECKPOINT_EVERY_STEPS": "20"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with RpcClient(aggregator, default_timeout=1.0) as client:
+                    if client.call("info")[0]["healthy"] == 3:
+                        break
+            except Exception:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, "the aggregator never had 3 healthy members"
+            time.sleep(0.5)
+        x = np.random.default_rng(0).random((4, 784), dtype=np.float32)
+        with AggregatorClient(aggregator) as client:
+            probabilities, info = client.predict(x, deadline_ms=2000)
+        assert probabilities.shape == (4, 10) and np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-4)
+        assert info["answered"], info
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    for name in ("serve0", "serve1", "serve2", "aggregator"):
+        assert f"zmqflow up: {name} exited with code 0" in out, out[-5000:]
 
 
 def write(tmp_path, text):
