@@ -19,6 +19,7 @@ from services.cli import main
 from services.worker import devices as D
 from services.worker.kernels import gpu_count
 from services.worker.model import MLP
+from tests.model.test_kernels import batch, random_params
 from tests.worker import fake_gpu_options
 
 CPU0 = "/job:worker/replica:0/task:0/device:CPU:0"
@@ -30,24 +31,9 @@ def spec(activation="sigmoid", layers=(784, 100, 10), dtype="float32"):
             "init": {"kind": "truncated_normal", "stddev": 0.1}, "seed": 1, "dtype": dtype}
 
 
-def batch(n, n_in=784, classes=10, seed=0):
-    rng = np.random.default_rng(seed)
-    return rng.random((n, n_in)).astype(np.float32), rng.integers(0, classes, n)
-
-
-def params_of(model, seed=3):
-    """Initial weights with random biases, so the bias gradients are exercised too."""
-    rng = np.random.default_rng(seed)
-    params = model.initial_values(1)
-    for name, value in params.items():
-        if name.endswith("/biases"):
-            params[name] = (0.1 * rng.standard_normal(value.shape)).astype(value.dtype)
-    return params
-
-
 def assert_same_as_mlp(model, model_spec, n=50, tol=dict(rtol=2e-4, atol=2e-6)):
     reference = load_model(model_spec, backend="numpy")
-    params = params_of(reference)
+    params = random_params(reference)
     x, y = batch(n, model_spec["layers"][0], model_spec["layers"][-1], seed=n)
     want_loss, want = reference.loss_and_gradients(params, x, y)
     for _ in range(2):
@@ -280,7 +266,7 @@ def test_three_layers_alternating_over_two_gpus_and_the_cpu():
 
 def test_mixed_placement_writes_into_out_and_checks_its_inputs():
     model = placed(placement_function=softmax_on_cpu, **fake_gpu_options())
-    params = params_of(model)
+    params = random_params(model)
     x, y = batch(8)
     out = {v.name: np.empty(v.shape, np.float32) for v in model.variables()}
     _, grads = model.loss_and_gradients(params, x, y, out=out)

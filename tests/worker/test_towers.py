@@ -13,7 +13,8 @@ from services.worker import devices as D
 from services.worker.kernels import gpu_count
 from services.worker.towers import TowerModel, split_sizes, tower_devices
 from tests.worker import fake_gpu_options
-from tests.worker.test_devices import assert_same_as_mlp, batch, params_of, spec
+from tests.model.test_kernels import batch, random_params
+from tests.worker.test_devices import assert_same_as_mlp, spec
 
 
 def test_tower_devices_one_per_gpu_round_robin_or_cpu_threads():
@@ -53,7 +54,7 @@ def test_towers_run_on_threads_and_get_contiguous_slices():
 
     model = TowerModel(Recording, ["/cpu:0"] * 3)
     x, y = batch(10)
-    model.loss_and_gradients(params_of(model.towers[0].mlp), x, y)
+    model.loss_and_gradients(random_params(model.towers[0].mlp), x, y)
     assert sorted((first, size) for _, first, size in seen) == sorted([(x[0, 0], 4), (x[4, 0], 3), (x[7, 0], 3)])
     assert all(name.startswith("tower") for name, _, _ in seen)
     model.close()
@@ -63,9 +64,9 @@ def test_a_towers_error_reaches_the_caller():
     model = TowerModel(lambda device: load_model(MNIST_MLP), 2)
     x, y = batch(6)
     with pytest.raises(InvalidArgumentError, match="outside the valid range"):
-        model.loss_and_gradients(params_of(model.towers[0]), x, np.array([0, 1, 2, 3, 4, 10]))
+        model.loss_and_gradients(random_params(model.towers[0]), x, np.array([0, 1, 2, 3, 4, 10]))
     with pytest.raises(InvalidArgumentError, match="inputs must have shape"):
-        model.loss_and_gradients(params_of(model.towers[0]), x[:0], y[:0])
+        model.loss_and_gradients(random_params(model.towers[0]), x[:0], y[:0])
 
 
 def test_build_model_with_towers_on_two_stub_gpus(caplog):
