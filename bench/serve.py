@@ -12,24 +12,24 @@ Costs per request are also given as CPU microseconds of the aggregator and of a 
 (from /proc): on a shared 2-core machine they hold up better than latencies, and show
 what an ensemble of 3 costs against one direct call.
 
-The open-loop driver uses a plain DEALER and the wire format (the same for both paths), so
-each reply is timestamped the moment it arrives. Members serve a randomly initialised
+The open-loop driver is the load test's (loadtest/open_loop.py), over a plain RpcClient so
+both paths send the same `predict`. Members serve a randomly initialised
 MNIST MLP checkpoint (the values do not matter for speed) with no batching delay.
 """
 
-import itertools
+import collections
 import json
 import os
 import tempfile
 import time
 
 import numpy as np
-import zmq
 
-from common import wire
 from common.model_spec import MNIST_MLP, load_model
 from common.processes import start_service
+from common.rpc_client import RpcClient
 from common.serve_client import ModelClient
+from loadtest.open_loop import run_open_loop
 
 TARGETS = {"agg3_p99_ms": 5.0, "agg3_overhead_p50_ms": 0.5, "dead_slack_ms": 5.0}
 
@@ -56,53 +56,18 @@ def closed_loop_qps(endpoint, x, seconds):
 
 
 def open_loop(endpoint, x, rate, seconds, args=None, deadline_ms=None, warmup=50):
-    """Send predict at `rate`/s for `seconds` without waiting; (latencies ms of answers, errors by code)."""
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.linger = 0
-    sock.connect(endpoint)
-    poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
-    sent_at, latencies, errors, ids = {}, [], {}, itertools.count(1)
+    """Send predict at `rate`/s for `seconds` without waiting (the load test's open-loop driver);
+    (latencies ms of answers, counts of errors by kind)."""
+    with RpcClient(endpoint, name="bench-serve") as client:
+        timeout = None if deadline_ms is None else deadline_ms / 1000.0
 
-    def receive(record):
-        while wire.readable(sock):
-            _, header, _, _ = wire.recv_message(sock, False)
-            t = sent_at.pop(header["id"], None)
-            if t is None or not record:
-                continue
-            if header.get("code"):
-                errors[header["code"]] = errors.get(header["code"], 0) + 1
-            else:
-                latencies.append((time.perf_counter() - t) * 1000.0)
-
-    def run(count, record):
-        start = time.perf_counter()
-        for i in range(count):
-            due = start + i / rate
-            while True:
-                now = time.perf_counter()
-                if now >= due:
-                    break
-                if poller.poll(max(0.0, (due - now) * 1000.0)):
-                    receive(record)
-            rid = next(ids)
-            sent_at[rid] = due
-            wire.send_message(sock, wire.request_frames("predict", rid, args or {}, [x], deadline_ms))
-            receive(record)
-        end = time.perf_counter() + 5.0 + (deadline_ms or 0) / 1000.0
-        while sent_at and time.perf_counter() < end:
-            if poller.poll(100):
-                receive(record)
-        lost = len(sent_at)
-        sent_at.clear()
-        return lost
-
-    run(warmup, record=False)
-    lost = run(int(rate * seconds), record=True)
-    if lost:
-        errors["lost"] = lost
-    sock.close(0)
-    return np.asarray(latencies), errors
+        def submit():
+            return client.submit("predict", args or {}, [x], timeout=timeout)
+        if warmup:
+            run_open_loop(submit, client.poll, rate, warmup / rate)
+        outcomes = run_open_loop(submit, client.poll, rate, seconds).outcomes
+    errors = collections.Counter(o.error for o in outcomes if o.error is not None)
+    return np.asarray([o.latency_ms for o in outcomes if o.error is None]), dict(errors)
 
 
 def cpu_seconds(pid):
