@@ -25,15 +25,31 @@ def service_options(default_bind):
                          help="Seconds a client holding blocked requests may stay silent before they are cancelled."),
             click.option("--max-message-bytes", default=DEFAULT_LIMITS.max_message_bytes,
                          help="Largest request accepted; bigger ones are answered INVALID_ARGUMENT."),
-            click.option("--curve-dir", envvar=curve.ENV, expose_value=False, callback=_use_curve_dir,
-                         type=click.Path(file_okay=False), default=None,
-                         help="Encrypt with ZeroMQ CURVE and accept only the clients in DIR/authorized/ "
-                              "(keys from `zmqflow keys generate DIR`); also read from " + curve.ENV + "."),
         ]
         for option in reversed(options):
             fn = option(fn)
+        fn = curve_option("Encrypt with ZeroMQ CURVE and accept only the clients in DIR/authorized/ "
+                          "(keys from `zmqflow keys generate DIR`)", serves=True)(fn)
         return ops_options(fn)
     return decorate
+
+
+def curve_option(what="Connect over ZeroMQ CURVE with the client keys in DIR (from `zmqflow keys generate DIR`), "
+                      "checking each service's key; processes this command starts do the same", serves=False):
+    """--curve-dir for a service or a client command: checked (the server pair too when it `serves`),
+    then put in the environment, where every RpcClient, Service and child process of this command finds it."""
+    check = curve.check_dir if serves else curve.ClientKeys
+
+    def use_curve_dir(ctx, param, value):
+        if value:
+            try:
+                check(value)
+            except InvalidArgumentError as exc:
+                raise click.BadParameter(str(exc)) from None
+            os.environ[curve.ENV] = os.path.abspath(value)
+    return click.option("--curve-dir", envvar=curve.ENV, expose_value=False, callback=use_curve_dir,
+                        type=click.Path(file_okay=False), default=None,
+                        help=f"{what}. Also read from {curve.ENV}.")
 
 
 def ops_options(fn):
@@ -62,17 +78,6 @@ def ops_options(fn):
     for option in reversed(options):
         fn = option(fn)
     return fn
-
-
-def _use_curve_dir(ctx, param, value):
-    """Check the keys before serving, then hand the directory to the service, its clients and children."""
-    if value:
-        try:
-            curve.check_dir(value)
-        except InvalidArgumentError as exc:
-            raise click.BadParameter(str(exc)) from None
-        os.environ[curve.ENV] = os.path.abspath(value)
-    return value
 
 
 def setup_logging(level, task):

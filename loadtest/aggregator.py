@@ -16,6 +16,7 @@ import click
 import numpy as np
 
 from common.aggregator_client import AggregatorClient
+from common.cli_support import curve_option
 from common.rpc_client import RpcClient
 from loadtest.open_loop import run_open_loop
 
@@ -82,6 +83,7 @@ def _ms(value):
 
 
 @click.command("loadtest")
+@curve_option()
 @click.option("--address", required=True, help="The aggregator's endpoint, e.g. tcp://127.0.0.1:5800.")
 @click.option("--rate", default=500.0, show_default=True, type=click.FloatRange(min=1),
               help="Requests per second, sent on schedule (open loop).")

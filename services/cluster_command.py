@@ -5,6 +5,7 @@ import sys
 
 import click
 
+from common.cli_support import curve_option
 from common.errors import OpError
 from services.cluster_check import check as check_cluster, healthy, spec_from_options, table
 
@@ -17,6 +18,7 @@ def cluster():
 
 
 @cluster.command(name="check", context_settings={"show_default": True})
+@curve_option()
 @click.option("--cluster", "cluster_file", default=None, type=click.Path(dir_okay=False),
               help="A YAML/JSON cluster spec (or a TF_CONFIG-shaped document).")
 @click.option("--job", "job_flags", multiple=True, metavar="NAME=HOST:PORT[,...]", help="A job's tasks (repeat).")

@@ -5,12 +5,14 @@ import sys
 
 import click
 
+from common.cli_support import curve_option
 from common.errors import OpError
 from common.rpc_client import RpcClient
 
 
 @click.command()
 @click.argument("address")
+@curve_option()
 @click.option("--timeout", default=2.0, show_default=True, help="Seconds to wait for the answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print the service's info as JSON.")
 def ping(address, timeout, as_json):
@@ -35,6 +37,7 @@ def ping(address, timeout, as_json):
 
 @click.command()
 @click.argument("address")
+@curve_option()
 @click.option("--timeout", default=2.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def queues(address, timeout, as_json):

@@ -25,6 +25,7 @@ import click
 import numpy as np
 from tqdm import tqdm
 
+from common.cli_support import curve_option
 from common.datasets import mnist_split, write_record_shards
 from common.model_spec import MNIST_MLP
 from common.queues import FIFOQueue, RandomShuffleQueue
@@ -220,6 +221,8 @@ def _follow(ps0, workers, total_steps, progress):
 
 
 @click.command(name="train", context_settings={"show_default": True})
+@curve_option("Run the services this command starts, and their clients, over ZeroMQ CURVE with the keys "
+              "in DIR (from `zmqflow keys generate DIR`)", serves=True)
 @click.option("--num-ps", default=1)
 @click.option("--num-workers", default=2)
 @click.option("--mode", default="async", type=click.Choice(["async", "sync"]))

@@ -23,7 +23,7 @@ import sys
 
 import click
 
-from common.cli_support import ops_options, setup_logging
+from common.cli_support import curve_option, ops_options, setup_logging
 from common.datasets import DATA_DIR, RECORD_FORMAT
 from common.errors import OpError
 from common.memory import keep_freed_memory
@@ -100,6 +100,7 @@ def _tf_config_task():
 
 
 @click.command(name="reader", context_settings={"show_default": True})
+@curve_option()
 @click.option("--broker", default=None, envvar="ZMQFLOW_BROKER",
               help="The queue-broker endpoint. Default: $ZMQFLOW_BROKER, else the 'broker' job of TF_CONFIG.")
 @click.option("--files", "file_patterns", multiple=True, metavar="GLOB",

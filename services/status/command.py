@@ -6,6 +6,7 @@ import time
 
 import click
 
+from common.cli_support import curve_option
 from common.errors import InvalidArgumentError
 from services.cluster_check import spec_from_options
 from services.status.probe import add_rates, snapshot
@@ -13,6 +14,7 @@ from services.status.render import render
 
 
 @click.command(name="status", context_settings={"show_default": True})
+@curve_option()
 @click.option("--cluster", "cluster_file", default=None, type=click.Path(dir_okay=False),
               help="A YAML/JSON cluster spec (or a TF_CONFIG-shaped document).")
 @click.option("--broker", multiple=True, metavar="HOST:PORT", help="The broker.")

@@ -6,6 +6,7 @@ import tempfile
 
 import click
 
+from common.cli_support import curve_option
 from common.cluster import ClusterSpec
 from common.errors import InvalidArgumentError
 from services.up.compose import ComposeError, load, start_order
@@ -45,6 +46,8 @@ def find_chief(services):
 
 
 @click.command(name="up", context_settings={"show_default": True})
+@curve_option("Run the services this command starts, and their clients, over ZeroMQ CURVE with the keys "
+              "in DIR (from `zmqflow keys generate DIR`)", serves=True)
 @click.argument("service_names", nargs=-1, metavar="[SERVICE]...")
 @click.option("-f", "--file", "compose_file", default="docker-compose.yml", type=click.Path(dir_okay=False),
               help="The compose file.")

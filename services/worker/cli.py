@@ -6,7 +6,7 @@ import os
 
 import click
 
-from common.cli_support import ops_options, setup_logging
+from common.cli_support import curve_option, ops_options, setup_logging
 from common.errors import OpError
 from common.memory import keep_freed_memory
 from common.task_options import model_options, resolve_model, task_from_tf_config
@@ -16,6 +16,7 @@ PEER_LOST = 3
 
 
 @click.command(name="worker", context_settings={"show_default": True})
+@curve_option("Keys for CURVE: as a client, checks the ps, broker and peers against DIR/server.key; with --serve, also encrypts and accepts only the clients in DIR/authorized/")
 @click.option("--ps", "ps_endpoints", multiple=True, help="A ps shard endpoint, in shard order (repeat); "
               "default: the ps job of TF_CONFIG.")
 @click.option("--broker", default=None, envvar="ZMQFLOW_BROKER", help="The queue-broker endpoint.")

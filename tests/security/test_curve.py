@@ -5,6 +5,7 @@ UnavailableError within its heartbeat bound, while the service keeps serving
 the clients it accepts.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -139,3 +140,41 @@ def test_services_started_with_the_environment_variable_use_curve(keys, tmp_path
             assert client.call("info", timeout=5)[0]["curve"] is True
     finally:
         proc.stop()
+
+
+# ------------------------------------------------ --curve-dir on the client commands
+
+
+def zmqflow(*args, env=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "services", *args], capture_output=True, text=True,
+                          timeout=timeout, env={k: v for k, v in os.environ.items() if k != curve.ENV} | (env or {}))
+
+
+def test_ping_and_queues_take_the_client_keys_from_curve_dir(secure_broker, keys):
+    assert zmqflow("ping", secure_broker.endpoint, "--timeout", "1").returncode == 1  # no keys: no answer
+    out = zmqflow("ping", "--curve-dir", keys["keys"], secure_broker.endpoint)
+    assert out.returncode == 0 and "queue-broker up" in out.stdout, out.stdout + out.stderr
+    out = zmqflow("queues", "--curve-dir", keys["keys"], secure_broker.endpoint, "--json")
+    assert out.returncode == 0, out.stderr
+
+
+def test_a_client_command_needs_only_the_client_pair_and_the_service_key(secure_broker, keys):
+    out = zmqflow("ping", "--curve-dir", keys["outsider"], secure_broker.endpoint, "--timeout", "1")
+    assert out.returncode == 1 and "Invalid value" not in out.stderr  # keys accepted as a client's, then refused
+
+
+@pytest.mark.parametrize("command", [["worker"], ["reader"], ["status"], ["loadtest"], ["ping"], ["queues"],
+                                     ["cluster", "check"], ["train"], ["sweep"], ["ensemble"], ["up"]])
+def test_every_client_command_checks_its_curve_dir(command, tmp_path):
+    out = zmqflow(*command, "--curve-dir", str(tmp_path))  # refused before anything starts
+    assert out.returncode == 2 and "key_secret is missing" in out.stderr, out.stderr
+
+
+def test_train_runs_the_whole_job_over_curve(keys, tmp_path):
+    out = zmqflow("train", "--curve-dir", keys["keys"], "--epochs", "1", "--json", timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["examples"] == 4500
+    logs = "".join(open(os.path.join(summary["log_dir"], name), errors="replace").read()
+                   for name in os.listdir(summary["log_dir"]) if name.endswith(".log"))
+    assert logs.count("with CURVE") >= 2, logs[-3000:]  # the broker and the ps shard served encrypted
