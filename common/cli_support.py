@@ -11,6 +11,8 @@ from common.errors import InvalidArgumentError
 from common.limits import DEFAULT_LIMITS
 from common.memory import keep_freed_memory
 
+METRICS_PORT_ENV = "ZMQFLOW_METRICS_PORT"
+
 
 def service_options(default_bind):
     """The options every service takes, in one decorator."""
@@ -57,20 +59,26 @@ def ops_options(fn):
     from common import logs, metrics
 
     def use_metrics_port(ctx, param, value):
-        if value is not None and not 0 <= value < 65536:
-            raise click.BadParameter(f"{value} is not a port (0 = any free port)")
-        metrics.request(port=value)
+        os.environ.pop(METRICS_PORT_ENV, None)  # this task's port: not for the processes it starts
+        if value is None:
+            return
+        host, _, port = value.rpartition(":")
+        if not port.isdigit() or not 0 <= int(port) < 65536:
+            raise click.BadParameter(f"{value!r} is not [HOST:]PORT (PORT 0 = any free port)")
+        metrics.request(port=int(port), port_host=host.strip("[]") or None)
 
     def use_log_format(ctx, param, value):
         if value:
             logs.set_format(value)
     options = [
-        click.option("--metrics-port", type=int, default=None, expose_value=False, callback=use_metrics_port,
+        click.option("--metrics-port", default=None, metavar="[HOST:]PORT", expose_value=False,
+                     callback=use_metrics_port, envvar=METRICS_PORT_ENV,
                      help="Serve Prometheus metrics over HTTP on this port (0 = any free port, shown in the log "
-                          "and in `info`). Default: off."),
-        click.option("--metrics-host", default="127.0.0.1", show_default=True, expose_value=False,
+                          "and in `info`); HOST:PORT also picks the interface (0.0.0.0:9100 in a container). "
+                          "Also read from " + METRICS_PORT_ENV + ". Default: off."),
+        click.option("--metrics-host", default=None, expose_value=False,
                      callback=lambda ctx, param, value: metrics.request(host=value),
-                     help="Interface of the metrics endpoint."),
+                     help="Interface of the metrics endpoint when --metrics-port names none.  [default: 127.0.0.1]"),
         click.option("--log-format", type=click.Choice(logs.FORMATS), envvar=logs.ENV, default=None,
                      expose_value=False, callback=use_log_format,
                      help="text, or json: one JSON object per line (also " + logs.ENV + "). Default: text."),

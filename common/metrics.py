@@ -32,7 +32,7 @@ LATENCY_BUCKETS = tuple(m * 10.0 ** e for e in range(-5, 1) for m in (1.0, 2.5, 
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 _CODE_NAMES = {getattr(errors, n): n for n in dir(errors) if n.isupper() and isinstance(getattr(errors, n), int)}
-_requested = {"port": None, "host": "127.0.0.1"}
+_requested = {"port": None, "host": "127.0.0.1", "port_host": None}  # port_host: HOST of --metrics-port HOST:PORT
 _lock = threading.Lock()
 _server = {}
 
@@ -192,12 +192,15 @@ def export_service(service, task):
 
 # ------------------------------------------------------------ the HTTP endpoint
 
-def request(port=None, host=None):
-    """Remember what the command line asked for (the --metrics-* callbacks)."""
+def request(port=None, host=None, port_host=None):
+    """Remember what the command line asked for (the --metrics-* callbacks); the HOST of
+    --metrics-port HOST:PORT wins over --metrics-host."""
     if port is not None:
         _requested["port"] = port
     if host is not None:
         _requested["host"] = host
+    if port_host is not None:
+        _requested["port_host"] = port_host
 
 
 def requested():
@@ -209,7 +212,7 @@ def serve(port=None, host=None):
     with _lock:
         if "url" not in _server:
             port = _requested["port"] if port is None else port
-            host = host or _requested["host"]
+            host = host or _requested["port_host"] or _requested["host"]
             ProcessCollector(registry=REGISTRY)
             PlatformCollector(registry=REGISTRY)
             GCCollector(registry=REGISTRY)

@@ -6,7 +6,9 @@ import click
 import pytest
 import yaml
 
+from common import metrics
 from common.cluster import ClusterSpec
+from common.cli_support import METRICS_PORT_ENV
 from services.cli import main
 from tests.deploy.conftest import COMPOSE, compose_ports
 
@@ -23,8 +25,12 @@ def parse_zmqflow(argv):
         if sub is None:
             pytest.skip(f"`zmqflow {name}` is not registered in this tree yet")
         command = sub
-    with command.make_context(command.name, args) as ctx:
-        return ctx.params
+    requested = dict(metrics._requested)   # the --metrics-port callback records it for this process
+    try:
+        with command.make_context(command.name, args) as ctx:
+            return ctx.params
+    finally:
+        metrics._requested.update(requested)
 
 
 def test_topology_services_and_shared_block(project):
@@ -66,12 +72,30 @@ def test_every_service_has_command_healthcheck_and_valid_dependencies(project):
 def test_ports_unique_and_each_service_binds_its_own(project):
     ports = compose_ports(project)
     assert len(ports) == len(set(ports))
-    assert ports == [5555, 5600, 5601, 5700, 5701, 5702, 5800]
+    assert ports == [5555, 5600, 5601, 5700, 5701, 5702, 5800, 6555, 6600, 6601, 6610, 6611, 6620, 6700, 6701, 6702,
+                     6800]
     for name in ("broker", "serve0", "serve1", "serve2", "aggregator"):
         service = project.services[name]
         bind = service.command[service.command.index("--bind") + 1]
         assert bind == f"tcp://0.0.0.0:{service.expose[0]}"
         assert f"tcp://127.0.0.1:{service.expose[0]}" in service.healthcheck.test
+
+
+def metrics_port(service):
+    """The service's --metrics-port, from its command or its ZMQFLOW_METRICS_PORT."""
+    if "--metrics-port" in service.command:
+        return service.command[service.command.index("--metrics-port") + 1]
+    return service.environment.get(METRICS_PORT_ENV)
+
+
+def test_every_long_running_service_exposes_prometheus_metrics_on_its_port_plus_1000(project):
+    for name, service in project.services.items():
+        if name in ONE_SHOT:
+            continue
+        port = int(service.expose[-1])
+        assert metrics_port(service) == f"0.0.0.0:{port}", name     # every interface of its container
+        if len(service.expose) == 2:
+            assert port == service.expose[0] + 1000, name
 
 
 def test_tf_config_cluster_matches_the_services(project):
@@ -87,8 +111,7 @@ def test_tf_config_cluster_matches_the_services(project):
         assert f"{task.task_type}{task.task_index}" == name
         host, port = task.address.split(":")
         assert host == name
-        if project.services[name].expose:
-            assert int(port) == project.services[name].expose[0]
+        assert int(port) + 1000 == project.services[name].expose[-1]   # its port, and its metrics one above
     assert configs["worker0"].is_chief and not configs["worker1"].is_chief
     assert task.cluster.job_tasks("broker") == ["broker:5555"]
 

@@ -115,3 +115,25 @@ def test_entry_snippet_builds_tf_config_from_the_pod_name(tmp_path):
         task = ClusterSpec.from_tf_config({"TF_CONFIG": out.stdout})
         assert (task.task_type, task.task_index) == (job, index)
         assert task.address == f"{pod}.{job}:{(5600 if job == 'ps' else 5610) + index}"
+
+
+def pod_templates(docs):
+    for (kind, name), doc in docs.items():
+        if kind in ("Deployment", "StatefulSet"):
+            yield name, doc["spec"]["template"]
+        elif kind == "TFJob":
+            for replica, spec in doc["spec"]["tfReplicaSpecs"].items():
+                yield f"{name}/{replica}", spec["template"]
+
+
+def test_every_pod_is_scraped_by_prometheus_on_its_metrics_port():
+    for name, template in pod_templates(documents()):
+        main = template["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in main.get("env", [])}
+        flag = (main["args"][main["args"].index("--metrics-port") + 1] if "--metrics-port" in main["args"]
+                else env.get("ZMQFLOW_METRICS_PORT"))
+        host, port = flag.split(":")
+        assert host == "0.0.0.0", name                      # reachable from the Prometheus pod
+        annotations = template["metadata"]["annotations"]
+        assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": port}, name
+        assert {"name": "metrics", "containerPort": int(port)} in main["ports"], name

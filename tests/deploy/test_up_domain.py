@@ -51,10 +51,13 @@ def test_localize_hosts_ports_tf_config_and_volumes(project, tmp_path):
     ps0 = localizer.localize(project.services["ps0"])
     cluster = json.loads(ps0.env["TF_CONFIG"])["cluster"]
     assert cluster["ps"] == ["127.0.0.1:6600", "127.0.0.1:6601"] and cluster["broker"] == ["127.0.0.1:6555"]
-    assert ps0.argv[-1] == str(tmp_path / "zmqflow-data" / "ckpt")
+    assert ps0.argv[ps0.argv.index("--restore-from") + 1] == str(tmp_path / "zmqflow-data" / "ckpt")
+    assert ps0.argv[-2:] == ["--metrics-port", "127.0.0.1:7600"]   # metrics move with the offset too
+    worker1 = localizer.localize(project.services["worker1"])
+    assert worker1.env["ZMQFLOW_METRICS_PORT"] == "127.0.0.1:7611"
     assert ps0.health == ["zmqflow", "ping", "tcp://127.0.0.1:6600"]
     broker = localizer.localize(project.services["broker"])
-    assert broker.argv[-1] == "tcp://127.0.0.1:6555"
+    assert broker.argv[broker.argv.index("--bind") + 1] == "tcp://127.0.0.1:6555"
     aggregator = localizer.localize(project.services["aggregator"])
     assert "tcp://127.0.0.1:6702" in aggregator.argv and not any("serve" in a for a in aggregator.argv)
     # only the topology's hosts move: a port on another host, or a path like /database, stays

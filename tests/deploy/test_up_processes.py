@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -88,6 +89,12 @@ def test_shipped_topology_serves_an_ensemble_through_the_aggregator(project, tmp
             probabilities, info = client.predict(x, deadline_ms=2000)
         assert probabilities.shape == (4, 10) and np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-4)
         assert info["answered"], info
+        # the shipped topology's Prometheus endpoints, moved by the offset with everything else
+        scraped = {name: urllib.request.urlopen(f"http://127.0.0.1:{port + offset}/metrics", timeout=5).read().decode()
+                   for name, port in (("aggregator", 6800), ("serve0", 6700))}
+        assert re.search(r'^zmqflow_aggregator_requests_total(\{[^}]*\})? [1-9]', scraped["aggregator"], re.M), \
+            scraped["aggregator"][:3000]
+        assert "zmqflow_rpc_request_duration_seconds_bucket" in scraped["serve0"]
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

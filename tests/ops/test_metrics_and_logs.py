@@ -1,9 +1,12 @@
 """The pieces apart from sockets: OpStats histograms, callback families, log formatters; metrics off by default."""
 
 import json
+import subprocess
+import sys
 import logging
 import time
 
+import pytest
 from prometheus_client import generate_latest
 
 from common import logs, metrics
@@ -65,3 +68,21 @@ def test_text_formatter_names_the_task_on_every_line():
 def test_metrics_are_off_unless_asked(broker):
     with RpcClient(broker) as client:
         assert client.call("info", timeout=5.0)[0]["metrics"] is None
+
+
+def test_metrics_port_takes_host_and_port_from_the_flag_or_the_environment(tmp_path):
+    from common.processes import start_service
+    from tests.ops.helpers import metrics_url, scrape
+    proc = start_service("services.broker", log_dir=str(tmp_path), env={"ZMQFLOW_METRICS_PORT": "127.0.0.1:0"})
+    try:
+        url = metrics_url(proc.endpoint)
+        assert url.startswith("http://127.0.0.1:") and "zmqflow_rpc_requests_total" in scrape(url)
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize("bad", ["nope", "127.0.0.1:", "70000", "host:-1"])
+def test_a_bad_metrics_port_is_a_usage_error(bad):
+    out = subprocess.run([sys.executable, "-m", "services.broker", "--metrics-port", bad],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "is not [HOST:]PORT" in out.stderr, out.stderr
