@@ -62,7 +62,7 @@ def command(bind, ready_file, log_level, client_timeout, max_message_bytes, max_
 
     def build(limits):
         return BrokerService(bind, limits=limits, client_timeout=client_timeout, broker_limits=broker_limits)
-    run_service_instance(build, BrokerService.name, ready_file, log_level, max_message_bytes)
+    run_service_instance(build, "broker:0", ready_file, log_level, max_message_bytes)  # the task, as TF_CONFIG names it
 
 
 def main():

@@ -42,7 +42,7 @@ def test_broker_metrics_move_with_traffic(job):
     assert url.startswith("http://127.0.0.1:")
     q = FIFOQueue(50, ["float32"], shapes=[[4]], shared_name="ops-m", broker=broker.endpoint)
     before = scrape(url)
-    assert value(before, "zmqflow_task_info", task="queue-broker") == 1
+    assert value(before, "zmqflow_task_info", task="broker:0") == 1
     q.enqueue_many([np.zeros((7, 4), np.float32)])
     q.dequeue()
     with pytest.raises(DeadlineExceededError):
@@ -113,7 +113,7 @@ def test_training_metrics_tensorboard_status_and_json_logs(job, tmp_path):
     assert scalars["accuracy"][0][0] == 3 and 0.0 < scalars["accuracy"][0][1] <= 1.0
     assert all(rate > 0 for _, rate in scalars["examples_per_sec"][:3])
     # JSON logs: every line of every task parses and names its task
-    for proc, task in ((broker, "queue-broker"), (ps, "ps:0"), (worker, "worker:0")):
+    for proc, task in ((broker, "broker:0"), (ps, "ps:0"), (worker, "worker:0")):
         lines = json_lines(proc.log())
         assert lines and all(e["task"] == task and {"time", "level", "logger", "message"} <= set(e) for e in lines)
     assert all(line.startswith("{") for line in ps.log().splitlines() if line.strip())
