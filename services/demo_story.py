@@ -80,10 +80,15 @@ def run_story(work_dir=None, epochs=10, sweep_epochs=3, load_rate=300.0, load_se
     click.echo(f"  serving: {overall['qps']:.0f} QPS answered, p50 {overall['p50_ms']} ms, p99 {overall['p99_ms']} ms, "
                f"p99.9 {overall['p999_ms']} ms, {overall['failed']} failed of {overall['requests']}, "
                f"{load['partial_answers']} answered without every member")
-    click.echo(f"  timeouts per member at the aggregator: {_timeouts(aggregator_stats)}")
+    click.echo(f"  members at the aggregator: {_member_states(aggregator_stats)}")
     click.echo(f"  {report['verdict']}")
     return {**summary, "ensemble": report, "load": load, "aggregator_stats": aggregator_stats}
 
 
-def _timeouts(stats):
-    return ", ".join(f"{address} {count}" for address, count in stats["timeouts"].items())
+def _member_states(stats):
+    """Each member's health (and why it was lost) with its timeouts and errors."""
+    states = []
+    for m in stats["members"]:
+        health = "healthy" if m["healthy"] else f"unhealthy ({m['last_failure']})"
+        states.append(f"{m['address']} {health}, {m['timeouts']} timeouts, {m['errors']} errors")
+    return "; ".join(states)

@@ -64,6 +64,7 @@ def test_demo_tells_the_whole_story(tmp_path):
     summary = result.output.split("== 5. summary")[1]
     accuracies = [float(line.split()[-1]) for line in summary.splitlines() if "test accuracy" in line]
     assert len(accuracies) == 6 and all(0.5 < a <= 1.0 for a in accuracies), summary  # trained, 3 members, 2 ensembles
-    assert "QPS answered" in summary and "timeouts per member" in summary
+    assert "QPS answered" in summary and "members at the aggregator" in summary
+    assert summary.count("unhealthy (disconnected)") == 1   # the killed member, known by its dropped connection
     assert (tmp_path / "sweep" / "leaderboard.json").exists()
     assert "kill member" in result.output

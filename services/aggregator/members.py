@@ -1,7 +1,7 @@
 """Member health and choice, without sockets.
 
 A member that fails `unhealthy_after` times in a row (timeouts, or errors that are its own
-fault) is marked unhealthy: requests skip it and it is probed every `probe_s` seconds
+fault), or whose connection drops, is marked unhealthy: requests skip it and it is probed every `probe_s` seconds
 until a probe is answered, which takes it back. Replica mode sends each request to the
 healthy member with the fewest requests outstanding (ties rotate, so equal members share).
 The counters are a plain dict per member, easy to list or export.
@@ -107,6 +107,15 @@ class MemberSet:
             member.next_probe_at = now + self.probe_s
             return True
         return False
+
+    def disconnected(self, member, now):
+        """Its connection dropped: unhealthy at once, whatever its record. True if it just became so."""
+        member.last_failure = "disconnected"
+        if not member.healthy:
+            return False
+        member.healthy = False
+        member.next_probe_at = now + self.probe_s
+        return True
 
     # ------------------------------------------------ probes
 

@@ -6,6 +6,8 @@ matched by the member-side request id, and the call is answered as soon as every
 member has responded, or AT the deadline (the base deadline heap) with what arrived. The
 ids of a finished request are forgotten at once, so a late reply is dropped by id and never
 mixed into another request. Unhealthy members are probed on a timer riding the same heap.
+Each member socket's monitor is polled too: a member whose connection drops (its process
+died) is unhealthy at once and what was in flight to it fails then, not at the deadline.
 
 Modes: `ensemble` asks every healthy member and combines; `replica` asks the one with the
 fewest outstanding requests (a member that fails fast is replaced by another, never past
@@ -18,6 +20,7 @@ import time
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from common import curve, wire
 from common.errors import (DEADLINE_EXCEEDED, INVALID_ARGUMENT, InvalidArgumentError, OpError, code_name)
@@ -44,7 +47,7 @@ class _Probe:
 class _Link:
     """The aggregator's socket to one member and the requests in flight on it (rid -> Gather or _Probe)."""
 
-    __slots__ = ("address", "sock", "inflight", "probe_rid")
+    __slots__ = ("address", "sock", "monitor", "inflight", "probe_rid")
 
     def __init__(self, context, address, limits, name):
         self.address = address
@@ -56,9 +59,24 @@ class _Link:
         self.sock.routing_id = f"{name}-{id(self):x}-{time.monotonic_ns() % 10**9}".encode()
         keys = curve.curve_dir_from_env()
         curve.secure_client(self.sock, curve.ClientKeys(keys) if keys else None)
+        # the connection's events: a member whose process dies is known at once, not after timeouts
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.sock.connect(address)
         self.inflight = {}
         self.probe_rid = None
+
+    def lost_connection(self):
+        """True if the monitor reported the connection to the member gone (reads every pending event)."""
+        lost = False
+        while wire.readable(self.monitor):
+            event = recv_monitor_message(self.monitor)
+            lost = lost or event["event"] == zmq.EVENT_DISCONNECTED
+        return lost
+
+    def close(self):
+        self.sock.disable_monitor()
+        self.monitor.close(0)
+        self.sock.close(0)
 
 
 class Aggregator(Service):
@@ -94,6 +112,7 @@ class Aggregator(Service):
             raise InvalidArgumentError(f"cannot connect to member {address!r}: {exc}") from None
         self.links[address] = link
         self.add_socket(link.sock, lambda: self._drain_member(link))
+        self.add_socket(link.monitor, lambda: self._watch_member(link))
         log.info("member %s added (weight %g)", address, member.weight)
         return member
 
@@ -106,7 +125,8 @@ class Aggregator(Service):
         member = self.members.remove(address)
         link = self.links.pop(address)
         self.remove_socket(link.sock)
-        link.sock.close(0)
+        self.remove_socket(link.monitor)
+        link.close()
         now = time.monotonic()
         for entry in link.inflight.values():
             if isinstance(entry, Gather) and not entry.call.finished:
@@ -206,6 +226,23 @@ class Aggregator(Service):
             entry.answer(link.address, probs, member.weight)
             if entry.finished():
                 self._finish(entry, now)
+
+    def _watch_member(self, link):
+        """The member's connection dropped (its process died or closed): fail what is in flight to it
+        now (replica mode retries elsewhere), mark it unhealthy and probe it until it answers again."""
+        if link.sock.closed or not link.lost_connection():
+            return
+        member, now = self.members.get(link.address), time.monotonic()
+        if member is None:
+            return
+        for rid, entry in list(link.inflight.items()):
+            if isinstance(entry, Gather) and not entry.call.finished:
+                del link.inflight[rid]
+                self._member_failed(member, entry, "errors", "disconnected", None, now)
+        if self.members.disconnected(member, now):
+            log.warning("member %s disconnected: unhealthy, probing every %.0f ms", link.address,
+                        self.members.probe_s * 1000)
+            self._schedule_wake(member.next_probe_at)
 
     def _decode_answer(self, gather, header, frames):
         """The member's probabilities, or a string saying what is wrong with its answer."""
@@ -363,7 +400,8 @@ class Aggregator(Service):
     def close(self):
         for link in self.links.values():
             self.remove_socket(link.sock)
-            link.sock.close(0)
+            self.remove_socket(link.monitor)
+            link.close()
         self.links.clear()
         super().close()
 

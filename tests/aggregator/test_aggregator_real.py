@@ -1,6 +1,7 @@
 """A real aggregator over real model servers (checkpoints of the MNIST MLP): combined answers, a killed member, CLIs."""
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -54,28 +55,76 @@ def test_the_ensemble_is_the_mean_of_the_real_members(servers, aggregator):
         client.predict(np.zeros((1, 10), np.float32))
 
 
-def test_a_killed_member_is_answered_without_on_time_then_skipped(servers, aggregator, tmp_path):
+def wait_for(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def victim(tmp_path):
+    """start(bind) -> a model server on its own checkpoint (seed 4), to kill, pause or restart; all killed at the end."""
     ckpt = str(tmp_path / "victim")
     write_random_checkpoint(ckpt, 4)
-    victim = start_service("services.serve", ["--checkpoint", ckpt, "--backend", "numpy"], log_dir=str(tmp_path))
-    try:
-        _, client = aggregator([servers[0], victim], "--deadline-ms", "200", "--unhealthy-after", "2")
-        x = np.random.default_rng(1).random((2, 784), dtype=np.float32)
-        assert len(client.predict(x)[1]["answered"]) == 2
-        victim.kill()
-        for _ in range(2):
-            start = time.monotonic()
-            probs, info = client.predict(x)
-            assert time.monotonic() - start < 0.2 + SLACK
-            assert info["answered"] == [servers[0].endpoint] and info["missing"] == {victim.endpoint: "timeout"}
-            np.testing.assert_allclose(probs, local(1, x), rtol=1e-5, atol=1e-6)
+    procs = []
+
+    def start(bind="tcp://127.0.0.1:*"):
+        procs.append(start_service("services.serve", ["--checkpoint", ckpt, "--backend", "numpy"], bind=bind,
+                                   log_dir=str(tmp_path)))
+        return procs[-1]
+    yield start
+    for proc in procs:
+        proc.kill()  # SIGKILL also ends a stopped process
+
+
+def test_a_killed_member_is_known_at_once_by_its_dropped_connection(servers, aggregator, victim):
+    dead = victim()
+    _, client = aggregator([servers[0], dead], "--deadline-ms", "5000", "--unhealthy-after", "3")
+    x = np.random.default_rng(1).random((2, 784), dtype=np.float32)
+    assert len(client.predict(x)[1]["answered"]) == 2
+    dead.kill()
+    state = lambda: client.members()[1]  # noqa: E731
+    wait_for(lambda: not state()["healthy"])  # no request needed, no timeout waited for
+    assert state()["last_failure"] == "disconnected" and state()["timeouts"] == 0
+    start = time.monotonic()
+    probs, info = client.predict(x)
+    assert time.monotonic() - start < 1.0   # far inside the 5 s deadline
+    assert info["answered"] == [servers[0].endpoint] and info["missing"] == {dead.endpoint: "unhealthy"}
+    np.testing.assert_allclose(probs, local(1, x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_restarted_member_is_probed_back_after_its_disconnect(servers, aggregator, victim):
+    first = victim()
+    _, client = aggregator([servers[0], first], "--deadline-ms", "2000", "--probe-ms", "100")
+    x = np.random.default_rng(2).random((1, 784), dtype=np.float32)
+    assert len(client.predict(x)[1]["answered"]) == 2
+    first.kill()
+    wait_for(lambda: not client.members()[1]["healthy"])
+    victim(bind=first.endpoint)  # the same address, a new process
+    wait_for(lambda: client.members()[1]["healthy"], timeout=10.0)
+    assert client.members()[1]["recoveries"] == 1
+    assert sorted(client.predict(x)[1]["answered"]) == sorted([servers[0].endpoint, first.endpoint])
+
+
+def test_a_paused_member_times_out_until_unhealthy(servers, aggregator, victim):
+    """SIGSTOP keeps the connection up: only the deadline tells, and after --unhealthy-after of them it is skipped."""
+    paused = victim()
+    _, client = aggregator([servers[0], paused], "--deadline-ms", "200", "--unhealthy-after", "2")
+    x = np.random.default_rng(1).random((2, 784), dtype=np.float32)
+    assert len(client.predict(x)[1]["answered"]) == 2
+    paused.proc.send_signal(signal.SIGSTOP)
+    for _ in range(2):
         start = time.monotonic()
-        assert client.predict(x)[1]["missing"] == {victim.endpoint: "unhealthy"}
-        assert time.monotonic() - start < 0.1
-        stats = client.stats()
-        assert stats["timeouts"][victim.endpoint] == 2 and stats["answers"][servers[0].endpoint] == 4
-    finally:
-        victim.kill()
+        probs, info = client.predict(x)
+        assert time.monotonic() - start < 0.2 + SLACK
+        assert info["answered"] == [servers[0].endpoint] and info["missing"] == {paused.endpoint: "timeout"}
+        np.testing.assert_allclose(probs, local(1, x), rtol=1e-5, atol=1e-6)
+    start = time.monotonic()
+    assert client.predict(x)[1]["missing"] == {paused.endpoint: "unhealthy"}
+    assert time.monotonic() - start < 0.1
+    stats = client.stats()
+    assert stats["timeouts"][paused.endpoint] == 2 and stats["answers"][servers[0].endpoint] == 4
 
 
 def test_replica_mode_over_real_members(servers, aggregator):
