@@ -27,11 +27,11 @@ def service_options(default_bind):
                          help="Seconds a client holding blocked requests may stay silent before they are cancelled."),
             click.option("--max-message-bytes", default=DEFAULT_LIMITS.max_message_bytes,
                          help="Largest request accepted; bigger ones are answered INVALID_ARGUMENT."),
+            curve_option("Encrypt with ZeroMQ CURVE and accept only the clients in DIR/authorized/ "
+                         "(keys from `zmqflow keys generate DIR`)", serves=True),
         ]
         for option in reversed(options):
             fn = option(fn)
-        fn = curve_option("Encrypt with ZeroMQ CURVE and accept only the clients in DIR/authorized/ "
-                          "(keys from `zmqflow keys generate DIR`)", serves=True)(fn)
         return ops_options(fn)
     return decorate
 
