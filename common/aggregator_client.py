@@ -8,14 +8,13 @@ Like RpcClient, one client belongs to one thread.
 
 import numpy as np
 
-from common.rpc_client import RpcClient
+from common.rpc_client import OpClient
 from common.serve_client import PendingPredict
 
 
-class AggregatorClient:
+class AggregatorClient(OpClient):
     def __init__(self, address, timeout=30.0, name="aggregator-client", **rpc_options):
-        self.address = address
-        self.rpc = RpcClient(address, default_timeout=timeout, name=name, **rpc_options)
+        super().__init__(address, timeout, name, **rpc_options)
 
     def predict_async(self, x, deadline_ms=None, min_members=None, combine=None, mode=None):
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -40,12 +39,3 @@ class AggregatorClient:
 
     def stats(self, timeout=5.0):
         return self.rpc.call("stats", timeout=timeout)[0]
-
-    def close(self):
-        self.rpc.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

@@ -54,6 +54,12 @@ def curve_option(what="Connect over ZeroMQ CURVE with the client keys in DIR (fr
                         help=f"{what}. Also read from {curve.ENV}.")
 
 
+def launcher_curve_option():
+    """--curve-dir of the commands that start services themselves (train, sweep, ensemble, up)."""
+    return curve_option("Run the services this command starts, and their clients, over ZeroMQ CURVE with the "
+                        "keys in DIR (from `zmqflow keys generate DIR`)", serves=True)
+
+
 def ops_options(fn):
     """--metrics-port, --metrics-host, --log-format: how any task (service, worker, reader) is operated."""
     from common import logs, metrics

@@ -288,6 +288,23 @@ class RpcClient:
         self._backoff = min(self._backoff * 2, BACKOFF_MAX)
 
 
+class OpClient:
+    """Base of the typed clients (ModelClient, AggregatorClient): one RpcClient, closed with them."""
+
+    def __init__(self, address, timeout=None, name="client", **rpc_options):
+        self.address = address
+        self.rpc = RpcClient(address, default_timeout=timeout, name=name, **rpc_options)
+
+    def close(self):
+        self.rpc.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 class ClientPool:
     """One RpcClient per (thread, address): ZeroMQ sockets must stay in their thread."""
 

@@ -6,7 +6,7 @@ the op name or the tensor layout. Like RpcClient, one client belongs to one thre
 
 import numpy as np
 
-from common.rpc_client import USE_DEFAULT, RpcClient
+from common.rpc_client import USE_DEFAULT, OpClient
 
 
 class PendingPredict:
@@ -29,10 +29,9 @@ class PendingPredict:
         self.call.cancel()
 
 
-class ModelClient:
+class ModelClient(OpClient):
     def __init__(self, address, timeout=None, name="serve-client", **rpc_options):
-        self.address = address
-        self.rpc = RpcClient(address, default_timeout=timeout, name=name, **rpc_options)
+        super().__init__(address, timeout, name, **rpc_options)
 
     def predict_async(self, x, timeout=USE_DEFAULT):
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -43,12 +42,3 @@ class ModelClient:
 
     def model_info(self, timeout=5.0):
         return self.rpc.call("model_info", timeout=timeout)[0]
-
-    def close(self):
-        self.rpc.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

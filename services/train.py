@@ -25,7 +25,7 @@ import click
 import numpy as np
 from tqdm import tqdm
 
-from common.cli_support import curve_option
+from common.cli_support import launcher_curve_option
 from common.datasets import mnist_split, write_record_shards
 from common.model_spec import MNIST_MLP
 from common.queues import FIFOQueue, RandomShuffleQueue
@@ -221,8 +221,7 @@ def _follow(ps0, workers, total_steps, progress):
 
 
 @click.command(name="train", context_settings={"show_default": True})
-@curve_option("Run the services this command starts, and their clients, over ZeroMQ CURVE with the keys "
-              "in DIR (from `zmqflow keys generate DIR`)", serves=True)
+@launcher_curve_option()
 @click.option("--num-ps", default=1)
 @click.option("--num-workers", default=2)
 @click.option("--mode", default="async", type=click.Choice(["async", "sync"]))
@@ -230,7 +229,7 @@ def _follow(ps0, workers, total_steps, progress):
 @click.option("--epochs", default=10)
 @click.option("--batch-size", default=100)
 @click.option("--optimizer", "optimizer_kind", default="adam", type=click.Choice(["sgd", "momentum", "adam", "adagrad"]))
-@click.option("--learning-rate", default=0.004)
+@click.option("--learning-rate", default=DEFAULT_OPTIMIZER["learning_rate"])
 @click.option("--backend", default="numba", type=click.Choice(["numpy", "numba", "cupy"]))
 @click.option("--shuffle-queue/--fifo-queue", default=None, help="Feed through a RandomShuffleQueue "
               "(tf.train.shuffle_batch) or a FIFOQueue. Default: shuffle for readers, FIFO for preloaded input "

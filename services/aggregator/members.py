@@ -1,8 +1,8 @@
 """Member health and choice, without sockets.
 
 A member that fails `unhealthy_after` times in a row (timeouts, or errors that are its own
-fault), or whose connection drops, is marked unhealthy: requests skip it and it is probed every `probe_s` seconds
-until a probe is answered, which takes it back. Replica mode sends each request to the
+fault), or whose connection drops, is marked unhealthy: requests skip it and it is probed
+every `probe_s` seconds until a probe is answered, which takes it back. Replica mode sends each request to the
 healthy member with the fewest requests outstanding (ties rotate, so equal members share).
 The counters are a plain dict per member, easy to list or export.
 """

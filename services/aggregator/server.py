@@ -235,14 +235,14 @@ class Aggregator(Service):
         member, now = self.members.get(link.address), time.monotonic()
         if member is None:
             return
+        if self.members.disconnected(member, now):  # first, so no retry below picks it again
+            log.warning("member %s disconnected: unhealthy, probing every %.0f ms", link.address,
+                        self.members.probe_s * 1000)
+            self._schedule_wake(member.next_probe_at)
         for rid, entry in list(link.inflight.items()):
             if isinstance(entry, Gather) and not entry.call.finished:
                 del link.inflight[rid]
                 self._member_failed(member, entry, "errors", "disconnected", None, now)
-        if self.members.disconnected(member, now):
-            log.warning("member %s disconnected: unhealthy, probing every %.0f ms", link.address,
-                        self.members.probe_s * 1000)
-            self._schedule_wake(member.next_probe_at)
 
     def _decode_answer(self, gather, header, frames):
         """The member's probabilities, or a string saying what is wrong with its answer."""

@@ -7,7 +7,7 @@ import time
 import click
 
 from common.aggregator_client import AggregatorClient
-from common.cli_support import curve_option
+from common.cli_support import launcher_curve_option
 from common.datasets import mnist_split
 from common.serve_client import ModelClient
 from services.ensemble.evaluate import accuracy, verdict
@@ -44,8 +44,7 @@ def print_report(report):
 
 
 @click.command("ensemble")
-@curve_option("Run the services this command starts, and their clients, over ZeroMQ CURVE with the keys "
-              "in DIR (from `zmqflow keys generate DIR`)", serves=True)
+@launcher_curve_option()
 @click.option("--sweep", "leaderboard", default="sweep-out", show_default=True,
               help="A sweep's --out directory (or its leaderboard.json).")
 @click.option("--top", default=3, show_default=True, type=click.IntRange(1),

@@ -5,7 +5,7 @@ import signal
 
 import click
 
-from common.cli_support import curve_option
+from common.cli_support import launcher_curve_option
 from services.sweep.runner import INPUTS
 from services.sweep.space import SpaceError, build_space, describe, grid, load_space, parse_grid, sample
 
@@ -25,8 +25,7 @@ def _points(grid_text, space_file, random_runs, seed, epochs, batch_size):
 
 
 @click.command(name="sweep", context_settings={"show_default": True})
-@curve_option("Run the services this command starts, and their clients, over ZeroMQ CURVE with the keys "
-              "in DIR (from `zmqflow keys generate DIR`)", serves=True)
+@launcher_curve_option()
 @click.option("--grid", "grid_text", default=None, metavar="SPEC",
               help="Hyperparameters as NAME=V1,V2;NAME=...: learning_rate (lr), hidden (64 or 128x64 for two "
                    "layers), optimizer (sgd, momentum, adam, adagrad), batch_size, epochs, activation. Every "

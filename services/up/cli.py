@@ -6,7 +6,7 @@ import tempfile
 
 import click
 
-from common.cli_support import curve_option
+from common.cli_support import launcher_curve_option
 from common.cluster import ClusterSpec
 from common.errors import InvalidArgumentError
 from services.up.compose import ComposeError, load, start_order
@@ -46,8 +46,7 @@ def find_chief(services):
 
 
 @click.command(name="up", context_settings={"show_default": True})
-@curve_option("Run the services this command starts, and their clients, over ZeroMQ CURVE with the keys "
-              "in DIR (from `zmqflow keys generate DIR`)", serves=True)
+@launcher_curve_option()
 @click.argument("service_names", nargs=-1, metavar="[SERVICE]...")
 @click.option("-f", "--file", "compose_file", default="docker-compose.yml", type=click.Path(dir_okay=False),
               help="The compose file.")

@@ -16,7 +16,8 @@ PEER_LOST = 3
 
 
 @click.command(name="worker", context_settings={"show_default": True})
-@curve_option("Keys for CURVE: as a client, checks the ps, broker and peers against DIR/server.key; with --serve, also encrypts and accepts only the clients in DIR/authorized/")
+@curve_option("Keys for CURVE: as a client, checks the ps, broker and peers against DIR/server.key; "
+              "with --serve, also encrypts and accepts only the clients in DIR/authorized/")
 @click.option("--ps", "ps_endpoints", multiple=True, help="A ps shard endpoint, in shard order (repeat); "
               "default: the ps job of TF_CONFIG.")
 @click.option("--broker", default=None, envvar="ZMQFLOW_BROKER", help="The queue-broker endpoint.")
