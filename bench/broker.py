@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from common.processes import start_service
+from zmqflow.common.processes import start_service
 
 BATCH = 100
 ROW = 784
@@ -40,8 +40,8 @@ def _pipelined(start_op, total, window):
 
 
 def _open(endpoint, kind, name):
-    from common.memory import keep_freed_memory
-    from common.queues import FIFOQueue
+    from zmqflow.common.memory import keep_freed_memory
+    from zmqflow.common.queues import FIFOQueue
     keep_freed_memory()
     if kind == "small":
         return FIFOQueue(-1, ["int32"], shapes=[[]], shared_name=name, broker=endpoint)
@@ -101,7 +101,7 @@ def _calibrate(endpoint, kind, window, seconds):
 
 
 def _latency(endpoint, samples=2000):
-    from common.queues import FIFOQueue
+    from zmqflow.common.queues import FIFOQueue
     q = FIFOQueue(-1, ["int32"], shapes=[[]], shared_name="latency", broker=endpoint)
     q.enqueue_many(np.arange(samples, dtype=np.int32))
     times = []
@@ -189,7 +189,7 @@ def run(seconds=3.0, window=64, progress=None):
     say = progress or (lambda *_: None)
     batch_bytes = BATCH * (ROW * 4 + 4)
     result = {"benchmark": "broker", "window": window, "batch_bytes": batch_bytes}
-    broker = start_service("services.broker")
+    broker = start_service("zmqflow.services.broker")
     try:
         say(f"broker at {broker.endpoint} (pid {broker.pid})")
         n = _calibrate(broker.endpoint, "small", window, seconds)

@@ -16,7 +16,7 @@ def bench():
 @click.option("--window", default=64, show_default=True, help="Requests in flight per client process.")
 def broker(as_json, seconds, window):
     """Queue-broker: small ops/s, dequeue latency, batch throughput vs a raw pyzmq relay."""
-    from bench.broker import run
+    from zmqflow.bench.broker import run
 
     result = run(seconds=seconds, window=window, progress=None if as_json else click.echo)
     click.echo(json.dumps(result))
@@ -27,7 +27,7 @@ def broker(as_json, seconds, window):
 @click.option("--epochs", default=10, show_default=True, help="Epochs of the 1 ps + 2 workers async run.")
 def train(as_json, epochs):
     """Training: examples/s of real clusters vs one process, ps pull/push vs raw pyzmq."""
-    from bench.train import run
+    from zmqflow.bench.train import run
 
     result = run(epochs=epochs, progress=None if as_json else click.echo)
     click.echo(json.dumps(result))
@@ -39,7 +39,7 @@ def train(as_json, epochs):
 @click.option("--repeats", default=3, show_default=True, help="Runs of each phase; medians are reported.")
 def reader(as_json, epochs, repeats):
     """Reader: MNIST rows/s from CSV and TFRecord shards into the broker vs parsing alone."""
-    from bench.reader import run
+    from zmqflow.bench.reader import run
 
     result = run(epochs=epochs, repeats=repeats, progress=None if as_json else click.echo)
     click.echo(json.dumps(result))
@@ -54,7 +54,7 @@ def reader(as_json, epochs, repeats):
               help="Write the aggregators' cProfile stats here (ZMQFLOW_PROFILE_DIR).")
 def serve(as_json, duration, rate, deadline_ms, profile_dir):
     """Serving: one model server direct vs an aggregator over 3 (open loop), and with one member killed."""
-    from bench.serve import run
+    from zmqflow.bench.serve import run
 
     result = run(seconds=duration, rate=rate, deadline_ms=deadline_ms, profile_dir=profile_dir,
                  progress=None if as_json else click.echo)

@@ -25,12 +25,12 @@ import time
 
 import numpy as np
 
-from common.datasets import MNIST_CSV
-from common.errors import OutOfRangeError
-from common.processes import compute_thread_env, start_service
-from common.queues import attach
-from services.reader.cli import PRESETS, start_readers
-from services.reader.formats import open_format, write_tfrecord
+from zmqflow.inputs.datasets import MNIST_CSV
+from zmqflow.common.errors import OutOfRangeError
+from zmqflow.common.processes import compute_thread_env, start_service
+from zmqflow.common.queues import attach
+from zmqflow.services.reader.cli import PRESETS, start_readers
+from zmqflow.inputs.formats import open_format, write_tfrecord
 
 SHARDS = 8
 DRAIN = 100  # a worker's mini-batch
@@ -105,7 +105,7 @@ def run(epochs=8, repeats=3, progress=None):
     broker = None
     try:
         csv_glob, tfrecord_glob, rows = make_shards(work)
-        broker = start_service("services.broker", log_dir=work)
+        broker = start_service("zmqflow.services.broker", log_dir=work)
         samples = {"csv_1r": [], "csv_2r": [], "tfrecord_1r": [], "parse_only": [], "parse_unscaled": [],
                    "numpy_loadtxt": []}
         for rep in range(repeats):

@@ -25,18 +25,18 @@ import time
 
 import numpy as np
 
-from common.model_spec import MNIST_MLP, load_model
-from common.processes import start_service
-from common.rpc_client import RpcClient
-from common.serve_client import ModelClient
-from loadtest.open_loop import run_open_loop
+from zmqflow.models.spec import MNIST_MLP, load_model
+from zmqflow.common.processes import start_service
+from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.serve_client import ModelClient
+from zmqflow.loadtest.open_loop import run_open_loop
 
 TARGETS = {"agg3_p99_ms": 5.0, "agg3_overhead_p50_ms": 0.5, "dead_slack_ms": 5.0}
 
 
 def write_random_checkpoint(ckpt_dir, seed=1, spec=MNIST_MLP, step=1):
     """A committed checkpoint of `spec` at its initial values for `seed` (one shard, whole variables)."""
-    from services.ps.checkpoint import commit, write_shard
+    from zmqflow.common.checkpoint import commit, write_shard
     values = load_model(spec).initial_values(seed)
     pieces = {name: ({"variable": name, "row_start": 0, "row_end": value.shape[0] if value.ndim else 1}, value, {})
               for name, value in values.items()}
@@ -94,7 +94,7 @@ def run(seconds=3.0, rate=500, deadline_ms=50, members=3, profile_dir=None, prog
         for i in range(members):
             ckpt = os.path.join(work, f"ckpt{i}")
             write_random_checkpoint(ckpt, seed=i + 1)
-            servers.append(start_service("services.serve", ["--checkpoint", ckpt, "--backend", "numpy",
+            servers.append(start_service("zmqflow.services.serve", ["--checkpoint", ckpt, "--backend", "numpy",
                                                             "--max-delay-ms", "0", "--log-level", "WARNING"],
                                          log_dir=work))
         endpoints = [s.endpoint for s in servers]
@@ -110,7 +110,7 @@ def run(seconds=3.0, rate=500, deadline_ms=50, members=3, profile_dir=None, prog
             f"server CPU {result['server_cpu_us_per_request']} us/request")
 
         member_args = [a for e in endpoints for a in ("--member", e)]
-        agg = start_service("services.aggregator", [*member_args, "--log-level", "WARNING"], log_dir=work, env=env)
+        agg = start_service("zmqflow.services.aggregator", [*member_args, "--log-level", "WARNING"], log_dir=work, env=env)
         aggs.append(agg)
         cpu = cpu_seconds(agg.pid)
         lat, errors = open_loop(agg.endpoint, x, rate, seconds, deadline_ms=1000)
@@ -126,7 +126,7 @@ def run(seconds=3.0, rate=500, deadline_ms=50, members=3, profile_dir=None, prog
         say(f"the same aggregator in replica mode: p50 {result['agg3_replica_p50_ms']} ms, "
             f"p99 {result['agg3_replica_p99_ms']} ms")
 
-        dead = start_service("services.aggregator", [*member_args, "--deadline-ms", str(deadline_ms),
+        dead = start_service("zmqflow.services.aggregator", [*member_args, "--deadline-ms", str(deadline_ms),
                                                      "--log-level", "WARNING"], log_dir=work, env=env)
         aggs.append(dead)
         open_loop(dead.endpoint, x, rate, 0.2)  # connected and warm before the member dies

@@ -16,13 +16,13 @@ import time
 import numpy as np
 import zmq
 
-from common.datasets import mnist_split
-from common.memory import keep_freed_memory
-from common.model_spec import MNIST_MLP, load_model, model_variables
-from common.placement import place
-from common.processes import start_service
-from common.ps_client import PsClient
-from services.train import run_training
+from zmqflow.inputs.datasets import mnist_split
+from zmqflow.common.memory import keep_freed_memory
+from zmqflow.models.spec import MNIST_MLP, load_model, model_variables
+from zmqflow.common.placement import place
+from zmqflow.common.processes import start_service
+from zmqflow.common.ps_client import PsClient
+from zmqflow.jobs.local_cluster import run_training
 
 BATCH = 100
 
@@ -87,7 +87,7 @@ def _raw_echo_rate(payload_bytes, seconds=1.0, rounds=None, warm_up=3):
 
 def ps_rates(seconds=1.0):
     """Pulls/s and pushes/s of the MLP's variables, one request at a time, to one shard process."""
-    shard = start_service("services.ps", ["--model", json.dumps(MNIST_MLP)])
+    shard = start_service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP)])
     try:
         placement = place(model_variables(MNIST_MLP), 1)
         ps = PsClient([shard.endpoint], placement)
@@ -112,7 +112,7 @@ def ps_big_roundtrip_mb_per_s(rounds=8, warm_up=3):
     """pull + push of one 16 M float32 variable (64 MB) through a ps shard, after `warm_up`
     rounds (the first buffers of each side pay their page faults: ~300 ms per 64 MB here)."""
     spec = {"type": "mlp", "layers": [4096, 4096], "activation": "none"}
-    shard = start_service("services.ps", ["--model", json.dumps(spec), "--max-message-bytes", str(1 << 30)])
+    shard = start_service("zmqflow.services.ps", ["--model", json.dumps(spec), "--max-message-bytes", str(1 << 30)])
     try:
         placement = place(model_variables(spec), 1)
         ps = PsClient([shard.endpoint], placement, timeout=120)

@@ -8,8 +8,8 @@ Like RpcClient, one client belongs to one thread.
 
 import numpy as np
 
-from common.rpc_client import OpClient
-from common.serve_client import PendingPredict
+from zmqflow.common.rpc_client import OpClient
+from zmqflow.common.serve_client import PendingPredict
 
 
 class AggregatorClient(OpClient):

@@ -6,10 +6,10 @@ import os
 
 import click
 
-from common import curve
-from common.errors import InvalidArgumentError
-from common.limits import DEFAULT_LIMITS
-from common.memory import keep_freed_memory
+from zmqflow.common import curve
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.limits import DEFAULT_LIMITS
+from zmqflow.common.memory import keep_freed_memory
 
 METRICS_PORT_ENV = "ZMQFLOW_METRICS_PORT"
 
@@ -62,7 +62,7 @@ def launcher_curve_option():
 
 def ops_options(fn):
     """--metrics-port, --metrics-host, --log-format: how any task (service, worker, reader) is operated."""
-    from common import logs, metrics
+    from zmqflow.common import logs, metrics
 
     def use_metrics_port(ctx, param, value):
         os.environ.pop(METRICS_PORT_ENV, None)  # this task's port: not for the processes it starts
@@ -96,7 +96,7 @@ def ops_options(fn):
 
 def setup_logging(level, task):
     """Log lines naming `task`, as text or JSON (--log-format; common/logs.py)."""
-    from common import logs
+    from zmqflow.common import logs
     logs.setup(level, task)
 
 
@@ -111,7 +111,7 @@ def run_service_instance(build, task, ready_file, log_level, max_message_bytes):
     setup_logging(log_level, task)
     keep_freed_memory()
     service = build(dataclasses.replace(DEFAULT_LIMITS, max_message_bytes=max_message_bytes))
-    from common import metrics
+    from zmqflow.common import metrics
     if metrics.requested():  # --metrics-port: time requests per op, export the service's gauges
         metrics.export_service(service, task)
         service.metrics_address = metrics.serve()

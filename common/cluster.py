@@ -23,8 +23,8 @@ from typing import NamedTuple
 
 import yaml
 
-from common.device import JOB_NAME
-from common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.common.device import JOB_NAME
+from zmqflow.common.errors import InvalidArgumentError, NotFoundError
 
 TF_CONFIG_KEYS = frozenset({"cluster", "task", "environment", "rpc_layer"})
 CHIEF_JOBS = ("chief", "master")

@@ -23,7 +23,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from common.errors import InvalidArgumentError
+from zmqflow.common.errors import InvalidArgumentError
 
 ENV = "ZMQFLOW_CURVE_DIR"
 SERVER, CLIENT, AUTHORIZED = "server", "client", "authorized"

@@ -18,7 +18,7 @@ import contextvars
 import dataclasses
 import re
 
-from common.errors import InvalidArgumentError
+from zmqflow.common.errors import InvalidArgumentError
 
 DEVICE_TYPES = ("CPU", "GPU")
 JOB_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")

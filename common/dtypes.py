@@ -8,7 +8,7 @@ TensorFlow and JAX use for it). `string` tensors are numpy object arrays of
 import ml_dtypes
 import numpy as np
 
-from common.errors import InvalidArgumentError
+from zmqflow.common.errors import InvalidArgumentError
 
 STRING = "string"
 

@@ -7,7 +7,7 @@ lists (one bisect and three adds per request) turned into histograms at scrape t
 Metrics are off unless a task is started with `--metrics-port` (0 = any free port);
 the endpoint is HTTP on 127.0.0.1 unless `--metrics-host` says otherwise.
 
-    from common import metrics
+    from zmqflow.common import metrics
     metrics.counter_callback("zmqflow_aggregator_member_timeouts", "Requests to a member that timed out.",
                              lambda: {(m,): s["timeouts"] for m, s in members.stats().items()}, ["member"])
 """
@@ -23,7 +23,7 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from common import errors
+from zmqflow.common import errors
 
 log = logging.getLogger(__name__)
 

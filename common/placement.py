@@ -23,8 +23,8 @@ import dataclasses
 
 import numpy as np
 
-from common.dtypes import as_numpy
-from common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.common.dtypes import as_numpy
+from zmqflow.common.errors import InvalidArgumentError, NotFoundError
 
 STRATEGIES = ("round_robin", "greedy")
 

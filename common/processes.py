@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 
-from common.errors import DeadlineExceededError, UnavailableError
+from zmqflow.common.errors import DeadlineExceededError, UnavailableError
 
 
 class ServiceProcess:

@@ -9,8 +9,8 @@ its own version; the global step is ps 0's.
 import ml_dtypes
 import numpy as np
 
-from common.errors import InvalidArgumentError
-from common.rpc_client import RpcClient
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.rpc_client import RpcClient
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -125,7 +125,7 @@ class PsClient:
     def preloaded_rows(self, name, shard=0, timeout=120.0):
         """Rows of the preloaded data set `name`, waiting (bounded) until someone has preloaded it."""
         import time
-        from common.errors import NotFoundError
+        from zmqflow.common.errors import NotFoundError
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -143,7 +143,7 @@ class PsClient:
 
     def save(self, directory, keep=5, config=None):
         """Every shard writes its pieces, then the checkpoint is committed (atomic, `latest` updated)."""
-        from services.ps import checkpoint
+        from zmqflow.common import checkpoint
         step = self.clients[0].call("stats")[0]["version"]  # the global step lives on ps 0
         calls = [c.submit("save", {"dir": str(directory), "step": step}) for c in self.clients]
         for call in calls:

@@ -14,9 +14,9 @@ several threads: each thread talks to the broker over its own socket.
 
 import os
 
-from common import dtypes as wire_dtypes
-from common.errors import InvalidArgumentError
-from common.rpc_client import USE_DEFAULT, default_pool
+from zmqflow.common import dtypes as wire_dtypes
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.rpc_client import USE_DEFAULT, default_pool
 
 DEFAULT_BROKER_ENV = "ZMQFLOW_BROKER"
 
@@ -150,7 +150,7 @@ def attach(shared_name, container="", broker=None, pool=None, timeout=30.0):
     """The existing queue `shared_name` with the declaration its creator gave, waiting up to
     `timeout` seconds for it to be created (workers start before or after the reader)."""
     import time
-    from common.errors import NotFoundError
+    from zmqflow.common.errors import NotFoundError
     broker = broker or os.environ.get(DEFAULT_BROKER_ENV)
     client = (pool or default_pool).get(broker)
     deadline = time.monotonic() + timeout

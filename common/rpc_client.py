@@ -25,9 +25,9 @@ import uuid
 
 import zmq
 
-from common import curve, wire
-from common.errors import InvalidArgumentError, UnavailableError, error_from_code
-from common.limits import DEFAULT_LIMITS
+from zmqflow.common import curve, wire
+from zmqflow.common.errors import InvalidArgumentError, UnavailableError, error_from_code
+from zmqflow.common.limits import DEFAULT_LIMITS
 
 log = logging.getLogger(__name__)
 

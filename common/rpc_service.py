@@ -24,9 +24,9 @@ import time
 
 import zmq
 
-from common import curve, wire
-from common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError)
-from common.limits import DEFAULT_LIMITS
+from zmqflow.common import curve, wire
+from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError)
+from zmqflow.common.limits import DEFAULT_LIMITS
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class Service:
         self._running = False
         self.started = time.monotonic()
         self.stats = {"requests": 0, "errors": 0, "bad_requests": 0, "deadlines": 0}
-        self.op_stats = None  # common.metrics.OpStats: requests timed per op, only with --metrics-port
+        self.op_stats = None  # zmqflow.common.metrics.OpStats: requests timed per op, only with --metrics-port
         self.metrics_address = None
         self.handlers = {"ping": self._ping, "cancel": self._cancel, "bye": self._bye, "info": self._info}
         self._poller = zmq.Poller()

@@ -6,7 +6,7 @@ the op name or the tensor layout. Like RpcClient, one client belongs to one thre
 
 import numpy as np
 
-from common.rpc_client import USE_DEFAULT, OpClient
+from zmqflow.common.rpc_client import USE_DEFAULT, OpClient
 
 
 class PendingPredict:

@@ -4,9 +4,8 @@ import json
 
 import click
 
-from common.cluster import ClusterSpec
-from common.errors import InvalidArgumentError
-from common.model_spec import MNIST_MLP, read_spec
+from zmqflow.common.cluster import ClusterSpec
+from zmqflow.common.errors import InvalidArgumentError
 
 
 def model_options(fn):
@@ -20,10 +19,6 @@ def model_options(fn):
     ]):
         fn = option(fn)
     return fn
-
-
-def resolve_model(model_spec):
-    return MNIST_MLP if model_spec is None else read_spec(model_spec)
 
 
 def parse_json_option(text, what):

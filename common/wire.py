@@ -19,9 +19,9 @@ import msgpack
 import numpy as np
 import zmq
 
-from common import dtypes
-from common.errors import InvalidArgumentError
-from common.limits import DEFAULT_LIMITS
+from zmqflow.common import dtypes
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.limits import DEFAULT_LIMITS
 
 VERSION = 1
 ZERO_COPY_BYTES = 64 * 1024

@@ -1,7 +1,7 @@
 """Load test of a running aggregator: open-loop predicts at a target rate, optionally killing or
 pausing one member half-way, then a table (and JSON) of failures and latency percentiles.
 
-    python -m loadtest.aggregator --address tcp://127.0.0.1:5800 --rate 500 --duration 10 \\
+    python -m zmqflow.loadtest.aggregator --address tcp://127.0.0.1:5800 --rate 500 --duration 10 \\
         --kill-member 1 --at 0.5 --json-out load.json
 
 Killing or pausing a member sends it a signal by the PID its `info` op reports, so it works
@@ -15,10 +15,10 @@ import signal
 import click
 import numpy as np
 
-from common.aggregator_client import AggregatorClient
-from common.cli_support import curve_option
-from common.rpc_client import RpcClient
-from loadtest.open_loop import run_open_loop
+from zmqflow.common.aggregator_client import AggregatorClient
+from zmqflow.common.cli_support import curve_option
+from zmqflow.common.rpc_client import RpcClient
+from zmqflow.loadtest.open_loop import run_open_loop
 
 
 class MemberFault:

@@ -7,9 +7,9 @@ import time
 
 from click.testing import CliRunner
 
-from common.processes import start_service
-from common.queues import FIFOQueue
-from services.cli import main
+from zmqflow.common.processes import start_service
+from zmqflow.common.queues import FIFOQueue
+from zmqflow.cli.main import main
 
 
 def test_every_command_has_help():
@@ -21,7 +21,7 @@ def test_every_command_has_help():
 
 
 def test_python_dash_m_broker_help():
-    out = subprocess.run([sys.executable, "-m", "services.broker", "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "zmqflow.services.broker", "--help"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and "--bind" in out.stdout
 
@@ -50,7 +50,7 @@ def test_ping_of_a_dead_address_fails_fast():
 
 
 def test_broker_exits_zero_on_sigterm(tmp_path):
-    proc = start_service("services.broker", log_dir=str(tmp_path))
+    proc = start_service("zmqflow.services.broker", log_dir=str(tmp_path))
     assert proc.stop() == 0
     assert "stopped" in proc.log()
 

@@ -1,3 +1,3 @@
-from services.aggregator.cli import main
+from zmqflow.services.aggregator.cli import main
 
 main()

@@ -2,7 +2,7 @@
 
 import click
 
-from common.cli_support import run_service_instance, service_options
+from zmqflow.common.cli_support import run_service_instance, service_options
 
 
 def parse_member(text):
@@ -38,7 +38,7 @@ def parse_member(text):
 def command(bind, ready_file, log_level, client_timeout, max_message_bytes, members, mode, deadline_ms, min_members,
             combine, unhealthy_after, probe_ms):
     """Answer predict requests from several model servers by each request's deadline."""
-    from services.aggregator.server import Aggregator
+    from zmqflow.services.aggregator.server import Aggregator
 
     parsed = [parse_member(m) for item in members for m in item.split(",") if m]
 

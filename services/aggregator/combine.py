@@ -7,7 +7,7 @@ Every answer must have the same shape [n, classes]; `vote` returns vote shares p
 
 import numpy as np
 
-from common.errors import InvalidArgumentError
+from zmqflow.common.errors import InvalidArgumentError
 
 COMBINERS = ("mean", "vote", "weighted")
 

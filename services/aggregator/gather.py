@@ -5,8 +5,8 @@ request can be answered now (everyone asked has responded, or `min_members` can 
 be reached). `outcome()` combines what arrived or names who answered for the error.
 """
 
-from common.errors import DeadlineExceededError, InvalidArgumentError, UnavailableError, error_from_code
-from services.aggregator.combine import combine, same_shape
+from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError, UnavailableError, error_from_code
+from zmqflow.services.aggregator.combine import combine, same_shape
 
 
 class Gather:

@@ -9,7 +9,7 @@ The counters are a plain dict per member, easy to list or export.
 
 import itertools
 
-from common.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from zmqflow.common.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 
 COUNTERS = ("requests", "answers", "timeouts", "errors", "probes", "recoveries")
 

@@ -22,13 +22,13 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from common import curve, wire
-from common.errors import (DEADLINE_EXCEEDED, INVALID_ARGUMENT, InvalidArgumentError, OpError, code_name)
-from common.rpc_service import PARKED, Service
-from services.aggregator.combine import check_combine
-from services.aggregator.gather import Gather
-from services.aggregator.members import MemberSet
-from services.aggregator.stats import AggregatorStats
+from zmqflow.common import curve, wire
+from zmqflow.common.errors import (DEADLINE_EXCEEDED, INVALID_ARGUMENT, InvalidArgumentError, OpError, code_name)
+from zmqflow.common.rpc_service import PARKED, Service
+from zmqflow.services.aggregator.combine import check_combine
+from zmqflow.services.aggregator.gather import Gather
+from zmqflow.services.aggregator.members import MemberSet
+from zmqflow.services.aggregator.stats import AggregatorStats
 
 log = logging.getLogger(__name__)
 
@@ -385,7 +385,7 @@ class Aggregator(Service):
 
     def metric_families(self):
         """Counters per member and per aggregator for Prometheus, read at scrape time (common/metrics.py)."""
-        from common.metrics import counter_family, gauge_family
+        from zmqflow.common.metrics import counter_family, gauge_family
         members = list(self.members.members.values())
         for key in ("requests", "answers", "timeouts", "errors", "probes", "recoveries"):
             yield counter_family(f"zmqflow_aggregator_member_{key}", f"Member {key}, per member.",

@@ -1,3 +1,3 @@
-from services.broker.cli import main
+from zmqflow.services.broker.cli import main
 
 main()

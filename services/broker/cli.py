@@ -5,9 +5,9 @@ import re
 
 import click
 
-from common.cli_support import run_service_instance, service_options
-from services.broker.queues.quota import BrokerLimits
-from services.broker.server import BrokerService
+from zmqflow.common.cli_support import run_service_instance, service_options
+from zmqflow.services.broker.queues.quota import BrokerLimits
+from zmqflow.services.broker.server import BrokerService
 
 _UNITS = {"": 1, "k": 10 ** 3, "m": 10 ** 6, "g": 10 ** 9, "t": 10 ** 12,
           "ki": 2 ** 10, "mi": 2 ** 20, "gi": 2 ** 30, "ti": 2 ** 40}

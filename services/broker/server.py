@@ -1,6 +1,6 @@
 """The queue-broker service: translates messages into calls on the queue registry.
 
-All queue semantics live in `services.broker.queues`; this file only maps ops
+All queue semantics live in `zmqflow.services.broker.queues`; this file only maps ops
 to calls, parks requests that cannot complete yet, and replies to every ticket
 a call completed (after the queue's loop finished, so replies are atomic).
 """
@@ -8,11 +8,11 @@ a call completed (after the queue's loop finished, so replies are atomic).
 import dataclasses
 import logging
 
-from common.errors import CancelledError, DeadlineExceededError, InvalidArgumentError
-from common.limits import DEFAULT_LIMITS
-from common.rpc_service import PARKED, Service
-from services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
-from services.broker.queues.quota import BrokerLimits
+from zmqflow.common.errors import CancelledError, DeadlineExceededError, InvalidArgumentError
+from zmqflow.common.limits import DEFAULT_LIMITS
+from zmqflow.common.rpc_service import PARKED, Service
+from zmqflow.services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
+from zmqflow.services.broker.queues.quota import BrokerLimits
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class BrokerService(Service):
 
     def metric_families(self):
         """Queue gauges for Prometheus, read from the registry at scrape time (common/metrics.py)."""
-        from common.metrics import gauge_family
+        from zmqflow.common.metrics import gauge_family
         queues, labels = self.registry.list(), ("container", "queue", "kind")
         for field, name, doc in (("size", "queue_size", "Elements in the queue."),
                                  ("capacity", "queue_capacity", "The queue's capacity (-1: unbounded)."),

@@ -1,3 +1,3 @@
-from services.ps.cli import main
+from zmqflow.services.ps.cli import main
 
 main()

@@ -4,10 +4,10 @@ import logging
 
 import click
 
-from common.cli_support import run_service_instance, service_options
-from common.model_spec import model_variables
-from common.placement import place
-from common.task_options import model_options, parse_json_option, resolve_model, task_from_tf_config
+from zmqflow.common.cli_support import run_service_instance, service_options
+from zmqflow.models.spec import model_variables, resolve_model
+from zmqflow.common.placement import place
+from zmqflow.common.task_options import model_options, parse_json_option, task_from_tf_config
 
 
 @click.command(name="ps", context_settings={"show_default": True})
@@ -34,7 +34,7 @@ def command(bind, ready_file, log_level, client_timeout, max_message_bytes, task
     task. With TF_CONFIG set (task type ps), the index, the number of shards and
     the address come from it.
     """
-    from services.ps.server import PsService
+    from zmqflow.services.ps.server import PsService
 
     tf_task = task_from_tf_config(("ps",))
     if tf_task is not None:
@@ -55,7 +55,7 @@ def command(bind, ready_file, log_level, client_timeout, max_message_bytes, task
         log = logging.getLogger("ps-shard")
         log.info("ps:%d of %d, %s mode, placement:\n%s", task_index, num_ps, mode, placement.table())
         if restore_from:
-            from services.ps import checkpoint
+            from zmqflow.common import checkpoint
             if checkpoint.latest_checkpoint(restore_from):
                 service.restore_latest(restore_from)
         return service

@@ -19,7 +19,7 @@ import math
 import numpy as np
 from numba import njit
 
-from common.errors import InvalidArgumentError
+from zmqflow.common.errors import InvalidArgumentError
 
 
 # --- kernels: flat (dense) and row (sparse) updates, in place -------------------------

@@ -23,10 +23,10 @@ import time
 import ml_dtypes
 import numpy as np
 
-from common.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError, NotFoundError
-from common.rpc_service import PARKED, Service
-from services.ps import checkpoint
-from services.ps.shard import ShardState
+from zmqflow.common.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError, NotFoundError
+from zmqflow.common.rpc_service import PARKED, Service
+from zmqflow.common import checkpoint
+from zmqflow.services.ps.shard import ShardState
 
 log = logging.getLogger(__name__)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -243,7 +243,7 @@ class PsService(Service):
 
     def metric_families(self):
         """The shard's counters for Prometheus, read from its stats at scrape time (common/metrics.py)."""
-        from common.metrics import counter_family, gauge_family, histogram_family
+        from zmqflow.common.metrics import counter_family, gauge_family, histogram_family
         stats, shard, now = self.state.stats(), (str(self.shard_index),), time.monotonic()
         yield gauge_family("zmqflow_ps_version", "The shard's version (global step).", {shard: stats["version"]},
                            ["shard"])

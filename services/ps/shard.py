@@ -35,10 +35,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from common.dtypes import as_numpy
-from common.errors import (AlreadyExistsError, FailedPreconditionError, InvalidArgumentError,
+from zmqflow.common.dtypes import as_numpy
+from zmqflow.common.errors import (AlreadyExistsError, FailedPreconditionError, InvalidArgumentError,
                            NotFoundError)
-from services.ps.optimizers import Optimizer, make_optimizer
+from zmqflow.services.ps.optimizers import Optimizer, make_optimizer
 
 MODES = ("async", "sync")
 _ALIGN = 64  # bytes between pieces in a snapshot buffer, so every view is aligned

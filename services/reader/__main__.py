@@ -1,3 +1,3 @@
-from services.reader.cli import main
+from zmqflow.services.reader.cli import main
 
 main()

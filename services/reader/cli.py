@@ -1,4 +1,4 @@
-"""`zmqflow-reader` / `zmqflow reader` / `python -m services.reader`: one reader process of an input pipeline.
+"""`zmqflow-reader` / `zmqflow reader` / `python -m zmqflow.services.reader`: one reader process of an input pipeline.
 
     zmqflow reader --broker tcp://127.0.0.1:5555 --preset mnist-csv --num-epochs 2 --readers 2
     zmqflow reader --broker ... --files 'shards/*.csv' --format csv \\
@@ -23,14 +23,14 @@ import sys
 
 import click
 
-from common.cli_support import curve_option, ops_options, setup_logging
-from common.datasets import DATA_DIR, RECORD_FORMAT
-from common.errors import OpError
-from common.memory import keep_freed_memory
-from common.processes import start_process
-from services.reader.coordination import DEFAULT_LEASE_S, DEFAULT_TOKEN_WAIT_S
-from services.reader.formats import FORMATS
-from services.reader.pipeline import DEFAULT_ENQUEUE_TIMEOUT, QUEUE_KINDS
+from zmqflow.common.cli_support import curve_option, ops_options, setup_logging
+from zmqflow.inputs.datasets import DATA_DIR, RECORD_FORMAT
+from zmqflow.common.errors import OpError
+from zmqflow.common.memory import keep_freed_memory
+from zmqflow.common.processes import start_process
+from zmqflow.common.input_pipeline import DEFAULT_LEASE_S, DEFAULT_TOKEN_WAIT_S
+from zmqflow.inputs.formats import FORMATS
+from zmqflow.services.reader.pipeline import DEFAULT_ENQUEUE_TIMEOUT, QUEUE_KINDS
 
 _MNIST = {"features": ["image", "label"]}
 PRESETS = {
@@ -89,7 +89,7 @@ def _parse_cast(values):
 def _tf_config_task():
     """(name, broker endpoint or None) from TF_CONFIG: task type 'reader' names the member reader:<index>,
     and a 'broker' job in the cluster gives the broker's address."""
-    from common.cluster import ClusterSpec
+    from zmqflow.common.cluster import ClusterSpec
     task = ClusterSpec.from_tf_config()
     if task is None:
         return "reader", None
@@ -158,14 +158,14 @@ def command(broker, file_patterns, preset, format_kind, format_options, features
     queue is closed once, by the last reader to finish, so consumers get every
     instance and then OutOfRange. A reader that dies mid-file fails the
     pipeline: its queues are closed with cancel and the error is recorded for
-    consumers (see services/reader/coordination.py).
+    consumers (see common/input_pipeline.py).
 
     Exits 0 when the pipeline closed or this reader was stopped (SIGTERM or
     SIGINT: between files it leaves quietly, mid-file it fails the pipeline with
     CancelledError), 3 when the broker was lost, 1 when the pipeline failed otherwise. TF_CONFIG: task type 'reader' names the
     member reader:<index>; a 'broker' job gives the broker's address.
     """
-    from services.reader.pipeline import ReaderPipeline
+    from zmqflow.services.reader.pipeline import ReaderPipeline
 
     tf_name, tf_broker = _tf_config_task()
     broker = broker or tf_broker
@@ -189,7 +189,7 @@ def command(broker, file_patterns, preset, format_kind, format_options, features
                                   readers=readers, features=features, cast=cast, lease_s=lease_s,
                                   token_wait_s=token_wait_s, enqueue_timeout=enqueue_timeout, in_flight=in_flight,
                                   name=name, progress_every=progress_every)
-        from common import metrics
+        from zmqflow.common import metrics
         if metrics.requested():  # --metrics-port
             metrics.register(lambda: pipeline.counters.metric_families(name))
             metrics.serve()
@@ -247,7 +247,7 @@ def start_readers(broker, processes=1, log_dir=None, env=None, stats_dir=None, *
             args = ["--broker", broker, *reader_args(**options)]
             if stats_dir:
                 args += ["--stats-file", os.path.join(stats_dir, f"reader-{i}.json")]
-            procs.append(start_process("services.reader", args, env=env, log_dir=log_dir, name=f"reader{i}"))
+            procs.append(start_process("zmqflow.services.reader", args, env=env, log_dir=log_dir, name=f"reader{i}"))
     except BaseException:
         for proc in procs:
             proc.stop()

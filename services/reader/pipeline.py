@@ -36,14 +36,14 @@ import time
 
 import numpy as np
 
-from common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError,
+from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError,
                            OutOfRangeError, UnavailableError)
-from common.queues import FIFOQueue, PaddingFIFOQueue, RandomShuffleQueue
-from common.rpc_client import default_pool
-from services.reader.coordination import (DEFAULT_LEASE_S, DEFAULT_TOKEN_WAIT_S, FILENAMES_SUFFIX, Coordinator,
+from zmqflow.common.queues import FIFOQueue, PaddingFIFOQueue, RandomShuffleQueue
+from zmqflow.common.rpc_client import default_pool
+from zmqflow.common.input_pipeline import (DEFAULT_LEASE_S, DEFAULT_TOKEN_WAIT_S, FILENAMES_SUFFIX, Coordinator,
                                           PipelineRegister, member_id)
-from services.reader.formats import open_format
-from services.reader.producer import DEFAULT_CAPACITY, expand_globs, filename_queue, string_input_producer
+from zmqflow.inputs.formats import open_format
+from zmqflow.services.reader.producer import DEFAULT_CAPACITY, expand_globs, filename_queue, string_input_producer
 
 log = logging.getLogger("reader")
 
@@ -123,7 +123,7 @@ class ReaderCounters:
 
     def metric_families(self, member):
         """This reader process's counters for Prometheus, read at scrape time (common/metrics.py)."""
-        from common.metrics import counter_family, gauge_family
+        from zmqflow.common.metrics import counter_family, gauge_family
         snap, key = self.snapshot(), (member,)
         for field, doc in (("instances", "Instances pushed into the instance queue."), ("files_done", "Files read."),
                            ("records_read", "Records read."), ("bytes_read", "Bytes read from files."),

@@ -21,9 +21,9 @@ because a data set that does not fit belongs in a queue.
 
 import numpy as np
 
-from common.errors import InvalidArgumentError, ResourceExhaustedError
-from services.reader.formats import open_format
-from services.reader.producer import expand_globs
+from zmqflow.common.errors import InvalidArgumentError, ResourceExhaustedError
+from zmqflow.inputs.formats import open_format
+from zmqflow.services.reader.producer import expand_globs
 
 DEFAULT_MAX_BYTES = 1 << 30
 
@@ -103,7 +103,7 @@ def preload(data, target):
 
 def preload_to_ps(data, ps_endpoint, name, timeout=60.0):
     """Hold `data` on the ps shard at `ps_endpoint` as the preloaded data set `name`."""
-    from common.rpc_client import RpcClient
+    from zmqflow.common.rpc_client import RpcClient
     names = list(data.features)
     with RpcClient(ps_endpoint) as client:
         return client.call("preload", {"name": name, "names": names}, [data.features[n] for n in names],

@@ -24,8 +24,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from common.errors import CancelledError, DeadlineExceededError, InvalidArgumentError, NotFoundError
-from common.queues import FIFOQueue
+from zmqflow.common.errors import CancelledError, DeadlineExceededError, InvalidArgumentError, NotFoundError
+from zmqflow.common.queues import FIFOQueue
 
 log = logging.getLogger(__name__)
 

@@ -1,3 +1,3 @@
-from services.serve.cli import main
+from zmqflow.services.serve.cli import main
 
 main()

@@ -2,8 +2,8 @@
 
 import click
 
-from common.cli_support import run_service_instance, service_options
-from common.task_options import model_options
+from zmqflow.common.cli_support import run_service_instance, service_options
+from zmqflow.common.task_options import model_options
 
 
 @click.command(name="serve", context_settings={"show_default": True})
@@ -22,7 +22,7 @@ from common.task_options import model_options
 def command(bind, ready_file, log_level, client_timeout, max_message_bytes, checkpoint_dir, follow_ps, refresh_secs,
             model_spec, placement_strategy, max_shard_bytes, backend, max_batch, max_delay_ms, model_name):
     """Answer predict requests from a checkpoint or the live ps shards, batching concurrent requests."""
-    from services.serve.server import ModelServer, default_model_name
+    from zmqflow.services.serve.server import ModelServer, default_model_name
 
     endpoints = [e for item in follow_ps for e in item.split(",") if e]
     if not checkpoint_dir and not endpoints:
@@ -43,9 +43,9 @@ def command(bind, ready_file, log_level, client_timeout, max_message_bytes, chec
 
 def _spec(model_spec, checkpoint_dir):
     """--model, else the spec the checkpoint was trained with (its config), else the MNIST MLP."""
-    from common.task_options import resolve_model
+    from zmqflow.models.spec import resolve_model
     if model_spec is None and checkpoint_dir:
-        from services.ps.checkpoint import Checkpoint, latest_checkpoint
+        from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
         path = latest_checkpoint(checkpoint_dir)
         if path and isinstance(Checkpoint(path).config.get("model"), dict):
             return Checkpoint(path).config["model"]

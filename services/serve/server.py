@@ -13,10 +13,10 @@ import time
 
 import numpy as np
 
-from common.errors import DeadlineExceededError, InvalidArgumentError, NotFoundError
-from common.model_spec import load_model, model_variables
-from common.rpc_service import PARKED, Service
-from services.serve.batcher import Batcher
+from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError, NotFoundError
+from zmqflow.models.spec import load_model, model_variables
+from zmqflow.common.rpc_service import PARKED, Service
+from zmqflow.services.serve.batcher import Batcher
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,8 @@ class ModelServer(Service):
         self.checkpoint_dir, self.refresh_secs = checkpoint_dir, refresh_secs
         self.ps = None
         if ps_endpoints:
-            from common.placement import place
-            from common.ps_client import PsClient
+            from zmqflow.common.placement import place
+            from zmqflow.common.ps_client import PsClient
             placement = place(model_variables(spec), len(ps_endpoints), placement_strategy, max_shard_bytes)
             self.ps = PsClient(list(ps_endpoints), placement, name="serve")
         self.params, self.version, self.source = None, None, None
@@ -61,7 +61,7 @@ class ModelServer(Service):
                     self.params, self.version, self.source = params, self.ps.versions[0], "ps"
                     self.stats["reloads"] += 1
                 return
-            from services.ps.checkpoint import Checkpoint, latest_checkpoint
+            from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
             path = latest_checkpoint(self.checkpoint_dir)
             if path is None:
                 raise NotFoundError(f"no committed checkpoint in {self.checkpoint_dir!r}")
@@ -105,7 +105,7 @@ class ModelServer(Service):
 
     def metric_families(self):
         """The server's counters for Prometheus, read at scrape time (common/metrics.py)."""
-        from common.metrics import counter_family, gauge_family
+        from zmqflow.common.metrics import counter_family, gauge_family
         model, stats = (self.model_name,), self.stats
         yield gauge_family("zmqflow_serve_model_version", "Version (step) of the parameters served.",
                            {model: self.version}, ["model"])

@@ -1,3 +1,3 @@
-from services.worker.cli import main
+from zmqflow.services.worker.cli import main
 
 main()

@@ -6,10 +6,11 @@ import os
 
 import click
 
-from common.cli_support import curve_option, ops_options, setup_logging
-from common.errors import OpError
-from common.memory import keep_freed_memory
-from common.task_options import model_options, resolve_model, task_from_tf_config
+from zmqflow.common.cli_support import curve_option, ops_options, setup_logging
+from zmqflow.common.errors import OpError
+from zmqflow.common.memory import keep_freed_memory
+from zmqflow.common.task_options import model_options, task_from_tf_config
+from zmqflow.models.spec import resolve_model
 
 PEER_LOST = 3
 """Exit code of a task that lost a peer it cannot do without (documented in deploy/README.md)."""
@@ -93,18 +94,18 @@ def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task
     latest checkpoint in DIR (see `zmqflow serve --help` for batching options).
     """
     if serve_checkpoint:
-        from services.serve.cli import command as serve_command
+        from zmqflow.services.serve.cli import command as serve_command
         args = ["--checkpoint", serve_checkpoint, "--bind", bind, "--backend", backend, "--log-level", log_level]
         args += ["--ready-file", ready_file] if ready_file else []
         args += ["--model", model_spec] if model_spec else []
         return serve_command.main(args=args, prog_name="zmqflow worker --serve", standalone_mode=True)
-    from common import queues
-    from common.datasets import mnist_split
-    from common.model_spec import model_variables
-    from common.placement import place
-    from common.ps_client import PsClient
-    from services.worker import hooks as H
-    from services.worker.trainer import Trainer
+    from zmqflow.common import queues
+    from zmqflow.inputs.datasets import mnist_split
+    from zmqflow.models.spec import model_variables
+    from zmqflow.common.placement import place
+    from zmqflow.common.ps_client import PsClient
+    from zmqflow.services.worker import hooks as H
+    from zmqflow.services.worker.trainer import Trainer
 
     tf_task = task_from_tf_config(("worker", "chief", "master"))
     if tf_task is not None:
@@ -124,8 +125,8 @@ def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task
     is_chief = task_index == 0
     spec = resolve_model(model_spec)
     # --- devices and towers: the model with its layers placed (services/worker/devices.py) ---
-    from common.errors import InvalidArgumentError
-    from services.worker.devices import build_model
+    from zmqflow.common.errors import InvalidArgumentError
+    from zmqflow.services.worker.devices import build_model
     try:
         model = build_model(spec, backend=backend, device=device, placement_function=placement_function,
                             allow_soft_placement=allow_soft_placement, log_device_placement=log_device_placement,
@@ -140,7 +141,7 @@ def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task
         logging.getLogger("worker").info("placement over %d ps shards:\n%s", len(ps_endpoints), placement.table())
     ps = PsClient(ps_endpoints, placement, bf16=bf16, name=f"worker{task_index}")
     if preloaded:
-        from services.worker.preloaded_input import PreloadedInput
+        from zmqflow.services.worker.preloaded_input import PreloadedInput
         queue = PreloadedInput(ps, preloaded, ps.preloaded_rows(preloaded), epochs, batch_size, task_index,
                                num_workers)
     elif broker:
@@ -158,14 +159,14 @@ def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task
     if is_chief and summaries:
         hooks.append(H.SummaryHook(summaries))
     hooks += [H.load_hook(h) for h in user_hooks]
-    from common import metrics
+    from zmqflow.common import metrics
     if metrics.serve_requested():  # --metrics-port
-        from services.worker.metrics_hook import MetricsHook
+        from zmqflow.services.worker.metrics_hook import MetricsHook
         hooks.append(MetricsHook(f"worker:{task_index}"))
     summary_dir = summary_dir or (os.path.join(checkpoint_dir, "train") if checkpoint_dir else None)
     tensorboard = None
     if is_chief and summary_dir and summary_dir != "off":
-        from services.worker.tensorboard import TensorBoardHook
+        from zmqflow.services.worker.tensorboard import TensorBoardHook
         tensorboard = TensorBoardHook(summary_dir, summary_every_steps)
         hooks.append(tensorboard)
     trainer = Trainer(model, ps, queue, replica=task_index, num_workers=num_workers, is_chief=is_chief,
@@ -199,14 +200,14 @@ def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task
 def _exit_on_error(task_index, exc):
     """Name the failing peer and exit: PEER_LOST when a service is unreachable or the input pipeline
     lost a reader, 1 for any other error."""
-    from common.errors import AbortedError, UnavailableError
+    from zmqflow.common.errors import AbortedError, UnavailableError
     logging.getLogger("worker").error("worker %d stops: %s: %s", task_index, type(exc).__name__, exc)
     raise SystemExit(PEER_LOST if isinstance(exc, (UnavailableError, AbortedError)) else 1) from None
 
 
 def _shutdown_broker(broker):
     """Ask the broker to exit; one that is already gone is no error at the end of a job."""
-    from common.rpc_client import RpcClient
+    from zmqflow.common.rpc_client import RpcClient
     try:
         with RpcClient(broker, heartbeat_interval=5.0) as client:
             client.call("shutdown", {"by": "the chief"}, timeout=5.0)

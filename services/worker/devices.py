@@ -5,7 +5,7 @@ Placement of one layer, as TensorFlow 1.x places an op:
 - scopes, outermost first: a tower's device (towers.py), `--device` (a DeviceSpec string,
   partial allowed), then the `--placement-function module:function`, called per layer with a
   `LayerOp` (.name, .type, .ops, .dtype, .shape; .device is "" as nothing is inside it) and
-  returning a device string, DeviceSpec or None; common.device merges them as tf.device nests:
+  returning a device string, DeviceSpec or None; zmqflow.common.device merges them as tf.device nests:
   the function speaks first and each outer scope fills in the fields still unset;
 - unset fields come from the default device: /gpu:0 when a GPU is visible, else /cpu:0;
 - a job, replica or task in the result must be this task's (a worker computes only its own layers);
@@ -26,12 +26,12 @@ import os
 
 import numpy as np
 
-from common.device import DeviceSpec, DeviceStack
-from common.errors import InvalidArgumentError
-from common.model_spec import layer_names, load_model, mlp_initial_values, mlp_variables, validate_spec
-from services.worker.kernels import get_backend, gpu_count
-from services.worker.kernels.numpy_kernels import check_labels
-from services.worker.model import MLP, checked_param
+from zmqflow.common.device import DeviceSpec, DeviceStack
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.models.spec import layer_names, load_model, mlp_initial_values, mlp_variables, validate_spec
+from zmqflow.models.kernels import get_backend, gpu_count
+from zmqflow.models.kernels.numpy_kernels import check_labels
+from zmqflow.models.mlp import MLP, checked_param
 
 log = logging.getLogger("devices")
 
@@ -452,7 +452,7 @@ def build_model(spec, *, backend="numba", device=None, placement_function=None, 
         set_gpu_memory_fraction(gpu_memory_fraction)
     if towers == 1:
         return place_model(spec, options)
-    from services.worker.towers import TowerModel, tower_devices
+    from zmqflow.services.worker.towers import TowerModel, tower_devices
     devices = tower_devices(towers, options.gpus())
     index = iter(range(towers))  # TowerModel builds its towers in order
     return TowerModel(lambda dev: place_model(spec, options, outer=dev, log_prefix=f"tower_{next(index)}/"), devices)

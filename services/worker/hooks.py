@@ -9,7 +9,7 @@ import json
 import logging
 import time
 
-from common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
+from zmqflow.common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 
 log = logging.getLogger("worker")
 

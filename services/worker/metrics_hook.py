@@ -6,8 +6,8 @@ over the last second or more and the last loss, so a step pays two compares.
 
 import time
 
-from common import metrics
-from services.worker.hooks import Hook
+from zmqflow.common import metrics
+from zmqflow.services.worker.hooks import Hook
 
 
 class MetricsHook(Hook):

@@ -8,7 +8,7 @@ queue method the trainer uses, `dequeue_up_to_async`, and ends with OutOfRange.
 
 import numpy as np
 
-from common.errors import OutOfRangeError
+from zmqflow.common.errors import OutOfRangeError
 
 
 class _Done:

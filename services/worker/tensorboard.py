@@ -10,8 +10,8 @@ last write (from its `stats`), so it costs one small RPC per write, not per step
 import logging
 import time
 
-from common.errors import OpError
-from services.worker.hooks import Hook
+from zmqflow.common.errors import OpError
+from zmqflow.services.worker.hooks import Hook
 
 log = logging.getLogger("worker")
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from common.errors import InvalidArgumentError
+from zmqflow.common.errors import InvalidArgumentError
 
 
 def tower_devices(n, num_gpus):
@@ -36,7 +36,7 @@ class TowerModel:
 
     def __init__(self, model_factory, towers):
         if isinstance(towers, int) and not isinstance(towers, bool):
-            from services.worker.devices import visible_gpu_count
+            from zmqflow.services.worker.devices import visible_gpu_count
             towers = tower_devices(towers, visible_gpu_count())
         self.devices = list(towers)
         if not self.devices:

@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 
-from common.errors import DeadlineExceededError, OutOfRangeError, UnavailableError
-from services.reader.coordination import raise_if_failed
-from services.worker.hooks import StepContext
+from zmqflow.common.errors import DeadlineExceededError, OutOfRangeError, UnavailableError
+from zmqflow.common.input_pipeline import raise_if_failed
+from zmqflow.services.worker.hooks import StepContext
 
 log = logging.getLogger("worker")
 
@@ -43,7 +43,7 @@ class Trainer:
     def start(self):
         """Chief: restore the latest checkpoint if any, else initialize. Others: wait until ready.
         Every worker first runs one step on zeros, so kernel compilation is not counted as training."""
-        from services.ps.checkpoint import latest_checkpoint
+        from zmqflow.common.checkpoint import latest_checkpoint
         self._warm_up()
         if self.is_chief:
             latest = latest_checkpoint(self.checkpoint_dir) if self.checkpoint_dir else None

@@ -1,7 +1,7 @@
 import pytest
 
-from common.aggregator_client import AggregatorClient
-from common.processes import start_service
+from zmqflow.common.aggregator_client import AggregatorClient
+from zmqflow.common.processes import start_service
 from tests.aggregator.fakes import FakeMember
 
 
@@ -27,7 +27,7 @@ def aggregator(tmp_path):
 
     def start(members, *args):
         member_args = [a for m in members for a in ("--member", m if isinstance(m, str) else m.endpoint)]
-        proc = start_service("services.aggregator", [*member_args, *args], log_dir=str(tmp_path))
+        proc = start_service("zmqflow.services.aggregator", [*member_args, *args], log_dir=str(tmp_path))
         client = AggregatorClient(proc.endpoint, timeout=10.0)
         started.append((proc, client))
         return proc, client

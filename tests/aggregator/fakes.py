@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 
-from common.errors import UnavailableError
-from common.rpc_service import PARKED, Call, Service
+from zmqflow.common.errors import UnavailableError
+from zmqflow.common.rpc_service import PARKED, Call, Service
 
 
 class FakeMember(Service):

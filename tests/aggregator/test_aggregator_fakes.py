@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from common.errors import (AlreadyExistsError, DeadlineExceededError, InvalidArgumentError, NotFoundError,
+from zmqflow.common.errors import (AlreadyExistsError, DeadlineExceededError, InvalidArgumentError, NotFoundError,
                            UnavailableError)
 
 SLACK = 0.1  # seconds past a deadline an answer may take on a busy 2-core machine

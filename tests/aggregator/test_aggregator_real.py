@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from bench.serve import write_random_checkpoint
-from common.aggregator_client import AggregatorClient
-from common.model_spec import MNIST_MLP, load_model
-from common.processes import start_service
-from common.serve_client import ModelClient
-from services.aggregator.cli import parse_member
+from zmqflow.bench.serve import write_random_checkpoint
+from zmqflow.common.aggregator_client import AggregatorClient
+from zmqflow.models.spec import MNIST_MLP, load_model
+from zmqflow.common.processes import start_service
+from zmqflow.common.serve_client import ModelClient
+from zmqflow.services.aggregator.cli import parse_member
 
 SLACK = 0.1
 
@@ -28,7 +28,7 @@ def servers(tmp_path_factory):
         for seed in (1, 2, 3):
             ckpt = str(tmp_path_factory.mktemp(f"ckpt{seed}"))
             write_random_checkpoint(ckpt, seed)
-            procs.append(start_service("services.serve", ["--checkpoint", ckpt, "--backend", "numpy",
+            procs.append(start_service("zmqflow.services.serve", ["--checkpoint", ckpt, "--backend", "numpy",
                                                           "--max-delay-ms", "1"],
                                        log_dir=str(tmp_path_factory.mktemp("serve"))))
         yield procs
@@ -70,7 +70,7 @@ def victim(tmp_path):
     procs = []
 
     def start(bind="tcp://127.0.0.1:*"):
-        procs.append(start_service("services.serve", ["--checkpoint", ckpt, "--backend", "numpy"], bind=bind,
+        procs.append(start_service("zmqflow.services.serve", ["--checkpoint", ckpt, "--backend", "numpy"], bind=bind,
                                    log_dir=str(tmp_path)))
         return procs[-1]
     yield start
@@ -138,19 +138,19 @@ def test_replica_mode_over_real_members(servers, aggregator):
 def test_member_option_parsing_and_the_command_lines():
     assert parse_member("tcp://h:1=2.5") == ("tcp://h:1", 2.5)
     assert parse_member("tcp://h:1") == ("tcp://h:1", 1.0)
-    from services.cli import main
+    from zmqflow.cli.main import main
     result = CliRunner().invoke(main, ["aggregator", "--help"])
     assert result.exit_code == 0 and "--member" in result.output and "--probe-ms" in result.output
     result = CliRunner().invoke(main, ["aggregator", "--member", "tcp://h:1=heavy"])
     assert result.exit_code == 2 and "not a number" in result.output
-    out = subprocess.run([sys.executable, "-m", "services.aggregator", "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "zmqflow.services.aggregator", "--help"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and "--unhealthy-after" in out.stdout
     assert CliRunner().invoke(main, ["bench", "serve", "--help"]).exit_code == 0
 
 
 def test_the_aggregator_answers_ping_and_stops_cleanly(servers, tmp_path):
-    proc = start_service("services.aggregator", ["--member", servers[0].endpoint], log_dir=str(tmp_path))
+    proc = start_service("zmqflow.services.aggregator", ["--member", servers[0].endpoint], log_dir=str(tmp_path))
     try:
         with AggregatorClient(proc.endpoint) as client:
             assert client.rpc.ping() < 1.0

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from common.errors import InvalidArgumentError
-from services.aggregator.combine import combine, same_shape
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.services.aggregator.combine import combine, same_shape
 
 A = np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]], np.float32)
 B = np.array([[0.1, 0.8, 0.1], [0.2, 0.2, 0.6]], np.float32)

@@ -2,10 +2,10 @@
 
 import pytest
 
-from common.errors import AlreadyExistsError, DeadlineExceededError, InvalidArgumentError, NotFoundError, \
+from zmqflow.common.errors import AlreadyExistsError, DeadlineExceededError, InvalidArgumentError, NotFoundError, \
     UnavailableError
-from services.aggregator.gather import Gather
-from services.aggregator.members import MemberSet
+from zmqflow.services.aggregator.gather import Gather
+from zmqflow.services.aggregator.members import MemberSet
 
 
 def test_consecutive_failures_mark_unhealthy_and_an_answer_resets_the_count():

@@ -13,9 +13,9 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common import wire
-from common.errors import OK
-from common.queues import FIFOQueue
+from zmqflow.common import wire
+from zmqflow.common.errors import OK
+from zmqflow.common.queues import FIFOQueue
 
 OPS = ["enqueue", "enqueue_many", "dequeue", "dequeue_many", "dequeue_up_to", "close", "size", "is_closed",
        "open_queue", "reset", "list_queues", "ping", "cancel", "nope", "", "x" * 300]
@@ -108,9 +108,9 @@ def test_sizes_larger_than_the_frames_are_refused(broker, sentinel):
 
 
 def test_oversized_message_names_the_limit(tmp_path):
-    from common.processes import start_service
-    from common.errors import InvalidArgumentError
-    small = start_service("services.broker", ["--max-message-bytes", "100000"], log_dir=str(tmp_path))
+    from zmqflow.common.processes import start_service
+    from zmqflow.common.errors import InvalidArgumentError
+    small = start_service("zmqflow.services.broker", ["--max-message-bytes", "100000"], log_dir=str(tmp_path))
     try:
         q = FIFOQueue(10, "float32", shapes=[[50_000]], broker=small.endpoint)
         with pytest.raises(InvalidArgumentError, match="exceeds the limit of 100000 bytes"):

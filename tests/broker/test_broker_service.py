@@ -11,11 +11,11 @@ import uuid
 import numpy as np
 import pytest
 
-from common import queues
-from common.errors import (CancelledError, DeadlineExceededError, InvalidArgumentError, NotFoundError,
+from zmqflow.common import queues
+from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InvalidArgumentError, NotFoundError,
                            OutOfRangeError)
-from common.rpc_client import RpcClient
-from common.queues import FIFOQueue, PaddingFIFOQueue, RandomShuffleQueue
+from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.queues import FIFOQueue, PaddingFIFOQueue, RandomShuffleQueue
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.errors import InvalidArgumentError
-from services.broker.queues import QueueDeclaration
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.services.broker.queues import QueueDeclaration
 
 
 def decl(kind="FIFOQueue", capacity=10, dtypes=("float32",), shapes=None, **kw):

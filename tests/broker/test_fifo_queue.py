@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.errors import CancelledError, DeadlineExceededError, InvalidArgumentError, OutOfRangeError
-from services.broker.queues import QUEUE_CLASSES, QueueDeclaration, Ticket
+from zmqflow.common.errors import CancelledError, DeadlineExceededError, InvalidArgumentError, OutOfRangeError
+from zmqflow.services.broker.queues import QUEUE_CLASSES, QueueDeclaration, Ticket
 
 DEADLINE = DeadlineExceededError("Timed out waiting for notification")
 

@@ -4,8 +4,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from common.errors import InvalidArgumentError, OutOfRangeError, ResourceExhaustedError
-from services.broker.queues import Ticket
+from zmqflow.common.errors import InvalidArgumentError, OutOfRangeError, ResourceExhaustedError
+from zmqflow.services.broker.queues import Ticket
 from tests.broker.test_fifo_queue import DEADLINE, go, i32, make, ok, value
 
 

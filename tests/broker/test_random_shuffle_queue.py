@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.errors import CancelledError, InvalidArgumentError, OutOfRangeError
-from services.broker.queues import Ticket
+from zmqflow.common.errors import CancelledError, InvalidArgumentError, OutOfRangeError
+from zmqflow.services.broker.queues import Ticket
 from tests.broker.test_fifo_queue import (DEADLINE, HISTORY_OPS, check_conservation, drain, enq, enq_many, go, i32,
                                           make, ok, run_history, value)
 

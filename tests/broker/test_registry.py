@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from common.errors import CancelledError, InvalidArgumentError, NotFoundError
-from services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
+from zmqflow.common.errors import CancelledError, InvalidArgumentError, NotFoundError
+from zmqflow.services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
 
 
 def decl(shared_name="", container="", kind="FIFOQueue", capacity=10, shapes=([],), **kw):

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from services.broker.queues import FIFOQueue, QueueDeclaration, Ticket
-from services.broker.queues.base import consecutive_rows
+from zmqflow.services.broker.queues import FIFOQueue, QueueDeclaration, Ticket
+from zmqflow.services.broker.queues.base import consecutive_rows
 
 
 def fifo(capacity=100):

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from common.cluster import ClusterSpec, TaskConfig
-from common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.common.cluster import ClusterSpec, TaskConfig
+from zmqflow.common.errors import InvalidArgumentError, NotFoundError
 
 CLUSTER = {"chief": ["chief:2222"], "ps": ["ps0:2222", "ps1:2222"], "worker": {0: "w0:2222", 2: "w2:2222"}}
 

@@ -4,8 +4,8 @@ import threading
 
 import pytest
 
-from common.device import DeviceSpec, DeviceStack, Op, current_device, device_scope
-from common.errors import InvalidArgumentError
+from zmqflow.common.device import DeviceSpec, DeviceStack, Op, current_device, device_scope
+from zmqflow.common.errors import InvalidArgumentError
 
 
 def spec(s):

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import zmq
 
-from common import wire
-from common.errors import (CancelledError, DeadlineExceededError, InvalidArgumentError, UnavailableError)
-from common.rpc_client import RpcClient
-from common.rpc_service import PARKED, Service
+from zmqflow.common import wire
+from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InvalidArgumentError, UnavailableError)
+from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.rpc_service import PARKED, Service
 
 
 class ToyService(Service):

@@ -3,7 +3,7 @@ import socket
 
 import pytest
 
-from services.up.compose import load
+from zmqflow.jobs.up.compose import load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMPOSE = os.path.join(ROOT, "docker-compose.yml")

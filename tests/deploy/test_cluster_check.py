@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from common.processes import start_service
+from zmqflow.common.processes import start_service
 from tests.deploy.conftest import ROOT
 
 ZMQFLOW = os.path.join(os.path.dirname(sys.executable), "zmqflow")
@@ -29,7 +29,7 @@ def dead_address():
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    proc = start_service("services.broker", log_dir=str(tmp_path_factory.mktemp("broker")))
+    proc = start_service("zmqflow.services.broker", log_dir=str(tmp_path_factory.mktemp("broker")))
     yield proc.endpoint
     proc.stop()
 

@@ -6,10 +6,10 @@ import click
 import pytest
 import yaml
 
-from common import metrics
-from common.cluster import ClusterSpec
-from common.cli_support import METRICS_PORT_ENV
-from services.cli import main
+from zmqflow.common import metrics
+from zmqflow.common.cluster import ClusterSpec
+from zmqflow.common.cli_support import METRICS_PORT_ENV
+from zmqflow.cli.main import main
 from tests.deploy.conftest import COMPOSE, compose_ports
 
 TOPOLOGY = {"data", "broker", "ps0", "ps1", "reader", "worker0", "worker1", "serve0", "serve1", "serve2", "aggregator"}
@@ -154,6 +154,6 @@ def test_healthcheck_commands_parse(project):
 
 
 def test_epochs_variable_is_read(tmp_path):
-    from services.up.compose import load
+    from zmqflow.jobs.up.compose import load
     project = load(COMPOSE, env={"EPOCHS": "2"})
     assert parse_zmqflow(project.services["reader"].command)["num_epochs"] == 2

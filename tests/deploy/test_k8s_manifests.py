@@ -9,7 +9,7 @@ import sys
 
 import yaml
 
-from common.cluster import ClusterSpec
+from zmqflow.common.cluster import ClusterSpec
 from tests.deploy.conftest import K8S
 
 # Kubernetes host -> compose service name

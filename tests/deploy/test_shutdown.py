@@ -5,14 +5,14 @@ import socket
 import subprocess
 import sys
 
-from common.processes import start_service
-from common.rpc_client import RpcClient
+from zmqflow.common.processes import start_service
+from zmqflow.common.rpc_client import RpcClient
 
 ZMQFLOW = os.path.join(os.path.dirname(sys.executable), "zmqflow")
 
 
 def test_broker_shutdown_op_exits_zero(tmp_path):
-    broker = start_service("services.broker", log_dir=str(tmp_path))
+    broker = start_service("zmqflow.services.broker", log_dir=str(tmp_path))
     try:
         with RpcClient(broker.endpoint) as client:
             result, _ = client.call("shutdown", {"by": "the test"}, timeout=5)

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from services.up.cli import find_chief, select
-from services.up.compose import ComposeError, duration, load
-from services.up.interpolate import InterpolationError, interpolate
-from services.up.localize import Localizer
+from zmqflow.cli.up import find_chief, select
+from zmqflow.jobs.up.compose import ComposeError, duration, load
+from zmqflow.jobs.up.interpolate import InterpolationError, interpolate
+from zmqflow.jobs.up.localize import Localizer
 
 
 def test_interpolation_like_compose():

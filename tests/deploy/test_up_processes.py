@@ -66,8 +66,8 @@ def test_shipped_compose_file_trains_to_completion(project, tmp_path):
 
 def test_shipped_topology_serves_an_ensemble_through_the_aggregator(project, tmp_path):
     """The whole file: training, then the model servers on the chief's checkpoint behind the aggregator."""
-    from common.aggregator_client import AggregatorClient
-    from common.rpc_client import RpcClient
+    from zmqflow.common.aggregator_client import AggregatorClient
+    from zmqflow.common.rpc_client import RpcClient
     offset = free_port_offset(compose_ports(project))
     aggregator = f"tcp://127.0.0.1:{5800 + offset}"
     proc = subprocess.Popen([ZMQFLOW, "up", "-f", COMPOSE, "--port-offset", str(offset), "--workdir", str(tmp_path),

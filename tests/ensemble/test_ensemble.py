@@ -7,12 +7,12 @@ import sys
 import numpy as np
 import pytest
 
-from common.aggregator_client import AggregatorClient
-from common.errors import NotFoundError
-from services.ensemble.evaluate import accuracy, verdict
-from services.ensemble.launch import Ensemble, best_runs
+from zmqflow.common.aggregator_client import AggregatorClient
+from zmqflow.common.errors import NotFoundError
+from zmqflow.jobs.ensemble.evaluate import accuracy, verdict
+from zmqflow.jobs.ensemble.launch import Ensemble, best_runs
 
-ZMQFLOW = [sys.executable, "-m", "services"]
+ZMQFLOW = [sys.executable, "-m", "zmqflow"]
 
 
 @pytest.fixture(scope="module")

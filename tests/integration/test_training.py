@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from services.ps import checkpoint
-from services.train import LocalCluster, run_training
+from zmqflow.common import checkpoint
+from zmqflow.jobs.local_cluster import LocalCluster, run_training
 
 TARGET = 0.90
 

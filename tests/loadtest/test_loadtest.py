@@ -7,9 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from bench.serve import write_random_checkpoint
-from common.processes import start_service
-from loadtest.open_loop import run_open_loop
+from zmqflow.bench.serve import write_random_checkpoint
+from zmqflow.common.processes import start_service
+from zmqflow.loadtest.open_loop import run_open_loop
 
 
 class FakePending:
@@ -50,15 +50,15 @@ def checkpoint_dir(tmp_path_factory):
 
 
 def test_load_test_with_a_member_killed_half_way(checkpoint_dir, tmp_path):
-    members = [start_service("services.serve", ["--checkpoint", checkpoint_dir, "--backend", "numpy"],
+    members = [start_service("zmqflow.services.serve", ["--checkpoint", checkpoint_dir, "--backend", "numpy"],
                              log_dir=str(tmp_path)) for _ in range(3)]
     procs = list(members)
     try:
-        aggregator = start_service("services.aggregator", [a for m in members for a in ("--member", m.endpoint)],
+        aggregator = start_service("zmqflow.services.aggregator", [a for m in members for a in ("--member", m.endpoint)],
                                    log_dir=str(tmp_path))
         procs.append(aggregator)
         out = tmp_path / "load.json"
-        result = subprocess.run([sys.executable, "-m", "services", "loadtest", "--address", aggregator.endpoint,
+        result = subprocess.run([sys.executable, "-m", "zmqflow", "loadtest", "--address", aggregator.endpoint,
                                  "--rate", "200", "--duration", "2", "--deadline-ms", "100", "--kill-member", "1",
                                  "--json-out", str(out)], capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr

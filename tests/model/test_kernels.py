@@ -7,14 +7,15 @@ import pathlib
 import numpy as np
 import pytest
 
-from common.errors import InvalidArgumentError
-from common.model_spec import load_model
-from services.ps.optimizers import GradientDescent
-from services.worker.kernels import available_backends, get_backend
-from services.worker.kernels.numpy_kernels import Kernels as NumpyKernels
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.inputs.datasets import MNIST_CSV
+from zmqflow.models.spec import load_model
+from zmqflow.services.ps.optimizers import GradientDescent
+from zmqflow.models.kernels import available_backends, get_backend
+from zmqflow.models.kernels.numpy_kernels import Kernels as NumpyKernels
 
 ACTIVATIONS = ["sigmoid", "relu", "tanh", "none"]
-DATA = pathlib.Path(__file__).resolve().parents[2] / "data" / "mnist_5k.csv.gz"
+DATA = pathlib.Path(MNIST_CSV)
 
 
 def mlp_spec(activation="sigmoid", layers=(784, 100, 10), dtype="float32"):

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from common.errors import InvalidArgumentError, NotFoundError
-from common.model_spec import (Model, VariableSpec, load_model, mlp_initial_values, mlp_variables, read_spec,
+from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.models.spec import (Model, VariableSpec, load_model, mlp_initial_values, mlp_variables, read_spec,
                                validate_spec)
 
 MNIST = {"type": "mlp", "layers": [784, 100, 10], "activation": "sigmoid",

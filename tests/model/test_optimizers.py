@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from common.errors import InvalidArgumentError
-from services.ps.optimizers import (Adagrad, Adam, GradientDescent, Momentum, SlotSpec, make_optimizer, make_schedule,
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.services.ps.optimizers import (Adagrad, Adam, GradientDescent, Momentum, SlotSpec, make_optimizer, make_schedule,
                                     sum_duplicates)
 
 SHAPE = (6, 4)

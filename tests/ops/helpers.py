@@ -6,7 +6,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.rpc_client import RpcClient
+from zmqflow.common.rpc_client import RpcClient
 
 
 def metrics_url(endpoint):

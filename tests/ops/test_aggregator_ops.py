@@ -6,8 +6,8 @@ import sys
 
 import numpy as np
 
-from common.aggregator_client import AggregatorClient
-from common.processes import start_service
+from zmqflow.common.aggregator_client import AggregatorClient
+from zmqflow.common.processes import start_service
 from tests.aggregator.fakes import FakeMember
 from tests.ops.helpers import metrics_url, scrape, value
 
@@ -16,7 +16,7 @@ def test_member_timeouts_are_counted_per_member_and_shown_by_status(tmp_path):
     fast, slow = FakeMember(offset=0.0).start(), FakeMember(offset=1.0, delay=2.0).start()
     proc = None
     try:
-        proc = start_service("services.aggregator", ["--member", fast.endpoint, "--member", slow.endpoint,
+        proc = start_service("zmqflow.services.aggregator", ["--member", fast.endpoint, "--member", slow.endpoint,
                                                      "--deadline-ms", "100", "--metrics-port", "0"],
                              log_dir=str(tmp_path))
         with AggregatorClient(proc.endpoint, timeout=10.0) as client:
@@ -25,7 +25,7 @@ def test_member_timeouts_are_counted_per_member_and_shown_by_status(tmp_path):
         assert value(samples, "zmqflow_aggregator_member_timeouts_total", member=slow.endpoint) == 1
         assert value(samples, "zmqflow_aggregator_member_answers_total", member=fast.endpoint) == 1
         assert value(samples, "zmqflow_rpc_requests_total", service="aggregator", op="predict", code="OK") == 1
-        status = subprocess.run([sys.executable, "-m", "services", "status", "--once", "--json",
+        status = subprocess.run([sys.executable, "-m", "zmqflow", "status", "--once", "--json",
                                  "--aggregator", proc.endpoint], capture_output=True, text=True, timeout=30)
         assert status.returncode == 0, status.stderr
         members = {m["address"]: m for m in json.loads(status.stdout)["tasks"][0]["detail"]["members"]}

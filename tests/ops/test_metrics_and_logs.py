@@ -9,9 +9,9 @@ import time
 import pytest
 from prometheus_client import generate_latest
 
-from common import logs, metrics
-from common.errors import DEADLINE_EXCEEDED
-from common.rpc_client import RpcClient
+from zmqflow.common import logs, metrics
+from zmqflow.common.errors import DEADLINE_EXCEEDED
+from zmqflow.common.rpc_client import RpcClient
 
 
 def test_op_stats_fill_microsecond_buckets_and_count_codes():
@@ -71,9 +71,9 @@ def test_metrics_are_off_unless_asked(broker):
 
 
 def test_metrics_port_takes_host_and_port_from_the_flag_or_the_environment(tmp_path):
-    from common.processes import start_service
+    from zmqflow.common.processes import start_service
     from tests.ops.helpers import metrics_url, scrape
-    proc = start_service("services.broker", log_dir=str(tmp_path), env={"ZMQFLOW_METRICS_PORT": "127.0.0.1:0"})
+    proc = start_service("zmqflow.services.broker", log_dir=str(tmp_path), env={"ZMQFLOW_METRICS_PORT": "127.0.0.1:0"})
     try:
         url = metrics_url(proc.endpoint)
         assert url.startswith("http://127.0.0.1:") and "zmqflow_rpc_requests_total" in scrape(url)
@@ -83,6 +83,6 @@ def test_metrics_port_takes_host_and_port_from_the_flag_or_the_environment(tmp_p
 
 @pytest.mark.parametrize("bad", ["nope", "127.0.0.1:", "70000", "host:-1"])
 def test_a_bad_metrics_port_is_a_usage_error(bad):
-    out = subprocess.run([sys.executable, "-m", "services.broker", "--metrics-port", bad],
+    out = subprocess.run([sys.executable, "-m", "zmqflow.services.broker", "--metrics-port", bad],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "is not [HOST:]PORT" in out.stderr, out.stderr

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 
-from common.datasets import mnist_split
-from common.errors import DeadlineExceededError
-from common.model_spec import MNIST_MLP
-from common.processes import start_process, start_service
-from common.queues import FIFOQueue
-from services.reader.formats.tfrecord import iter_records
+from zmqflow.inputs.datasets import mnist_split
+from zmqflow.common.errors import DeadlineExceededError
+from zmqflow.models.spec import MNIST_MLP
+from zmqflow.common.processes import start_process, start_service
+from zmqflow.common.queues import FIFOQueue
+from zmqflow.inputs.formats.tfrecord import iter_records
 from tests.ops.helpers import json_lines, metrics_url, scrape, value, wait_for
 
 OPS = ["--metrics-port", "0", "--log-format", "json"]
@@ -28,8 +28,8 @@ def job(tmp_path_factory):
     logs = str(tmp_path_factory.mktemp("ops"))
     procs = []
     try:
-        procs.append(start_service("services.broker", OPS, log_dir=logs))
-        procs.append(start_service("services.ps", ["--model", json.dumps(MNIST_MLP), *OPS], log_dir=logs))
+        procs.append(start_service("zmqflow.services.broker", OPS, log_dir=logs))
+        procs.append(start_service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP), *OPS], log_dir=logs))
         yield procs[0], procs[1]
     finally:
         for p in reversed(procs):
@@ -69,7 +69,7 @@ def test_training_metrics_tensorboard_status_and_json_logs(job, tmp_path):
                       shared_name="train", broker=broker.endpoint)
     queue.enqueue_many({"image": x[:300], "label": y[:300]})
     summaries = tmp_path / "tb"
-    worker = start_process("services.worker", ["--broker", broker.endpoint, "--ps", ps.endpoint, "--evaluate",
+    worker = start_process("zmqflow.services.worker", ["--broker", broker.endpoint, "--ps", ps.endpoint, "--evaluate",
                                                "--summary-dir", str(summaries), "--summary-every-steps", "1", *OPS],
                            log_dir=str(tmp_path), name="chief")
     try:
@@ -123,13 +123,13 @@ def test_status_text_view_and_a_cluster_with_nothing_up():
     result = _status(["--ps", f"127.0.0.1:{_dead_port()}"], json_output=False)
     assert result.returncode == 1
     assert "ps:0" in result.stdout and "down" in result.stdout and "UnavailableError" in result.stdout
-    missing = subprocess.run([sys.executable, "-m", "services", "status", "--once"], capture_output=True, text=True,
+    missing = subprocess.run([sys.executable, "-m", "zmqflow", "status", "--once"], capture_output=True, text=True,
                              timeout=30, env={"PATH": "/usr/bin:/bin"})
     assert missing.returncode == 2 and "no cluster" in missing.stderr
 
 
 def _status(args, json_output=True):
-    return subprocess.run([sys.executable, "-m", "services", "status", "--once", "--timeout", "1", *args,
+    return subprocess.run([sys.executable, "-m", "zmqflow", "status", "--once", "--timeout", "1", *args,
                            *(["--json"] if json_output else [])], capture_output=True, text=True, timeout=30)
 
 

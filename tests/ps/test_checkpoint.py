@@ -6,11 +6,11 @@ import os
 import numpy as np
 import pytest
 
-from common.errors import DataLossError, FailedPreconditionError, NotFoundError, OutOfRangeError
-from common.model_spec import VariableSpec
-from common.placement import place
-from services.ps import checkpoint
-from services.ps.checkpoint import Checkpoint, commit, latest_checkpoint, write_shard
+from zmqflow.common.errors import DataLossError, FailedPreconditionError, NotFoundError, OutOfRangeError
+from zmqflow.common.variables import VariableSpec
+from zmqflow.common.placement import place
+from zmqflow.common import checkpoint
+from zmqflow.common.checkpoint import Checkpoint, commit, latest_checkpoint, write_shard
 
 VARIABLES = [VariableSpec("emb", (10, 3)), VariableSpec("hidden/weights", (6, 4)),
              VariableSpec("hidden/biases", (4,)), VariableSpec("step_scale", ())]

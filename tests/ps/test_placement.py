@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from common.errors import InvalidArgumentError, NotFoundError
-from common.model_spec import MNIST_MLP, VariableSpec, mlp_variables, validate_spec
-from common.placement import Piece, place, row_blocks
-from services.placement_command import placement as placement_command
+from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.models.spec import MNIST_MLP, VariableSpec, mlp_variables, validate_spec
+from zmqflow.common.placement import Piece, place, row_blocks
+from zmqflow.cli.placement import placement as placement_command
 
 MNIST_VARS = mlp_variables(validate_spec(MNIST_MLP))  # hidden/weights, hidden/biases, softmax/weights, softmax/biases
 
@@ -154,6 +154,6 @@ def test_cli_prints_the_table_and_json(tmp_path):
 
 
 def test_cli_reports_errors_and_is_registered():
-    from services.cli import main
+    from zmqflow.cli.main import main
     result = CliRunner().invoke(main, ["placement", "--num-ps", "0"])
     assert result.exit_code == 1 and "InvalidArgumentError" in result.output

@@ -9,19 +9,19 @@ import socket
 import numpy as np
 import pytest
 
-from common.errors import DeadlineExceededError
-from common.model_spec import MNIST_MLP, load_model, model_variables
-from common.placement import place
-from common.processes import start_service
-from common.ps_client import PsClient
-from common.rpc_client import RpcClient
+from zmqflow.common.errors import DeadlineExceededError
+from zmqflow.models.spec import MNIST_MLP, load_model, model_variables
+from zmqflow.common.placement import place
+from zmqflow.common.processes import start_service
+from zmqflow.common.ps_client import PsClient
+from zmqflow.common.rpc_client import RpcClient
 
 SPEC = json.dumps(MNIST_MLP)
 SGD = json.dumps({"kind": "sgd", "learning_rate": 0.5})
 
 
 def shards(tmp_path, n=1, *extra):
-    return [start_service("services.ps", ["--task-index", str(i), "--num-ps", str(n), "--model", SPEC,
+    return [start_service("zmqflow.services.ps", ["--task-index", str(i), "--num-ps", str(n), "--model", SPEC,
                                           "--optimizer", SGD, *extra], log_dir=str(tmp_path)) for i in range(n)]
 
 
@@ -157,7 +157,7 @@ def test_ps_takes_index_count_and_address_from_tf_config(tmp_path):
         ports = [s.getsockname()[1]]
     tf_config = {"cluster": {"ps": [f"127.0.0.1:{ports[0]}"], "worker": ["127.0.0.1:1"]},
                  "task": {"type": "ps", "index": 0}}
-    proc = start_service("services.ps", ["--model", SPEC], bind="tcp://127.0.0.1:*",
+    proc = start_service("zmqflow.services.ps", ["--model", SPEC], bind="tcp://127.0.0.1:*",
                          env={"TF_CONFIG": json.dumps(tf_config)}, log_dir=str(tmp_path))
     try:
         assert proc.endpoint.endswith(f":{ports[0]}")
@@ -221,7 +221,7 @@ def test_shutdown_answers_parked_sync_waits(tmp_path, initial):
 
 
 def test_preloaded_data_is_held_once_and_sliced_by_row(tmp_path):
-    from common.errors import InvalidArgumentError, NotFoundError
+    from zmqflow.common.errors import InvalidArgumentError, NotFoundError
     procs = shards(tmp_path)
     try:
         ps = client(procs)
@@ -242,7 +242,7 @@ def test_preloaded_data_is_held_once_and_sliced_by_row(tmp_path):
 
 
 def test_reader_preload_puts_a_data_set_on_the_ps(tmp_path):
-    from services.reader.preload import PreloadedData, preload_to_ps
+    from zmqflow.services.reader.preload import PreloadedData, preload_to_ps
     procs = shards(tmp_path)
     try:
         data = PreloadedData({"x": np.ones((4, 3), np.float32), "y": np.arange(4, dtype=np.int32)})

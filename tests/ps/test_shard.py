@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from common.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, NotFoundError
-from services.ps.shard import ShardState
-from services.worker.model import MLP
+from zmqflow.common.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, NotFoundError
+from zmqflow.services.ps.shard import ShardState
+from zmqflow.models.mlp import MLP
 
 PIECES = {"layer/weights": ((3, 4), "float64"), "layer/biases": ((4,), "float64")}
 

@@ -6,7 +6,9 @@ import tracemalloc
 
 import numpy as np
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "data")
+from zmqflow.inputs.datasets import DATA_DIR
+
+DATA = DATA_DIR
 
 
 def data_path(name):

@@ -4,9 +4,9 @@ import threading
 
 import pytest
 
-from common.errors import ABORTED, AbortedError, DataLossError, OutOfRangeError
-from common.queues import FIFOQueue
-from services.reader.coordination import (Coordinator, LeaseWatch, PipelineRecord, PipelineRegister, PipelineWatch,
+from zmqflow.common.errors import ABORTED, AbortedError, DataLossError, OutOfRangeError
+from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.input_pipeline import (Coordinator, LeaseWatch, PipelineRecord, PipelineRegister, PipelineWatch,
                                           raise_if_failed)
 
 

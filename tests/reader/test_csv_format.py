@@ -5,8 +5,8 @@ import gzip
 import numpy as np
 import pytest
 
-from common.errors import InvalidArgumentError, NotFoundError
-from services.reader.formats import CsvFormat, open_format
+from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.inputs.formats import CsvFormat, open_format
 from tests.reader import data_path, mnist_csv, peak_bytes_while_reading, read_all
 
 MNIST_DEFAULTS = [[0.0]] * 784 + [[0]]

@@ -5,8 +5,8 @@ import gzip
 import numpy as np
 import pytest
 
-from common.errors import DataLossError, InvalidArgumentError
-from services.reader.formats import FixedLengthFormat, open_format
+from zmqflow.common.errors import DataLossError, InvalidArgumentError
+from zmqflow.inputs.formats import FixedLengthFormat, open_format
 from tests.reader import data_path, mnist_csv, peak_bytes_while_reading, read_all
 
 MNIST_FIELDS = [("label", "uint8", 0), ("image", "uint8", 1, (784,))]

@@ -5,8 +5,8 @@ import collections
 import numpy as np
 import pytest
 
-from common.errors import InvalidArgumentError, OutOfRangeError
-from common.input_producers import batch, read_files, shuffle_batch
+from zmqflow.common.errors import InvalidArgumentError, OutOfRangeError
+from zmqflow.services.reader.input_producers import batch, read_files, shuffle_batch
 from tests.reader.conftest import ID_OPTIONS
 
 

@@ -5,10 +5,10 @@ import json
 import numpy as np
 from click.testing import CliRunner
 
-from common import queues
-from common.datasets import mnist_split
-from common.processes import start_process
-from services.cli import main
+from zmqflow.common import queues
+from zmqflow.inputs.datasets import mnist_split
+from zmqflow.common.processes import start_process
+from zmqflow.cli.main import main
 from tests.reader.test_reader_cli import drain
 
 
@@ -22,7 +22,7 @@ def test_the_reader_gets_exactly_the_training_split(broker, tmp_path):
     out = CliRunner().invoke(main, ["data", "mnist-shards", "--out", str(tmp_path / "mnist")])
     assert out.exit_code == 0, out.output
     assert "wrote 8 shards of the MNIST training split (4,500 rows" in out.output and "500 test rows left out" in out.output
-    proc = start_process("services.reader", [
+    proc = start_process("zmqflow.services.reader", [
         "--broker", broker, "--preset", "mnist-shards", "--files", str(tmp_path / "mnist" / "*.bin"),
         "--queue", "shards", "--queue-kind", "fifo", "--num-epochs", "1", "--progress-every", "0",
         "--stats-file", str(tmp_path / "stats.json")], log_dir=str(tmp_path))

@@ -7,10 +7,10 @@ import time
 import numpy as np
 import pytest
 
-from common.errors import CancelledError, InvalidArgumentError, OutOfRangeError
-from services.reader.coordination import PipelineWatch
-from services.reader.formats import write_tfrecord
-from services.reader.pipeline import ReaderPipeline, queue_components
+from zmqflow.common.errors import CancelledError, InvalidArgumentError, OutOfRangeError
+from zmqflow.common.input_pipeline import PipelineWatch
+from zmqflow.inputs.formats import write_tfrecord
+from zmqflow.services.reader.pipeline import ReaderPipeline, queue_components
 from tests.reader.conftest import ID_OPTIONS, MNIST_OPTIONS, write_shards
 
 

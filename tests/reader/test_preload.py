@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from common.errors import ResourceExhaustedError
-from services.reader.cli import PRESETS
-from services.reader.preload import load_dataset, preload, slice_indices
+from zmqflow.common.errors import ResourceExhaustedError
+from zmqflow.services.reader.cli import PRESETS
+from zmqflow.services.reader.preload import load_dataset, preload, slice_indices
 from tests.reader import mnist_csv
 
 FIXED = PRESETS["mnist-fixed"]

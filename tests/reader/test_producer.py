@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from common.errors import InvalidArgumentError, NotFoundError, OutOfRangeError
-from services.reader.producer import epoch_file_names, expand_globs, filename_queue, string_input_producer
+from zmqflow.common.errors import InvalidArgumentError, NotFoundError, OutOfRangeError
+from zmqflow.services.reader.producer import epoch_file_names, expand_globs, filename_queue, string_input_producer
 
 
 @pytest.fixture

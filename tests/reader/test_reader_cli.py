@@ -1,4 +1,4 @@
-"""`python -m services.reader` against a real broker: presets of the shipped files, exit codes, SIGTERM."""
+"""`python -m zmqflow.services.reader` against a real broker: presets of the shipped files, exit codes, SIGTERM."""
 
 import json
 import time
@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from common import queues
-from common.errors import CancelledError, OutOfRangeError
-from common.processes import start_process
-from services.cli import main
-from services.reader.coordination import PipelineRegister, raise_if_failed
-from services.reader.cli import reader_args, resolve_input
+from zmqflow.common import queues
+from zmqflow.common.errors import CancelledError, OutOfRangeError
+from zmqflow.common.processes import start_process
+from zmqflow.cli.main import main
+from zmqflow.common.input_pipeline import PipelineRegister, raise_if_failed
+from zmqflow.services.reader.cli import reader_args, resolve_input
 from tests.reader import mnist_csv
 
 
@@ -29,7 +29,7 @@ def drain(queue, limit_s=60):
 def test_the_three_presets_give_the_same_rows_as_the_csv(broker, tmp_path):
     pixels, labels = mnist_csv()
     runs = {"mnist-csv": 5000, "mnist-tfrecord": 100, "mnist-fixed": 100}
-    procs = {preset: start_process("services.reader", [
+    procs = {preset: start_process("zmqflow.services.reader", [
         "--broker", broker, "--preset", preset, "--queue", f"cli-{preset}", "--queue-kind", "fifo",
         "--no-shuffle-files", "--num-epochs", "1", "--stats-file", str(tmp_path / f"{preset}.json"),
         "--progress-every", "0"], log_dir=str(tmp_path)) for preset in runs}
@@ -50,7 +50,7 @@ def test_the_three_presets_give_the_same_rows_as_the_csv(broker, tmp_path):
 
 
 def test_sigterm_mid_file_exits_zero_and_the_consumer_gets_cancelled(broker, tmp_path):
-    proc = start_process("services.reader", ["--broker", broker, "--preset", "mnist-csv", "--queue", "cli-sigterm",
+    proc = start_process("zmqflow.services.reader", ["--broker", broker, "--preset", "mnist-csv", "--queue", "cli-sigterm",
                                              "--queue-kind", "fifo", "--capacity", "300", "--num-epochs", "0",
                                              "--chunk-size", "100", "--lease", "2"], log_dir=str(tmp_path))
     try:
@@ -70,7 +70,7 @@ def test_sigterm_mid_file_exits_zero_and_the_consumer_gets_cancelled(broker, tmp
 def test_a_pipeline_already_closed_is_left_alone(broker, tmp_path):
     args = ["--broker", broker, "--preset", "mnist-fixed", "--queue", "cli-twice", "--queue-kind", "fifo",
             "--progress-every", "0"]
-    first = start_process("services.reader", args, log_dir=str(tmp_path))
+    first = start_process("zmqflow.services.reader", args, log_dir=str(tmp_path))
     try:
         assert len(drain(queues.attach("cli-twice", broker=broker, timeout=30))["label"]) == 100
         assert first.proc.wait(30) == 0
@@ -108,7 +108,7 @@ def test_presets_resolve_and_arguments_round_trip():
 
 
 def test_tf_config_names_the_reader_and_gives_the_broker(monkeypatch):
-    from services.reader.cli import _tf_config_task
+    from zmqflow.services.reader.cli import _tf_config_task
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"broker": ["10.0.0.5:5555"], "reader": ["a:1", "b:1"]},
                                                 "task": {"type": "reader", "index": 1}}))
     assert _tf_config_task() == ("reader:1", "tcp://10.0.0.5:5555")

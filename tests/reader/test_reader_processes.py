@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from common import queues
-from common.errors import AbortedError, OutOfRangeError
-from services.reader.cli import start_readers
-from services.reader.coordination import PipelineRegister, PipelineWatch
+from zmqflow.common import queues
+from zmqflow.common.errors import AbortedError, OutOfRangeError
+from zmqflow.services.reader.cli import start_readers
+from zmqflow.common.input_pipeline import PipelineRegister, PipelineWatch
 from tests.reader.conftest import ID_OPTIONS
 
 LOST = "was not handed back"  # the record's token died with its holder (a window of ~1 ms per beat)

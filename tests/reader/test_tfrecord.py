@@ -5,10 +5,10 @@ import gzip
 import numpy as np
 import pytest
 
-from common.errors import DataLossError, InvalidArgumentError
-from services.reader.formats import (FixedLenFeature, TFRecordFormat, VarLenFeature, iter_records, make_example,
+from zmqflow.common.errors import DataLossError, InvalidArgumentError
+from zmqflow.inputs.formats import (FixedLenFeature, TFRecordFormat, VarLenFeature, iter_records, make_example,
                                      open_format, write_tfrecord)
-from services.reader.formats.tfrecord import Example, masked_crc32c
+from zmqflow.inputs.formats.tfrecord import Example, masked_crc32c
 from tests.reader import data_path, mnist_csv, peak_bytes_while_reading, read_all
 
 SHARDS = [("mnist_sample-00000-of-00002.tfrecord", 0), ("mnist_sample-00001-of-00002.tfrecord.gz", 50)]

@@ -2,9 +2,9 @@
 
 import json
 
-from common import queues
-from common.model_spec import MNIST_MLP
-from common.processes import start_process, start_service
+from zmqflow.common import queues
+from zmqflow.models.spec import MNIST_MLP
+from zmqflow.common.processes import start_process, start_service
 from tests.reader.test_reader_processes import all_reading, readers, stop_all, wait_for_record
 
 
@@ -17,9 +17,9 @@ def test_worker_reports_a_dead_reader_instead_of_ending_quietly(broker, id_shard
         wait_for_record(broker, "fed", all_reading(3))  # every reader blocked mid-file on the full queue
         victim = procs[1]
         victim.kill()
-        ps = start_service("services.ps", ["--model", json.dumps(MNIST_MLP)], log_dir=str(tmp_path))
+        ps = start_service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP)], log_dir=str(tmp_path))
         procs.append(ps)
-        worker = start_process("services.worker", ["--broker", broker, "--ps", ps.endpoint, "--queue", "fed",
+        worker = start_process("zmqflow.services.worker", ["--broker", broker, "--ps", ps.endpoint, "--queue", "fed",
                                                    "--dequeue-timeout", "60"], log_dir=str(tmp_path), name="w")
         procs.append(worker)
         assert worker.proc.wait(60) == 3  # a peer lost (deploy/README.md exit codes)

@@ -3,7 +3,7 @@ import shutil
 
 import pytest
 
-from common import curve
+from zmqflow.common import curve
 
 
 @pytest.fixture(scope="module")

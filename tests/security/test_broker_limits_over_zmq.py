@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from common.errors import ResourceExhaustedError
-from common.processes import start_service
-from common.queues import FIFOQueue, reset
-from common.rpc_client import RpcClient
+from zmqflow.common.errors import ResourceExhaustedError
+from zmqflow.common.processes import start_service
+from zmqflow.common.queues import FIFOQueue, reset
+from zmqflow.common.rpc_client import RpcClient
 
 
 def test_broker_limits_refuse_with_resource_exhausted(tmp_path):
-    proc = start_service("services.broker", ["--max-container-bytes", "4KiB", "--max-total-bytes", "6KiB",
+    proc = start_service("zmqflow.services.broker", ["--max-container-bytes", "4KiB", "--max-total-bytes", "6KiB",
                                              "--max-queues", "4", "--max-queues-per-container", "2",
                                              "--max-queue-capacity", "100"], log_dir=str(tmp_path))
     b = proc.endpoint
@@ -46,6 +46,6 @@ def test_broker_limits_refuse_with_resource_exhausted(tmp_path):
 def test_bad_limit_options_are_refused(tmp_path):
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-m", "services.broker", "--max-total-bytes", "lots"],
+    out = subprocess.run([sys.executable, "-m", "zmqflow.services.broker", "--max-total-bytes", "lots"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "is not a byte count" in out.stderr

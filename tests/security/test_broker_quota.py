@@ -11,9 +11,9 @@ import random
 import numpy as np
 import pytest
 
-from common.errors import CancelledError, DeadlineExceededError, ResourceExhaustedError
-from services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
-from services.broker.queues.quota import BrokerLimits
+from zmqflow.common.errors import CancelledError, DeadlineExceededError, ResourceExhaustedError
+from zmqflow.services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
+from zmqflow.services.broker.queues.quota import BrokerLimits
 
 ROW = 100 * 4  # one int32[100] element
 

@@ -15,17 +15,17 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from common import curve
-from common.errors import InvalidArgumentError, UnavailableError
-from common.processes import start_service
-from common.queues import FIFOQueue
-from common.rpc_client import ClientPool, RpcClient
-from services.keys_command import keys as keys_command
+from zmqflow.common import curve
+from zmqflow.common.errors import InvalidArgumentError, UnavailableError
+from zmqflow.common.processes import start_service
+from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.rpc_client import ClientPool, RpcClient
+from zmqflow.cli.keys import keys as keys_command
 
 
 @pytest.fixture(scope="module")
 def secure_broker(keys, tmp_path_factory):
-    proc = start_service("services.broker", ["--curve-dir", keys["keys"]],
+    proc = start_service("zmqflow.services.broker", ["--curve-dir", keys["keys"]],
                          log_dir=str(tmp_path_factory.mktemp("broker")))
     yield proc
     proc.stop()
@@ -74,7 +74,7 @@ def test_a_directory_without_keys_is_a_clear_error(tmp_path):
 
 
 def test_service_refuses_to_start_with_a_bad_curve_dir(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "services.broker", "--curve-dir", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "zmqflow.services.broker", "--curve-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "server.key_secret is missing" in out.stderr
 
@@ -123,16 +123,16 @@ def test_a_second_authorized_client_pair_is_accepted(secure_broker, keys, tmp_pa
 
 def test_clients_and_child_processes_take_the_keys_from_the_environment(secure_broker, keys):
     env = {**os.environ, curve.ENV: keys["keys"]}
-    out = subprocess.run([sys.executable, "-m", "services", "ping", secure_broker.endpoint],
+    out = subprocess.run([sys.executable, "-m", "zmqflow", "ping", secure_broker.endpoint],
                          capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0 and "queue-broker up" in out.stdout, out.stdout + out.stderr
-    cmd = [sys.executable, "-c", "from common.rpc_client import RpcClient; import sys; "
+    cmd = [sys.executable, "-c", "from zmqflow.common.rpc_client import RpcClient; import sys; "
            f"print(RpcClient({secure_broker.endpoint!r}).call('info', timeout=5)[0]['curve'])"]
     assert subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env).stdout.strip() == "True"
 
 
 def test_services_started_with_the_environment_variable_use_curve(keys, tmp_path):
-    proc = start_service("services.broker", log_dir=str(tmp_path), env={curve.ENV: keys["keys"]})
+    proc = start_service("zmqflow.services.broker", log_dir=str(tmp_path), env={curve.ENV: keys["keys"]})
     try:
         refused_within(proc.endpoint, None, bound=5)
         assert "with CURVE" in proc.log()
@@ -146,7 +146,7 @@ def test_services_started_with_the_environment_variable_use_curve(keys, tmp_path
 
 
 def zmqflow(*args, env=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "services", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "zmqflow", *args], capture_output=True, text=True,
                           timeout=timeout, env={k: v for k, v in os.environ.items() if k != curve.ENV} | (env or {}))
 
 

@@ -10,8 +10,8 @@ import logging
 import pytest
 import zmq
 
-from common import curve
-from common.rpc_service import Service
+from zmqflow.common import curve
+from zmqflow.common.rpc_service import Service
 
 
 class _LoopbackSocket(zmq.Socket):

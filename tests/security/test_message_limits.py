@@ -12,18 +12,18 @@ import time
 import numpy as np
 import pytest
 
-from common.errors import InvalidArgumentError
-from common.limits import Limits
-from common.processes import start_service
-from common.rpc_client import RpcClient
-from common.rpc_service import Service
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.limits import Limits
+from zmqflow.common.processes import start_service
+from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.rpc_service import Service
 
 LIMIT = 100_000
 
 
 @pytest.fixture(scope="module")
 def small_broker(tmp_path_factory):
-    proc = start_service("services.broker", ["--max-message-bytes", str(LIMIT)],
+    proc = start_service("zmqflow.services.broker", ["--max-message-bytes", str(LIMIT)],
                          log_dir=str(tmp_path_factory.mktemp("broker")))
     yield proc
     proc.stop()

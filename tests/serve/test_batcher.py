@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from services.serve.batcher import Batcher
+from zmqflow.services.serve.batcher import Batcher
 
 
 def rows(n, start=0):

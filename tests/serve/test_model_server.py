@@ -6,19 +6,19 @@ import threading
 import numpy as np
 import pytest
 
-from common.errors import DeadlineExceededError, InvalidArgumentError
-from common.model_spec import MNIST_MLP, load_model, model_variables
-from common.placement import place
-from common.processes import start_service
-from common.ps_client import PsClient
-from common.serve_client import ModelClient
-from services.ps.checkpoint import Checkpoint, latest_checkpoint
+from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError
+from zmqflow.models.spec import MNIST_MLP, load_model, model_variables
+from zmqflow.common.placement import place
+from zmqflow.common.processes import start_service
+from zmqflow.common.ps_client import PsClient
+from zmqflow.common.serve_client import ModelClient
+from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
 
 
 @pytest.fixture(scope="module")
 def checkpoint_dir(tmp_path_factory):
     logs, ckpt = tmp_path_factory.mktemp("logs"), tmp_path_factory.mktemp("ckpt")
-    proc = start_service("services.ps", ["--model", json.dumps(MNIST_MLP)], log_dir=str(logs))
+    proc = start_service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP)], log_dir=str(logs))
     try:
         ps = PsClient([proc.endpoint], place(model_variables(MNIST_MLP), 1))
         values = load_model(MNIST_MLP).initial_values(1)
@@ -33,7 +33,7 @@ def checkpoint_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(checkpoint_dir, tmp_path_factory):
-    proc = start_service("services.serve", ["--checkpoint", checkpoint_dir, "--backend", "numpy",
+    proc = start_service("zmqflow.services.serve", ["--checkpoint", checkpoint_dir, "--backend", "numpy",
                                             "--max-delay-ms", "20", "--name", "mnist"],
                          log_dir=str(tmp_path_factory.mktemp("serve")))
     yield proc
@@ -111,13 +111,13 @@ def test_a_bad_shape_is_invalid_argument_and_the_server_keeps_serving(server):
 
 def test_follow_ps_serves_the_shards_latest_version(tmp_path):
     import time
-    ps_proc = start_service("services.ps", ["--model", json.dumps(MNIST_MLP)], log_dir=str(tmp_path))
+    ps_proc = start_service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP)], log_dir=str(tmp_path))
     serve_proc = None
     try:
         ps = PsClient([ps_proc.endpoint], place(model_variables(MNIST_MLP), 1))
         values = load_model(MNIST_MLP).initial_values(1)
         ps.initialize(values)
-        serve_proc = start_service("services.serve", ["--follow-ps", ps_proc.endpoint, "--refresh-secs", "0.1",
+        serve_proc = start_service("zmqflow.services.serve", ["--follow-ps", ps_proc.endpoint, "--refresh-secs", "0.1",
                                                       "--backend", "numpy"], log_dir=str(tmp_path))
         with ModelClient(serve_proc.endpoint, timeout=5) as client:
             assert client.predict(np.zeros((1, 784), np.float32))[1]["version"] == 0
@@ -134,7 +134,7 @@ def test_follow_ps_serves_the_shards_latest_version(tmp_path):
 
 
 def test_a_worker_in_serve_mode_answers_predictions(checkpoint_dir, tmp_path):
-    proc = start_service("services.worker", ["--serve", checkpoint_dir, "--backend", "numpy"], log_dir=str(tmp_path))
+    proc = start_service("zmqflow.services.worker", ["--serve", checkpoint_dir, "--backend", "numpy"], log_dir=str(tmp_path))
     try:
         x = np.random.default_rng(2).random((3, 784), dtype=np.float32)
         with ModelClient(proc.endpoint, timeout=10.0) as client:

@@ -5,9 +5,9 @@ import json
 import os
 import sys
 
-from services.sweep import leaderboard
-from services.sweep.plot import plot
-from services.sweep.space import DEFAULTS
+from zmqflow.jobs.sweep import leaderboard
+from zmqflow.jobs.sweep.plot import plot
+from zmqflow.jobs.sweep.space import DEFAULTS
 
 
 def _entries(tmp_path):

@@ -5,8 +5,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from services.cli import main
-from services.sweep.space import DEFAULTS, SpaceError, grid, load_space, parse_grid, sample
+from zmqflow.cli.main import main
+from zmqflow.jobs.sweep.space import DEFAULTS, SpaceError, grid, load_space, parse_grid, sample
 
 
 def test_grid_expands_every_combination_in_order_with_defaults():

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from common.processes import start_service
-from common.serve_client import ModelClient
-from services.cli import main
-from services.sweep.data import sweep_split
+from zmqflow.common.processes import start_service
+from zmqflow.common.serve_client import ModelClient
+from zmqflow.cli.main import main
+from zmqflow.jobs.sweep.data import sweep_split
 
 
 def _sweep(args):
@@ -44,7 +44,7 @@ def test_sweep_ranks_runs_keeps_the_best_and_they_serve(tmp_path):
     assert sorted(os.listdir(out / "checkpoints")) == sorted(os.path.basename(k) for k in kept)
     for best in document["best"]:
         assert json.loads(open(best["model_file"]).read()) == best["model"]
-        server = start_service("services.serve", ["--checkpoint", best["checkpoint"], "--model", best["model_file"],
+        server = start_service("zmqflow.services.serve", ["--checkpoint", best["checkpoint"], "--model", best["model_file"],
                                                   "--backend", "numpy"], log_dir=str(tmp_path))
         try:
             with ModelClient(server.endpoint, timeout=20) as client:

@@ -7,7 +7,7 @@ move between devices shows up. `xp` is not numpy itself, so the MLP treats the s
 
 import numpy as np
 
-from services.worker.kernels.numpy_kernels import Kernels as NumpyKernels
+from zmqflow.models.kernels.numpy_kernels import Kernels as NumpyKernels
 
 
 class FakeGpuArray(np.ndarray):

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from common.errors import InvalidArgumentError
-from common.model_spec import MNIST_MLP, load_model
-from services.cli import main
-from services.worker import devices as D
-from services.worker.kernels import gpu_count
-from services.worker.model import MLP
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.models.spec import MNIST_MLP, load_model
+from zmqflow.cli.main import main
+from zmqflow.services.worker import devices as D
+from zmqflow.models.kernels import gpu_count
+from zmqflow.models.mlp import MLP
 from tests.model.test_kernels import batch, random_params
 from tests.worker import fake_gpu_options
 
@@ -215,7 +215,7 @@ def test_placement_function_by_module_name_is_called_per_layer():
 
 
 def test_placement_function_returning_a_devicespec_and_bad_names():
-    from common.device import DeviceSpec
+    from zmqflow.common.device import DeviceSpec
     model = placed(placement_function=lambda op: DeviceSpec(device_type="GPU", device_index=0), **fake_gpu_options())
     assert devices_of(model)["hidden"] == GPU0
     with pytest.raises(InvalidArgumentError, match="cannot be loaded"):
@@ -320,7 +320,7 @@ def test_worker_help_lists_the_device_flags():
 
 
 def test_worker_rejects_another_tasks_device_before_connecting():
-    out = subprocess.run([sys.executable, "-m", "services.worker", "--ps", "tcp://127.0.0.1:9", "--broker",
+    out = subprocess.run([sys.executable, "-m", "zmqflow.services.worker", "--ps", "tcp://127.0.0.1:9", "--broker",
                           "tcp://127.0.0.1:9", "--device", "/job:worker/task:3/cpu:0"],
                          capture_output=True, text=True, timeout=60, env={**os.environ, "TF_CONFIG": ""})
     assert out.returncode == 1 and "InvalidArgumentError" in out.stderr and "task 3" in out.stderr

@@ -5,8 +5,8 @@ import collections
 import numpy as np
 import pytest
 
-from common.errors import OutOfRangeError
-from services.worker.preloaded_input import PreloadedInput, worker_batches
+from zmqflow.common.errors import OutOfRangeError
+from zmqflow.services.worker.preloaded_input import PreloadedInput, worker_batches
 
 
 def test_workers_together_see_each_row_once_per_epoch():

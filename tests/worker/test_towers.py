@@ -7,11 +7,11 @@ import threading
 import numpy as np
 import pytest
 
-from common.errors import InvalidArgumentError
-from common.model_spec import MNIST_MLP, load_model
-from services.worker import devices as D
-from services.worker.kernels import gpu_count
-from services.worker.towers import TowerModel, split_sizes, tower_devices
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.models.spec import MNIST_MLP, load_model
+from zmqflow.services.worker import devices as D
+from zmqflow.models.kernels import gpu_count
+from zmqflow.services.worker.towers import TowerModel, split_sizes, tower_devices
 from tests.worker import fake_gpu_options
 from tests.model.test_kernels import batch, random_params
 from tests.worker.test_devices import assert_same_as_mlp, spec

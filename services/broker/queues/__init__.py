@@ -5,13 +5,13 @@ The server turns each request into a `Ticket`, calls `QueueBase.submit` /
 ticket those calls return. queue-semantics.md is the specification.
 """
 
-from services.broker.queues.base import QueueBase
-from services.broker.queues.declaration import KINDS, QueueDeclaration
-from services.broker.queues.fifo import FIFOQueue
-from services.broker.queues.padding_fifo import PaddingFIFOQueue
-from services.broker.queues.random_shuffle import RandomShuffleQueue
-from services.broker.queues.registry import QUEUE_CLASSES, QueueRegistry
-from services.broker.queues.ticket import Ticket
+from zmqflow.services.broker.queues.base import QueueBase
+from zmqflow.services.broker.queues.declaration import KINDS, QueueDeclaration
+from zmqflow.services.broker.queues.fifo import FIFOQueue
+from zmqflow.services.broker.queues.padding_fifo import PaddingFIFOQueue
+from zmqflow.services.broker.queues.random_shuffle import RandomShuffleQueue
+from zmqflow.services.broker.queues.registry import QUEUE_CLASSES, QueueRegistry
+from zmqflow.services.broker.queues.ticket import Ticket
 
 __all__ = ["KINDS", "QUEUE_CLASSES", "FIFOQueue", "PaddingFIFOQueue", "QueueBase", "QueueDeclaration",
            "QueueRegistry", "RandomShuffleQueue", "Ticket"]

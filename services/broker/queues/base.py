@@ -18,11 +18,11 @@ from collections import deque
 
 import numpy as np
 
-from common import dtypes as wire_dtypes
-from common.errors import CancelledError, InvalidArgumentError, OutOfRangeError, ResourceExhaustedError
-from services.broker.queues.declaration import format_shape
-from services.broker.queues.quota import Quota, fixed_row_bytes, nbytes
-from services.broker.queues.ticket import BATCH_DEQUEUE_OPS, ENQUEUE_OPS, OPS
+from zmqflow.common import dtypes as wire_dtypes
+from zmqflow.common.errors import CancelledError, InvalidArgumentError, OutOfRangeError, ResourceExhaustedError
+from zmqflow.services.broker.queues.declaration import format_shape
+from zmqflow.services.broker.queues.quota import Quota, fixed_row_bytes, nbytes
+from zmqflow.services.broker.queues.ticket import BATCH_DEQUEUE_OPS, ENQUEUE_OPS, OPS
 
 COMPLETE, PROGRESS, NO_PROGRESS = 2, 1, 0
 

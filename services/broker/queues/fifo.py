@@ -2,7 +2,7 @@
 
 from collections import deque
 
-from services.broker.queues.base import QueueBase, consecutive_rows, stack
+from zmqflow.services.broker.queues.base import QueueBase, consecutive_rows, stack
 
 
 class FIFOQueue(QueueBase):

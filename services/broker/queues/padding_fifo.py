@@ -9,11 +9,11 @@ import math
 
 import numpy as np
 
-from common import dtypes as wire_dtypes
-from common.limits import DEFAULT_LIMITS
-from services.broker.queues.base import stack
-from services.broker.queues.declaration import format_shape
-from services.broker.queues.fifo import FIFOQueue
+from zmqflow.common import dtypes as wire_dtypes
+from zmqflow.common.limits import DEFAULT_LIMITS
+from zmqflow.services.broker.queues.base import stack
+from zmqflow.services.broker.queues.declaration import format_shape
+from zmqflow.services.broker.queues.fifo import FIFOQueue
 
 
 class PaddingFIFOQueue(FIFOQueue):

@@ -10,7 +10,7 @@ amount asked for and what is held; nothing changes. 0 means unlimited.
 import math
 from dataclasses import dataclass
 
-from common.errors import ResourceExhaustedError
+from zmqflow.common.errors import ResourceExhaustedError
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ list pop rather than a numpy call. Sequences need not match TensorFlow's.
 
 import numpy as np
 
-from services.broker.queues.base import QueueBase
+from zmqflow.services.broker.queues.base import QueueBase
 
 _DRAWS = 256
 

@@ -8,11 +8,11 @@ queue that happens to share its name.
 import itertools
 from collections import Counter
 
-from common.errors import CancelledError, InvalidArgumentError, NotFoundError
-from services.broker.queues.fifo import FIFOQueue
-from services.broker.queues.padding_fifo import PaddingFIFOQueue
-from services.broker.queues.quota import Quota
-from services.broker.queues.random_shuffle import RandomShuffleQueue
+from zmqflow.common.errors import CancelledError, InvalidArgumentError, NotFoundError
+from zmqflow.services.broker.queues.fifo import FIFOQueue
+from zmqflow.services.broker.queues.padding_fifo import PaddingFIFOQueue
+from zmqflow.services.broker.queues.quota import Quota
+from zmqflow.services.broker.queues.random_shuffle import RandomShuffleQueue
 
 QUEUE_CLASSES = {cls.kind: cls for cls in (FIFOQueue, RandomShuffleQueue, PaddingFIFOQueue)}
 

@@ -1,0 +1,1 @@
+"""The `zmqflow` command: click groups that turn flags into jobs and services, nothing more."""

@@ -1,0 +1,83 @@
+"""`zmqflow ensemble`: the best k models of a sweep served behind an aggregator, scored on the test split."""
+
+import json
+import tempfile
+import time
+
+import click
+
+from zmqflow.common.aggregator_client import AggregatorClient
+from zmqflow.common.cli_support import launcher_curve_option
+from zmqflow.inputs.datasets import mnist_split
+from zmqflow.common.serve_client import ModelClient
+from zmqflow.jobs.ensemble.evaluate import accuracy, verdict
+from zmqflow.jobs.ensemble.launch import Ensemble, best_runs
+
+COMBINES = ("mean", "vote")
+
+
+def score(ensemble, x, y, deadline_ms):
+    """Test accuracy of each member (asked directly) and of the ensemble (through the aggregator)."""
+    members = []
+    for run, proc in zip(ensemble.runs, ensemble.members):
+        with ModelClient(proc.endpoint, timeout=30.0) as client:
+            members.append({"run_id": run["run_id"], "rank": run["rank"], "endpoint": proc.endpoint,
+                            "validation_accuracy": run["validation_accuracy"],
+                            "test_accuracy": accuracy(lambda b: client.predict(b)[0], x, y)})
+    combined = {}
+    with AggregatorClient(ensemble.aggregator.endpoint) as client:
+        for combine in COMBINES:
+            combined[combine] = accuracy(
+                lambda b: client.predict(b, deadline_ms=deadline_ms, min_members=len(members), combine=combine)[0],
+                x, y)
+    return {"members": members, "ensemble": combined, "aggregator": ensemble.aggregator.endpoint,
+            "verdict": verdict(combined["mean"], [m["test_accuracy"] for m in members])}
+
+
+def print_report(report):
+    click.echo(f"{'model':<14} {'rank':>4} {'val acc':>8} {'test acc':>9}")
+    for m in report["members"]:
+        click.echo(f"{m['run_id']:<14} {m['rank']:>4} {m['validation_accuracy']:>8.4f} {m['test_accuracy']:>9.4f}")
+    for combine, acc in report["ensemble"].items():
+        click.echo(f"{'ensemble/' + combine:<14} {'':>4} {'':>8} {acc:>9.4f}")
+    click.echo(report["verdict"])
+
+
+@click.command("ensemble")
+@launcher_curve_option()
+@click.option("--sweep", "leaderboard", default="sweep-out", show_default=True,
+              help="A sweep's --out directory (or its leaderboard.json).")
+@click.option("--top", default=3, show_default=True, type=click.IntRange(1),
+              help="Serve the best TOP kept checkpoints.")
+@click.option("--deadline-ms", default=2000, show_default=True, type=click.IntRange(1),
+              help="Deadline of each scoring request through the aggregator.")
+@click.option("--log-dir", type=click.Path(file_okay=False), default=None,
+              help="Where the servers' and the aggregator's logs go (default: a temporary directory).")
+@click.option("--keep-serving", is_flag=True,
+              help="After scoring, keep the servers and the aggregator up until Ctrl-C.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+def command(leaderboard, top, deadline_ms, log_dir, keep_serving, as_json):
+    """Start model servers for the best TOP runs of a sweep and an aggregator over them, then
+    report each member's test accuracy next to the ensemble's (mean of probabilities and
+    majority vote): does the ensemble beat its members?"""
+    runs = best_runs(leaderboard, top)
+    _, (x, y) = mnist_split()
+    log_dir = log_dir or tempfile.mkdtemp(prefix="zmqflow-ensemble-")
+    with Ensemble(runs, log_dir=log_dir) as ensemble:
+        report = score(ensemble, x, y, deadline_ms)
+        if as_json:
+            click.echo(json.dumps(report))
+        else:
+            print_report(report)
+        if keep_serving:
+            click.echo(f"aggregator at {report['aggregator']}; members "
+                       f"{', '.join(m['endpoint'] for m in report['members'])}; Ctrl-C stops them", err=True)
+            try:
+                while all(p.alive() for p in [ensemble.aggregator, *ensemble.members]):
+                    time.sleep(0.5)
+            except KeyboardInterrupt:
+                pass
+
+
+def main():
+    command()

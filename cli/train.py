@@ -1,0 +1,52 @@
+"""`zmqflow train`: flags -> zmqflow.jobs.local_cluster.run_training."""
+
+import json
+
+import click
+
+from zmqflow.common.cli_support import launcher_curve_option
+from zmqflow.common.errors import OpError
+from zmqflow.jobs.local_cluster import DEFAULT_OPTIMIZER, INPUTS, run_training
+
+
+@click.command(name="train", context_settings={"show_default": True})
+@launcher_curve_option()
+@click.option("--num-ps", default=1)
+@click.option("--num-workers", default=2)
+@click.option("--mode", default="async", type=click.Choice(["async", "sync"]))
+@click.option("--spare-replicas", default=0, help="Sync: extra workers beyond replicas_to_aggregate.")
+@click.option("--epochs", default=10)
+@click.option("--batch-size", default=100)
+@click.option("--optimizer", "optimizer_kind", default="adam", type=click.Choice(["sgd", "momentum", "adam", "adagrad"]))
+@click.option("--learning-rate", default=DEFAULT_OPTIMIZER["learning_rate"])
+@click.option("--backend", default="numba", type=click.Choice(["numpy", "numba", "cupy"]))
+@click.option("--shuffle-queue/--fifo-queue", default=None, help="Feed through a RandomShuffleQueue "
+              "(tf.train.shuffle_batch) or a FIFOQueue. Default: shuffle for readers, FIFO for preloaded input "
+              "(the feeder already shuffles every epoch).")
+@click.option("--input", "input_kind", default="readers", type=click.Choice(INPUTS),
+              help="readers: a reader process reads record files every epoch; preloaded: fed from this "
+                 "process's memory; ps: held once on ps 0 and sliced by the workers (the seeds' preloading).")
+@click.option("--bf16", is_flag=True, help="bfloat16 pulls and pushes.")
+@click.option("--checkpoint-dir", default=None, type=click.Path(file_okay=False))
+@click.option("--checkpoint-every-steps", default=None, type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learning_rate, optimizer_kind, backend,
+            shuffle_queue, input_kind, bf16, checkpoint_dir, checkpoint_every_steps, as_json):
+    """Train the MNIST MLP with a broker, NUM_PS ps shards and NUM_WORKERS workers on this machine."""
+    optimizer = {"kind": optimizer_kind, "learning_rate": learning_rate}
+    if optimizer_kind == "momentum":
+        optimizer["momentum"] = 0.9
+    try:
+        summary = run_training(progress=not as_json, num_ps=num_ps, num_workers=num_workers, mode=mode, epochs=epochs,
+                               batch_size=batch_size, optimizer=optimizer, backend=backend, spare_replicas=spare_replicas,
+                               shuffle_queue=shuffle_queue, checkpoint_dir=checkpoint_dir,
+                               checkpoint_every_steps=checkpoint_every_steps, bf16=bf16, input=input_kind)
+    except OpError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        click.echo(f"test accuracy {summary['test_accuracy']:.4f} after {epochs} epochs, "
+                   f"{summary['examples_per_s']:,} examples/s while training ({summary['training_seconds']} s; "
+                   f"{summary['wall_seconds']} s with start-up), global step {summary['global_step']} "
+                   f"(logs in {summary['log_dir']})")

@@ -1,0 +1,108 @@
+"""`zmqflow up`: the compose file's services as local processes (see jobs/up/__init__.py)."""
+
+import os
+import sys
+import tempfile
+
+import click
+
+from zmqflow.common.cli_support import launcher_curve_option
+from zmqflow.common.cluster import ClusterSpec
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.jobs.up.compose import ComposeError, load, start_order
+from zmqflow.jobs.up.localize import Localizer
+from zmqflow.jobs.up.logs import Prefixer
+from zmqflow.jobs.up.runner import Runner
+
+
+def select(project, names, with_deps=True):
+    """The chosen services (all when none named), with what they depend on unless with_deps is False."""
+    unknown = [n for n in names if n not in project.services]
+    if unknown:
+        raise ComposeError(f"no such service: {', '.join(unknown)} (services: {', '.join(project.services)})")
+    chosen, todo = set(), list(names or project.services)
+    while todo:
+        name = todo.pop()
+        if name not in chosen:
+            chosen.add(name)
+            if with_deps:
+                todo += list(project.services[name].depends_on)
+    return [n for n in start_order(project.services) if n in chosen]
+
+
+def find_chief(services):
+    """The service whose TF_CONFIG makes it the chief, or None."""
+    for service in services:
+        raw = service.env.get("TF_CONFIG")
+        if not raw:
+            continue
+        try:
+            task = ClusterSpec.from_tf_config({"TF_CONFIG": raw})
+        except InvalidArgumentError:
+            continue
+        if task is not None and task.task_type and task.is_chief:
+            return service.name
+    return None
+
+
+@click.command(name="up", context_settings={"show_default": True})
+@launcher_curve_option()
+@click.argument("service_names", nargs=-1, metavar="[SERVICE]...")
+@click.option("-f", "--file", "compose_file", default="docker-compose.yml", type=click.Path(dir_okay=False),
+              help="The compose file.")
+@click.option("--services", "service_list", multiple=True, metavar="A,B",
+              help="Services to run (repeat or comma-separated), as the SERVICE arguments.")
+@click.option("--no-deps", is_flag=True, help="Do not also start what the chosen services depend on.")
+@click.option("--port-offset", default=0, help="Add N to every port of the topology (hosts that are compose "
+              "services, 0.0.0.0 or loopback), in commands, healthchecks and environment (TF_CONFIG too).")
+@click.option("--workdir", default=None, type=click.Path(file_okay=False),
+              help="Local directory for the compose volumes (volume NAME -> WORKDIR/NAME). "
+                   "Default: a new temporary directory (give one to keep checkpoints between runs).")
+@click.option("--exit-code-from", default=None, metavar="SERVICE",
+              help="When SERVICE exits, stop the rest and exit with its code. Default: the chief "
+                   "(the service whose TF_CONFIG makes it the chief), when it runs.")
+@click.option("--keep-running", is_flag=True, help="Do not stop the rest when the chief exits.")
+@click.option("--abort-on-failure", is_flag=True, help="Stop every service when one exits non-zero.")
+@click.option("--timeout", "stop_timeout", default=10.0, help="Seconds a service may take to stop after SIGTERM.")
+@click.option("--health-timeout", default=120.0, help="Seconds a service may take to pass its healthcheck.")
+@click.option("--color/--no-color", default=None, help="Color the prefixes. Default: when stdout is a terminal.")
+@click.option("--dry-run", is_flag=True, help="Print each service's local command and environment, start nothing.")
+def command(service_names, compose_file, service_list, no_deps, port_offset, workdir, exit_code_from, keep_running,
+            abort_on_failure, stop_timeout, health_timeout, color, dry_run):
+    """Run the services of a docker-compose file as processes on this machine.
+
+    The same commands and environment as under compose (with ${VAR:-default}
+    interpolated); compose service names resolve to 127.0.0.1, volumes to
+    local directories; services start in depends_on order, a service_healthy
+    dependency once its healthcheck command passes here. Logs are prefixed per
+    service. Ctrl-C or SIGTERM stops every process.
+
+    Exit code: that of --exit-code-from (default the chief) when it exits; 130
+    when interrupted; 1 when a dependency failed or a service failed; 0 when
+    every service exited 0.
+    """
+    names = list(service_names) + [n for item in service_list for n in item.split(",") if n]
+    try:
+        project = load(compose_file)
+        chosen = select(project, names, with_deps=not no_deps)
+        localizer = Localizer(project.services, port_offset, workdir or tempfile.mkdtemp(prefix="zmqflow-up-"))
+        services = [localizer.localize(project.services[name]) for name in chosen]
+    except (ComposeError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if exit_code_from and exit_code_from not in chosen:
+        raise click.BadParameter(f"{exit_code_from!r} is not among the services run ({', '.join(chosen)})",
+                                 param_hint="--exit-code-from")
+    if exit_code_from is None and not keep_running:
+        exit_code_from = find_chief(services)
+    if dry_run:
+        for service in services:
+            click.echo(f"{service.name}: {' '.join(service.argv)}")
+            for key, value in service.env.items():
+                click.echo(f"    {key}={value}")
+        return
+    prefixer = Prefixer(chosen, sys.stdout, sys.stdout.isatty() if color is None else color)
+    prefixer.note(f"zmqflow up: {', '.join(chosen)} (port offset {port_offset}, volumes in {localizer.workdir}"
+                  + (f", ends with {exit_code_from})" if exit_code_from else ")"))
+    runner = Runner(services, prefixer, os.path.dirname(project.path), exit_code_from, abort_on_failure,
+                    stop_timeout, health_timeout)
+    sys.exit(runner.run())

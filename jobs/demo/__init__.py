@@ -1,0 +1,1 @@
+"""`make demo`: the queue tour (tour.py), then the whole story (story.py)."""

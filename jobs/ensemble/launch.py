@@ -1,0 +1,60 @@
+"""Start model servers over a sweep's kept checkpoints and an aggregator over them.
+
+`Ensemble` owns the processes (stopped by PID on exit, also when something fails): one
+`zmqflow.services.serve` per member, then one `zmqflow.services.aggregator` that fans out to all of them.
+"""
+
+import json
+import os
+
+from zmqflow.common.errors import NotFoundError
+from zmqflow.common.processes import start_service
+
+
+def best_runs(leaderboard, top):
+    """The `top` best kept runs of a sweep's leaderboard.json (a file or the sweep's out dir)."""
+    path = os.path.join(leaderboard, "leaderboard.json") if os.path.isdir(leaderboard) else leaderboard
+    if not os.path.exists(path):
+        raise NotFoundError(f"no leaderboard at {path!r}: run `zmqflow sweep --out DIR` first")
+    with open(path) as f:
+        best = json.load(f).get("best", [])
+    if not best:
+        raise NotFoundError(f"{path} keeps no checkpoint (did every run fail, or was --keep-best 0?)")
+    return best[:top]
+
+
+class Ensemble:
+    """Model servers for `runs` (entries of the leaderboard's `best`) and an aggregator over them."""
+
+    def __init__(self, runs, log_dir=None, deadline_ms=1000, min_members=1, combine="mean", serve_args=(),
+                 aggregator_args=()):
+        self.runs, self.log_dir = runs, log_dir
+        self.options = (deadline_ms, min_members, combine, tuple(serve_args), tuple(aggregator_args))
+        self.members, self.aggregator = [], None
+
+    def start(self):
+        deadline_ms, min_members, combine, serve_args, aggregator_args = self.options
+        try:
+            for run in self.runs:
+                self.members.append(start_service(
+                    "zmqflow.services.serve", ["--checkpoint", run["checkpoint"], "--model", run["model_file"],
+                                       "--name", run["run_id"], *serve_args], log_dir=self.log_dir))
+            member_args = [arg for m in self.members for arg in ("--member", m.endpoint)]
+            self.aggregator = start_service(
+                "zmqflow.services.aggregator", [*member_args, "--deadline-ms", str(deadline_ms), "--min-members",
+                                        str(min_members), "--combine", combine, *aggregator_args],
+                log_dir=self.log_dir)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self):
+        for proc in ([self.aggregator] if self.aggregator else []) + self.members:
+            proc.stop()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

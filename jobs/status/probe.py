@@ -1,0 +1,99 @@
+"""One snapshot of a cluster: every serving task asked in parallel, each bounded by one timeout.
+
+A task that does not answer is `down` with the error, never an exception. What is
+asked depends on the service that answers `info`: the broker's queues, a ps shard's
+stats (version, pushes, and the workers it has heard from), a model server's
+model_info, an aggregator's members. Workers serve no RPC: their state comes from
+ps 0's stats, and their rates from their Prometheus endpoints when given.
+"""
+
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+from zmqflow.common.errors import OpError
+from zmqflow.common.rpc_client import RpcClient
+from zmqflow.jobs.cluster_check import CLIENT_JOBS
+
+_DETAIL_OPS = {"queue-broker": "list_queues", "ps-shard": "stats", "serve": "model_info",
+               "aggregator": "members"}
+
+
+def probe_task(job, index, address, timeout):
+    """{job, task, address, status: up|down, service, pid, uptime_s, metrics, detail, error}."""
+    row = {"job": job, "task": index, "address": address, "status": "down", "service": None, "error": None}
+    endpoint = address if "://" in address else f"tcp://{address}"
+    started = time.perf_counter()
+    try:
+        with RpcClient(endpoint, heartbeat_interval=timeout, heartbeat_liveness=1, name="status") as client:
+            info, _ = client.call("info", timeout=timeout)
+            row.update(status="up", service=info.get("service"), pid=info.get("pid"), uptime_s=info.get("uptime_s"),
+                       metrics=info.get("metrics"), parked=info.get("parked"),
+                       rtt_ms=round((time.perf_counter() - started) * 1000, 3))
+            op = _DETAIL_OPS.get(info.get("service")) or ("members" if job == "aggregator" else None)
+            if op:
+                row["detail"], _ = client.call(op, timeout=timeout)
+    except OpError as exc:
+        row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return row
+
+
+def scrape_worker(index, address, timeout):
+    """A worker's Prometheus endpoint (host:port or URL): up/down and its zmqflow_worker_* values."""
+    from prometheus_client.parser import text_string_to_metric_families
+    url = address if "://" in address else f"http://{address}/metrics"
+    row = {"replica": index, "metrics": url, "status": "down", "error": None}
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            text = answer.read().decode()
+    except (OSError, ValueError) as exc:
+        row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        return row
+    row["status"] = "up"
+    for family in text_string_to_metric_families(text):
+        if family.name.startswith("zmqflow_worker_"):
+            for sample in family.samples:
+                if not sample.name.endswith("_created"):
+                    row[sample.name[len("zmqflow_worker_"):]] = sample.value
+    return row
+
+
+def workers_from_ps(ps_rows):
+    """The workers ps 0 has heard from: done, lost, or pushing (seconds since the last push)."""
+    stats = next((r.get("detail") for r in ps_rows if r["status"] == "up" and r.get("detail")), None)
+    if stats is None:
+        return []
+    done, lost = set(stats.get("done_workers", [])), set(stats.get("lost_workers", []))
+    idle = {int(r): s for r, s in stats.get("replica_idle_s", {}).items()}
+    rows = []
+    for replica in sorted(set(idle) | done | lost):
+        state = "lost" if replica in lost else "done" if replica in done else "training"
+        rows.append({"replica": replica, "state": state, "last_push_s": idle.get(replica)})
+    return rows
+
+
+def snapshot(spec, worker_metrics=(), timeout=1.0):
+    """{time, tasks: [...], workers: [...], worker_metrics: [...]} for the cluster `spec`."""
+    targets = [(job, index, address) for job, index, address in spec.tasks() if job not in CLIENT_JOBS]
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(targets) + len(worker_metrics)))) as pool:
+        tasks = [pool.submit(probe_task, job, index, address, timeout) for job, index, address in targets]
+        scraped = [pool.submit(scrape_worker, i, a, timeout) for i, a in enumerate(worker_metrics)]
+        tasks = [f.result() for f in tasks]
+        scraped = [f.result() for f in scraped]
+    clients = [{"job": job, "task": index, "address": address, "status": "client"}
+               for job, index, address in spec.tasks() if job in CLIENT_JOBS]
+    return {"time": time.time(), "tasks": tasks + clients,
+            "workers": workers_from_ps([t for t in tasks if t["job"] == "ps"]), "worker_metrics": scraped}
+
+
+def add_rates(current, previous):
+    """Steps/s of each ps shard between two snapshots (set on the current one's detail)."""
+    if previous is None:
+        return current
+    before = {(t["job"], t["task"]): t for t in previous["tasks"]}
+    elapsed = current["time"] - previous["time"]
+    for task in current["tasks"]:
+        old = before.get((task["job"], task["task"]))
+        if task.get("service") == "ps-shard" and old and old.get("detail") and task.get("detail") and elapsed > 0:
+            task["detail"]["steps_per_s"] = round((task["detail"]["version"] - old["detail"]["version"]) / elapsed, 2)
+    return current

@@ -1,0 +1,45 @@
+"""sweep.png: validation accuracy per run (bars, in rank order) beside the learning curves.
+
+matplotlib is an optional extra (`pip install 'zmqflow[plot]'`): without it the sweep
+still runs and `plot` returns None, so the caller can say the PNG was skipped.
+"""
+
+import os
+
+from zmqflow.jobs.sweep.curve import read_curve
+
+
+def plot(out_dir, ranked):
+    """Write out_dir/sweep.png; returns its path, or None when matplotlib is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")  # files only: no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ok = [e for e in ranked if e["status"] == "ok"]
+    colors = ["tab:green" if e.get("kept") else "tab:blue" for e in ok]
+    bars.bar([e["run_id"] for e in ok], [e["validation_accuracy"] for e in ok], color=colors)
+    if ok:
+        low = min(e["validation_accuracy"] for e in ok)
+        bars.set_ylim(max(0.0, low - 0.05), 1.0)
+    bars.set_title("validation accuracy (green: checkpoint kept)")
+    bars.tick_params(axis="x", labelrotation=60)
+    for entry in ranked:
+        points = read_curve(entry.get("curve_file") or "")
+        if points:
+            steps, losses = zip(*points)
+            curves.plot(steps, losses, label=entry["run_id"] + ("" if entry["status"] == "ok" else " (failed)"),
+                        linewidth=1)
+    curves.set_xlabel("global step")
+    curves.set_ylabel("training loss")
+    curves.set_yscale("log")
+    curves.set_title("learning curves")
+    if curves.lines and len(curves.lines) <= 12:
+        curves.legend(fontsize="small")
+    fig.tight_layout()
+    path = os.path.join(out_dir, "sweep.png")
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

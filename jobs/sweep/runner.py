@@ -1,0 +1,206 @@
+"""Run a sweep's trainings: one shared broker, and per run its own ps task and worker.
+
+Runs never mix: each has its own ps process (its variables, optimizer slots and, with
+`input="ps"`, its copy of the data), and its broker queues live in its own resource
+container (`run-003`), freed when the run ends. Up to `parallel` runs train at once, each
+worker with cores/parallel compute threads. A run that fails (exit code, timeout, no
+checkpoint) becomes a failed entry with its error; the others go on.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+import numpy as np
+
+from zmqflow.common import queues
+from zmqflow.common.errors import DeadlineExceededError
+from zmqflow.models.spec import load_model
+from zmqflow.common.processes import compute_thread_env, start_process, start_service
+from zmqflow.common.rpc_client import RpcClient, default_pool
+from zmqflow.jobs.sweep.curve import CURVE_ENV, HOOK, read_curve
+from zmqflow.jobs.local_cluster import feed
+
+INPUTS = ("preloaded", "ps")
+QUEUE = "train"
+
+
+def model_spec(point, seed=1):
+    """The MLP of a point: 784, its hidden widths, 10 (the init of the seeds' MNIST network)."""
+    return {"type": "mlp", "layers": [784, *point["hidden"], 10], "activation": point["activation"],
+            "init": {"kind": "truncated_normal", "stddev": 0.1}, "seed": seed}
+
+
+def optimizer_spec(point):
+    spec = {"kind": point["optimizer"], "learning_rate": point["learning_rate"]}
+    if point["optimizer"] == "momentum":
+        spec["momentum"] = 0.9
+    return spec
+
+
+def run_id(index):
+    return f"run-{index + 1:03d}"
+
+
+class SweepRunner:
+    def __init__(self, out_dir, train, validation, parallel=1, input="preloaded", backend="numba", timeout=300.0,
+                 model_seed=1):
+        if input not in INPUTS:
+            raise ValueError(f"input must be one of {', '.join(INPUTS)}, got {input!r}")
+        self.out_dir, self.train, self.validation = out_dir, train, validation
+        self.parallel, self.input, self.backend, self.timeout = max(1, parallel), input, backend, timeout
+        self.model_seed = model_seed
+        self.threads = max(1, (os.cpu_count() or 1) // self.parallel)
+        self._stop = threading.Event()
+        self.broker = None
+
+    def run(self, points, on_done=None):
+        """Train every point; returns the entries in run order. `on_done(entry)` after each run."""
+        for owned in ("runs", "checkpoints"):  # a previous sweep's runs would mix with this one's
+            shutil.rmtree(os.path.join(self.out_dir, owned), ignore_errors=True)
+        os.makedirs(self.out_dir, exist_ok=True)
+        log_dir = os.path.join(self.out_dir, "logs")
+        os.makedirs(log_dir, exist_ok=True)
+        self.broker = start_service("zmqflow.services.broker", log_dir=log_dir)
+        entries = [None] * len(points)
+        try:
+            with ThreadPoolExecutor(self.parallel, thread_name_prefix="sweep") as pool:
+                futures = {pool.submit(self._run_safely, i, p): i for i, p in enumerate(points)}
+                try:
+                    for future in as_completed(futures):
+                        entries[futures[future]] = entry = future.result()
+                        if on_done:
+                            on_done(entry)
+                except BaseException:  # Ctrl-C: let the running trainings stop, start no more
+                    self._stop.set()
+                    for f in futures:
+                        f.cancel()
+                    raise
+        finally:
+            self.broker.stop()
+        return entries
+
+    def _run_safely(self, index, point):
+        entry = {"run_id": run_id(index), "status": "failed", "hyperparameters": point,
+                 "model": model_spec(point, self.model_seed), "optimizer": optimizer_spec(point)}
+        started = time.perf_counter()
+        try:
+            entry.update(self._run(entry))
+            entry["status"] = "ok"
+        except Exception as exc:  # one failed run is a row in the leaderboard, not the end of the sweep
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            shutil.rmtree(os.path.join(self.out_dir, "checkpoints", entry["run_id"]), ignore_errors=True)
+        finally:
+            entry["seconds"] = round(time.perf_counter() - started, 2)
+            default_pool.close_thread()
+        return entry
+
+    def _run(self, entry):
+        name = entry["run_id"]
+        run_dir = os.path.join(self.out_dir, "runs", name)
+        # named by the run, so a model server on it answers with the run id as its model name
+        ckpt_dir, log_dir = os.path.join(self.out_dir, "checkpoints", name), os.path.join(run_dir, "logs")
+        for stale in (run_dir, ckpt_dir):  # a stale checkpoint would be restored, not trained
+            shutil.rmtree(stale, ignore_errors=True)
+        os.makedirs(ckpt_dir)
+        os.makedirs(log_dir)
+        model_file = os.path.join(ckpt_dir, "model.json")
+        with open(model_file, "w") as f:
+            json.dump(entry["model"], f, indent=1)
+        result_file, curve_file = os.path.join(run_dir, "result.json"), os.path.join(run_dir, "curve.jsonl")
+        point, procs, stop = entry["hyperparameters"], [], threading.Event()
+        try:
+            ps = start_service("zmqflow.services.ps", ["--task-index", "0", "--num-ps", "1", "--mode", "async",
+                                               "--model", json.dumps(entry["model"]),
+                                               "--optimizer", json.dumps(entry["optimizer"])], log_dir=log_dir)
+            procs.append(ps)
+            input_args = self._start_input(name, ps.endpoint, point["epochs"], stop)
+            args = ["--task-index", "0", "--num-workers", "1", "--ps", ps.endpoint, "--backend", self.backend,
+                    "--batch-size", str(point["batch_size"]), "--model", json.dumps(entry["model"]),
+                    "--examples-per-epoch", str(len(self.train[1])), "--result-file", result_file,
+                    "--checkpoint-dir", ckpt_dir, "--keep-checkpoints", "1", "--evaluate", "--shutdown-ps",
+                    "--hook", HOOK, "--log-every", "1000", *input_args]
+            worker = start_process("zmqflow.services.worker", args, log_dir=log_dir, name="worker0",
+                                   env={**compute_thread_env(self.threads), CURVE_ENV: curve_file})
+            procs.append(worker)
+            self._wait(worker)
+        finally:
+            stop.set()
+            for p in reversed(procs):
+                p.stop()
+            self._free_container(name)
+        with open(result_file) as f:
+            result = json.load(f)
+        return {"validation_accuracy": self.validate(ckpt_dir, entry["model"]),
+                "test_accuracy": result.get("test_accuracy"), "final_loss": result.get("final_loss"),
+                "examples_per_s": round(result["examples_per_s"]), "global_step": result["global_step"],
+                "checkpoint": ckpt_dir, "model_file": model_file, "curve_file": curve_file,
+                "curve_points": len(read_curve(curve_file))}
+
+    def _start_input(self, container, ps_endpoint, epochs, stop):
+        """Feed the run's data; returns the worker's input options."""
+        x, y = self.train
+        if self.input == "ps":  # held once on the run's own ps task, sliced by the worker
+            with RpcClient(ps_endpoint) as client:
+                client.call("preload", {"name": QUEUE, "names": ["image", "label"]}, [x, y], timeout=60)
+            return ["--preloaded", QUEUE, "--epochs", str(epochs)]
+        queue = queues.FIFOQueue(5_000, ["float32", "int32"], shapes=[[784], []], names=["image", "label"],
+                                 shared_name=QUEUE, container=container, broker=self.broker.endpoint)
+
+        def feeder():
+            try:
+                feed(queue, x, y, epochs, 0, stop)
+            except Exception:
+                pass  # the run was stopped (its container reset): the worker's outcome tells what happened
+            finally:
+                default_pool.close_thread()
+
+        threading.Thread(target=feeder, daemon=True, name=f"feed-{container}").start()
+        return ["--broker", self.broker.endpoint, "--container", container, "--queue", QUEUE]
+
+    def _wait(self, worker):
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                code = worker.proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if self._stop.is_set():
+                    raise RuntimeError("the sweep was interrupted") from None
+                if time.monotonic() > deadline:
+                    raise DeadlineExceededError(f"the run did not finish within {self.timeout:g} s") from None
+        if code != 0:
+            raise RuntimeError(f"the worker exited with {code}: {_last_error(worker.log())}")
+
+    def _free_container(self, container):
+        if self.input != "preloaded":
+            return
+        try:
+            queues.reset(container, broker=self.broker.endpoint)
+        except Exception:
+            pass  # the broker is gone: nothing left to free
+
+    def validate(self, ckpt_dir, spec):
+        """Accuracy on the validation split, from the run's last checkpoint (what a server would load)."""
+        from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
+        path = latest_checkpoint(ckpt_dir)
+        if path is None:
+            raise RuntimeError(f"the run left no checkpoint in {ckpt_dir}")
+        model = load_model(spec, backend="numpy")
+        ckpt = Checkpoint(path)
+        params = {v.name: ckpt.read(v.name)[0] for v in model.variables()}
+        x, y = self.validation
+        return round(float(np.mean(np.argmax(model.predict(params, x), axis=1) == y)), 4)
+
+
+def _last_error(log, limit=400):
+    """The last line of a log that looks like an error, else its last line."""
+    lines = [line for line in log.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error" in line or "error" in line:
+            return line.strip()[-limit:]
+    return lines[-1].strip()[-limit:] if lines else "(empty log)"

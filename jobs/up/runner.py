@@ -1,0 +1,170 @@
+"""Start localized services in dependency order, follow them, stop every one by process group.
+
+Each service runs in its own session (process group), so a stop reaches the
+children it started too; Ctrl-C or SIGTERM to `zmqflow up` stops them all.
+A service's exit is reported with its code. The run ends when the service
+named by `exit_code_from` exits (its code is the result), when any service
+fails and `abort_on_failure` is set, when a dependency can no longer be met,
+or when every service has exited.
+"""
+
+import os
+import signal
+import subprocess
+import time
+
+from zmqflow.jobs.up.health import HealthWatch
+from zmqflow.jobs.up.localize import child_environment
+
+INTERRUPTED = 130
+
+
+class Runner:
+    def __init__(self, services, prefixer, cwd, exit_code_from=None, abort_on_failure=False, stop_timeout=10.0,
+                 health_limit=120.0):
+        self.services = {s.name: s for s in services}
+        self.order = [s.name for s in services]          # already in start order
+        self.out, self.cwd = prefixer, cwd
+        self.exit_code_from, self.abort_on_failure = exit_code_from, abort_on_failure
+        self.stop_timeout, self.health_limit = stop_timeout, health_limit
+        self.procs, self.codes, self.health, self.pumps = {}, {}, {}, []
+        self._signal = None
+
+    # ------------------------------------------------ the run
+
+    def run(self):
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._loop()
+        finally:
+            self.stop_all()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum, frame):
+        self._signal = signum
+
+    def _loop(self):
+        while True:
+            if self._signal is not None:
+                self.out.note(f"zmqflow up: {signal.Signals(self._signal).name}, stopping every service")
+                return INTERRUPTED
+            for name in self.order:
+                if name not in self.procs:
+                    verdict = self._dependencies(name)
+                    if verdict is True:
+                        self._start(name)
+                    elif verdict is not None:
+                        self.out.note(f"zmqflow up: {name} cannot start: {verdict}; stopping every service")
+                        return 1
+            result = self._reap()
+            if result is not None:
+                return result
+            if len(self.codes) == len(self.services):
+                return 0 if not any(self.codes.values()) else 1
+            time.sleep(0.05)
+
+    def _dependencies(self, name):
+        """True when `name` may start, None to wait, or why it never will."""
+        for dep, condition in self.services[name].depends_on.items():
+            if dep not in self.services:
+                continue                               # not selected (--no-deps)
+            if dep not in self.procs:
+                return None
+            if condition == "service_healthy":
+                watch = self.health.get(dep)
+                if watch is None:
+                    return f"depends on {dep} being healthy, but {dep} has no healthcheck"
+                if watch.state == "unhealthy":
+                    return f"{dep} is unhealthy ({watch.detail})"
+                if watch.state != "healthy":
+                    return None
+            elif condition == "service_completed_successfully":
+                if dep not in self.codes:
+                    return None
+                if self.codes[dep] != 0:
+                    return f"{dep} exited with code {self.codes[dep]}"
+        return True
+
+    def _start(self, name):
+        service = self.services[name]
+        for directory in service.dirs:
+            os.makedirs(directory, exist_ok=True)
+        env = child_environment(service.env)
+        try:
+            proc = subprocess.Popen(service.argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            self.out.note(f"zmqflow up: {name} cannot start {service.argv[0]!r}: {exc}")
+            self.procs[name], self.codes[name] = None, 127
+            return
+        self.procs[name] = proc
+        self.pumps.append(self.out.follow(name, proc.stdout))
+        if service.health:
+            self.health[name] = HealthWatch(service, self.cwd, env, lambda: proc.poll() is None,
+                                            self.health_limit).start()
+
+    def _reap(self):
+        """Report exits; the run's result when one of them ends it, else None."""
+        for name, proc in self.procs.items():
+            if proc is None or name in self.codes or proc.poll() is None:
+                continue
+            code = self.codes[name] = proc.returncode
+            self.out.note(f"zmqflow up: {name} exited with code {code}")
+            if name == self.exit_code_from:
+                self._let_others_finish()
+                self.out.note(f"zmqflow up: {name} is done, stopping every service")
+                return code
+            if code != 0 and self.abort_on_failure:
+                self.out.note(f"zmqflow up: {name} failed, stopping every service")
+                return code
+        for name, code in self.codes.items():
+            if self.procs[name] is None and name == self.exit_code_from:
+                return code
+        return None
+
+    # ------------------------------------------------ stopping
+
+    def _let_others_finish(self, grace=3.0):
+        """The chief just told the ps shards and the broker to exit: give them `grace` s to do so
+        by themselves (a SIGTERM to a process already shutting down ends it with -15, not 0)."""
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            alive = [n for n, p in self.procs.items() if p is not None and n not in self.codes and p.poll() is None]
+            for name, proc in self.procs.items():
+                if proc is not None and name not in self.codes and proc.poll() is not None:
+                    self.codes[name] = proc.returncode
+                    self.out.note(f"zmqflow up: {name} exited with code {proc.returncode}")
+            if not alive:
+                return
+            time.sleep(0.05)
+
+    def stop_all(self):
+        """SIGTERM to every live process group (dependents first), SIGKILL after stop_timeout."""
+        for watch in self.health.values():
+            watch.stop()
+        live = [n for n in reversed(self.order) if self.procs.get(n) is not None and self.procs[n].poll() is None]
+        for name in live:
+            _signal_group(self.procs[name], signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout
+        for name in live:
+            proc = self.procs[name]
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.out.note(f"zmqflow up: {name} did not stop within {self.stop_timeout:.0f} s, killing it")
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait()
+            self.codes[name] = proc.returncode
+            self.out.note(f"zmqflow up: {name} exited with code {proc.returncode}")
+        for name in live:
+            _signal_group(self.procs[name], signal.SIGKILL)   # children the leader left behind
+        for pump in self.pumps:
+            pump.join(2.0)
+
+
+def _signal_group(proc, sig):
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

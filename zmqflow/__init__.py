@@ -1,0 +1,14 @@
+"""zmqflow: TensorFlow 1.x style distributed training and ensemble serving as Python services over ZeroMQ.
+
+The repository's folders are mapped into this one package (pyproject.toml, package-dir):
+
+    common/   -> zmqflow.common     contracts: wire format, protocol, errors, RPC, clients, cluster, checkpoints
+    models/   -> zmqflow.models     model specs, the built-in MLP, kernels (numpy, numba, cupy)
+    inputs/   -> zmqflow.inputs     file formats and the shipped data sets
+    services/ -> zmqflow.services   the six services: broker, ps, worker, reader, serve, aggregator
+    jobs/     -> zmqflow.jobs       what runs services together: local_cluster (train), sweep, ensemble, up, status
+    cli/      -> zmqflow.cli        the `zmqflow` command
+    bench/, loadtest/, data/ -> zmqflow.bench, zmqflow.loadtest, zmqflow.data
+"""
+
+__version__ = "0.2.0"

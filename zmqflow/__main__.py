@@ -1,0 +1,5 @@
+"""`python -m zmqflow` is the `zmqflow` command."""
+
+from zmqflow.cli.main import main
+
+main()
