@@ -21,13 +21,13 @@ max_message_bytes (learnt from ping answers) is refused with InvalidArgument.
 import itertools
 import logging
 import time
-import uuid
 
 import zmq
 
 from zmqflow.common import curve, wire
 from zmqflow.common.errors import InvalidArgumentError, UnavailableError, error_from_code
 from zmqflow.common.limits import DEFAULT_LIMITS
+from zmqflow.common.sockets import dealer_socket
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +85,8 @@ class RpcClient:
         self._connect()
 
     def _connect(self):
-        self.socket = self.context.socket(zmq.DEALER)
-        self.socket.linger = 0
-        self.socket.routing_id = f"{self.name}-{uuid.uuid4().hex[:12]}".encode()
-        self.socket.setsockopt(zmq.MAXMSGSIZE, self.limits.socket_max_frame_bytes)
-        self.socket.sndhwm = self.socket.rcvhwm = 100_000
-        self.socket.sndtimeo = int(self.heartbeat_interval * self.heartbeat_liveness * 1000)  # never block for ever
-        curve.secure_client(self.socket, self._curve)
+        self.socket = dealer_socket(self.context, self.limits, self.name, self._curve, hwm=100_000,
+                                    send_timeout_ms=int(self.heartbeat_interval * self.heartbeat_liveness * 1000))
         self.socket.connect(self.address)
         self._poller = zmq.Poller()
         self._poller.register(self.socket, zmq.POLLIN)

@@ -1,8 +1,9 @@
 """One client request fanned out to members: who was asked, who answered, who did not and why.
 
-No sockets: the server records each member's reply or failure here and asks whether the
-request can be answered now (everyone asked has responded, or `min_members` can no longer
-be reached). `outcome()` combines what arrived or names who answered for the error.
+No sockets: the fan-out policy (fanout.py) records each member's reply or failure here, and
+the server asks whether the request can be answered now (everyone asked has responded, or
+`min_members` can no longer be reached). `outcome()` combines what arrived or names who
+answered for the error.
 """
 
 from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError, UnavailableError, error_from_code
@@ -11,7 +12,7 @@ from zmqflow.services.aggregator.combine import combine, same_shape
 
 class Gather:
     __slots__ = ("call", "mode", "combine", "min_members", "pending", "answers", "weights", "failures", "codes",
-                 "started", "shape", "payload")
+                 "started", "shape", "rid")
 
     def __init__(self, call, mode, combine_name, min_members, started):
         self.call, self.mode, self.combine, self.min_members = call, mode, combine_name, min_members
@@ -22,7 +23,7 @@ class Gather:
         self.codes = {}      # address -> the member's error code, for errors
         self.started = started
         self.shape = None    # the input's shape; an answer must have as many rows
-        self.payload = None  # the server's encoded request, sent once per member
+        self.rid = None      # the member-side id of its latest request (a replica retry gets a new one)
 
     def asked(self, address, rid):
         self.pending[address] = rid

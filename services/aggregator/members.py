@@ -4,7 +4,9 @@ A member that fails `unhealthy_after` times in a row (timeouts, or errors that a
 fault), or whose connection drops, is marked unhealthy: requests skip it and it is probed
 every `probe_s` seconds until a probe is answered, which takes it back. Replica mode sends each request to the
 healthy member with the fewest requests outstanding (ties rotate, so equal members share).
-The counters are a plain dict per member, easy to list or export.
+The counters are a plain dict per member, easy to list or export. What is in flight to a
+member (`inflight`, `outstanding`) is kept by the fan-out policy (fanout.py), which alone
+sends and settles requests.
 """
 
 import itertools
@@ -15,8 +17,10 @@ COUNTERS = ("requests", "answers", "timeouts", "errors", "probes", "recoveries")
 
 
 class Member:
+    """One model server as the aggregator sees it: its health record and the requests in flight to it."""
+
     __slots__ = ("address", "weight", "healthy", "consecutive_failures", "outstanding", "counters",
-                 "last_failure", "next_probe_at")
+                 "last_failure", "next_probe_at", "inflight", "probe_rid")
 
     def __init__(self, address, weight=1.0):
         self.address, self.weight = address, float(weight)
@@ -26,6 +30,8 @@ class Member:
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.last_failure = None
         self.next_probe_at = None
+        self.inflight = {}  # member-side request id -> the Gather or Probe awaiting its reply (fanout.py)
+        self.probe_rid = None  # the id of the probe in flight, if any
 
     def describe(self):
         return {"address": self.address, "weight": self.weight, "healthy": self.healthy,
@@ -86,17 +92,14 @@ class MemberSet:
     # ------------------------------------------------ outcomes
 
     def sent(self, member):
-        member.outstanding += 1
         member.counters["requests"] += 1
 
     def answered(self, member):
-        member.outstanding -= 1
         member.counters["answers"] += 1
         member.consecutive_failures = 0
 
     def failed(self, member, kind, reason, now, counts=True):
         """A request to `member` timed out or failed (`kind`: timeouts|errors). True if it just became unhealthy."""
-        member.outstanding -= 1
         member.counters[kind] += 1
         member.last_failure = reason
         if not counts:

@@ -3,18 +3,15 @@
 Why one DEALER per member polled by the service's own loop: a request costs no thread and
 nothing blocks; the client's call is parked with its deadline, every member's reply is
 matched by the member-side request id, and the call is answered as soon as every asked
-member has responded, or AT the deadline (the base deadline heap) with what arrived. The
-ids of a finished request are forgotten at once, so a late reply is dropped by id and never
-mixed into another request. Unhealthy members are probed on a timer riding the same heap.
-Each member socket's monitor is polled too: a member whose connection drops (its process
-died) is unhealthy at once and what was in flight to it fails then, not at the deadline.
+member has responded, or AT the deadline (the base deadline heap) with what arrived. Each
+member socket's monitor is polled too, so a member whose connection drops (its process
+died) is known at once, not at the deadline. Probes of unhealthy members ride the same heap.
 
-Modes: `ensemble` asks every healthy member and combines; `replica` asks the one with the
-fewest outstanding requests (a member that fails fast is replaced by another, never past
-the deadline).
+This file only moves messages: whom to ask, what is in flight, retries, health, ejection
+and probing are the fan-out policy's (fanout.py), which gets every reply, failure, dropped
+connection and deadline from here.
 """
 
-import itertools
 import logging
 import time
 
@@ -23,11 +20,12 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from zmqflow.common import curve, wire
-from zmqflow.common.errors import (DEADLINE_EXCEEDED, INVALID_ARGUMENT, InvalidArgumentError, OpError, code_name)
+from zmqflow.common.errors import InvalidArgumentError, OpError
 from zmqflow.common.rpc_service import PARKED, Service
+from zmqflow.common.sockets import dealer_socket
 from zmqflow.services.aggregator.combine import check_combine
+from zmqflow.services.aggregator.fanout import FanOut, Probe
 from zmqflow.services.aggregator.gather import Gather
-from zmqflow.services.aggregator.members import MemberSet
 from zmqflow.services.aggregator.stats import AggregatorStats
 
 log = logging.getLogger(__name__)
@@ -35,35 +33,20 @@ log = logging.getLogger(__name__)
 MODES = ("ensemble", "replica")
 
 
-class _Probe:
-    """A health probe in flight to an unhealthy member."""
-
-    __slots__ = ("member", "deadline")
-
-    def __init__(self, member, deadline):
-        self.member, self.deadline = member, deadline
-
-
 class _Link:
-    """The aggregator's socket to one member and the requests in flight on it (rid -> Gather or _Probe)."""
+    """The aggregator's socket to one member and its monitor (whether the connection dropped)."""
 
-    __slots__ = ("address", "sock", "monitor", "inflight", "probe_rid")
+    __slots__ = ("address", "sock", "monitor")
 
     def __init__(self, context, address, limits, name):
         self.address = address
-        self.sock = context.socket(zmq.DEALER)
-        self.sock.linger = 0
-        self.sock.sndtimeo = 0  # a full queue fails the send instead of blocking the loop
-        self.sock.sndhwm = self.sock.rcvhwm = 10_000
-        self.sock.setsockopt(zmq.MAXMSGSIZE, limits.socket_max_frame_bytes)
-        self.sock.routing_id = f"{name}-{id(self):x}-{time.monotonic_ns() % 10**9}".encode()
         keys = curve.curve_dir_from_env()
-        curve.secure_client(self.sock, curve.ClientKeys(keys) if keys else None)
+        # a full queue fails the send at once instead of blocking the loop
+        self.sock = dealer_socket(context, limits, name, curve.ClientKeys(keys) if keys else None,
+                                  hwm=10_000, send_timeout_ms=0)
         # the connection's events: a member whose process dies is known at once, not after timeouts
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.sock.connect(address)
-        self.inflight = {}
-        self.probe_rid = None
 
     def lost_connection(self):
         """True if the monitor reported the connection to the member gone (reads every pending event)."""
@@ -89,12 +72,12 @@ class Aggregator(Service):
         self.deadline_ms = _check_int("deadline_ms", deadline_ms, 1)
         self.min_members = _check_int("min_members", min_members, 1)
         self.combine = check_combine(combine)
-        self.members = MemberSet(unhealthy_after, probe_ms / 1000.0)
+        self.fanout = FanOut(unhealthy_after, probe_ms / 1000.0, wake=self._schedule_wake)
+        self.members = self.fanout.members  # read-only here: listing, stats, metrics
         self.links = {}
         self.agg_stats = AggregatorStats()
         self._features = None  # input width of the last request a member answered: probes send one such row
         self._timer_at = None
-        self._ids = itertools.count(1)  # member-side request ids: one per client request, the same to every member
         for address, weight in members:
             self._add(address, weight)
         self.handlers.update(predict=self._predict, add_member=self._add_member, remove_member=self._remove_member,
@@ -104,11 +87,11 @@ class Aggregator(Service):
 
     def _add(self, address, weight=1.0):
         address = normalize_address(address)
-        member = self.members.add(address, weight)
+        member = self.fanout.add(address, weight)
         try:
             link = _Link(self.context, address, self.limits, "aggregator")
         except zmq.ZMQError as exc:
-            self.members.remove(address)
+            self.fanout.remove(address)
             raise InvalidArgumentError(f"cannot connect to member {address!r}: {exc}") from None
         self.links[address] = link
         self.add_socket(link.sock, lambda: self._drain_member(link))
@@ -122,16 +105,14 @@ class Aggregator(Service):
     def _remove_member(self, call):
         address = call.args.get("address")
         address = normalize_address(address) if isinstance(address, str) and address else address
-        member = self.members.remove(address)
+        member, lost = self.fanout.remove(address)
         link = self.links.pop(address)
         self.remove_socket(link.sock)
         self.remove_socket(link.monitor)
         link.close()
         now = time.monotonic()
-        for entry in link.inflight.values():
-            if isinstance(entry, Gather) and not entry.call.finished:
-                entry.fail(address, "removed")
-                self._advance(entry, now)
+        for gather in lost:
+            self._advance(gather, now)
         log.info("member %s removed", address)
         return {"member": member.describe()}
 
@@ -156,93 +137,67 @@ class Aggregator(Service):
         self.agg_stats.counters["requests"] += 1
         gather = call.state = Gather(call, mode, combine, 1 if mode == "replica" else min_members, call.received)
         gather.shape = x.shape
-        gather.payload = self._request(x, gather.call.deadline, now)
-        if mode == "replica":
-            member = self.members.least_outstanding()
-            if member is not None:
-                self._ask(member, gather, now)
-            for m in self.members.unhealthy():
-                gather.skipped(m.address, "unhealthy")
-        else:
-            for member in list(self.members.members.values()):
-                if member.healthy:
-                    self._ask(member, gather, now)
-                else:
-                    gather.skipped(member.address, "unhealthy")
+        targets = self.fanout.ask(gather)
+        if targets:
+            frames = self._request(gather, now)  # encoded once, however many members are asked
+            for member in targets:
+                self._send_to(member, gather, frames, now)
         if gather.finished():
             self._finish(gather, now)
             return PARKED  # already answered by _finish
         return self.park(call)
 
-    def _ask(self, member, gather, now, retry=False):
-        link = self.links[member.address]
-        rid, frames = gather.payload
-        if retry:  # the time left has shrunk since the first ask
-            rid, frames = gather.payload = self._request(gather.call.tensors[0], gather.call.deadline, now)
-        try:
-            wire.send_message(link.sock, frames)
-        except zmq.ZMQError as exc:
-            self.members.sent(member)
-            self._member_failed(member, gather, "errors", f"error: send failed: {exc}", None, now, advance=False)
-            return
-        link.inflight[rid] = gather
-        gather.asked(member.address, rid)
-        self.members.sent(member)
+    def _request(self, gather, now):
+        """The frames of `gather`'s predict to members, under its current member-side id and the time left."""
+        return wire.request_frames("predict", gather.rid, {}, gather.call.tensors,
+                                   max(1, int((gather.call.deadline - now) * 1000)))
 
-    def _request(self, x, deadline, now):
-        """(rid, frames) of one predict to members, encoded once however many are asked."""
-        rid = next(self._ids)
-        return rid, wire.request_frames("predict", rid, {}, [x], max(1, int((deadline - now) * 1000)))
+    def _send_to(self, member, gather, frames, now):
+        try:
+            wire.send_message(self.links[member.address].sock, frames)
+        except zmq.ZMQError as exc:
+            self.fanout.unsent(member, gather, f"error: send failed: {exc}", now)
 
     # ------------------------------------------------ member replies
 
     def _drain_member(self, link):
-        sock = link.sock
+        sock, member = link.sock, self.members.get(link.address)
         while not sock.closed and wire.readable(sock):
             _, header, frames, error = wire.recv_message(sock, False, self.limits)
             now = time.monotonic()
             if header is None:
                 log.warning("malformed reply from member %s dropped: %s", link.address, error)
                 continue
-            entry = link.inflight.pop(header.get("id"), None)
+            rid, code = header.get("id"), header.get("code", 0)
+            entry = self.fanout.awaiting(member, rid)
             if entry is None:
                 self.agg_stats.counters["late_dropped"] += 1
-                continue
-            member = self.members.get(link.address)
-            if isinstance(entry, _Probe):
-                self._probe_answered(link, entry, header, now)
-                continue
-            code = header.get("code", 0)
-            if code:
-                kind = "timeouts" if code == DEADLINE_EXCEEDED else "errors"
-                reason = "timeout" if kind == "timeouts" else f"error: {code_name(code)}: {header.get('error')}"
-                self._member_failed(member, entry, kind, reason, code, now)
-                continue
-            probs = self._decode_answer(entry, header, frames)
-            if isinstance(probs, str):
-                self._member_failed(member, entry, "errors", probs, None, now)
-                continue
-            self.members.answered(member)
-            entry.answer(link.address, probs, member.weight)
-            if entry.finished():
-                self._finish(entry, now)
+            elif isinstance(entry, Probe):
+                self.fanout.probe_answered(member, rid, code, header.get("error"), now)
+            elif code:
+                self._go_on(entry, self.fanout.refused(member, entry, code, header.get("error"), now), now)
+            else:
+                self._take_answer(member, entry, header, frames, now)
+
+    def _take_answer(self, member, gather, header, frames, now):
+        probs = self._decode_answer(gather, header, frames)
+        if isinstance(probs, str):
+            self._go_on(gather, self.fanout.bad_answer(member, gather, probs, now), now)
+            return
+        self.fanout.answered(member, gather, probs)
+        self._advance(gather, now)
 
     def _watch_member(self, link):
-        """The member's connection dropped (its process died or closed): fail what is in flight to it
-        now (replica mode retries elsewhere), mark it unhealthy and probe it until it answers again."""
+        """The member's connection dropped (its process died or closed): the policy fails what is in
+        flight to it now; replica retries go out here."""
         if link.sock.closed or not link.lost_connection():
             return
-        member, now = self.members.get(link.address), time.monotonic()
+        member = self.members.get(link.address)
         if member is None:
             return
-        if self.members.disconnected(member, now):  # first, so no retry below picks it again
-            log.warning("member %s disconnected: unhealthy, probing every %.0f ms", link.address,
-                        self.members.probe_s * 1000)
-            self._schedule_wake(member.next_probe_at)
-        for rid, entry in list(link.inflight.items()):
-            if isinstance(entry, Gather) and not entry.call.finished:
-                del link.inflight[rid]
-                self._member_failed(member, entry, "errors", "disconnected", None, now)
+        now = time.monotonic()
+        for gather, retry in self.fanout.disconnected(member, now):
+            self._go_on(gather, retry, now)
 
     def _decode_answer(self, gather, header, frames):
         """The member's probabilities, or a string saying what is wrong with its answer."""
@@ -256,20 +211,10 @@ class Aggregator(Service):
                    f"got {[list(t.shape) for t in tensors]}"
         return tensors[0]
 
-    def _member_failed(self, member, gather, kind, reason, code, now, advance=True):
-        counts = code != INVALID_ARGUMENT  # the client's bad input is not the member's fault
-        if self.members.failed(member, kind, reason, now, counts=counts):
-            log.warning("member %s unhealthy after %d failures in a row (last: %s); probing every %.0f ms",
-                        member.address, member.consecutive_failures, reason, self.members.probe_s * 1000)
-            self._schedule_wake(member.next_probe_at)
-        gather.fail(member.address, reason, code)
-        if not advance:
-            return
-        if gather.mode == "replica" and not gather.answers and counts and now < gather.call.deadline:
-            tried = set(gather.failures) | set(gather.pending)
-            other = self.members.least_outstanding(exclude=tried)
-            if other is not None:
-                self._ask(other, gather, now, retry=True)
+    def _go_on(self, gather, retry, now):
+        """After a member failed `gather`: send the retry the policy chose, if any; answer if nothing more can come."""
+        if retry is not None:
+            self._send_to(retry, gather, self._request(gather, now), now)
         self._advance(gather, now)
 
     def _advance(self, gather, now):
@@ -279,18 +224,10 @@ class Aggregator(Service):
     # ------------------------------------------------ answering
 
     def _finish(self, gather, now, timed_out=False):
-        """Answer the client with what arrived; forget every member request still out (late replies drop)."""
+        """Answer the client with what arrived; every member request still out is forgotten (late replies drop)."""
         if gather.call.finished:
             return
-        for address, rid in list(gather.pending.items()):
-            link, member = self.links.get(address), self.members.get(address)
-            if link is not None:
-                link.inflight.pop(rid, None)
-            if timed_out:
-                self._member_failed(member, gather, "timeouts", "timeout", None, now, advance=False)
-            else:
-                member.outstanding -= 1
-                gather.fail(address, "not awaited")
+        self.fanout.forget(gather, now, timed_out)
         call = gather.call
         try:
             probs, info = gather.outcome()
@@ -313,50 +250,31 @@ class Aggregator(Service):
     def on_cancel(self, call, error):
         gather = call.state
         if isinstance(gather, Gather):
-            for address, rid in list(gather.pending.items()):
-                link, member = self.links.get(address), self.members.get(address)
-                if link is not None and link.inflight.pop(rid, None) is not None:
-                    member.outstanding -= 1
-            gather.pending.clear()
+            self.fanout.cancel(gather)
         self.fail(call, error)
 
     # ------------------------------------------------ probes
 
     def _expire(self, now):
         super()._expire(now)
-        if self.members.next_probe_at() is not None:
-            for member in self.members.probes_due(now):
+        if self.fanout.next_probe_at() is not None:
+            for member in self.fanout.probes_due(now):
                 self._probe(member, now)
-            self._schedule_wake(self.members.next_probe_at())
+            self._schedule_wake(self.fanout.next_probe_at())
 
     def _probe(self, member, now):
-        link = self.links[member.address]
-        if link.probe_rid is not None:
-            link.inflight.pop(link.probe_rid, None)  # the previous probe went unanswered
-        timeout_ms = max(1, int(min(self.deadline_ms, self.members.probe_s * 1000)))
-        rid = next(self._ids)
+        timeout_ms = max(1, int(min(self.deadline_ms, self.fanout.probe_s * 1000)))
+        rid = self.fanout.probe(member, now, timeout_ms / 1000.0)
         if self._features:
             tensors = [np.zeros((1, self._features), np.float32)]
             frames = wire.request_frames("predict", rid, {}, tensors, timeout_ms)
         else:
             frames = wire.request_frames("ping", rid, {"ids": []}, (), timeout_ms)
-        self.members.probe_sent(member, now)
         self.agg_stats.counters["probes"] += 1
         try:
-            wire.send_message(link.sock, frames)
+            wire.send_message(self.links[member.address].sock, frames)
         except zmq.ZMQError:
-            return
-        link.inflight[rid] = _Probe(member, now + timeout_ms / 1000.0)
-        link.probe_rid = rid
-
-    def _probe_answered(self, link, probe, header, now):
-        link.probe_rid = None
-        if header.get("code", 0) or now > probe.deadline:
-            probe.member.last_failure = f"probe: {header.get('error') or 'answered too late'}"
-            return
-        if self.members.get(link.address) is probe.member:
-            self.members.recovered(probe.member)
-            log.info("member %s answered a probe: healthy again", link.address)
+            pass  # no reply will come: the next probe replaces this one
 
     def _schedule_wake(self, when):
         """Make the loop wake at `when` for the next probe (one wake-up pending at a time)."""

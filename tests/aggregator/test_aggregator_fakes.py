@@ -7,21 +7,15 @@ import pytest
 
 from zmqflow.common.errors import (AlreadyExistsError, DeadlineExceededError, InvalidArgumentError, NotFoundError,
                            UnavailableError)
+from tests.support import wait_for
+
+pytestmark = pytest.mark.service
 
 SLACK = 0.1  # seconds past a deadline an answer may take on a busy 2-core machine
 
 
 def x_of(value, rows=2):
     return np.full((rows, 4), value, np.float32)
-
-
-def wait_for(predicate, timeout=5.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_all_members_answer_and_are_combined(fakes, aggregator):

@@ -12,10 +12,14 @@ from click.testing import CliRunner
 
 from zmqflow.bench.serve import write_random_checkpoint
 from zmqflow.common.aggregator_client import AggregatorClient
-from zmqflow.models.spec import MNIST_MLP, load_model
+from zmqflow.models.spec import MNIST_MLP
+from zmqflow.models.registry import load_model
 from zmqflow.common.processes import start_service
 from zmqflow.common.serve_client import ModelClient
 from zmqflow.services.aggregator.cli import parse_member
+from tests.support import wait_for
+
+pytestmark = pytest.mark.integration
 
 SLACK = 0.1
 
@@ -53,13 +57,6 @@ def test_the_ensemble_is_the_mean_of_the_real_members(servers, aggregator):
     np.testing.assert_allclose(votes.sum(axis=1), 1.0, rtol=1e-6)
     with pytest.raises(Exception, match="784"):  # the members' own refusal comes through
         client.predict(np.zeros((1, 10), np.float32))
-
-
-def wait_for(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 @pytest.fixture

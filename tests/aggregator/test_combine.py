@@ -6,6 +6,8 @@ import pytest
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.services.aggregator.combine import combine, same_shape
 
+pytestmark = pytest.mark.unit
+
 A = np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]], np.float32)
 B = np.array([[0.1, 0.8, 0.1], [0.2, 0.2, 0.6]], np.float32)
 C = np.array([[0.6, 0.3, 0.1], [0.5, 0.4, 0.1]], np.float32)

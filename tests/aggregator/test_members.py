@@ -7,6 +7,8 @@ from zmqflow.common.errors import AlreadyExistsError, DeadlineExceededError, Inv
 from zmqflow.services.aggregator.gather import Gather
 from zmqflow.services.aggregator.members import MemberSet
 
+pytestmark = pytest.mark.unit
+
 
 def test_consecutive_failures_mark_unhealthy_and_an_answer_resets_the_count():
     ms = MemberSet(unhealthy_after=3, probe_s=0.5)
@@ -20,7 +22,7 @@ def test_consecutive_failures_mark_unhealthy_and_an_answer_resets_the_count():
     for i in range(3):
         ms.sent(m)
         became = ms.failed(m, "timeouts", "timeout", now=10.0)
-    assert became and not m.healthy and m.outstanding == 0
+    assert became and not m.healthy
     assert m.counters["timeouts"] == 5 and m.counters["answers"] == 1 and m.counters["requests"] == 6
     assert ms.healthy() == [] and ms.unhealthy() == [m]
 
@@ -51,11 +53,9 @@ def test_least_outstanding_prefers_idle_members_and_rotates_ties():
     a, b, c = (ms.add(f"tcp://{n}:1") for n in "abc")
     picks = [ms.least_outstanding().address for _ in range(6)]
     assert sorted(set(picks)) == [a.address, b.address, c.address]
-    ms.sent(a)
-    ms.sent(b)
+    a.outstanding = b.outstanding = 1  # kept by the fan-out policy (test_fanout.py)
     assert ms.least_outstanding() is c
-    ms.sent(c)
-    ms.sent(c)
+    c.outstanding = 2
     assert ms.least_outstanding(exclude={a.address}) is b
     b.healthy = False
     assert ms.least_outstanding(exclude={a.address}) is c
