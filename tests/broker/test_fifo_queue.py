@@ -4,6 +4,8 @@ Blocking is modelled by tickets that stay pending (done False) and complete on
 a later submit/cancel; the list `submit` returns is what the server replies to.
 """
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,6 +13,8 @@ from hypothesis import strategies as st
 
 from zmqflow.common.errors import CancelledError, DeadlineExceededError, InvalidArgumentError, OutOfRangeError
 from zmqflow.services.broker.queues import QUEUE_CLASSES, QueueDeclaration, Ticket
+
+pytestmark = pytest.mark.unit
 
 DEADLINE = DeadlineExceededError("Timed out waiting for notification")
 
@@ -187,11 +191,24 @@ def test_enqueue_many_refuses_scalar_components():
 
 
 def test_enqueue_many_components_need_the_same_0th_dimension():
-    for shapes in (None, ([], [])):
-        q = make(dtypes=("int32", "int32"), shapes=shapes)
-        with pytest.raises(InvalidArgumentError, match="same size in the 0th dimension"):
-            q.submit(Ticket("enqueue_many", [i32(1, 2), i32(1, 2, 3)]))
-        assert q.size() == 0
+    """Without declared shapes TF compares the components' 0th dimensions."""
+    q = make(dtypes=("int32", "int32"), shapes=None)
+    with pytest.raises(InvalidArgumentError, match="same size in the 0th dimension"):
+        q.submit(Ticket("enqueue_many", [i32(1, 2), i32(1, 2, 3)]))
+    assert q.size() == 0
+
+
+def test_enqueue_many_with_declared_shapes_reports_a_0th_dimension_mismatch_as_a_shape_mismatch():
+    """With declared shapes TF checks each component against [B]+shape, B from component 0 (spec, enqueue_many)."""
+    q = make(dtypes=("int32", "int32"), shapes=([], []))
+    with pytest.raises(InvalidArgumentError,
+                       match=re.escape("Shape mismatch in tuple component 1. Expected [2], got [3]")):
+        q.submit(Ticket("enqueue_many", [i32(1, 2), i32(1, 2, 3)]))
+    assert q.size() == 0
+    wide = make(dtypes=("int32", "float32"), shapes=([], [4]))
+    with pytest.raises(InvalidArgumentError,
+                       match=re.escape("Shape mismatch in tuple component 1. Expected [2,4], got [3,4]")):
+        wide.submit(Ticket("enqueue_many", [i32(1, 2), np.zeros((3, 4), np.float32)]))
 
 
 def test_enqueue_many_checks_the_element_shape():

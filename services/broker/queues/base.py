@@ -211,12 +211,20 @@ class QueueBase:
                 if batch is None:
                     batch = shape[0]
                 elif shape[0] != batch:
-                    raise InvalidArgumentError(f"All input tensors must have the same size in the 0th dimension. "
-                                               f"Component 0 has {batch}, component {i} has {shape[0]}")
+                    self._batch_size_mismatch(i, batch, shape)
                 shape = shape[1:]
             if self._shapes is not None:
                 self._check_shape(i, shape, batch)
         t._batch = batch or 0
+
+    def _batch_size_mismatch(self, i, batch, shape):
+        """Component i's dim 0 differs from component 0's B. With declared shapes TF checks [B]+shape per
+        component (so the message is the shape mismatch); without, it compares the 0th dimensions."""
+        if self._shapes is not None:
+            raise InvalidArgumentError(f"Shape mismatch in tuple component {i}. Expected "
+                                       f"{format_shape((batch,) + tuple(self._shapes[i]))}, got {format_shape(shape)}")
+        raise InvalidArgumentError(f"All input tensors must have the same size in the 0th dimension. "
+                                   f"Component 0 has {batch}, component {i} has {shape[0]}")
 
     def _shape_mismatch(self, i, expected, got, batch):
         if batch is not None:
