@@ -25,7 +25,9 @@ import time
 
 import numpy as np
 
-from zmqflow.models.spec import MNIST_MLP, load_model
+from zmqflow.models.spec import MNIST_MLP
+
+from zmqflow.models.registry import load_model
 from zmqflow.common.processes import start_service
 from zmqflow.common.rpc_client import RpcClient
 from zmqflow.common.serve_client import ModelClient

@@ -8,6 +8,7 @@ import click
 from zmqflow.common.cli_support import curve_option
 from zmqflow.common.errors import OpError
 from zmqflow.common.rpc_client import RpcClient
+from zmqflow.jobs.status.render import queue_table
 
 
 @click.command()
@@ -51,18 +52,6 @@ def queues(address, timeout, as_json):
             sys.exit(1)
     rows = result["queues"]
     click.echo(json.dumps(rows) if as_json else queue_table(rows))
-
-
-def queue_table(rows):
-    """The broker's queues as an aligned text table."""
-    if not rows:
-        return "(no queues)"
-    head = ("handle", "container", "name", "kind", "size", "capacity", "closed", "enq_wait", "deq_wait")
-    table = [head] + [(str(q["handle"]), q["container"] or "-", q["name"], q["kind"], str(q["size"]),
-                       "unbounded" if q["capacity"] < 0 else str(q["capacity"]), "yes" if q["closed"] else "no",
-                       str(q["waiting_enqueues"]), str(q["waiting_dequeues"])) for q in rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table)
 
 
 def _endpoint(address):

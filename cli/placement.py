@@ -5,7 +5,8 @@ import json
 import click
 
 from zmqflow.common.errors import OpError
-from zmqflow.models.spec import MNIST_MLP, model_variables, read_spec
+from zmqflow.models.spec import MNIST_MLP, read_spec
+from zmqflow.models.registry import model_variables
 from zmqflow.common.placement import STRATEGIES, place
 
 

@@ -18,7 +18,6 @@ Any other model plugs in as `{"type": "package.module:ClassName", ...}`: the cla
 called with the whole spec dict and must implement the `Model` protocol below.
 """
 
-import importlib
 import os
 import zlib
 from collections.abc import Mapping
@@ -203,34 +202,9 @@ def initial_value(init, shape, rng):
     return values * stddev
 
 
-def load_model(spec, backend="numpy"):
-    """The model object for a spec: the built-in MLP on kernel `backend`, or `module:Class(spec)`."""
-    spec = validate_spec(spec)
-    if spec["type"] == "mlp":
-        from zmqflow.models.mlp import MLP  # the compute lives with the worker's kernels
-        return MLP(spec, backend=backend)
-    module_name, _, class_name = spec["type"].partition(":")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as exc:
-        raise InvalidArgumentError(f"model spec field 'type' {spec['type']!r} cannot be loaded: {exc}") from exc
-    model = cls(spec)
-    if not isinstance(model, Model):
-        raise InvalidArgumentError(
-            f"model class {spec['type']!r} does not implement variables, initial_values, "
-            "loss_and_gradients and predict")
-    return model
-
-
 MNIST_MLP = {"type": "mlp", "layers": [784, 100, 10], "activation": "sigmoid",
              "init": {"kind": "truncated_normal", "stddev": 0.1}, "seed": 1}
 """The seeds' distributed MNIST network: 784-100-10 with a sigmoid hidden layer."""
-
-
-def model_variables(spec):
-    """The variable list of any model spec (built-in or `module:Class`), without building kernels."""
-    spec = validate_spec(spec)
-    return mlp_variables(spec) if spec["type"] == "mlp" else load_model(spec).variables()
 
 
 def resolve_model(model_spec):

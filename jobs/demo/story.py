@@ -19,7 +19,7 @@ import click
 from zmqflow.common.aggregator_client import AggregatorClient
 from zmqflow.inputs.datasets import mnist_split
 from zmqflow.loadtest.aggregator import MemberFault, load_test, print_table
-from zmqflow.cli.ensemble import print_report, score
+from zmqflow.jobs.ensemble.score import print_report, score
 from zmqflow.jobs.ensemble.launch import Ensemble, best_runs
 from zmqflow.jobs.sweep.space import grid, parse_grid
 from zmqflow.jobs.sweep.sweep import run_sweep

@@ -24,7 +24,7 @@ from zmqflow.common.errors import OutOfRangeError
 from zmqflow.common.processes import start_service
 from zmqflow.common.queues import RandomShuffleQueue
 from zmqflow.common.rpc_client import RpcClient
-from zmqflow.cli.ops import queue_table
+from zmqflow.jobs.status.render import queue_table
 
 
 

@@ -78,3 +78,15 @@ def _table(head, rows):
     rows = [tuple(str(c) for c in row) for row in rows]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows])
+
+
+def queue_table(rows):
+    """The broker's queues as an aligned text table."""
+    if not rows:
+        return "(no queues)"
+    head = ("handle", "container", "name", "kind", "size", "capacity", "closed", "enq_wait", "deq_wait")
+    table = [head] + [(str(q["handle"]), q["container"] or "-", q["name"], q["kind"], str(q["size"]),
+                       "unbounded" if q["capacity"] < 0 else str(q["capacity"]), "yes" if q["closed"] else "no",
+                       str(q["waiting_enqueues"]), str(q["waiting_dequeues"])) for q in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table)

@@ -19,7 +19,7 @@ import numpy as np
 
 from zmqflow.common import queues
 from zmqflow.common.errors import DeadlineExceededError
-from zmqflow.models.spec import load_model
+from zmqflow.models.registry import load_model
 from zmqflow.common.processes import compute_thread_env, start_process, start_service
 from zmqflow.common.rpc_client import RpcClient, default_pool
 from zmqflow.jobs.sweep.curve import CURVE_ENV, HOOK, read_curve

@@ -5,7 +5,8 @@ import logging
 import click
 
 from zmqflow.common.cli_support import run_service_instance, service_options
-from zmqflow.models.spec import model_variables, resolve_model
+from zmqflow.models.spec import resolve_model
+from zmqflow.models.registry import model_variables
 from zmqflow.common.placement import place
 from zmqflow.common.task_options import model_options, parse_json_option, task_from_tf_config
 

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError, NotFoundError
-from zmqflow.models.spec import load_model, model_variables
+from zmqflow.models.registry import load_model, model_variables
 from zmqflow.common.rpc_service import PARKED, Service
 from zmqflow.services.serve.batcher import Batcher
 

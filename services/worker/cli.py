@@ -101,7 +101,7 @@ def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task
         return serve_command.main(args=args, prog_name="zmqflow worker --serve", standalone_mode=True)
     from zmqflow.common import queues
     from zmqflow.inputs.datasets import mnist_split
-    from zmqflow.models.spec import model_variables
+    from zmqflow.models.registry import model_variables
     from zmqflow.common.placement import place
     from zmqflow.common.ps_client import PsClient
     from zmqflow.services.worker import hooks as H

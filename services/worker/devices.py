@@ -28,7 +28,8 @@ import numpy as np
 
 from zmqflow.common.device import DeviceSpec, DeviceStack
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.models.spec import layer_names, load_model, mlp_initial_values, mlp_variables, validate_spec
+from zmqflow.models.spec import layer_names, mlp_initial_values, mlp_variables, validate_spec
+from zmqflow.models.registry import load_model
 from zmqflow.models.kernels import get_backend, gpu_count
 from zmqflow.models.kernels.numpy_kernels import check_labels
 from zmqflow.models.mlp import MLP, checked_param

@@ -1,0 +1,31 @@
+"""The model registry: a spec's `type` -> the model object (the built-in MLP, or `module:Class(spec)`)."""
+
+import importlib
+
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.models.mlp import MLP
+from zmqflow.models.spec import Model, mlp_variables, validate_spec
+
+
+def load_model(spec, backend="numpy"):
+    """The model object for a spec: the built-in MLP on kernel `backend`, or `module:Class(spec)`."""
+    spec = validate_spec(spec)
+    if spec["type"] == "mlp":
+        return MLP(spec, backend=backend)
+    module_name, _, class_name = spec["type"].partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidArgumentError(f"model spec field 'type' {spec['type']!r} cannot be loaded: {exc}") from exc
+    model = cls(spec)
+    if not isinstance(model, Model):
+        raise InvalidArgumentError(
+            f"model class {spec['type']!r} does not implement variables, initial_values, "
+            "loss_and_gradients and predict")
+    return model
+
+
+def model_variables(spec):
+    """The variable list of any model spec (built-in or `module:Class`), without building kernels."""
+    spec = validate_spec(spec)
+    return mlp_variables(spec) if spec["type"] == "mlp" else load_model(spec).variables()
