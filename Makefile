@@ -1,23 +1,45 @@
 # `make demo` and `make test` work on a fresh machine: each creates (or reuses)
-# the virtual environment in .venv, installs the project with its test extra,
-# then runs.
+# the virtual environment in .venv, installs the locked dependencies
+# (requirements/test.txt, hashes checked) and the project itself, then runs.
+# pyproject.toml keeps the loose ranges for library users; `make lock` recompiles
+# requirements/*.txt from them.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test test-fast test-gpu test-containers bench venv lock clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py requirements/test.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --require-hashes -r requirements/test.txt
+	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
+# The lock files: core (the Docker image) and test (make test, make demo), for Python 3.10+ on any platform.
+lock:
+	$(PYTHON) -m venv .lock-venv && .lock-venv/bin/pip install --quiet uv
+	.lock-venv/bin/uv pip compile pyproject.toml --generate-hashes --universal --python-version 3.10 \
+		--no-header -q -o requirements/core.txt
+	.lock-venv/bin/uv pip compile pyproject.toml --extra test --generate-hashes --universal --python-version 3.10 \
+		--no-header -q -o requirements/test.txt
+	rm -rf .lock-venv
+
+# Tiers by marker (pyproject.toml): unit, service, integration, faults; slow, gpu, torch, containers, netns.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not containers and not netns and not gpu and not torch"
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "(unit or service) and not slow"
+
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -q -m gpu
+
+# exit 5: no test carries the marker yet
+test-containers: $(STAMP)
+	$(BIN)/python -m pytest -q -m containers || [ $$? -eq 5 ]
 
 demo: $(STAMP)
 	$(BIN)/zmqflow demo

@@ -1,14 +1,37 @@
+"""Shared fixtures (processes stopped by PID, a broker per module) and the one-tier-per-test rule."""
+
 import pytest
 
-from zmqflow.common.processes import start_service
+from tests.support import Processes
+from tests.support.tiers import assign_tiers
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """Before `-m` selects: every test gets its one tier, or collection fails naming the tests without."""
+    assign_tiers(items)
+
+
+@pytest.fixture
+def processes(tmp_path):
+    """A Processes registry for this test: what it starts is stopped at teardown, also when the test failed."""
+    registry = Processes(str(tmp_path))
+    yield registry
+    registry.stop_all()
 
 
 @pytest.fixture(scope="module")
-def broker_process(tmp_path_factory):
+def module_processes(tmp_path_factory):
+    """A Processes registry shared by a module's fixtures: stopped after its last test."""
+    registry = Processes(str(tmp_path_factory.mktemp("processes")))
+    yield registry
+    registry.stop_all()
+
+
+@pytest.fixture(scope="module")
+def broker_process(module_processes):
     """A real broker process on an ephemeral loopback port, stopped by PID after the module."""
-    proc = start_service("zmqflow.services.broker", ["--client-timeout", "3"], log_dir=str(tmp_path_factory.mktemp("broker")))
-    yield proc
-    proc.stop()
+    return module_processes.service("zmqflow.services.broker", ["--client-timeout", "3"])
 
 
 @pytest.fixture

@@ -17,6 +17,8 @@ from zmqflow.common import wire
 from zmqflow.common.errors import OK
 from zmqflow.common.queues import FIFOQueue
 
+pytestmark = pytest.mark.faults
+
 OPS = ["enqueue", "enqueue_many", "dequeue", "dequeue_many", "dequeue_up_to", "close", "size", "is_closed",
        "open_queue", "reset", "list_queues", "ping", "cancel", "nope", "", "x" * 300]
 DTYPES = ["float32", "int32", "int64", "string", "bool", "complex64", "bfloat16", 7, None]
@@ -63,6 +65,7 @@ def sentinel(broker):
     return q
 
 
+@pytest.mark.slow
 def test_hostile_messages_are_answered_and_change_nothing(broker, sentinel):
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
@@ -107,14 +110,10 @@ def test_sizes_larger_than_the_frames_are_refused(broker, sentinel):
     assert sentinel.size() == 10
 
 
-def test_oversized_message_names_the_limit(tmp_path):
-    from zmqflow.common.processes import start_service
+def test_oversized_message_names_the_limit(processes):
     from zmqflow.common.errors import InvalidArgumentError
-    small = start_service("zmqflow.services.broker", ["--max-message-bytes", "100000"], log_dir=str(tmp_path))
-    try:
-        q = FIFOQueue(10, "float32", shapes=[[50_000]], broker=small.endpoint)
-        with pytest.raises(InvalidArgumentError, match="exceeds the limit of 100000 bytes"):
-            q.enqueue(np.zeros(50_000, np.float32), timeout=2)
-        assert q.size() == 0
-    finally:
-        small.stop()
+    small = processes.service("zmqflow.services.broker", ["--max-message-bytes", "100000"])
+    q = FIFOQueue(10, "float32", shapes=[[50_000]], broker=small.endpoint)
+    with pytest.raises(InvalidArgumentError, match="exceeds the limit of 100000 bytes"):
+        q.enqueue(np.zeros(50_000, np.float32), timeout=2)
+    assert q.size() == 0

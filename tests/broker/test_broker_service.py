@@ -5,7 +5,6 @@ Blocking is observed with `*_async` futures and the broker's queue listing.
 """
 
 import threading
-import time
 import uuid
 
 import numpy as np
@@ -16,6 +15,9 @@ from zmqflow.common.errors import (CancelledError, DeadlineExceededError, Invali
                            OutOfRangeError)
 from zmqflow.common.rpc_client import RpcClient
 from zmqflow.common.queues import FIFOQueue, PaddingFIFOQueue, RandomShuffleQueue
+from tests.support import wait_for
+
+pytestmark = pytest.mark.service
 
 
 @pytest.fixture
@@ -24,17 +26,16 @@ def container():
 
 
 def waiting(broker, q, timeout=5.0, enq=None, deq=None):
-    """Wait until the broker reports the given numbers of waiting requests on q (bounded)."""
-    deadline = time.monotonic() + timeout
+    """The broker's listing of q once it reports the given numbers of waiting requests (bounded)."""
     with RpcClient(broker) as client:
-        while True:
+        def reached():
             rows = [r for r in client.call("list_queues", timeout=2)[0]["queues"] if r["handle"] == q.handle]
             row = rows[0] if rows else {}
-            if (enq is None or row.get("waiting_enqueues") == enq) and (deq is None or row.get("waiting_dequeues") == deq):
+            enqueues, dequeues = row.get("waiting_enqueues"), row.get("waiting_dequeues")
+            if (enq is None or enqueues == enq) and (deq is None or dequeues == deq):
                 return row
-            if time.monotonic() > deadline:
-                raise AssertionError(f"queue never reached enq={enq} deq={deq}: {row}")
-            time.sleep(0.01)
+        return wait_for(reached, timeout, f"queue {q.handle} to have {enq} waiting enqueues, {deq} waiting dequeues",
+                        interval=0.01)
 
 
 def test_enqueue_dequeue_round_trip_with_names(broker, container):
@@ -158,6 +159,7 @@ def test_client_going_away_cancels_its_requests_and_restores_held(broker, contai
     assert q.dequeue(timeout=2) == 5
 
 
+@pytest.mark.faults
 def test_killed_client_is_detected_by_lease(broker, container):
     q = FIFOQueue(10, "int32", shapes=[[]], container=container, broker=broker)
     q.enqueue(5)

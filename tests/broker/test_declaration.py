@@ -7,6 +7,8 @@ from hypothesis import strategies as st
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.services.broker.queues import QueueDeclaration
 
+pytestmark = pytest.mark.unit
+
 
 def decl(kind="FIFOQueue", capacity=10, dtypes=("float32",), shapes=None, **kw):
     return QueueDeclaration(kind, capacity, list(dtypes), shapes, **kw)

@@ -8,6 +8,8 @@ from zmqflow.common.errors import InvalidArgumentError, OutOfRangeError, Resourc
 from zmqflow.services.broker.queues import Ticket
 from tests.broker.test_fifo_queue import DEADLINE, go, i32, make, ok, value
 
+pytestmark = pytest.mark.unit
+
 
 def pad_q(shapes, dtypes=None, capacity=10):
     return make(capacity, dtypes=dtypes or ["int32"] * len(shapes), shapes=shapes, kind="PaddingFIFOQueue")

@@ -10,6 +10,8 @@ from zmqflow.services.broker.queues import Ticket
 from tests.broker.test_fifo_queue import (DEADLINE, HISTORY_OPS, check_conservation, drain, enq, enq_many, go, i32,
                                           make, ok, run_history, value)
 
+pytestmark = pytest.mark.unit
+
 
 def rsq(capacity=10, min_after_dequeue=0, seed=None, **kw):
     return make(capacity, kind="RandomShuffleQueue", min_after_dequeue=min_after_dequeue, seed=seed, **kw)

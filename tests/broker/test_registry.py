@@ -6,6 +6,8 @@ import pytest
 from zmqflow.common.errors import CancelledError, InvalidArgumentError, NotFoundError
 from zmqflow.services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
 
+pytestmark = pytest.mark.unit
+
 
 def decl(shared_name="", container="", kind="FIFOQueue", capacity=10, shapes=([],), **kw):
     return QueueDeclaration(kind, capacity, ["int32"], [list(s) for s in shapes], shared_name=shared_name,

@@ -1,9 +1,12 @@
 """A FIFO batch that is one slice of one enqueue_many leaves without a copy, and stays correct otherwise."""
 
 import numpy as np
+import pytest
 
 from zmqflow.services.broker.queues import FIFOQueue, QueueDeclaration, Ticket
 from zmqflow.services.broker.queues.base import consecutive_rows
+
+pytestmark = pytest.mark.unit
 
 
 def fifo(capacity=100):

@@ -7,6 +7,8 @@ import pytest
 from zmqflow.common.cluster import ClusterSpec, TaskConfig
 from zmqflow.common.errors import InvalidArgumentError, NotFoundError
 
+pytestmark = pytest.mark.unit
+
 CLUSTER = {"chief": ["chief:2222"], "ps": ["ps0:2222", "ps1:2222"], "worker": {0: "w0:2222", 2: "w2:2222"}}
 
 

@@ -7,6 +7,8 @@ import pytest
 from zmqflow.common.device import DeviceSpec, DeviceStack, Op, current_device, device_scope
 from zmqflow.common.errors import InvalidArgumentError
 
+pytestmark = pytest.mark.unit
+
 
 def spec(s):
     return DeviceSpec.from_string(s)

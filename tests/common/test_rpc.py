@@ -12,6 +12,8 @@ from zmqflow.common.errors import (CancelledError, DeadlineExceededError, Invali
 from zmqflow.common.rpc_client import RpcClient
 from zmqflow.common.rpc_service import PARKED, Service
 
+pytestmark = pytest.mark.service
+
 
 class ToyService(Service):
     """echo answers at once; wait parks until someone calls release."""

@@ -2,14 +2,15 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from zmqflow.common.processes import start_service
 from tests.deploy.conftest import ROOT
+from tests.support import free_port
+
+pytestmark = pytest.mark.service
 
 ZMQFLOW = os.path.join(os.path.dirname(sys.executable), "zmqflow")
 
@@ -20,18 +21,9 @@ def check(*args, env=None):
     return done.returncode, done.stdout, done.stderr
 
 
-def dead_address():
-    """A loopback port with nothing listening (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
-
-
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    proc = start_service("zmqflow.services.broker", log_dir=str(tmp_path_factory.mktemp("broker")))
-    yield proc.endpoint
-    proc.stop()
+def live(module_processes):
+    return module_processes.service("zmqflow.services.broker").endpoint
 
 
 def test_all_up(live, tmp_path):
@@ -45,7 +37,7 @@ def test_all_up(live, tmp_path):
 
 
 def test_one_down_from_a_file_is_named(live, tmp_path):
-    dead = dead_address()
+    dead = f"127.0.0.1:{free_port()}"
     spec = tmp_path / "cluster.yaml"
     spec.write_text(f"broker: ['{live.split('://')[1]}']\nps: ['{dead}']\n")
     code, out, _ = check("--cluster", str(spec))

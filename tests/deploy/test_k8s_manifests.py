@@ -7,10 +7,13 @@ import re
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from zmqflow.common.cluster import ClusterSpec
 from tests.deploy.conftest import K8S
+
+pytestmark = pytest.mark.unit
 
 # Kubernetes host -> compose service name
 HOSTS = {"ps-0.ps": "ps0", "ps-1.ps": "ps1", "worker-0.worker": "worker0", "worker-1.worker": "worker1"}

@@ -9,6 +9,8 @@ from zmqflow.jobs.up.compose import ComposeError, duration, load
 from zmqflow.jobs.up.interpolate import InterpolationError, interpolate
 from zmqflow.jobs.up.localize import Localizer
 
+pytestmark = pytest.mark.unit
+
 
 def test_interpolation_like_compose():
     env = {"A": "1", "EMPTY": ""}

@@ -12,6 +12,8 @@ from zmqflow.common.errors import NotFoundError
 from zmqflow.jobs.ensemble.evaluate import accuracy, verdict
 from zmqflow.jobs.ensemble.launch import Ensemble, best_runs
 
+pytestmark = pytest.mark.integration
+
 ZMQFLOW = [sys.executable, "-m", "zmqflow"]
 
 
@@ -34,6 +36,7 @@ def test_ensemble_reports_each_member_and_the_combined_accuracy(sweep_dir, tmp_p
     assert report["verdict"].startswith("the ensemble")
 
 
+@pytest.mark.faults
 def test_the_ensemble_answers_with_every_member_and_without_a_dead_one(sweep_dir, tmp_path):
     runs = best_runs(str(sweep_dir), 2)
     x = np.random.default_rng(0).random((4, 784), dtype=np.float32)
@@ -47,6 +50,7 @@ def test_the_ensemble_answers_with_every_member_and_without_a_dead_one(sweep_dir
             assert probabilities.shape == (4, 10) and len(info["answered"]) == 1
 
 
+@pytest.mark.unit
 def test_a_sweep_without_kept_checkpoints_is_a_clear_error(tmp_path):
     (tmp_path / "leaderboard.json").write_text(json.dumps({"runs": [], "best": []}))
     with pytest.raises(NotFoundError, match="keeps no checkpoint"):
@@ -55,6 +59,7 @@ def test_a_sweep_without_kept_checkpoints_is_a_clear_error(tmp_path):
         best_runs(str(tmp_path / "missing"), 3)
 
 
+@pytest.mark.unit
 def test_accuracy_and_verdict():
     x, y = np.eye(3, dtype=np.float32), np.array([0, 1, 1])
     assert accuracy(lambda b: b, x, y, batch=2) == pytest.approx(2 / 3)

@@ -1,67 +1,56 @@
 """Real processes on loopback: broker, ps shards and workers train MNIST to the accuracy target.
 
-Each test owns its cluster and stops every process by PID, also when it fails.
+Each test owns its cluster and stops every process by PID, also when it fails. Every run is seeded
+(seed 0) and runs once: 0.916-0.926 was observed in every mode against the 0.90 target.
 """
-
-import time
 
 import pytest
 
 from zmqflow.common import checkpoint
 from zmqflow.jobs.local_cluster import LocalCluster, run_training
+from tests.support import wait_for
+
+pytestmark = pytest.mark.integration
 
 TARGET = 0.90
+SEED = 0
 
 
-def train_to_target(**options):
-    """run_training; a run below TARGET is run once more with another seed (async arrival order and the
-    500-row test split make single runs vary by about +-0.01: 1 in ~25 CI runs fell to 0.898)."""
-    summary = run_training(progress=False, **options)
-    if summary["test_accuracy"] is not None and summary["test_accuracy"] < TARGET:
-        summary = run_training(progress=False, seed=1, **options)
-    return summary
+def train(**options):
+    """One seeded run_training without the progress bar."""
+    return run_training(progress=False, seed=SEED, **options)
 
 
 def test_async_one_ps_two_workers_reaches_target():
-    summary = train_to_target(num_ps=1, num_workers=2, mode="async", epochs=10)
+    summary = train(num_ps=1, num_workers=2, mode="async", epochs=10)
     assert summary["worker_exit_codes"] == [0, 0]
     assert summary["test_accuracy"] >= TARGET, summary
     assert summary["examples"] == 10 * 4500  # every instance trained on exactly once per epoch
 
 
 def test_data_preloaded_on_the_ps_and_sliced_by_workers_reaches_target():
-    summary = train_to_target(num_ps=1, num_workers=2, epochs=10, input="ps")
+    summary = train(num_ps=1, num_workers=2, epochs=10, input="ps")
     assert summary["worker_exit_codes"] == [0, 0]
     assert summary["test_accuracy"] >= TARGET, summary
     assert summary["examples"] == 10 * 4500
 
 
 def test_sync_two_workers_two_ps_reaches_target():
-    summary = train_to_target(num_ps=2, num_workers=2, mode="sync", epochs=10)
+    summary = train(num_ps=2, num_workers=2, mode="sync", epochs=10)
     assert summary["worker_exit_codes"] == [0, 0]
     assert summary["test_accuracy"] >= TARGET, summary
     assert summary["global_step"] <= 10 * 4500 // 200 + 1  # one update per pair of batches
 
 
-def _wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except Exception:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
+@pytest.mark.faults
+@pytest.mark.slow
 def test_killed_ps_restarts_from_checkpoint_and_training_completes(tmp_path):
     ckpt = str(tmp_path / "ckpt")
-    with LocalCluster(num_ps=2, num_workers=2, epochs=30, checkpoint_dir=ckpt, checkpoint_every_steps=50,
+    with LocalCluster(num_ps=2, num_workers=2, epochs=30, seed=SEED, checkpoint_dir=ckpt, checkpoint_every_steps=50,
                       log_dir=str(tmp_path)) as cluster:
         cluster.start()
-        _wait_for(lambda: checkpoint.latest_checkpoint(ckpt) and cluster.ps_stats(1)["version"] > 150, 60,
-                  "a checkpoint and 150 steps")
+        wait_for(lambda: checkpoint.latest_checkpoint(ckpt) and cluster.ps_stats(1)["version"] > 150, 60,
+                 "a checkpoint and 150 steps", retry_on=Exception)
         victim = cluster.shards[1]
         endpoint = victim.endpoint
         victim.kill()  # kill -9, mid-run
@@ -74,11 +63,13 @@ def test_killed_ps_restarts_from_checkpoint_and_training_completes(tmp_path):
     assert summary["examples"] > 0.9 * 30 * 4500  # only the steps in flight at the kill were lost
 
 
+@pytest.mark.faults
+@pytest.mark.slow
 def test_sync_with_a_spare_replica_survives_a_killed_worker(tmp_path):
-    with LocalCluster(num_ps=1, num_workers=2, spare_replicas=1, mode="sync", epochs=10,
+    with LocalCluster(num_ps=1, num_workers=2, spare_replicas=1, seed=SEED, mode="sync", epochs=10,
                       log_dir=str(tmp_path)) as cluster:
         cluster.start()
-        _wait_for(lambda: cluster.ps_stats(0)["version"] > 30, 60, "30 sync steps")
+        wait_for(lambda: cluster.ps_stats(0)["version"] > 30, 60, "30 sync steps", retry_on=Exception)
         cluster.workers[2].kill()
         summary = cluster.wait()
     assert summary["worker_exit_codes"][:2] == [0, 0]

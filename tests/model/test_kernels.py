@@ -9,10 +9,12 @@ import pytest
 
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.inputs.datasets import MNIST_CSV
-from zmqflow.models.spec import load_model
+from zmqflow.models.registry import load_model
 from zmqflow.services.ps.optimizers import GradientDescent
 from zmqflow.models.kernels import available_backends, get_backend
 from zmqflow.models.kernels.numpy_kernels import Kernels as NumpyKernels
+
+pytestmark = pytest.mark.unit
 
 ACTIVATIONS = ["sigmoid", "relu", "tanh", "none"]
 DATA = pathlib.Path(MNIST_CSV)
@@ -160,6 +162,7 @@ def require_gpu():
         pytest.skip("no CUDA device")
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("n", [1, 7, 100])
 def test_cupy_matches_numpy(activation, n):
@@ -167,6 +170,7 @@ def test_cupy_matches_numpy(activation, n):
     assert_matches_reference("cupy", activation, n)
 
 
+@pytest.mark.gpu
 def test_cupy_float64_and_bad_labels():
     require_gpu()
     assert_matches_reference("cupy", "tanh", 7, layers=(12, 9, 6, 4), dtype="float64")

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from zmqflow.common.errors import InvalidArgumentError, NotFoundError
-from zmqflow.models.spec import (Model, VariableSpec, load_model, mlp_initial_values, mlp_variables, read_spec,
-                               validate_spec)
+from zmqflow.models.registry import load_model
+from zmqflow.models.spec import Model, VariableSpec, mlp_initial_values, mlp_variables, read_spec, validate_spec
+
+pytestmark = pytest.mark.unit
 
 MNIST = {"type": "mlp", "layers": [784, 100, 10], "activation": "sigmoid",
          "init": {"kind": "truncated_normal", "stddev": 0.1}, "seed": 1, "dtype": "float32"}

@@ -9,6 +9,8 @@ from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.services.ps.optimizers import (Adagrad, Adam, GradientDescent, Momentum, SlotSpec, make_optimizer, make_schedule,
                                     sum_duplicates)
 
+pytestmark = pytest.mark.unit
+
 SHAPE = (6, 4)
 
 

@@ -1,7 +1,6 @@
-"""Scraping a task's /metrics and waiting on it, for the ops tests."""
+"""Scraping a task's /metrics and reading its JSON logs, for the ops tests."""
 
 import json
-import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,16 +29,6 @@ def value(samples, name, **labels):
     """The sum of `name`'s samples whose labels include `labels` (0 when none)."""
     want = set(labels.items())
     return sum(v for key, v in samples.get(name, {}).items() if want <= set(key))
-
-
-def wait_for(predicate, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def json_lines(text):

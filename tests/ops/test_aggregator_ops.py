@@ -5,20 +5,20 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from zmqflow.common.aggregator_client import AggregatorClient
-from zmqflow.common.processes import start_service
 from tests.aggregator.fakes import FakeMember
 from tests.ops.helpers import metrics_url, scrape, value
 
+pytestmark = pytest.mark.service
 
-def test_member_timeouts_are_counted_per_member_and_shown_by_status(tmp_path):
+
+def test_member_timeouts_are_counted_per_member_and_shown_by_status(processes):
     fast, slow = FakeMember(offset=0.0).start(), FakeMember(offset=1.0, delay=2.0).start()
-    proc = None
     try:
-        proc = start_service("zmqflow.services.aggregator", ["--member", fast.endpoint, "--member", slow.endpoint,
-                                                     "--deadline-ms", "100", "--metrics-port", "0"],
-                             log_dir=str(tmp_path))
+        proc = processes.service("zmqflow.services.aggregator", ["--member", fast.endpoint, "--member", slow.endpoint,
+                                                                 "--deadline-ms", "100", "--metrics-port", "0"])
         with AggregatorClient(proc.endpoint, timeout=10.0) as client:
             client.predict(np.ones((2, 4), np.float32))
         samples = scrape(metrics_url(proc.endpoint))
@@ -31,7 +31,6 @@ def test_member_timeouts_are_counted_per_member_and_shown_by_status(tmp_path):
         members = {m["address"]: m for m in json.loads(status.stdout)["tasks"][0]["detail"]["members"]}
         assert members[slow.endpoint]["timeouts"] == 1 and members[fast.endpoint]["healthy"]
     finally:
-        if proc is not None:
-            proc.stop()
+        processes.stop_all()  # the aggregator before the members it talks to
         fast.shutdown()
         slow.shutdown()

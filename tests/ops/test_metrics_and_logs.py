@@ -13,6 +13,8 @@ from zmqflow.common import logs, metrics
 from zmqflow.common.errors import DEADLINE_EXCEEDED
 from zmqflow.common.rpc_client import RpcClient
 
+pytestmark = pytest.mark.unit
+
 
 def test_op_stats_fill_microsecond_buckets_and_count_codes():
     stats = metrics.OpStats()
@@ -65,22 +67,21 @@ def test_text_formatter_names_the_task_on_every_line():
     assert len(lines) == 3 and "[worker:0]" in lines[0] and all(line.startswith("[worker:0] | ") for line in lines[1:])
 
 
+@pytest.mark.service
 def test_metrics_are_off_unless_asked(broker):
     with RpcClient(broker) as client:
         assert client.call("info", timeout=5.0)[0]["metrics"] is None
 
 
-def test_metrics_port_takes_host_and_port_from_the_flag_or_the_environment(tmp_path):
-    from zmqflow.common.processes import start_service
+@pytest.mark.service
+def test_metrics_port_takes_host_and_port_from_the_flag_or_the_environment(processes):
     from tests.ops.helpers import metrics_url, scrape
-    proc = start_service("zmqflow.services.broker", log_dir=str(tmp_path), env={"ZMQFLOW_METRICS_PORT": "127.0.0.1:0"})
-    try:
-        url = metrics_url(proc.endpoint)
-        assert url.startswith("http://127.0.0.1:") and "zmqflow_rpc_requests_total" in scrape(url)
-    finally:
-        proc.stop()
+    proc = processes.service("zmqflow.services.broker", env={"ZMQFLOW_METRICS_PORT": "127.0.0.1:0"})
+    url = metrics_url(proc.endpoint)
+    assert url.startswith("http://127.0.0.1:") and "zmqflow_rpc_requests_total" in scrape(url)
 
 
+@pytest.mark.service
 @pytest.mark.parametrize("bad", ["nope", "127.0.0.1:", "70000", "host:-1"])
 def test_a_bad_metrics_port_is_a_usage_error(bad):
     out = subprocess.run([sys.executable, "-m", "zmqflow.services.broker", "--metrics-port", bad],

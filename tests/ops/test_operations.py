@@ -3,7 +3,6 @@ the chief's TensorBoard event file read back, and `zmqflow status --once --json`
 
 import glob
 import json
-import socket
 import subprocess
 import sys
 
@@ -14,26 +13,21 @@ from tensorboardX.proto import event_pb2
 from zmqflow.inputs.datasets import mnist_split
 from zmqflow.common.errors import DeadlineExceededError
 from zmqflow.models.spec import MNIST_MLP
-from zmqflow.common.processes import start_process, start_service
 from zmqflow.common.queues import FIFOQueue
 from zmqflow.inputs.formats.tfrecord import iter_records
-from tests.ops.helpers import json_lines, metrics_url, scrape, value, wait_for
+from tests.ops.helpers import json_lines, metrics_url, scrape, value
+from tests.support import free_port, wait_for
+
+pytestmark = pytest.mark.integration
 
 OPS = ["--metrics-port", "0", "--log-format", "json"]
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
+def job(module_processes):
     """A broker and a ps shard serving metrics and JSON logs; stopped by PID at the end."""
-    logs = str(tmp_path_factory.mktemp("ops"))
-    procs = []
-    try:
-        procs.append(start_service("zmqflow.services.broker", OPS, log_dir=logs))
-        procs.append(start_service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP), *OPS], log_dir=logs))
-        yield procs[0], procs[1]
-    finally:
-        for p in reversed(procs):
-            p.stop()
+    return (module_processes.service("zmqflow.services.broker", OPS),
+            module_processes.service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP), *OPS]))
 
 
 def test_broker_metrics_move_with_traffic(job):
@@ -62,46 +56,44 @@ def test_broker_metrics_move_with_traffic(job):
     assert value(after, "process_resident_memory_bytes") > 0
 
 
-def test_training_metrics_tensorboard_status_and_json_logs(job, tmp_path):
+def test_training_metrics_tensorboard_status_and_json_logs(job, processes, tmp_path):
     broker, ps = job
     (x, y), _ = mnist_split()
     queue = FIFOQueue(2000, ["float32", "int32"], shapes=[[784], []], names=["image", "label"],
                       shared_name="train", broker=broker.endpoint)
     queue.enqueue_many({"image": x[:300], "label": y[:300]})
     summaries = tmp_path / "tb"
-    worker = start_process("zmqflow.services.worker", ["--broker", broker.endpoint, "--ps", ps.endpoint, "--evaluate",
-                                               "--summary-dir", str(summaries), "--summary-every-steps", "1", *OPS],
-                           log_dir=str(tmp_path), name="chief")
-    try:
-        started = wait_for(lambda: [e for e in json_lines(worker.log()) if e["message"].startswith("metrics on ")],
-                           60, "the worker's metrics endpoint")
-        worker_url = started[0]["message"].split()[-1]
-        wait_for(lambda: value(scrape(worker_url), "zmqflow_worker_steps_total") == 3, 60, "3 steps")
-        samples = scrape(worker_url)
-        assert value(samples, "zmqflow_worker_examples_total", task="worker:0") == 300
-        assert value(samples, "zmqflow_worker_global_step") >= 2
-        ps_samples = scrape(metrics_url(ps.endpoint))
-        assert value(ps_samples, "zmqflow_ps_version", shard="0") == 3
-        assert value(ps_samples, "zmqflow_ps_pushes_received_total") == 3
-        assert value(ps_samples, "zmqflow_ps_push_staleness_count") == 3
-        assert value(ps_samples, "zmqflow_rpc_requests_total", service="ps-shard", op="push", code="OK") == 3
+    worker = processes.process("zmqflow.services.worker", ["--broker", broker.endpoint, "--ps", ps.endpoint,
+                                                          "--evaluate", "--summary-dir", str(summaries),
+                                                          "--summary-every-steps", "1", *OPS], name="chief")
+    started = wait_for(lambda: [e for e in json_lines(worker.log()) if e["message"].startswith("metrics on ")],
+                       60, "the worker's metrics endpoint")
+    worker_url = started[0]["message"].split()[-1]
+    wait_for(lambda: value(scrape(worker_url), "zmqflow_worker_steps_total") == 3, 60, "3 steps")
+    samples = scrape(worker_url)
+    assert value(samples, "zmqflow_worker_examples_total", task="worker:0") == 300
+    assert value(samples, "zmqflow_worker_global_step") >= 2
+    ps_samples = scrape(metrics_url(ps.endpoint))
+    assert value(ps_samples, "zmqflow_ps_version", shard="0") == 3
+    assert value(ps_samples, "zmqflow_ps_pushes_received_total") == 3
+    assert value(ps_samples, "zmqflow_ps_push_staleness_count") == 3
+    assert value(ps_samples, "zmqflow_rpc_requests_total", service="ps-shard", op="push", code="OK") == 3
 
-        status = _status(["--broker", broker.endpoint, "--ps", ps.endpoint, "--serve", f"127.0.0.1:{_dead_port()}",
-                          "--worker-metrics", worker_url])
-        assert status.returncode == 1, status.stderr  # the dead model server
-        snap = json.loads(status.stdout)
-        tasks = {t["job"]: t for t in snap["tasks"]}
-        assert tasks["broker"]["status"] == "up" and tasks["ps"]["status"] == "up"
-        assert tasks["serve"]["status"] == "down" and "Unavailable" in tasks["serve"]["error"]
-        assert {q["shared_name"]: q["size"] for q in tasks["broker"]["detail"]["queues"]}["train"] == 0
-        assert tasks["ps"]["detail"]["version"] == 3
-        assert snap["workers"] == [{"replica": 0, "state": "training", "last_push_s": snap["workers"][0]["last_push_s"]}]
-        assert snap["worker_metrics"][0]["status"] == "up" and snap["worker_metrics"][0]["steps_total"] == 3
+    status = _status(["--broker", broker.endpoint, "--ps", ps.endpoint, "--serve", f"127.0.0.1:{free_port()}",
+                      "--worker-metrics", worker_url])
+    assert status.returncode == 1, status.stderr  # the dead model server
+    snap = json.loads(status.stdout)
+    tasks = {t["job"]: t for t in snap["tasks"]}
+    assert tasks["broker"]["status"] == "up" and tasks["ps"]["status"] == "up"
+    assert tasks["serve"]["status"] == "down" and "Unavailable" in tasks["serve"]["error"]
+    assert {q["shared_name"]: q["size"] for q in tasks["broker"]["detail"]["queues"]}["train"] == 0
+    assert tasks["ps"]["detail"]["version"] == 3
+    assert snap["workers"] == [{"replica": 0, "state": "training", "last_push_s": snap["workers"][0]["last_push_s"]}]
+    assert snap["worker_metrics"][0]["status"] == "up" and snap["worker_metrics"][0]["steps_total"] == 3
 
-        queue.close()
-        assert worker.proc.wait(60) == 0, worker.log()
-    finally:
-        worker.stop()
+    queue.close()
+    assert worker.proc.wait(60) == 0, worker.log()
+
     events = [event_pb2.Event.FromString(r) for path in glob.glob(str(summaries / "events.out.tfevents.*"))
               for r in iter_records(path)]
     scalars = {}
@@ -119,8 +111,9 @@ def test_training_metrics_tensorboard_status_and_json_logs(job, tmp_path):
     assert all(line.startswith("{") for line in ps.log().splitlines() if line.strip())
 
 
+@pytest.mark.service
 def test_status_text_view_and_a_cluster_with_nothing_up():
-    result = _status(["--ps", f"127.0.0.1:{_dead_port()}"], json_output=False)
+    result = _status(["--ps", f"127.0.0.1:{free_port()}"], json_output=False)
     assert result.returncode == 1
     assert "ps:0" in result.stdout and "down" in result.stdout and "UnavailableError" in result.stdout
     missing = subprocess.run([sys.executable, "-m", "zmqflow", "status", "--once"], capture_output=True, text=True,
@@ -131,9 +124,3 @@ def test_status_text_view_and_a_cluster_with_nothing_up():
 def _status(args, json_output=True):
     return subprocess.run([sys.executable, "-m", "zmqflow", "status", "--once", "--timeout", "1", *args,
                            *(["--json"] if json_output else [])], capture_output=True, text=True, timeout=30)
-
-
-def _dead_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

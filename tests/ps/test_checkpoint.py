@@ -12,6 +12,8 @@ from zmqflow.common.placement import place
 from zmqflow.common import checkpoint
 from zmqflow.common.checkpoint import Checkpoint, commit, latest_checkpoint, write_shard
 
+pytestmark = pytest.mark.unit
+
 VARIABLES = [VariableSpec("emb", (10, 3)), VariableSpec("hidden/weights", (6, 4)),
              VariableSpec("hidden/biases", (4,)), VariableSpec("step_scale", ())]
 CONFIG = {"optimizer": {"kind": "momentum", "learning_rate": 0.1, "momentum": 0.9}, "num_ps": 2}

@@ -11,6 +11,8 @@ from zmqflow.models.spec import MNIST_MLP, VariableSpec, mlp_variables, validate
 from zmqflow.common.placement import Piece, place, row_blocks
 from zmqflow.cli.placement import placement as placement_command
 
+pytestmark = pytest.mark.unit
+
 MNIST_VARS = mlp_variables(validate_spec(MNIST_MLP))  # hidden/weights, hidden/biases, softmax/weights, softmax/biases
 
 

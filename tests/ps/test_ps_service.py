@@ -10,11 +10,14 @@ import numpy as np
 import pytest
 
 from zmqflow.common.errors import DeadlineExceededError
-from zmqflow.models.spec import MNIST_MLP, load_model, model_variables
+from zmqflow.models.spec import MNIST_MLP
+from zmqflow.models.registry import load_model, model_variables
 from zmqflow.common.placement import place
 from zmqflow.common.processes import start_service
 from zmqflow.common.ps_client import PsClient
 from zmqflow.common.rpc_client import RpcClient
+
+pytestmark = pytest.mark.service
 
 SPEC = json.dumps(MNIST_MLP)
 SGD = json.dumps({"kind": "sgd", "learning_rate": 0.5})

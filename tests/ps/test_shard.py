@@ -10,6 +10,8 @@ from zmqflow.common.errors import AlreadyExistsError, FailedPreconditionError, I
 from zmqflow.services.ps.shard import ShardState
 from zmqflow.models.mlp import MLP
 
+pytestmark = pytest.mark.unit
+
 PIECES = {"layer/weights": ((3, 4), "float64"), "layer/biases": ((4,), "float64")}
 
 

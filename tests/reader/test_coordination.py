@@ -9,6 +9,8 @@ from zmqflow.common.queues import FIFOQueue
 from zmqflow.common.input_pipeline import (Coordinator, LeaseWatch, PipelineRecord, PipelineRegister, PipelineWatch,
                                           raise_if_failed)
 
+pytestmark = pytest.mark.service
+
 
 def joined(*members, lease_s=1.0):
     record = PipelineRecord()
@@ -17,6 +19,7 @@ def joined(*members, lease_s=1.0):
     return record
 
 
+@pytest.mark.unit
 def test_the_first_member_produces_and_only_the_last_to_finish_closes():
     record = joined("a", "b", "c")
     assert record.producer == "a"
@@ -27,6 +30,7 @@ def test_the_first_member_produces_and_only_the_last_to_finish_closes():
     assert record.finish("c") is None  # closing is decided once
 
 
+@pytest.mark.unit
 def test_a_member_joining_after_the_close_does_nothing_and_one_joining_before_is_waited_for():
     record = joined("a")
     assert record.join("late-but-before", {"lease_s": 1.0})
@@ -36,6 +40,7 @@ def test_a_member_joining_after_the_close_does_nothing_and_one_joining_before_is
     assert not record.join("after", {"lease_s": 1.0}) and "after" not in record.members
 
 
+@pytest.mark.unit
 def test_members_that_left_early_close_nothing_unless_one_saw_the_end():
     record = joined("a", "b")
     assert record.finish("a", exhausted=False) is None
@@ -45,6 +50,7 @@ def test_members_that_left_early_close_nothing_unless_one_saw_the_end():
     assert record.finish("b") == "close"
 
 
+@pytest.mark.unit
 def test_a_failure_is_recorded_once_and_raised_to_whoever_joins():
     record = joined("a", "b")
     assert record.fail("b", 15, "shard-3.csv: corrupted record at offset 10")
@@ -56,6 +62,7 @@ def test_a_failure_is_recorded_once_and_raised_to_whoever_joins():
     assert PipelineRecord.decode(record.encode()).doc == record.doc
 
 
+@pytest.mark.unit
 def test_a_member_is_dead_when_its_beat_stands_still_past_its_lease_by_the_watchers_clock():
     now = [100.0]
     watch = LeaseWatch(clock=lambda: now[0])

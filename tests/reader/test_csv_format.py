@@ -9,6 +9,8 @@ from zmqflow.common.errors import InvalidArgumentError, NotFoundError
 from zmqflow.inputs.formats import CsvFormat, open_format
 from tests.reader import data_path, mnist_csv, peak_bytes_while_reading, read_all
 
+pytestmark = pytest.mark.unit
+
 MNIST_DEFAULTS = [[0.0]] * 784 + [[0]]
 MNIST_COLUMNS = {"image": range(784), "label": 784}
 

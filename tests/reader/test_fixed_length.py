@@ -9,6 +9,8 @@ from zmqflow.common.errors import DataLossError, InvalidArgumentError
 from zmqflow.inputs.formats import FixedLengthFormat, open_format
 from tests.reader import data_path, mnist_csv, peak_bytes_while_reading, read_all
 
+pytestmark = pytest.mark.unit
+
 MNIST_FIELDS = [("label", "uint8", 0), ("image", "uint8", 1, (784,))]
 
 

@@ -9,6 +9,8 @@ from zmqflow.common.errors import InvalidArgumentError, OutOfRangeError
 from zmqflow.services.reader.input_producers import batch, read_files, shuffle_batch
 from tests.reader.conftest import ID_OPTIONS
 
+pytestmark = pytest.mark.service
+
 
 def test_batch_keeps_order_and_ends_with_a_short_batch_when_allowed(broker):
     items = ({"x": np.float32(i), "y": np.array([i, -i], np.int32)} for i in range(10))
@@ -71,6 +73,7 @@ def test_closing_early_stops_the_reader_threads(broker, id_shards):
     assert not any(t.is_alive() for t in b._threads)
 
 
+@pytest.mark.unit
 def test_bad_arguments():
     with pytest.raises(InvalidArgumentError):
         batch([(1,)], batch_size=0, broker="tcp://127.0.0.1:1")

@@ -3,13 +3,15 @@
 import json
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from zmqflow.common import queues
 from zmqflow.inputs.datasets import mnist_split
-from zmqflow.common.processes import start_process
 from zmqflow.cli.main import main
 from tests.reader.test_reader_cli import drain
+
+pytestmark = pytest.mark.service
 
 
 def rows(images, labels):
@@ -18,19 +20,16 @@ def rows(images, labels):
     return sorted(bytes([int(label)]) + p.tobytes() for label, p in zip(labels, pixels))
 
 
-def test_the_reader_gets_exactly_the_training_split(broker, tmp_path):
+def test_the_reader_gets_exactly_the_training_split(broker, processes, tmp_path):
     out = CliRunner().invoke(main, ["data", "mnist-shards", "--out", str(tmp_path / "mnist")])
     assert out.exit_code == 0, out.output
     assert "wrote 8 shards of the MNIST training split (4,500 rows" in out.output and "500 test rows left out" in out.output
-    proc = start_process("zmqflow.services.reader", [
+    proc = processes.process("zmqflow.services.reader", [
         "--broker", broker, "--preset", "mnist-shards", "--files", str(tmp_path / "mnist" / "*.bin"),
         "--queue", "shards", "--queue-kind", "fifo", "--num-epochs", "1", "--progress-every", "0",
-        "--stats-file", str(tmp_path / "stats.json")], log_dir=str(tmp_path))
-    try:
-        got = drain(queues.attach("shards", broker=broker, timeout=30))
-        assert proc.proc.wait(30) == 0, proc.log()
-    finally:
-        proc.stop()
+        "--stats-file", str(tmp_path / "stats.json")])
+    got = drain(queues.attach("shards", broker=broker, timeout=30))
+    assert proc.proc.wait(30) == 0, proc.log()
     assert got["label"].dtype == np.int32 and got["image"].dtype == np.float32 and got["image"].max() <= 1.0
     (train_x, train_y), (test_x, test_y) = mnist_split()
     assert rows(got["image"], got["label"]) == rows(train_x, train_y)
@@ -38,6 +37,7 @@ def test_the_reader_gets_exactly_the_training_split(broker, tmp_path):
     assert json.loads((tmp_path / "stats.json").read_text())["instances"] == 4500
 
 
+@pytest.mark.unit
 def test_rerun_rewrites_in_place_and_drops_stale_shards(tmp_path):
     runner, out = CliRunner(), tmp_path / "mnist"
     assert runner.invoke(main, ["data", "mnist-shards", "--out", str(out)]).exit_code == 0
@@ -50,6 +50,7 @@ def test_rerun_rewrites_in_place_and_drops_stale_shards(tmp_path):
     assert sum(p.stat().st_size for p in out.iterdir()) == 4500 * 785
 
 
+@pytest.mark.unit
 def test_clear_errors():
     runner = CliRunner()
     missing = runner.invoke(main, ["reader", "--broker", "tcp://127.0.0.1:1", "--preset", "mnist-shards"])

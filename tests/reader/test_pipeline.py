@@ -13,6 +13,8 @@ from zmqflow.inputs.formats import write_tfrecord
 from zmqflow.services.reader.pipeline import ReaderPipeline, queue_components
 from tests.reader.conftest import ID_OPTIONS, MNIST_OPTIONS, write_shards
 
+pytestmark = pytest.mark.service
+
 
 def drain(watch, batch=250, limit_s=60):
     """Every batch until OutOfRange (raised errors propagate); bounded in time."""
@@ -154,6 +156,7 @@ def test_a_stop_mid_file_fails_the_pipeline_with_cancelled(broker, id_shards):
     assert summary["outcome"] == "failed"
 
 
+@pytest.mark.unit
 def test_queue_components_select_and_cast_features():
     spec = {"label": ("uint8", ()), "image": ("float32", (784,))}
     assert queue_components(spec, ["image", "label"], {"label": "int32"}) == [

@@ -8,6 +8,8 @@ from zmqflow.services.reader.cli import PRESETS
 from zmqflow.services.reader.preload import load_dataset, preload, slice_indices
 from tests.reader import mnist_csv
 
+pytestmark = pytest.mark.unit
+
 FIXED = PRESETS["mnist-fixed"]
 
 

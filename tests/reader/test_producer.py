@@ -8,6 +8,8 @@ import pytest
 from zmqflow.common.errors import InvalidArgumentError, NotFoundError, OutOfRangeError
 from zmqflow.services.reader.producer import epoch_file_names, expand_globs, filename_queue, string_input_producer
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def files(tmp_path):
@@ -51,6 +53,7 @@ def test_forever_keeps_cycling_and_bad_arguments_are_refused():
         next(epoch_file_names([], num_epochs=1))
 
 
+@pytest.mark.service
 def test_producer_pushes_every_epoch_then_closes(broker):
     files = ["x", "y", "z"]
     done = string_input_producer(files, broker, "names-closed", num_epochs=2, shuffle=True, seed=3, capacity=8)
@@ -62,6 +65,7 @@ def test_producer_pushes_every_epoch_then_closes(broker):
         queue.dequeue(timeout=5)
 
 
+@pytest.mark.service
 def test_producer_blocks_on_a_full_queue_and_stops_when_asked(broker):
     stop = threading.Event()
     result = {}
@@ -76,6 +80,7 @@ def test_producer_blocks_on_a_full_queue_and_stops_when_asked(broker):
     assert not result["done"].closed and not queue.is_closed()  # a stopped producer leaves the queue open
 
 
+@pytest.mark.service
 def test_producer_ends_when_someone_else_closes_its_queue(broker):
     queue = filename_queue(broker, "names-cancelled", capacity=1)
     result = {}

@@ -9,11 +9,13 @@ from click.testing import CliRunner
 
 from zmqflow.common import queues
 from zmqflow.common.errors import CancelledError, OutOfRangeError
-from zmqflow.common.processes import start_process
 from zmqflow.cli.main import main
 from zmqflow.common.input_pipeline import PipelineRegister, raise_if_failed
 from zmqflow.services.reader.cli import reader_args, resolve_input
 from tests.reader import mnist_csv
+from tests.support import wait_for
+
+pytestmark = pytest.mark.service
 
 
 def drain(queue, limit_s=60):
@@ -26,62 +28,52 @@ def drain(queue, limit_s=60):
     raise AssertionError("the queue did not end in time")
 
 
-def test_the_three_presets_give_the_same_rows_as_the_csv(broker, tmp_path):
+def test_the_three_presets_give_the_same_rows_as_the_csv(broker, processes, tmp_path):
     pixels, labels = mnist_csv()
     runs = {"mnist-csv": 5000, "mnist-tfrecord": 100, "mnist-fixed": 100}
-    procs = {preset: start_process("zmqflow.services.reader", [
+    procs = {preset: processes.process("zmqflow.services.reader", [
         "--broker", broker, "--preset", preset, "--queue", f"cli-{preset}", "--queue-kind", "fifo",
         "--no-shuffle-files", "--num-epochs", "1", "--stats-file", str(tmp_path / f"{preset}.json"),
-        "--progress-every", "0"], log_dir=str(tmp_path)) for preset in runs}
-    try:
-        for preset, rows in runs.items():
-            got = drain(queues.attach(f"cli-{preset}", broker=broker, timeout=30))
-            assert got["label"].dtype == np.int32 and got["image"].dtype == np.float32
-            np.testing.assert_array_equal(got["label"], labels[:rows])
-            np.testing.assert_allclose(got["image"], pixels[:rows] / 255, atol=1e-6)
-        for preset, proc in procs.items():
-            assert proc.proc.wait(30) == 0, proc.log()
-            summary = json.loads((tmp_path / f"{preset}.json").read_text())
-            assert summary["outcome"] == "ok" and summary["instances"] == runs[preset]
-            assert "pipeline ok" in proc.log()
-    finally:
-        for proc in procs.values():
-            proc.stop()
+        "--progress-every", "0"]) for preset in runs}
+    for preset, rows in runs.items():
+        got = drain(queues.attach(f"cli-{preset}", broker=broker, timeout=30))
+        assert got["label"].dtype == np.int32 and got["image"].dtype == np.float32
+        np.testing.assert_array_equal(got["label"], labels[:rows])
+        np.testing.assert_allclose(got["image"], pixels[:rows] / 255, atol=1e-6)
+    for preset, proc in procs.items():
+        assert proc.proc.wait(30) == 0, proc.log()
+        summary = json.loads((tmp_path / f"{preset}.json").read_text())
+        assert summary["outcome"] == "ok" and summary["instances"] == runs[preset]
+        assert "pipeline ok" in proc.log()
 
 
-def test_sigterm_mid_file_exits_zero_and_the_consumer_gets_cancelled(broker, tmp_path):
-    proc = start_process("zmqflow.services.reader", ["--broker", broker, "--preset", "mnist-csv", "--queue", "cli-sigterm",
-                                             "--queue-kind", "fifo", "--capacity", "300", "--num-epochs", "0",
-                                             "--chunk-size", "100", "--lease", "2"], log_dir=str(tmp_path))
-    try:
-        queue = queues.attach("cli-sigterm", broker=broker, timeout=30)
-        deadline = time.monotonic() + 30
-        while queue.size() < 300 and time.monotonic() < deadline:  # blocked mid-file on a full queue
-            time.sleep(0.05)
-        assert proc.stop(timeout=10) == 0, proc.log()
-        assert "stopped (SIGTERM) while reading" in proc.log()
-        assert queue.is_closed()
-        with pytest.raises(CancelledError, match="SIGTERM"):
-            raise_if_failed(queue)
-    finally:
-        proc.stop()
+def test_sigterm_mid_file_exits_zero_and_the_consumer_gets_cancelled(broker, processes):
+    proc = processes.process("zmqflow.services.reader", ["--broker", broker, "--preset", "mnist-csv",
+                                                        "--queue", "cli-sigterm", "--queue-kind", "fifo",
+                                                        "--capacity", "300", "--num-epochs", "0",
+                                                        "--chunk-size", "100", "--lease", "2"])
+    queue = queues.attach("cli-sigterm", broker=broker, timeout=30)
+    wait_for(lambda: queue.size() >= 300, 30, "the reader blocked mid-file on a full queue")
+    assert proc.stop(timeout=10) == 0, proc.log()
+    assert "stopped (SIGTERM) while reading" in proc.log()
+    assert queue.is_closed()
+    with pytest.raises(CancelledError, match="SIGTERM"):
+        raise_if_failed(queue)
 
 
-def test_a_pipeline_already_closed_is_left_alone(broker, tmp_path):
+def test_a_pipeline_already_closed_is_left_alone(broker, processes):
     args = ["--broker", broker, "--preset", "mnist-fixed", "--queue", "cli-twice", "--queue-kind", "fifo",
             "--progress-every", "0"]
-    first = start_process("zmqflow.services.reader", args, log_dir=str(tmp_path))
-    try:
-        assert len(drain(queues.attach("cli-twice", broker=broker, timeout=30))["label"]) == 100
-        assert first.proc.wait(30) == 0
-    finally:
-        first.stop()
+    first = processes.process("zmqflow.services.reader", args)
+    assert len(drain(queues.attach("cli-twice", broker=broker, timeout=30))["label"]) == 100
+    assert first.proc.wait(30) == 0
     again = CliRunner().invoke(main, ["reader", *args])
     assert again.exit_code == 0, again.output
     record = PipelineRegister.find(broker, "cli-twice").read()
     assert record.closed == "ok" and len(record.members) == 1
 
 
+@pytest.mark.unit
 def test_usage_errors_and_help():
     runner = CliRunner()
     assert "--min-after-dequeue" in runner.invoke(main, ["reader", "--help"]).output
@@ -95,6 +87,7 @@ def test_usage_errors_and_help():
     assert bad.exit_code == 1 and "NotFoundError" in bad.output
 
 
+@pytest.mark.unit
 def test_presets_resolve_and_arguments_round_trip():
     kind, options, files, features, cast = resolve_input("mnist-fixed", chunk_size=64)
     assert kind == "fixed_length" and options["chunk_size"] == 64 and cast == {"label": "int32"}
@@ -107,6 +100,7 @@ def test_presets_resolve_and_arguments_round_trip():
         "--cast", "label=int32", "--queue", "q"]
 
 
+@pytest.mark.unit
 def test_tf_config_names_the_reader_and_gives_the_broker(monkeypatch):
     from zmqflow.services.reader.cli import _tf_config_task
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"broker": ["10.0.0.5:5555"], "reader": ["a:1", "b:1"]},

@@ -11,6 +11,8 @@ from zmqflow.inputs.formats import (FixedLenFeature, TFRecordFormat, VarLenFeatu
 from zmqflow.inputs.formats.tfrecord import Example, masked_crc32c
 from tests.reader import data_path, mnist_csv, peak_bytes_while_reading, read_all
 
+pytestmark = pytest.mark.unit
+
 SHARDS = [("mnist_sample-00000-of-00002.tfrecord", 0), ("mnist_sample-00001-of-00002.tfrecord.gz", 50)]
 MNIST_SPEC = {"image": FixedLenFeature([784], "float32"), "image_raw": FixedLenFeature([], "string"),
               "label": FixedLenFeature([], "int64")}

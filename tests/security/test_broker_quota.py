@@ -15,6 +15,8 @@ from zmqflow.common.errors import CancelledError, DeadlineExceededError, Resourc
 from zmqflow.services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
 from zmqflow.services.broker.queues.quota import BrokerLimits
 
+pytestmark = pytest.mark.unit
+
 ROW = 100 * 4  # one int32[100] element
 
 

@@ -13,6 +13,8 @@ import zmq
 from zmqflow.common import curve
 from zmqflow.common.rpc_service import Service
 
+pytestmark = pytest.mark.unit
+
 
 class _LoopbackSocket(zmq.Socket):
     def bind(self, addr):

@@ -7,26 +7,23 @@ and names it, and from then on refuses such requests before sending them.
 """
 
 import threading
-import time
 
 import numpy as np
 import pytest
 
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.limits import Limits
-from zmqflow.common.processes import start_service
 from zmqflow.common.rpc_client import RpcClient
 from zmqflow.common.rpc_service import Service
+
+pytestmark = pytest.mark.service
 
 LIMIT = 100_000
 
 
 @pytest.fixture(scope="module")
-def small_broker(tmp_path_factory):
-    proc = start_service("zmqflow.services.broker", ["--max-message-bytes", str(LIMIT)],
-                         log_dir=str(tmp_path_factory.mktemp("broker")))
-    yield proc
-    proc.stop()
+def small_broker(module_processes):
+    return module_processes.service("zmqflow.services.broker", ["--max-message-bytes", str(LIMIT)])
 
 
 def blob(n):
@@ -38,23 +35,20 @@ def test_request_over_the_limit_is_answered_naming_limit_and_size(small_broker):
         with pytest.raises(InvalidArgumentError, match=r"message of 150\d\d\d bytes exceeds the limit of 100000 bytes "
                                                        r"\(max_message_bytes\)"):
             client.call("ping", tensors=[blob(150_000)], timeout=5)
-        assert client.ping(timeout=5) < 5
+        client.ping(timeout=5)  # still served: UnavailableError otherwise
 
 
 def test_request_beyond_the_socket_cap_is_named_not_lost(small_broker):
     with RpcClient(small_broker.endpoint, heartbeat_interval=0.2) as client:
-        start = time.monotonic()
+        # named from the heartbeat answers (a deadline run out would be UnavailableError instead)
         with pytest.raises(InvalidArgumentError, match=r"request ping of 1000\d\d\d bytes exceeds the limit of "
                                                        r"100000 bytes \(max_message_bytes\)"):
             client.call("ping", tensors=[blob(1_000_000)], timeout=5)
-        assert time.monotonic() - start < 3
-        start = time.monotonic()
         with pytest.raises(InvalidArgumentError, match="exceeds the limit of 100000 bytes"):
-            client.call("ping", tensors=[blob(300_000)], timeout=5)  # refused before sending now
-        assert time.monotonic() - start < 0.1
+            client.submit("ping", tensors=[blob(300_000)], timeout=5)  # refused before sending: submit raises
         assert client.call("ping", tensors=[blob(1000)], timeout=5)[0]["service"] == "queue-broker"
     with RpcClient(small_broker.endpoint) as other:
-        assert other.ping(timeout=5) < 5
+        other.ping(timeout=5)  # another client is served too
     assert small_broker.alive()
 
 

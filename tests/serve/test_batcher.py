@@ -5,6 +5,8 @@ import pytest
 
 from zmqflow.services.serve.batcher import Batcher
 
+pytestmark = pytest.mark.unit
+
 
 def rows(n, start=0):
     return np.arange(start, start + n, dtype=np.float32).reshape(n, 1)

@@ -7,37 +7,36 @@ import numpy as np
 import pytest
 
 from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError
-from zmqflow.models.spec import MNIST_MLP, load_model, model_variables
+from zmqflow.models.spec import MNIST_MLP
+from zmqflow.models.registry import load_model, model_variables
 from zmqflow.common.placement import place
-from zmqflow.common.processes import start_service
 from zmqflow.common.ps_client import PsClient
 from zmqflow.common.serve_client import ModelClient
 from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
+from tests.support import wait_for
+
+pytestmark = pytest.mark.service
 
 
 @pytest.fixture(scope="module")
-def checkpoint_dir(tmp_path_factory):
-    logs, ckpt = tmp_path_factory.mktemp("logs"), tmp_path_factory.mktemp("ckpt")
-    proc = start_service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP)], log_dir=str(logs))
-    try:
-        ps = PsClient([proc.endpoint], place(model_variables(MNIST_MLP), 1))
-        values = load_model(MNIST_MLP).initial_values(1)
-        ps.initialize(values)
-        ps.push({k: np.full_like(v, 0.01) for k, v in values.items()})  # step 1, not the initial values
-        ps.save(str(ckpt), config={"model": MNIST_MLP})
-        ps.close()
-    finally:
-        proc.stop()
+def checkpoint_dir(tmp_path_factory, module_processes):
+    """A checkpoint of step 1 written by a real ps shard (stopped once it is written)."""
+    ckpt = tmp_path_factory.mktemp("ckpt")
+    proc = module_processes.service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP)])
+    ps = PsClient([proc.endpoint], place(model_variables(MNIST_MLP), 1))
+    values = load_model(MNIST_MLP).initial_values(1)
+    ps.initialize(values)
+    ps.push({k: np.full_like(v, 0.01) for k, v in values.items()})  # step 1, not the initial values
+    ps.save(str(ckpt), config={"model": MNIST_MLP})
+    ps.close()
+    proc.stop()
     return str(ckpt)
 
 
 @pytest.fixture(scope="module")
-def server(checkpoint_dir, tmp_path_factory):
-    proc = start_service("zmqflow.services.serve", ["--checkpoint", checkpoint_dir, "--backend", "numpy",
-                                            "--max-delay-ms", "20", "--name", "mnist"],
-                         log_dir=str(tmp_path_factory.mktemp("serve")))
-    yield proc
-    proc.stop()
+def server(checkpoint_dir, module_processes):
+    return module_processes.service("zmqflow.services.serve", ["--checkpoint", checkpoint_dir, "--backend", "numpy",
+                                                               "--max-delay-ms", "20", "--name", "mnist"])
 
 
 def local_predict(checkpoint_dir, x):
@@ -109,37 +108,26 @@ def test_a_bad_shape_is_invalid_argument_and_the_server_keeps_serving(server):
     assert server.alive()
 
 
-def test_follow_ps_serves_the_shards_latest_version(tmp_path):
-    import time
-    ps_proc = start_service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP)], log_dir=str(tmp_path))
-    serve_proc = None
-    try:
-        ps = PsClient([ps_proc.endpoint], place(model_variables(MNIST_MLP), 1))
-        values = load_model(MNIST_MLP).initial_values(1)
-        ps.initialize(values)
-        serve_proc = start_service("zmqflow.services.serve", ["--follow-ps", ps_proc.endpoint, "--refresh-secs", "0.1",
-                                                      "--backend", "numpy"], log_dir=str(tmp_path))
-        with ModelClient(serve_proc.endpoint, timeout=5) as client:
-            assert client.predict(np.zeros((1, 784), np.float32))[1]["version"] == 0
-            ps.push({k: np.full_like(v, 0.01) for k, v in values.items()})
-            end = time.monotonic() + 10
-            while client.predict(np.zeros((1, 784), np.float32))[1]["version"] != 1:
-                assert time.monotonic() < end, "the server never picked up version 1"
-                time.sleep(0.05)
-        ps.close()
-    finally:
-        if serve_proc is not None:
-            serve_proc.stop()
-        ps_proc.stop()
+@pytest.mark.integration
+def test_follow_ps_serves_the_shards_latest_version(processes):
+    ps_proc = processes.service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP)])
+    ps = PsClient([ps_proc.endpoint], place(model_variables(MNIST_MLP), 1))
+    values = load_model(MNIST_MLP).initial_values(1)
+    ps.initialize(values)
+    serve_proc = processes.service("zmqflow.services.serve", ["--follow-ps", ps_proc.endpoint, "--refresh-secs", "0.1",
+                                                              "--backend", "numpy"])
+    with ModelClient(serve_proc.endpoint, timeout=5) as client:
+        version = lambda: client.predict(np.zeros((1, 784), np.float32))[1]["version"]  # noqa: E731
+        assert version() == 0
+        ps.push({k: np.full_like(v, 0.01) for k, v in values.items()})
+        wait_for(lambda: version() == 1, 10, "the server to pick up version 1")
+    ps.close()
 
 
-def test_a_worker_in_serve_mode_answers_predictions(checkpoint_dir, tmp_path):
-    proc = start_service("zmqflow.services.worker", ["--serve", checkpoint_dir, "--backend", "numpy"], log_dir=str(tmp_path))
-    try:
-        x = np.random.default_rng(2).random((3, 784), dtype=np.float32)
-        with ModelClient(proc.endpoint, timeout=10.0) as client:
-            probabilities, info = client.predict(x)
-        np.testing.assert_allclose(probabilities, local_predict(checkpoint_dir, x), rtol=1e-4, atol=1e-6)
-        assert info["version"] == 1
-    finally:
-        proc.stop()
+def test_a_worker_in_serve_mode_answers_predictions(checkpoint_dir, processes):
+    proc = processes.service("zmqflow.services.worker", ["--serve", checkpoint_dir, "--backend", "numpy"])
+    x = np.random.default_rng(2).random((3, 784), dtype=np.float32)
+    with ModelClient(proc.endpoint, timeout=10.0) as client:
+        probabilities, info = client.predict(x)
+    np.testing.assert_allclose(probabilities, local_predict(checkpoint_dir, x), rtol=1e-4, atol=1e-6)
+    assert info["version"] == 1

@@ -5,9 +5,13 @@ import json
 import os
 import sys
 
+import pytest
+
 from zmqflow.jobs.sweep import leaderboard
 from zmqflow.jobs.sweep.plot import plot
 from zmqflow.jobs.sweep.space import DEFAULTS
+
+pytestmark = pytest.mark.unit
 
 
 def _entries(tmp_path):

@@ -8,6 +8,8 @@ from click.testing import CliRunner
 from zmqflow.cli.main import main
 from zmqflow.jobs.sweep.space import DEFAULTS, SpaceError, grid, load_space, parse_grid, sample
 
+pytestmark = pytest.mark.unit
+
 
 def test_grid_expands_every_combination_in_order_with_defaults():
     points = grid(parse_grid("lr=0.001,0.01; hidden=64,128x64 ;optimizer=adam,sgd"))

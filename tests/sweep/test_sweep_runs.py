@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from zmqflow.common.processes import start_service
 from zmqflow.common.serve_client import ModelClient
 from zmqflow.cli.main import main
 from zmqflow.jobs.sweep.data import sweep_split
+
+pytestmark = pytest.mark.integration
 
 
 def _sweep(args):
@@ -20,7 +21,7 @@ def _sweep(args):
     return result.output
 
 
-def test_sweep_ranks_runs_keeps_the_best_and_they_serve(tmp_path):
+def test_sweep_ranks_runs_keeps_the_best_and_they_serve(processes, tmp_path):
     out = tmp_path / "sweep"
     output = _sweep(["--grid", "lr=0.01;hidden=32,48x16,24", "--epochs", "2", "--parallel", "2", "--keep-best", "2",
                      "--out", str(out)])
@@ -44,13 +45,11 @@ def test_sweep_ranks_runs_keeps_the_best_and_they_serve(tmp_path):
     assert sorted(os.listdir(out / "checkpoints")) == sorted(os.path.basename(k) for k in kept)
     for best in document["best"]:
         assert json.loads(open(best["model_file"]).read()) == best["model"]
-        server = start_service("zmqflow.services.serve", ["--checkpoint", best["checkpoint"], "--model", best["model_file"],
-                                                  "--backend", "numpy"], log_dir=str(tmp_path))
-        try:
-            with ModelClient(server.endpoint, timeout=20) as client:
-                probs, info = client.predict(validation[0])
-        finally:
-            server.stop()
+        server = processes.service("zmqflow.services.serve", ["--checkpoint", best["checkpoint"],
+                                                              "--model", best["model_file"], "--backend", "numpy"])
+        with ModelClient(server.endpoint, timeout=20) as client:
+            probs, info = client.predict(validation[0])
+        server.stop()
         assert info["model"] == best["run_id"] and probs.shape == (len(validation[1]), 10)
         assert np.mean(probs.argmax(axis=1) == validation[1]) == pytest.approx(best["validation_accuracy"], abs=1e-3)
     assert sorted(r["model"]["layers"][1:-1] for r in runs) == [[24], [32], [48, 16]]  # none the default 100

@@ -14,13 +14,16 @@ import pytest
 from click.testing import CliRunner
 
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.models.spec import MNIST_MLP, load_model
+from zmqflow.models.spec import MNIST_MLP
+from zmqflow.models.registry import load_model
 from zmqflow.cli.main import main
 from zmqflow.services.worker import devices as D
 from zmqflow.models.kernels import gpu_count
 from zmqflow.models.mlp import MLP
 from tests.model.test_kernels import batch, random_params
 from tests.worker import fake_gpu_options
+
+pytestmark = pytest.mark.unit
 
 CPU0 = "/job:worker/replica:0/task:0/device:CPU:0"
 GPU0 = "/job:worker/replica:0/task:0/device:GPU:0"
@@ -319,6 +322,7 @@ def test_worker_help_lists_the_device_flags():
         assert flag in result.output
 
 
+@pytest.mark.service
 def test_worker_rejects_another_tasks_device_before_connecting():
     out = subprocess.run([sys.executable, "-m", "zmqflow.services.worker", "--ps", "tcp://127.0.0.1:9", "--broker",
                           "tcp://127.0.0.1:9", "--device", "/job:worker/task:3/cpu:0"],
@@ -335,6 +339,7 @@ def real_gpu():
         pytest.skip("no CUDA device")
 
 
+@pytest.mark.gpu
 def test_real_gpu_mixed_placement_equals_the_mlp(real_gpu):
     model = D.place_model(MNIST_MLP, D.DeviceOptions(placement_function=softmax_on_cpu))
     assert devices_of(model) == {"hidden": GPU0, "softmax": CPU0}
@@ -342,6 +347,7 @@ def test_real_gpu_mixed_placement_equals_the_mlp(real_gpu):
     assert_same_as_mlp(D.place_model(MNIST_MLP, D.DeviceOptions(device="/gpu:0")), MNIST_MLP)
 
 
+@pytest.mark.gpu
 def test_real_gpu_listing_and_memory_fraction(real_gpu):
     gpus = [d for d in D.list_devices() if d["device_type"] == "GPU"]
     assert len(gpus) == gpu_count() and gpus[0]["memory_total"] > 0

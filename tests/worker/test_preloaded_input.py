@@ -8,6 +8,8 @@ import pytest
 from zmqflow.common.errors import OutOfRangeError
 from zmqflow.services.worker.preloaded_input import PreloadedInput, worker_batches
 
+pytestmark = pytest.mark.unit
+
 
 def test_workers_together_see_each_row_once_per_epoch():
     rows, epochs, workers = 450, 3, 2

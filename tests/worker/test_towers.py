@@ -8,13 +8,16 @@ import numpy as np
 import pytest
 
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.models.spec import MNIST_MLP, load_model
+from zmqflow.models.spec import MNIST_MLP
+from zmqflow.models.registry import load_model
 from zmqflow.services.worker import devices as D
 from zmqflow.models.kernels import gpu_count
 from zmqflow.services.worker.towers import TowerModel, split_sizes, tower_devices
 from tests.worker import fake_gpu_options
 from tests.model.test_kernels import batch, random_params
 from tests.worker.test_devices import assert_same_as_mlp, spec
+
+pytestmark = pytest.mark.unit
 
 
 def test_tower_devices_one_per_gpu_round_robin_or_cpu_threads():
@@ -89,6 +92,7 @@ def test_build_model_with_towers_and_an_explicit_device_or_mixed_layers():
     assert_same_as_mlp(model, spec("relu"), n=31)
 
 
+@pytest.mark.gpu
 def test_real_gpu_towers_equal_the_plain_model():
     pytest.importorskip("cupy")
     if gpu_count() == 0:
