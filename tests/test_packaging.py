@@ -3,6 +3,7 @@ commands working from an empty directory with nothing of the checkout on the pat
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,9 +19,13 @@ SHIPPED_DATA = {"mnist_5k.csv.gz", "mnist_sample-00000-of-00002.tfrecord", "mnis
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wheel")
+    """Built from a copy of the source, so that setuptools' build/ and egg-info stay out of the checkout."""
+    source, out = tmp_path_factory.mktemp("source") / "zmqflow", tmp_path_factory.mktemp("wheel")
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "tests",
+                                                                 "__pycache__", "*.nbi", "*.nbc"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                            "--quiet", "--wheel-dir", str(out), str(REPO)], capture_output=True, text=True, timeout=300)
+                            "--quiet", "--wheel-dir", str(out), str(source)], capture_output=True, text=True,
+                           timeout=300)
     assert build.returncode == 0, build.stdout + build.stderr
     [path] = out.glob("zmqflow-*.whl")
     return path

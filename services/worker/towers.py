@@ -29,15 +29,12 @@ def split_sizes(batch, towers):
 class TowerModel:
     """The Model protocol over towers. `model_factory(device)` builds one tower's model and is
     called once per device, in order: every tower needs its own, as kernels reuse scratch buffers.
-    `towers` is a list of device strings or a count (tower_devices over the visible GPUs).
+    `towers` is a list of device strings (tower_devices(n, visible_gpu_count()) spreads n over the GPUs).
 
     The result equals one model on the whole batch: the loss and gradients of each slice are
     means over the slice, so they are averaged with the slice sizes as weights."""
 
     def __init__(self, model_factory, towers):
-        if isinstance(towers, int) and not isinstance(towers, bool):
-            from zmqflow.services.worker.devices import visible_gpu_count
-            towers = tower_devices(towers, visible_gpu_count())
         self.devices = list(towers)
         if not self.devices:
             raise InvalidArgumentError("a TowerModel needs at least one tower")

@@ -37,7 +37,7 @@ def test_split_sizes_are_contiguous_and_uneven_like_array_split():
 @pytest.mark.parametrize("towers", [1, 2, 3])
 @pytest.mark.parametrize("n", [100, 10, 2])
 def test_towers_equal_the_plain_model_on_the_whole_batch(towers, n):
-    model = TowerModel(lambda device: load_model(MNIST_MLP, backend="numba"), towers)
+    model = TowerModel(lambda device: load_model(MNIST_MLP, backend="numba"), tower_devices(towers, num_gpus=0))
     assert model.devices == ["/cpu:0"] * towers and len({id(t) for t in model.towers}) == towers
     assert_same_as_mlp(model, MNIST_MLP, n=n)
     model.close()
@@ -64,7 +64,7 @@ def test_towers_run_on_threads_and_get_contiguous_slices():
 
 
 def test_a_towers_error_reaches_the_caller():
-    model = TowerModel(lambda device: load_model(MNIST_MLP), 2)
+    model = TowerModel(lambda device: load_model(MNIST_MLP), ["/cpu:0", "/cpu:0"])
     x, y = batch(6)
     with pytest.raises(InvalidArgumentError, match="outside the valid range"):
         model.loss_and_gradients(random_params(model.towers[0]), x, np.array([0, 1, 2, 3, 4, 10]))
