@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from zmqflow.cli.up import find_chief, select
+from zmqflow.jobs.up.topology import find_chief, select
 from zmqflow.jobs.up.compose import ComposeError, duration, load
 from zmqflow.jobs.up.interpolate import InterpolationError, interpolate
 from zmqflow.jobs.up.localize import Localizer
