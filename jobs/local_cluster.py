@@ -28,8 +28,9 @@ from zmqflow.inputs.datasets import mnist_split, write_record_shards
 from zmqflow.models.spec import MNIST_MLP
 from zmqflow.common.queues import FIFOQueue, RandomShuffleQueue
 from zmqflow.common.errors import AbortedError, InvalidArgumentError
-from zmqflow.common.processes import compute_thread_env, start_process, start_service
+from zmqflow.common.processes import compute_thread_env
 from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.supervisor import Supervisor
 from zmqflow.services.reader.cli import start_readers
 
 INPUTS = ("readers", "preloaded", "ps")
@@ -77,7 +78,8 @@ class LocalCluster:
         self.input = input
         if shuffle_queue is None:  # readers hand out whole files in order: mix them as shuffle_batch did
             self.shuffle_queue = input == "readers"
-        self.procs, self.shards, self.workers = [], [], []
+        self.supervisor = Supervisor(log_dir=self.log_dir)   # owns every process of the job
+        self.shards, self.workers = [], []
         self._stop = threading.Event()
 
     def __enter__(self):
@@ -89,8 +91,7 @@ class LocalCluster:
     def start(self):
         (train_x, train_y), _ = mnist_split()
         self.examples_per_epoch = len(train_y)
-        self.broker = start_service("zmqflow.services.broker", log_dir=self.log_dir)
-        self.procs.append(self.broker)
+        self.broker = self.supervisor.start_service("zmqflow.services.broker")
         if self.input == "preloaded":
             self._start_feeder(train_x, train_y)
         elif self.input == "readers":
@@ -103,9 +104,8 @@ class LocalCluster:
                             timeout=30)
         threads = max(1, (os.cpu_count() or 2) // max(1, self.total_workers))
         for i in range(self.total_workers):
-            self.workers.append(start_process("zmqflow.services.worker", self.worker_args(i), env=compute_thread_env(threads),
-                                              log_dir=self.log_dir, name=f"worker{i}"))
-        self.procs += self.workers
+            self.workers.append(self.supervisor.start_process("zmqflow.services.worker", self.worker_args(i),
+                                                              env=compute_thread_env(threads), name=f"worker{i}"))
         return self
 
     def _start_feeder(self, train_x, train_y):
@@ -119,12 +119,14 @@ class LocalCluster:
     def _start_readers(self, train_x, train_y):
         shards = os.path.join(self.log_dir, "train-data")
         write_record_shards(train_x, train_y, shards, seed=self.seed)   # what `zmqflow data mnist-shards` writes
-        self.procs += start_readers(
+        readers = start_readers(
             self.broker.endpoint, processes=1, log_dir=self.log_dir, env=compute_thread_env(1),
             stats_dir=self.log_dir, files=[os.path.join(shards, "*.bin")], preset="mnist-shards", queue="train",
             queue_kind="shuffle" if self.shuffle_queue else "fifo", capacity=20_000, num_epochs=self.epochs,
             shuffle_files=True, seed=self.seed, progress_every=0,
             min_after_dequeue=2_000 if self.shuffle_queue else None)
+        for reader in readers:
+            self.supervisor.adopt(reader)
 
     def ps_args(self, index):
         args = ["--task-index", str(index), "--num-ps", str(self.num_ps), "--model", json.dumps(self.model),
@@ -138,9 +140,8 @@ class LocalCluster:
 
     def start_ps(self, index, bind="tcp://127.0.0.1:*"):
         """Start (or restart, on the same `bind`) ps shard `index`."""
-        shard = start_service("zmqflow.services.ps", self.ps_args(index), bind=bind, log_dir=self.log_dir)
-        self.procs.append(shard)
-        return shard
+        return self.supervisor.start_service("zmqflow.services.ps", self.ps_args(index), bind=bind,
+                                             name=f"ps{index}")
 
     def worker_args(self, index):
         args = ["--task-index", str(index), "--broker", self.broker.endpoint, "--num-workers",
@@ -186,8 +187,7 @@ class LocalCluster:
 
     def stop(self):
         self._stop.set()
-        for p in reversed(self.procs):
-            p.stop()
+        self.supervisor.stop_all()
 
 
 def run_training(progress=True, **options):

@@ -8,7 +8,7 @@ import json
 import os
 
 from zmqflow.common.errors import NotFoundError
-from zmqflow.common.processes import start_service
+from zmqflow.common.supervisor import Supervisor
 
 
 def best_runs(leaderboard, top):
@@ -31,27 +31,27 @@ class Ensemble:
         self.runs, self.log_dir = runs, log_dir
         self.options = (deadline_ms, min_members, combine, tuple(serve_args), tuple(aggregator_args))
         self.members, self.aggregator = [], None
+        self.supervisor = Supervisor(log_dir=log_dir)
 
     def start(self):
         deadline_ms, min_members, combine, serve_args, aggregator_args = self.options
         try:
             for run in self.runs:
-                self.members.append(start_service(
+                self.members.append(self.supervisor.start_service(
                     "zmqflow.services.serve", ["--checkpoint", run["checkpoint"], "--model", run["model_file"],
-                                       "--name", run["run_id"], *serve_args], log_dir=self.log_dir))
+                                               "--name", run["run_id"], *serve_args], name=run["run_id"]))
             member_args = [arg for m in self.members for arg in ("--member", m.endpoint)]
-            self.aggregator = start_service(
+            self.aggregator = self.supervisor.start_service(
                 "zmqflow.services.aggregator", [*member_args, "--deadline-ms", str(deadline_ms), "--min-members",
-                                        str(min_members), "--combine", combine, *aggregator_args],
-                log_dir=self.log_dir)
+                                                str(min_members), "--combine", combine, *aggregator_args],
+                name="aggregator")
         except BaseException:
             self.stop()
             raise
         return self
 
     def stop(self):
-        for proc in ([self.aggregator] if self.aggregator else []) + self.members:
-            proc.stop()
+        self.supervisor.stop_all()   # the aggregator (started last) first
 
     def __enter__(self):
         return self.start()

@@ -20,7 +20,8 @@ import numpy as np
 from zmqflow.common import queues
 from zmqflow.common.errors import DeadlineExceededError
 from zmqflow.models.registry import load_model
-from zmqflow.common.processes import compute_thread_env, start_process, start_service
+from zmqflow.common.processes import compute_thread_env, start_service
+from zmqflow.common.supervisor import Supervisor
 from zmqflow.common.rpc_client import RpcClient, default_pool
 from zmqflow.jobs.sweep.curve import CURVE_ENV, HOOK, read_curve
 from zmqflow.jobs.local_cluster import feed
@@ -112,26 +113,24 @@ class SweepRunner:
         with open(model_file, "w") as f:
             json.dump(entry["model"], f, indent=1)
         result_file, curve_file = os.path.join(run_dir, "result.json"), os.path.join(run_dir, "curve.jsonl")
-        point, procs, stop = entry["hyperparameters"], [], threading.Event()
+        point, stop = entry["hyperparameters"], threading.Event()
+        supervisor = Supervisor(log_dir=log_dir)   # this run's ps and worker
         try:
-            ps = start_service("zmqflow.services.ps", ["--task-index", "0", "--num-ps", "1", "--mode", "async",
+            ps = supervisor.start_service("zmqflow.services.ps", ["--task-index", "0", "--num-ps", "1", "--mode", "async",
                                                "--model", json.dumps(entry["model"]),
-                                               "--optimizer", json.dumps(entry["optimizer"])], log_dir=log_dir)
-            procs.append(ps)
+                                               "--optimizer", json.dumps(entry["optimizer"])], name="ps0")
             input_args = self._start_input(name, ps.endpoint, point["epochs"], stop)
             args = ["--task-index", "0", "--num-workers", "1", "--ps", ps.endpoint, "--backend", self.backend,
                     "--batch-size", str(point["batch_size"]), "--model", json.dumps(entry["model"]),
                     "--examples-per-epoch", str(len(self.train[1])), "--result-file", result_file,
                     "--checkpoint-dir", ckpt_dir, "--keep-checkpoints", "1", "--evaluate", "--shutdown-ps",
                     "--hook", HOOK, "--log-every", "1000", *input_args]
-            worker = start_process("zmqflow.services.worker", args, log_dir=log_dir, name="worker0",
-                                   env={**compute_thread_env(self.threads), CURVE_ENV: curve_file})
-            procs.append(worker)
+            worker = supervisor.start_process("zmqflow.services.worker", args, name="worker0",
+                                              env={**compute_thread_env(self.threads), CURVE_ENV: curve_file})
             self._wait(worker)
         finally:
             stop.set()
-            for p in reversed(procs):
-                p.stop()
+            supervisor.stop_all()
             self._free_container(name)
         with open(result_file) as f:
             result = json.load(f)

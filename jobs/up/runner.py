@@ -13,6 +13,7 @@ import signal
 import subprocess
 import time
 
+from zmqflow.common.supervisor import Supervisor
 from zmqflow.jobs.up.health import HealthWatch
 from zmqflow.jobs.up.localize import child_environment
 
@@ -27,6 +28,7 @@ class Runner:
         self.out, self.cwd = prefixer, cwd
         self.exit_code_from, self.abort_on_failure = exit_code_from, abort_on_failure
         self.stop_timeout, self.health_limit = stop_timeout, health_limit
+        self.supervisor = Supervisor(stop_timeout=stop_timeout)
         self.procs, self.codes, self.health, self.pumps = {}, {}, {}, []
         self._signal = None
 
@@ -92,22 +94,20 @@ class Runner:
             os.makedirs(directory, exist_ok=True)
         env = child_environment(service.env)
         try:
-            proc = subprocess.Popen(service.argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = self.supervisor.start(name, service.argv, env=env, cwd=self.cwd, stdout=subprocess.PIPE)
         except OSError as exc:
             self.out.note(f"zmqflow up: {name} cannot start {service.argv[0]!r}: {exc}")
             self.procs[name], self.codes[name] = None, 127
             return
         self.procs[name] = proc
-        self.pumps.append(self.out.follow(name, proc.stdout))
+        self.pumps.append(self.out.follow(name, proc.proc.stdout))
         if service.health:
-            self.health[name] = HealthWatch(service, self.cwd, env, lambda: proc.poll() is None,
-                                            self.health_limit).start()
+            self.health[name] = HealthWatch(service, self.cwd, env, proc.alive, self.health_limit).start()
 
     def _reap(self):
         """Report exits; the run's result when one of them ends it, else None."""
         for name, proc in self.procs.items():
-            if proc is None or name in self.codes or proc.poll() is None:
+            if proc is None or name in self.codes or proc.alive():
                 continue
             code = self.codes[name] = proc.returncode
             self.out.note(f"zmqflow up: {name} exited with code {code}")
@@ -130,9 +130,9 @@ class Runner:
         by themselves (a SIGTERM to a process already shutting down ends it with -15, not 0)."""
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
-            alive = [n for n, p in self.procs.items() if p is not None and n not in self.codes and p.poll() is None]
+            alive = [n for n, p in self.procs.items() if p is not None and n not in self.codes and p.alive()]
             for name, proc in self.procs.items():
-                if proc is not None and name not in self.codes and proc.poll() is not None:
+                if proc is not None and name not in self.codes and not proc.alive():
                     self.codes[name] = proc.returncode
                     self.out.note(f"zmqflow up: {name} exited with code {proc.returncode}")
             if not alive:
@@ -143,28 +143,13 @@ class Runner:
         """SIGTERM to every live process group (dependents first), SIGKILL after stop_timeout."""
         for watch in self.health.values():
             watch.stop()
-        live = [n for n in reversed(self.order) if self.procs.get(n) is not None and self.procs[n].poll() is None]
-        for name in live:
-            _signal_group(self.procs[name], signal.SIGTERM)
-        deadline = time.monotonic() + self.stop_timeout
-        for name in live:
-            proc = self.procs[name]
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.out.note(f"zmqflow up: {name} did not stop within {self.stop_timeout:.0f} s, killing it")
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait()
-            self.codes[name] = proc.returncode
-            self.out.note(f"zmqflow up: {name} exited with code {proc.returncode}")
-        for name in live:
-            _signal_group(self.procs[name], signal.SIGKILL)   # children the leader left behind
+
+        def report(child, code, killed):
+            if killed:
+                self.out.note(f"zmqflow up: {child.name} did not stop within {self.stop_timeout:.0f} s, killed it")
+            self.codes[child.name] = code
+            self.out.note(f"zmqflow up: {child.name} exited with code {code}")
+
+        self.supervisor.stop_all(report=report)
         for pump in self.pumps:
             pump.join(2.0)
-
-
-def _signal_group(proc, sig):
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
