@@ -32,6 +32,7 @@ from zmqflow.common.processes import start_service
 from zmqflow.common.rpc_client import RpcClient
 from zmqflow.common.serve_client import ModelClient
 from zmqflow.loadtest.open_loop import run_open_loop
+from zmqflow.common.protocol import ServeOps
 
 TARGETS = {"agg3_p99_ms": 5.0, "agg3_overhead_p50_ms": 0.5, "dead_slack_ms": 5.0}
 
@@ -64,7 +65,7 @@ def open_loop(endpoint, x, rate, seconds, args=None, deadline_ms=None, warmup=50
         timeout = None if deadline_ms is None else deadline_ms / 1000.0
 
         def submit():
-            return client.submit("predict", args or {}, [x], timeout=timeout)
+            return client.submit(ServeOps.PREDICT, args or {}, [x], timeout=timeout)  # the aggregator's op too
         if warmup:
             run_open_loop(submit, client.poll, rate, warmup / rate)
         outcomes = run_open_loop(submit, client.poll, rate, seconds).outcomes

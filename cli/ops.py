@@ -7,7 +7,8 @@ import click
 
 from zmqflow.common.cli_support import curve_option
 from zmqflow.common.errors import OpError
-from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.broker_client import BrokerClient
+from zmqflow.common.probe import endpoint_of, probe
 from zmqflow.jobs.status.render import queue_table
 
 
@@ -21,19 +22,16 @@ def ping(address, timeout, as_json):
 
     ADDRESS is a ZeroMQ endpoint (tcp://host:port) or host:port.
     """
-    address = _endpoint(address)
-    with RpcClient(address, heartbeat_interval=timeout, heartbeat_liveness=1) as client:
-        try:
-            rtt = client.ping(timeout=timeout)
-            info, _ = client.call("info", timeout=timeout)
-        except OpError as exc:
-            click.echo(f"{address}: {type(exc).__name__}: {exc}", err=True)
-            sys.exit(1)
+    answer = probe(address, timeout)
+    if not answer.up:
+        click.echo(f"{answer.address}: {answer.error}", err=True)
+        sys.exit(1)
+    info = answer.info
     if as_json:
-        click.echo(json.dumps({"address": address, "rtt_ms": round(rtt * 1000, 3), **info}))
+        click.echo(json.dumps({"address": answer.address, "rtt_ms": answer.rtt_ms, **info}))
     else:
-        click.echo(f"{address}: {info.get('service')} up {info.get('uptime_s')} s, pid {info.get('pid')}, "
-                   f"round trip {rtt * 1000:.2f} ms")
+        click.echo(f"{answer.address}: {info.get('service')} up {info.get('uptime_s')} s, pid {info.get('pid')}, "
+                   f"round trip {answer.rtt_s * 1000:.2f} ms")
 
 
 @click.command()
@@ -43,16 +41,11 @@ def ping(address, timeout, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def queues(address, timeout, as_json):
     """List the queues of the broker at ADDRESS: kind, size, capacity, closed, waiting requests."""
-    address = _endpoint(address)
-    with RpcClient(address, heartbeat_interval=timeout, heartbeat_liveness=1) as client:
+    address = endpoint_of(address)
+    with BrokerClient(address, heartbeat_interval=timeout, heartbeat_liveness=1) as client:
         try:
-            result, _ = client.call("list_queues", timeout=timeout)
+            rows = client.list_queues(timeout=timeout)
         except OpError as exc:
             click.echo(f"{address}: {type(exc).__name__}: {exc}", err=True)
             sys.exit(1)
-    rows = result["queues"]
     click.echo(json.dumps(rows) if as_json else queue_table(rows))
-
-
-def _endpoint(address):
-    return address if "://" in address else f"tcp://{address}"

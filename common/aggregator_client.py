@@ -8,6 +8,7 @@ Like RpcClient, one client belongs to one thread.
 
 import numpy as np
 
+from zmqflow.common.protocol import AggregatorOps
 from zmqflow.common.rpc_client import OpClient
 from zmqflow.common.serve_client import PendingPredict
 
@@ -21,7 +22,7 @@ class AggregatorClient(OpClient):
         args = {k: v for k, v in (("deadline_ms", deadline_ms), ("min_members", min_members), ("combine", combine),
                                   ("mode", mode)) if v is not None}
         timeout = self.rpc.default_timeout if deadline_ms is None else deadline_ms / 1000.0
-        return PendingPredict(self.rpc.submit("predict", args, [x], timeout=timeout))
+        return PendingPredict(self.rpc.submit(AggregatorOps.PREDICT, args, [x], timeout=timeout))
 
     def predict(self, x, deadline_ms=None, min_members=None, combine=None, mode=None):
         """(probabilities [n, classes] float32, info); DeadlineExceededError when too few members answered."""
@@ -29,13 +30,13 @@ class AggregatorClient(OpClient):
 
     def members(self, timeout=5.0):
         """One dict per member: address, weight, healthy, outstanding, requests, answers, timeouts, errors, ..."""
-        return self.rpc.call("members", timeout=timeout)[0]["members"]
+        return self.rpc.call(AggregatorOps.MEMBERS, timeout=timeout)[0]["members"]
 
     def add_member(self, address, weight=1.0, timeout=5.0):
-        return self.rpc.call("add_member", {"address": address, "weight": weight}, timeout=timeout)[0]["member"]
+        return self.rpc.call(AggregatorOps.ADD_MEMBER, {"address": address, "weight": weight}, timeout=timeout)[0]["member"]
 
     def remove_member(self, address, timeout=5.0):
-        return self.rpc.call("remove_member", {"address": address}, timeout=timeout)[0]["member"]
+        return self.rpc.call(AggregatorOps.REMOVE_MEMBER, {"address": address}, timeout=timeout)[0]["member"]
 
     def stats(self, timeout=5.0):
-        return self.rpc.call("stats", timeout=timeout)[0]
+        return self.rpc.call(AggregatorOps.STATS, timeout=timeout)[0]

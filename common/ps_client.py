@@ -10,9 +10,27 @@ import ml_dtypes
 import numpy as np
 
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.rpc_client import OpClient, RpcClient
+from zmqflow.common.protocol import PsOps
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+class PsShardClient(OpClient):
+    """One shard's own ops, for jobs and tools (the training step talks to every shard: PsClient)."""
+
+    def __init__(self, address, timeout=30.0, name="ps-client", **rpc_options):
+        super().__init__(address, timeout, name, **rpc_options)
+
+    def stats(self, timeout=5.0):
+        """version (the global step on ps 0), pushes, pulls, workers heard from, ..."""
+        return self.rpc.call(PsOps.STATS, timeout=timeout)[0]
+
+    def preload(self, name, data, timeout=60.0):
+        """Hold `data` ({component: array with rows}) on this shard, for workers to slice."""
+        names = list(data)
+        return self.rpc.call(PsOps.PRELOAD, {"name": name, "names": names}, [data[n] for n in names],
+                             timeout=timeout)[0]
 
 
 class PsClient:
@@ -32,17 +50,17 @@ class PsClient:
     def initialize(self, values, step=0):
         """Chief: send every shard the initial values of its pieces."""
         pieces = self._split(values)
-        calls = [c.submit("init", {"step": step, "names": keys}, [pieces[k] for k in keys])
+        calls = [c.submit(PsOps.INIT, {"step": step, "names": keys}, [pieces[k] for k in keys])
                  for c, keys in zip(self.clients, self.shard_keys)]
         return [call.result()[0]["version"] for call in calls]
 
     def restore(self, directory):
         """Chief: every shard loads its rows of the latest checkpoint in `directory`."""
-        calls = [c.submit("restore", {"dir": str(directory)}) for c in self.clients]
+        calls = [c.submit(PsOps.RESTORE, {"dir": str(directory)}) for c in self.clients]
         return [call.result()[0] for call in calls]
 
     def wait_ready(self, timeout=60.0):
-        calls = [c.submit("wait_ready", timeout=timeout) for c in self.clients]
+        calls = [c.submit(PsOps.WAIT_READY, timeout=timeout) for c in self.clients]
         return [call.result()[0]["version"] for call in calls]
 
     # ------------------------------------------------ the step
@@ -68,7 +86,7 @@ class PsClient:
                 args["min_version"] = min_versions[i]
             if newer_than is not None:
                 args["newer_than"] = newer_than[i]
-            calls.append(client.submit("pull", args, timeout=timeout or self.timeout))
+            calls.append(client.submit(PsOps.PULL, args, timeout=timeout or self.timeout))
         return _Gathered(calls, self._assemble_pull)
 
     def _per_shard(self, value):
@@ -88,7 +106,7 @@ class PsClient:
     def pull_rows(self, variable, indices):
         """Rows `indices` of `variable`."""
         shard = self._shard_of(variable)
-        result, tensors = self.clients[shard].call("pull_rows", {"name": variable},
+        result, tensors = self.clients[shard].call(PsOps.PULL_ROWS, {"name": variable},
                                                    [np.asarray(indices, dtype=np.int64)])
         return tensors[0]
 
@@ -96,7 +114,7 @@ class PsClient:
         """Gradient rows for rows `indices` of `variable`, tagged with the shard's last pulled version."""
         shard = self._shard_of(variable)
         rows = rows.astype(BF16) if self.bf16 else rows
-        return self.clients[shard].call("push_sparse", {"name": variable, "version": self.versions[shard],
+        return self.clients[shard].call(PsOps.PUSH_SPARSE, {"name": variable, "version": self.versions[shard],
                                                         "replica": replica},
                                         [np.asarray(indices, dtype=np.int64), rows])[0]
 
@@ -107,7 +125,7 @@ class PsClient:
             tensors = [pieces[k] for k in keys]
             if self.bf16:
                 tensors = [t.astype(BF16) for t in tensors]
-            calls.append(client.submit("push", {"version": self.versions[i], "replica": replica, "names": keys,
+            calls.append(client.submit(PsOps.PUSH, {"version": self.versions[i], "replica": replica, "names": keys,
                                                 "bf16": self.bf16}, tensors))
         return _Gathered(calls, lambda replies: [r[0] for r in replies])
 
@@ -120,7 +138,7 @@ class PsClient:
     def preload(self, name, data, shard=0):
         """Hold `data` ({component: array with rows}) on one shard, for workers to slice."""
         names = list(data)
-        return self.clients[shard].call("preload", {"name": name, "names": names}, [data[n] for n in names])[0]
+        return self.clients[shard].call(PsOps.PRELOAD, {"name": name, "names": names}, [data[n] for n in names])[0]
 
     def preloaded_rows(self, name, shard=0, timeout=120.0):
         """Rows of the preloaded data set `name`, waiting (bounded) until someone has preloaded it."""
@@ -129,14 +147,14 @@ class PsClient:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                return self.clients[shard].call("take_rows", {"name": name}, [np.zeros(0, np.int64)])[0]["rows"]
+                return self.clients[shard].call(PsOps.TAKE_ROWS, {"name": name}, [np.zeros(0, np.int64)])[0]["rows"]
             except NotFoundError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
 
     def take_rows_async(self, name, indices, shard=0):
-        pending = self.clients[shard].submit("take_rows", {"name": name}, [np.asarray(indices, dtype=np.int64)])
+        pending = self.clients[shard].submit(PsOps.TAKE_ROWS, {"name": name}, [np.asarray(indices, dtype=np.int64)])
         return _Gathered([pending], lambda replies: dict(zip(replies[0][0]["names"], replies[0][1])))
 
     # ------------------------------------------------ checkpoints and the end
@@ -144,22 +162,22 @@ class PsClient:
     def save(self, directory, keep=5, config=None):
         """Every shard writes its pieces, then the checkpoint is committed (atomic, `latest` updated)."""
         from zmqflow.common import checkpoint
-        step = self.clients[0].call("stats")[0]["version"]  # the global step lives on ps 0
-        calls = [c.submit("save", {"dir": str(directory), "step": step}) for c in self.clients]
+        step = self.clients[0].call(PsOps.STATS)[0]["version"]  # the global step lives on ps 0
+        calls = [c.submit(PsOps.SAVE, {"dir": str(directory), "step": step}) for c in self.clients]
         for call in calls:
             call.result()
         return checkpoint.commit(str(directory), step, len(self.clients), config or {}, keep=keep)
 
     def stats(self):
-        return [c.call("stats", timeout=5.0)[0] for c in self.clients]
+        return [c.call(PsOps.STATS, timeout=5.0)[0] for c in self.clients]
 
     def worker_done(self, replica, lost=False):
         """`replica` finished its input; `lost=True` is the chief counting a silent worker as finished."""
-        for call in [c.submit("worker_done", {"replica": replica, "lost": lost}) for c in self.clients]:
+        for call in [c.submit(PsOps.WORKER_DONE, {"replica": replica, "lost": lost}) for c in self.clients]:
             call.result()
 
     def shutdown(self):
-        for call in [c.submit("shutdown", timeout=5.0) for c in self.clients]:
+        for call in [c.submit(PsOps.SHUTDOWN, timeout=5.0) for c in self.clients]:
             call.result()
 
     def close(self):

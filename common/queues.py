@@ -17,6 +17,7 @@ import os
 from zmqflow.common import dtypes as wire_dtypes
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.rpc_client import USE_DEFAULT, default_pool
+from zmqflow.common.protocol import BrokerOps
 
 DEFAULT_BROKER_ENV = "ZMQFLOW_BROKER"
 
@@ -60,7 +61,7 @@ class QueueBase:
                        "shapes": None if shapes is None else [list(s) for s in shapes],
                        "names": None if names is None else list(names), "shared_name": shared_name or "",
                        "container": container or "", **extra}
-        result, _ = self._client.call("open_queue", {"declaration": declaration})
+        result, _ = self._client.call(BrokerOps.OPEN_QUEUE, {"declaration": declaration})
         self.handle = result["handle"]
         self.name = result.get("name", shared_name)
         self.dtypes = declaration["dtypes"]
@@ -100,22 +101,22 @@ class QueueBase:
     # ------------------------------------------------ TensorFlow's methods
 
     def enqueue_async(self, vals, timeout=USE_DEFAULT):
-        return self._submit("enqueue", {}, self._components(vals), timeout, _nothing)
+        return self._submit(BrokerOps.ENQUEUE, {}, self._components(vals), timeout, _nothing)
 
     def enqueue_many_async(self, vals, timeout=USE_DEFAULT):
-        return self._submit("enqueue_many", {}, self._components(vals), timeout, _nothing)
+        return self._submit(BrokerOps.ENQUEUE_MANY, {}, self._components(vals), timeout, _nothing)
 
     def dequeue_async(self, timeout=USE_DEFAULT):
-        return self._submit("dequeue", {}, [], timeout, self._values)
+        return self._submit(BrokerOps.DEQUEUE, {}, [], timeout, self._values)
 
     def dequeue_many_async(self, n, timeout=USE_DEFAULT):
-        return self._submit("dequeue_many", {"n": n}, [], timeout, self._values)
+        return self._submit(BrokerOps.DEQUEUE_MANY, {"n": n}, [], timeout, self._values)
 
     def dequeue_up_to_async(self, n, timeout=USE_DEFAULT):
-        return self._submit("dequeue_up_to", {"n": n}, [], timeout, self._values)
+        return self._submit(BrokerOps.DEQUEUE_UP_TO, {"n": n}, [], timeout, self._values)
 
     def close_async(self, cancel_pending_enqueues=False, timeout=USE_DEFAULT):
-        return self._submit("close", {"cancel_pending_enqueues": bool(cancel_pending_enqueues)}, [], timeout, _nothing)
+        return self._submit(BrokerOps.CLOSE, {"cancel_pending_enqueues": bool(cancel_pending_enqueues)}, [], timeout, _nothing)
 
     def enqueue(self, vals, timeout=USE_DEFAULT):
         return self.enqueue_async(vals, timeout).result()
@@ -136,10 +137,10 @@ class QueueBase:
         return self.close_async(cancel_pending_enqueues, timeout).result()
 
     def size(self):
-        return self._client.call("size", {"queue": self.handle})[0]["size"]
+        return self._client.call(BrokerOps.SIZE, {"queue": self.handle})[0]["size"]
 
     def is_closed(self):
-        return self._client.call("is_closed", {"queue": self.handle})[0]["closed"]
+        return self._client.call(BrokerOps.IS_CLOSED, {"queue": self.handle})[0]["closed"]
 
 
 def _nothing(result, tensors):
@@ -156,7 +157,7 @@ def attach(shared_name, container="", broker=None, pool=None, timeout=30.0):
     deadline = time.monotonic() + timeout
     while True:
         try:
-            result, _ = client.call("attach_queue", {"shared_name": shared_name, "container": container},
+            result, _ = client.call(BrokerOps.ATTACH_QUEUE, {"shared_name": shared_name, "container": container},
                                     timeout=max(1.0, timeout))
             break
         except NotFoundError:
@@ -197,4 +198,4 @@ def reset(containers, broker=None, pool=None):
     """Free every queue in `containers` (like Session.reset); pending requests fail Cancelled."""
     broker = broker or os.environ.get(DEFAULT_BROKER_ENV)
     client = (pool or default_pool).get(broker)
-    return [client.call("reset", {"container": c})[0] for c in ([containers] if isinstance(containers, str) else containers)]
+    return [client.call(BrokerOps.RESET, {"container": c})[0] for c in ([containers] if isinstance(containers, str) else containers)]

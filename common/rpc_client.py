@@ -28,6 +28,7 @@ from zmqflow.common import curve, wire
 from zmqflow.common.errors import InvalidArgumentError, UnavailableError, error_from_code
 from zmqflow.common.limits import DEFAULT_LIMITS
 from zmqflow.common.sockets import dealer_socket
+from zmqflow.common.protocol import Ops
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class PendingCall:
     def cancel(self):
         """Ask the service to withdraw this request; a late success still arrives."""
         if not self.done:
-            self.client._send("cancel", {"target": self.id}, (), None, track=False)
+            self.client._send(Ops.CANCEL, {"target": self.id}, (), None, track=False)
 
 
 class RpcClient:
@@ -120,7 +121,7 @@ class RpcClient:
     def ping(self, timeout=2.0):
         """Round-trip time in seconds to the service, or UnavailableError."""
         start = time.monotonic()
-        self.call("ping", {"ids": []}, timeout=timeout)
+        self.call(Ops.PING, {"ids": []}, timeout=timeout)
         return time.monotonic() - start
 
     def close(self):
@@ -129,7 +130,7 @@ class RpcClient:
             return
         try:
             if self._pending:
-                self.socket.send(wire.pack({"v": wire.VERSION, "op": "bye", "id": 0, "deadline_ms": None,
+                self.socket.send(wire.pack({"v": wire.VERSION, "op": Ops.BYE, "id": 0, "deadline_ms": None,
                                             "args": {}, "tensors": []}), zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
@@ -187,7 +188,7 @@ class RpcClient:
                 return
             if now - max(self._last_heard, self._last_ping) >= self.heartbeat_interval:
                 try:
-                    self._pings.add(self._send("ping", {"ids": list(self._pending)}, (), None, track=False))
+                    self._pings.add(self._send(Ops.PING, {"ids": list(self._pending)}, (), None, track=False))
                 except UnavailableError:
                     return  # every pending call failed with it
                 self._last_ping = now
@@ -289,6 +290,10 @@ class OpClient:
     def __init__(self, address, timeout=None, name="client", **rpc_options):
         self.address = address
         self.rpc = RpcClient(address, default_timeout=timeout, name=name, **rpc_options)
+
+    def info(self, timeout=5.0):
+        """The service's info: service, task, pid, uptime_s, metrics, ... (every service answers it)."""
+        return self.rpc.call(Ops.INFO, timeout=timeout)[0]
 
     def close(self):
         self.rpc.close()

@@ -27,6 +27,7 @@ import zmq
 from zmqflow.common import curve, wire
 from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError)
 from zmqflow.common.limits import DEFAULT_LIMITS
+from zmqflow.common.protocol import Ops
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class Service:
         self.stats = {"requests": 0, "errors": 0, "bad_requests": 0, "deadlines": 0}
         self.op_stats = None  # zmqflow.common.metrics.OpStats: requests timed per op, only with --metrics-port
         self.metrics_address = None
-        self.handlers = {"ping": self._ping, "cancel": self._cancel, "bye": self._bye, "info": self._info}
+        self.handlers = {Ops.PING: self._ping, Ops.CANCEL: self._cancel, Ops.BYE: self._bye, Ops.INFO: self._info}
         self._poller = zmq.Poller()
         self._poller.register(self.socket, zmq.POLLIN)
         self._extra_sockets = {}  # socket -> on_readable(): a subclass's own sockets polled by this loop

@@ -6,6 +6,7 @@ the op name or the tensor layout. Like RpcClient, one client belongs to one thre
 
 import numpy as np
 
+from zmqflow.common.protocol import ServeOps
 from zmqflow.common.rpc_client import USE_DEFAULT, OpClient
 
 
@@ -35,10 +36,10 @@ class ModelClient(OpClient):
 
     def predict_async(self, x, timeout=USE_DEFAULT):
         x = np.ascontiguousarray(x, dtype=np.float32)
-        return PendingPredict(self.rpc.submit("predict", {}, [x], timeout=timeout))
+        return PendingPredict(self.rpc.submit(ServeOps.PREDICT, {}, [x], timeout=timeout))
 
     def predict(self, x, timeout=USE_DEFAULT):
         return self.predict_async(x, timeout).result()
 
     def model_info(self, timeout=5.0):
-        return self.rpc.call("model_info", timeout=timeout)[0]
+        return self.rpc.call(ServeOps.MODEL_INFO, timeout=timeout)[0]

@@ -23,7 +23,7 @@ from zmqflow.common import dtypes
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.limits import DEFAULT_LIMITS
 
-VERSION = 1
+from zmqflow.common.protocol import VERSION
 ZERO_COPY_BYTES = 64 * 1024
 _OFFSET = np.dtype("<u8")
 

@@ -7,12 +7,11 @@ Pings run in parallel, one client per thread, so the whole check is bounded by
 one timeout.
 """
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 from zmqflow.common.cluster import ClusterSpec
-from zmqflow.common.errors import InvalidArgumentError, OpError
-from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.probe import probe
 
 CLIENT_JOBS = frozenset({"worker", "chief", "master", "evaluator", "reader"})
 
@@ -45,15 +44,11 @@ def _strip(address):
 
 def ping(address, timeout):
     """{'status': 'up'|'down', 'latency_ms', 'service', 'error'} for one 'host:port'."""
-    started = time.perf_counter()
-    try:
-        with RpcClient("tcp://" + address, heartbeat_interval=timeout, heartbeat_liveness=1) as client:
-            rtt = client.ping(timeout=timeout)
-            info, _ = client.call("info", timeout=timeout)
-        return {"status": "up", "latency_ms": round(rtt * 1000, 3), "service": info.get("service"), "error": None}
-    except OpError as exc:
-        return {"status": "down", "latency_ms": None, "service": None,
-                "error": f"{type(exc).__name__}: {exc}"[:200], "waited_s": round(time.perf_counter() - started, 2)}
+    answer = probe(address, timeout)
+    if answer.up:
+        return {"status": "up", "latency_ms": answer.rtt_ms, "service": answer.info.get("service"), "error": None}
+    return {"status": "down", "latency_ms": None, "service": None, "error": answer.error[:200],
+            "waited_s": answer.waited_s}
 
 
 def check(spec, timeout=2.0, ping_all=False):

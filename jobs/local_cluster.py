@@ -29,7 +29,7 @@ from zmqflow.models.spec import MNIST_MLP
 from zmqflow.common.queues import FIFOQueue, RandomShuffleQueue
 from zmqflow.common.errors import AbortedError, InvalidArgumentError
 from zmqflow.common.processes import compute_thread_env
-from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.ps_client import PsShardClient
 from zmqflow.common.supervisor import Supervisor
 from zmqflow.services.reader.cli import start_readers
 
@@ -99,9 +99,8 @@ class LocalCluster:
         for i in range(self.num_ps):
             self.shards.append(self.start_ps(i))
         if self.input == "ps":  # the seeds' preloading: the split held once on ps 0, sliced by the workers
-            with RpcClient(self.shards[0].endpoint) as client:
-                client.call("preload", {"name": "train", "names": ["image", "label"]}, [train_x, train_y],
-                            timeout=30)
+            with PsShardClient(self.shards[0].endpoint) as client:
+                client.preload("train", {"image": train_x, "label": train_y}, timeout=30)
         threads = max(1, (os.cpu_count() or 2) // max(1, self.total_workers))
         for i in range(self.total_workers):
             self.workers.append(self.supervisor.start_process("zmqflow.services.worker", self.worker_args(i),
@@ -163,8 +162,8 @@ class LocalCluster:
         return args
 
     def ps_stats(self, index=0, timeout=2.0):
-        with RpcClient(self.shards[index].endpoint, heartbeat_interval=timeout) as client:
-            return client.call("stats", timeout=timeout)[0]
+        with PsShardClient(self.shards[index].endpoint, heartbeat_interval=timeout) as client:
+            return client.stats(timeout=timeout)
 
     def wait(self, progress=False, timeout=600):
         """Wait for every worker to exit; return the job's summary."""
@@ -208,10 +207,10 @@ def _read_json(path):
 def _follow(ps0, workers, total_steps, progress):
     """A progress bar on ps 0's version until every worker has exited."""
     bar = tqdm(total=total_steps, desc="training", unit="step", disable=not progress)
-    with RpcClient(ps0, heartbeat_interval=2.0) as client:
+    with PsShardClient(ps0, heartbeat_interval=2.0) as client:
         while any(w.alive() for w in workers):
             try:
-                stats, _ = client.call("stats", timeout=2.0)
+                stats = client.stats(timeout=2.0)
                 bar.update(max(0, min(stats["version"], total_steps) - bar.n))
             except Exception:
                 pass  # the ps exits at the end (the chief shuts it down)

@@ -17,7 +17,7 @@ import numpy as np
 
 from zmqflow.common.aggregator_client import AggregatorClient
 from zmqflow.common.cli_support import curve_option
-from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.serve_client import ModelClient
 from zmqflow.loadtest.open_loop import run_open_loop
 
 
@@ -26,8 +26,8 @@ class MemberFault:
 
     def __init__(self, address, action, at_s, pause_s=0.0):
         self.address, self.action, self.at_s, self.pause_s = address, action, at_s, pause_s
-        with RpcClient(address, default_timeout=5.0, name="loadtest-fault") as client:
-            self.pid = client.call("info")[0]["pid"]
+        with ModelClient(address, timeout=5.0, name="loadtest-fault") as client:
+            self.pid = client.info()["pid"]
         self.state = "waiting"
 
     def __call__(self, elapsed, run):

@@ -23,8 +23,8 @@ from zmqflow.inputs.datasets import MNIST_CSV, load_mnist
 from zmqflow.common.errors import OutOfRangeError
 from zmqflow.common.processes import start_service
 from zmqflow.common.queues import RandomShuffleQueue
-from zmqflow.common.rpc_client import RpcClient
 from zmqflow.jobs.status.render import queue_table
+from zmqflow.common.broker_client import BrokerClient
 
 
 
@@ -82,9 +82,9 @@ def run_demo(batch=100, producers=2, consumers=2):
                    f"{sorted(seen.tolist()) == sorted(labels.tolist())}")
         click.echo(f"{len(seen) / elapsed:,.0f} instances/s through the broker "
                    f"({len(seen) * 785 * 4 / elapsed / 1e6:.1f} MB/s), then OutOfRange for every consumer")
-        with RpcClient(broker.endpoint) as client:
+        with BrokerClient(broker.endpoint) as client:
             click.echo("\n$ zmqflow queues " + broker.endpoint)
-            click.echo(queue_table(client.call("list_queues", timeout=5)[0]["queues"]))
+            click.echo(queue_table(client.list_queues()))
     finally:
         code = broker.stop()
         click.echo(f"broker stopped (exit {code})")

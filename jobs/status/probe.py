@@ -11,30 +11,22 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from zmqflow.common.errors import OpError
-from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.probe import probe
 from zmqflow.jobs.cluster_check import CLIENT_JOBS
-
-_DETAIL_OPS = {"queue-broker": "list_queues", "ps-shard": "stats", "serve": "model_info",
-               "aggregator": "members"}
 
 
 def probe_task(job, index, address, timeout):
     """{job, task, address, status: up|down, service, pid, uptime_s, metrics, detail, error}."""
     row = {"job": job, "task": index, "address": address, "status": "down", "service": None, "error": None}
-    endpoint = address if "://" in address else f"tcp://{address}"
-    started = time.perf_counter()
-    try:
-        with RpcClient(endpoint, heartbeat_interval=timeout, heartbeat_liveness=1, name="status") as client:
-            info, _ = client.call("info", timeout=timeout)
-            row.update(status="up", service=info.get("service"), pid=info.get("pid"), uptime_s=info.get("uptime_s"),
-                       metrics=info.get("metrics"), parked=info.get("parked"),
-                       rtt_ms=round((time.perf_counter() - started) * 1000, 3))
-            op = _DETAIL_OPS.get(info.get("service")) or ("members" if job == "aggregator" else None)
-            if op:
-                row["detail"], _ = client.call(op, timeout=timeout)
-    except OpError as exc:
-        row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    answer = probe(address, timeout, detail=True, name="status")
+    if not answer.up:
+        row["error"] = answer.error[:300]
+        return row
+    info = answer.info
+    row.update(status="up", service=info.get("service"), pid=info.get("pid"), uptime_s=info.get("uptime_s"),
+               metrics=info.get("metrics"), parked=info.get("parked"), rtt_ms=answer.rtt_ms)
+    if answer.detail is not None:
+        row["detail"] = answer.detail
     return row
 
 

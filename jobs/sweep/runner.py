@@ -22,9 +22,10 @@ from zmqflow.common.errors import DeadlineExceededError
 from zmqflow.models.registry import load_model
 from zmqflow.common.processes import compute_thread_env, start_service
 from zmqflow.common.supervisor import Supervisor
-from zmqflow.common.rpc_client import RpcClient, default_pool
+from zmqflow.common.rpc_client import default_pool
 from zmqflow.jobs.sweep.curve import CURVE_ENV, HOOK, read_curve
 from zmqflow.jobs.local_cluster import feed
+from zmqflow.common.ps_client import PsShardClient
 
 INPUTS = ("preloaded", "ps")
 QUEUE = "train"
@@ -144,8 +145,8 @@ class SweepRunner:
         """Feed the run's data; returns the worker's input options."""
         x, y = self.train
         if self.input == "ps":  # held once on the run's own ps task, sliced by the worker
-            with RpcClient(ps_endpoint) as client:
-                client.call("preload", {"name": QUEUE, "names": ["image", "label"]}, [x, y], timeout=60)
+            with PsShardClient(ps_endpoint) as client:
+                client.preload(QUEUE, {"image": x, "label": y}, timeout=60)
             return ["--preloaded", QUEUE, "--epochs", str(epochs)]
         queue = queues.FIFOQueue(5_000, ["float32", "int32"], shapes=[[784], []], names=["image", "label"],
                                  shared_name=QUEUE, container=container, broker=self.broker.endpoint)

@@ -27,6 +27,7 @@ from zmqflow.services.aggregator.combine import check_combine
 from zmqflow.services.aggregator.fanout import FanOut, Probe
 from zmqflow.services.aggregator.gather import Gather
 from zmqflow.services.aggregator.stats import AggregatorStats
+from zmqflow.common.protocol import AggregatorOps
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +81,9 @@ class Aggregator(Service):
         self._timer_at = None
         for address, weight in members:
             self._add(address, weight)
-        self.handlers.update(predict=self._predict, add_member=self._add_member, remove_member=self._remove_member,
-                             members=self._members, stats=self._stats)
+        self.handlers.update({AggregatorOps.PREDICT: self._predict, AggregatorOps.ADD_MEMBER: self._add_member,
+                              AggregatorOps.REMOVE_MEMBER: self._remove_member, AggregatorOps.MEMBERS: self._members,
+                              AggregatorOps.STATS: self._stats})
 
     # ------------------------------------------------ membership
 

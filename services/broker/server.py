@@ -13,10 +13,10 @@ from zmqflow.common.limits import DEFAULT_LIMITS
 from zmqflow.common.rpc_service import PARKED, Service
 from zmqflow.services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
 from zmqflow.services.broker.queues.quota import BrokerLimits
+from zmqflow.common.protocol import BrokerOps
 
 log = logging.getLogger(__name__)
 
-QUEUE_OPS = ("enqueue", "enqueue_many", "dequeue", "dequeue_many", "dequeue_up_to", "close")
 
 
 class BrokerService(Service):
@@ -26,10 +26,12 @@ class BrokerService(Service):
         super().__init__(bind, limits, client_timeout, context, **options)
         self.broker_limits = broker_limits or BrokerLimits()
         self.registry = QueueRegistry(self.broker_limits)
-        for op in QUEUE_OPS:
+        for op in BrokerOps.QUEUE_OPS:
             self.handlers[op] = self._queue_op
-        self.handlers.update(open_queue=self._open_queue, attach_queue=self._attach_queue, size=self._size, is_closed=self._is_closed,
-                             reset=self._reset, list_queues=self._list_queues, shutdown=self._shutdown)
+        self.handlers.update({BrokerOps.OPEN_QUEUE: self._open_queue, BrokerOps.ATTACH_QUEUE: self._attach_queue,
+                              BrokerOps.SIZE: self._size, BrokerOps.IS_CLOSED: self._is_closed,
+                              BrokerOps.RESET: self._reset, BrokerOps.LIST_QUEUES: self._list_queues,
+                              BrokerOps.SHUTDOWN: self._shutdown})
 
     def _shutdown(self, call):
         """The chief says the job is over: exit 0, so compose and Kubernetes see it complete."""

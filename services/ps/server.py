@@ -27,6 +27,7 @@ from zmqflow.common.errors import DeadlineExceededError, FailedPreconditionError
 from zmqflow.common.rpc_service import PARKED, Service
 from zmqflow.common import checkpoint
 from zmqflow.services.ps.shard import ShardState
+from zmqflow.common.protocol import PsOps
 
 log = logging.getLogger(__name__)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -47,11 +48,12 @@ class PsService(Service):
         self.lost_workers = set()  # counted as done by the chief (silent); leave this set when they report
         self.preloaded = {}  # name -> {component: array}: a data set held once, never trained
         self.replica_seen = {}  # replica -> monotonic time of its last push (the chief spots dead workers)
-        self.handlers.update(init=self._init, restore=self._restore, wait_ready=self._wait_ready, pull=self._pull,
-                             push=self._push, push_sparse=self._push_sparse, pull_rows=self._pull_rows,
-                             save=self._save, worker_done=self._worker_done, stats=self._stats,
-                             preload=self._preload, take_rows=self._take_rows,
-                             shutdown=self._shutdown)
+        self.handlers.update({PsOps.INIT: self._init, PsOps.RESTORE: self._restore, PsOps.WAIT_READY: self._wait_ready,
+                              PsOps.PULL: self._pull, PsOps.PUSH: self._push, PsOps.PUSH_SPARSE: self._push_sparse,
+                              PsOps.PULL_ROWS: self._pull_rows, PsOps.SAVE: self._save,
+                              PsOps.WORKER_DONE: self._worker_done, PsOps.STATS: self._stats,
+                              PsOps.PRELOAD: self._preload, PsOps.TAKE_ROWS: self._take_rows,
+                              PsOps.SHUTDOWN: self._shutdown})
 
     # ------------------------------------------------ initialization
 

@@ -103,8 +103,6 @@ def preload(data, target):
 
 def preload_to_ps(data, ps_endpoint, name, timeout=60.0):
     """Hold `data` on the ps shard at `ps_endpoint` as the preloaded data set `name`."""
-    from zmqflow.common.rpc_client import RpcClient
-    names = list(data.features)
-    with RpcClient(ps_endpoint) as client:
-        return client.call("preload", {"name": name, "names": names}, [data.features[n] for n in names],
-                           timeout=timeout)[0]
+    from zmqflow.common.ps_client import PsShardClient
+    with PsShardClient(ps_endpoint) as client:
+        return client.preload(name, data.features, timeout=timeout)

@@ -17,6 +17,7 @@ from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError, N
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.common.rpc_service import PARKED, Service
 from zmqflow.services.serve.batcher import Batcher
+from zmqflow.common.protocol import ServeOps
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class ModelServer(Service):
         self.model.predict(self.params, np.zeros((1, self.inputs), np.float32))  # compile kernels before serving
         self._next_refresh = time.monotonic() + refresh_secs if refresh_secs else None
         self._timer_at = None
-        self.handlers.update(predict=self._predict, model_info=self._model_info)
+        self.handlers.update({ServeOps.PREDICT: self._predict, ServeOps.MODEL_INFO: self._model_info})
 
     # ------------------------------------------------ parameters
 

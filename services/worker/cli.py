@@ -207,10 +207,10 @@ def _exit_on_error(task_index, exc):
 
 def _shutdown_broker(broker):
     """Ask the broker to exit; one that is already gone is no error at the end of a job."""
-    from zmqflow.common.rpc_client import RpcClient
+    from zmqflow.common.broker_client import BrokerClient
     try:
-        with RpcClient(broker, heartbeat_interval=5.0) as client:
-            client.call("shutdown", {"by": "the chief"}, timeout=5.0)
+        with BrokerClient(broker, heartbeat_interval=5.0) as client:
+            client.shutdown(by="the chief")
     except OpError as exc:
         logging.getLogger("worker").warning("broker shutdown: %s: %s", type(exc).__name__, exc)
 
