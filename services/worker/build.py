@@ -1,0 +1,158 @@
+"""A worker from its WorkerConfig, one part per function: model, ps client, input, hooks; then `run`.
+
+The order is the chief's protocol: the model and its placement first (every task computes
+the same placement from the same variable list), then the input, then the hooks; after
+training the chief evaluates, shuts the ps shards and broker down when asked, and writes
+the summary file that launchers read.
+"""
+
+import json
+import logging
+import os
+
+from zmqflow.common.errors import AbortedError, OpError, UnavailableError
+from zmqflow.common.placement import place
+from zmqflow.common.ps_client import PsClient
+from zmqflow.models.registry import model_variables
+from zmqflow.models.spec import resolve_model
+from zmqflow.services.worker import hooks as H
+from zmqflow.services.worker.config import UsageError
+from zmqflow.services.worker.devices import build_model
+from zmqflow.services.worker.trainer import Trainer
+
+log = logging.getLogger("worker")
+
+PEER_LOST = 3
+"""Exit code of a task that lost a peer it cannot do without (documented in deploy/README.md)."""
+
+
+class WorkerExit(SystemExit):
+    """The worker stops with a code that says why (PEER_LOST or 1), after logging the peer or error."""
+
+
+def placed_model(config, spec):
+    """The model with its layers on their devices (services/worker/devices.py); InvalidArgumentError if not."""
+    return build_model(spec, backend=config.backend, device=config.device,
+                       placement_function=config.placement_function,
+                       allow_soft_placement=config.allow_soft_placement,
+                       log_device_placement=config.log_device_placement,
+                       gpu_memory_fraction=config.gpu_memory_fraction, towers=config.towers, job=config.job,
+                       task=config.task)
+
+
+def ps_client(config, spec):
+    """A client of every ps shard, knowing the placement of the model's variables over them."""
+    placement = place(model_variables(spec), len(config.ps_endpoints), config.placement_strategy,
+                      config.max_shard_bytes)
+    if config.is_chief:
+        log.info("placement over %d ps shards:\n%s", len(config.ps_endpoints), placement.table())
+    return PsClient(config.ps_endpoints, placement, bf16=config.bf16, name=f"worker{config.task_index}")
+
+
+def training_input(config, ps):
+    """Where mini-batches come from: a data set preloaded on ps 0, or the broker's instance queue."""
+    if config.preloaded:
+        from zmqflow.services.worker.preloaded_input import PreloadedInput
+        return PreloadedInput(ps, config.preloaded, ps.preloaded_rows(config.preloaded), config.epochs,
+                              config.batch_size, config.task_index, config.num_workers)
+    if config.broker:
+        from zmqflow.common import queues
+        try:
+            return queues.attach(config.queue_name, container=config.container, broker=config.broker, timeout=120.0)
+        except OpError as exc:
+            stop_on_error(config, exc)
+    raise UsageError("no input: pass --broker (and --queue) or --preloaded")
+
+
+def training_hooks(config):
+    """(hooks, the chief's TensorBoard hook or None): logging, stop, checkpoints, summaries, metrics, users'."""
+    hooks = [H.LoggingHook(config.log_every)]
+    if config.max_steps:
+        hooks.append(H.StopAtStepHook(config.max_steps))
+    if config.is_chief and config.checkpoint_dir:
+        hooks.append(H.CheckpointHook(config.checkpoint_dir, config.checkpoint_every_steps,
+                                      config.checkpoint_every_secs, config.keep_checkpoints))
+    if config.is_chief and config.summaries:
+        hooks.append(H.SummaryHook(config.summaries))
+    hooks += [H.load_hook(h) for h in config.user_hooks]
+    from zmqflow.common import metrics
+    if metrics.serve_requested():  # --metrics-port
+        from zmqflow.services.worker.metrics_hook import MetricsHook
+        hooks.append(MetricsHook(config.name))
+    tensorboard = None
+    if config.is_chief and config.tensorboard_dir:
+        from zmqflow.services.worker.tensorboard import TensorBoardHook
+        tensorboard = TensorBoardHook(config.tensorboard_dir, config.summary_every_steps)
+        hooks.append(tensorboard)
+    return hooks, tensorboard
+
+
+def run(config):
+    """Train until the input ends (or a hook stops it), then finish as the chief's protocol says."""
+    spec = resolve_model(config.model_spec)
+    model = placed_model(config, spec)
+    ps = ps_client(config, spec)
+    queue = training_input(config, ps)
+    hooks, tensorboard = training_hooks(config)
+    trainer = Trainer(model, ps, queue, replica=config.task_index, num_workers=config.num_workers,
+                      is_chief=config.is_chief, batch_size=config.batch_size, mode=config.mode, hooks=hooks,
+                      checkpoint_dir=config.checkpoint_dir, examples_per_epoch=config.examples_per_epoch,
+                      dequeue_timeout=config.dequeue_timeout, container=config.container,
+                      config={"model": spec, "backend": config.backend})
+    try:
+        summary = trainer.run()
+    except OpError as exc:  # a peer we cannot do without is gone: say which, exit non-zero
+        stop_on_error(config, exc)
+    if config.is_chief and config.evaluate:
+        summary["test_accuracy"] = evaluate_on_test_split(trainer, tensorboard, summary["global_step"])
+    if tensorboard is not None:
+        tensorboard.close()
+    finish(config, ps)
+    if config.result_file:
+        write_summary(config.result_file, summary)
+    return summary
+
+
+def evaluate_on_test_split(trainer, tensorboard, global_step):
+    """The chief's test accuracy on the MNIST test rows (logged, and to TensorBoard)."""
+    from zmqflow.inputs.datasets import mnist_split
+    _, (test_x, test_y) = mnist_split()
+    accuracy = trainer.evaluate(test_x, test_y)
+    log.info("test accuracy: %.4f", accuracy)
+    if tensorboard is not None:
+        tensorboard.add_scalar("accuracy", accuracy, global_step)
+    return accuracy
+
+
+def finish(config, ps):
+    """The end of the job: the chief tells the ps shards and the broker to exit when asked."""
+    if config.is_chief and config.shutdown_ps:
+        ps.shutdown()
+    if config.is_chief and config.shutdown_broker and config.broker:
+        shutdown_broker(config.broker)
+    ps.close()
+
+
+def write_summary(path, summary):
+    """Atomically: a launcher polling the file never reads half of it."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(summary, f)
+    os.replace(tmp, path)
+
+
+def stop_on_error(config, exc):
+    """Name the failing peer and exit: PEER_LOST when a service is unreachable or the input pipeline
+    lost a reader, 1 for any other error."""
+    log.error("worker %d stops: %s: %s", config.task_index, type(exc).__name__, exc)
+    raise WorkerExit(PEER_LOST if isinstance(exc, (UnavailableError, AbortedError)) else 1) from None
+
+
+def shutdown_broker(broker):
+    """Ask the broker to exit; one that is already gone is no error at the end of a job."""
+    from zmqflow.common.broker_client import BrokerClient
+    try:
+        with BrokerClient(broker, heartbeat_interval=5.0) as client:
+            client.shutdown(by="the chief")
+    except OpError as exc:
+        log.warning("broker shutdown: %s: %s", type(exc).__name__, exc)

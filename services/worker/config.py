@@ -1,0 +1,99 @@
+"""WorkerConfig: a worker's flags as one value, with the task resolved from TF_CONFIG.
+
+cli.py turns flags into a WorkerConfig; build.py turns a WorkerConfig into a running worker.
+"""
+
+import dataclasses
+import os
+
+from zmqflow.common.task_options import task_from_tf_config
+
+
+class UsageError(ValueError):
+    """The flags cannot make a worker (no ps shards, no input): the command says so and exits 2."""
+
+
+@dataclasses.dataclass
+class WorkerConfig:
+    ps_endpoints: tuple = ()
+    broker: str = None
+    queue_name: str = "train"
+    container: str = ""
+    preloaded: str = None
+    epochs: int = 1
+    task_index: int = None
+    num_workers: int = None
+    model_spec: str = None
+    placement_strategy: str = "round_robin"
+    max_shard_bytes: int = None
+    backend: str = "numba"
+    batch_size: int = 100
+    dequeue_timeout: float = 600.0
+    mode: str = "async"
+    bf16: bool = False
+    max_steps: int = None
+    log_every: int = 100
+    checkpoint_dir: str = None
+    checkpoint_every_steps: int = None
+    checkpoint_every_secs: float = None
+    keep_checkpoints: int = 5
+    summaries: str = None
+    summary_dir: str = None
+    summary_every_steps: int = 50
+    user_hooks: tuple = ()
+    evaluate: bool = False
+    shutdown_ps: bool = False
+    shutdown_broker: bool = False
+    result_file: str = None
+    examples_per_epoch: int = None
+    log_level: str = "INFO"
+    device: str = None
+    placement_function: str = None
+    allow_soft_placement: bool = False
+    log_device_placement: bool = False
+    gpu_memory_fraction: float = None
+    towers: int = 1
+    job: str = "worker"             # this task's job and index as device strings name them
+    task: int = None
+
+    @classmethod
+    def from_options(cls, **options):
+        """The config of these flags, its task completed from TF_CONFIG; UsageError without ps shards."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        config = cls(**{k: v for k, v in options.items() if k in fields})
+        config.resolve_task()
+        if not config.ps_endpoints:
+            raise UsageError("no ps shards: pass --ps (one per shard) or set TF_CONFIG")
+        return config
+
+    def resolve_task(self):
+        """Task index, worker count and ps shards from TF_CONFIG where the flags leave them open.
+        The chief (or master) job comes first: its tasks are workers 0..k-1, the worker job's follow."""
+        tf_task = task_from_tf_config(("worker", "chief", "master"))
+        if tf_task is not None:
+            cluster = tf_task.cluster
+            self.ps_endpoints = self.ps_endpoints or [cluster.endpoint("ps", i) for i in cluster.task_indices("ps")]
+            chiefs = [j for j in ("chief", "master") if j in cluster.jobs]
+            offset = cluster.num_tasks(chiefs[0]) if chiefs else 0
+            if self.task_index is None:
+                self.task_index = tf_task.task_index + (offset if tf_task.task_type == "worker" else 0)
+            if self.num_workers is None:
+                self.num_workers = offset + (cluster.num_tasks("worker") if "worker" in cluster.jobs else 0)
+            self.job, self.task = tf_task.task_type, tf_task.task_index
+        self.task_index, self.num_workers = self.task_index or 0, self.num_workers or 1
+        if self.task is None:
+            self.task = self.task_index
+
+    @property
+    def is_chief(self):
+        return self.task_index == 0
+
+    @property
+    def name(self):
+        return f"worker:{self.task_index}"
+
+    @property
+    def tensorboard_dir(self):
+        """The chief's TensorBoard directory: --summary-dir, else CHECKPOINT_DIR/train; None for none."""
+        directory = self.summary_dir or (os.path.join(self.checkpoint_dir, "train") if self.checkpoint_dir else None)
+        return None if directory == "off" else directory
