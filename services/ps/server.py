@@ -24,8 +24,9 @@ import ml_dtypes
 import numpy as np
 
 from zmqflow.common.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError, NotFoundError
-from zmqflow.common.rpc_service import PARKED, Service
+from zmqflow.common.rpc_service import Service
 from zmqflow.common import checkpoint
+from zmqflow.services.ps.replica_sync import PARK, RELEASE, ReplicaSync
 from zmqflow.services.ps.shard import ShardState
 from zmqflow.common.protocol import PsOps
 
@@ -43,11 +44,8 @@ class PsService(Service):
         self.state = ShardState({k: (p.shape, p.dtype) for k, p in pieces.items()}, **state_options)
         self.names = list(pieces)
         self._ready_waiters = []
-        self._version_waiters = []
-        self.done_workers = set()
-        self.lost_workers = set()  # counted as done by the chief (silent); leave this set when they report
+        self.sync = ReplicaSync(self.state, live=lambda call: not call.finished)  # parked pulls, done replicas
         self.preloaded = {}  # name -> {component: array}: a data set held once, never trained
-        self.replica_seen = {}  # replica -> monotonic time of its last push (the chief spots dead workers)
         self.handlers.update({PsOps.INIT: self._init, PsOps.RESTORE: self._restore, PsOps.WAIT_READY: self._wait_ready,
                               PsOps.PULL: self._pull, PsOps.PUSH: self._push, PsOps.PUSH_SPARSE: self._push_sparse,
                               PsOps.PULL_ROWS: self._pull_rows, PsOps.SAVE: self._save,
@@ -97,18 +95,11 @@ class PsService(Service):
     def _pull(self, call):
         self._require_ready()
         min_version = call.args.get("min_version")
-        if min_version is not None and self.state.version < _int(min_version, "min_version"):
-            if self._step_cannot_complete():
-                return self._pull_answer(call, released=True)
-            self._version_waiters.append(call)
+        decision = self.sync.on_pull(None if min_version is None else _int(min_version, "min_version"))
+        if decision == PARK:
+            self.sync.park(call, min_version)
             return self.park(call)
-        return self._pull_answer(call)
-
-    def _step_cannot_complete(self):
-        """Sync: fewer workers left than a step needs (the others finished their input)."""
-        needed = self.state.replicas_to_aggregate
-        total = self.state.total_num_replicas
-        return self.state.mode == "sync" and total is not None and total - len(self.done_workers) < needed
+        return self._pull_answer(call, released=decision == RELEASE)
 
     def _pull_answer(self, call, released=False):
         newer_than = call.args.get("newer_than")
@@ -122,15 +113,8 @@ class PsService(Service):
         return {**result, "names": self.names}, tensors
 
     def _wake_versions(self):
-        still = []
-        for call in self._version_waiters:
-            if call.finished:
-                continue
-            if self.state.version >= call.args["min_version"]:
-                self.reply(call, *self._pull_answer(call))
-            else:
-                still.append(call)
-        self._version_waiters = still
+        for call in self.sync.due():
+            self.reply(call, *self._pull_answer(call))
 
     def on_deadline(self, call):
         if call.op == "pull":
@@ -149,7 +133,7 @@ class PsService(Service):
         self._require_ready()
         grads = self._named_tensors(call)
         replica = _int(call.args.get("replica", 0), "replica")
-        self.replica_seen[replica] = time.monotonic()
+        self.sync.pushed(replica, time.monotonic())
         result = self.state.push(grads, _int(call.args.get("version"), "version"), replica)
         self._wake_versions()
         return vars(result)
@@ -212,31 +196,23 @@ class PsService(Service):
 
     def _worker_done(self, call):
         replica = _int(call.args.get("replica", 0), "replica")
-        if not call.args.get("lost"):
-            self.lost_workers.discard(replica)
-        elif replica not in self.done_workers:
-            self.lost_workers.add(replica)
-        self.done_workers.add(replica)
-        if self._step_cannot_complete():
-            self._release_version_waiters()
-        return {"done": sorted(self.done_workers), "lost": sorted(self.lost_workers)}
+        self._release(self.sync.worker_done(replica, lost=bool(call.args.get("lost"))))
+        return {"done": sorted(self.sync.done_workers), "lost": sorted(self.sync.lost_workers)}
 
-    def _release_version_waiters(self):
-        """Answer every parked sync wait now (marked `released`): its step will never complete."""
-        for waiter in self._version_waiters:
-            if not waiter.finished:
-                self.reply(waiter, *self._pull_answer(waiter, released=True))
-        self._version_waiters = []
+    def _release(self, waiters):
+        """Answer parked sync waits now, marked `released`: their step will never complete."""
+        for waiter in waiters:
+            self.reply(waiter, *self._pull_answer(waiter, released=True))
 
     def _stats(self, call):
         now = time.monotonic()
         return {"shard": self.shard_index, "initialized": self.state.initialized, **self.state.stats(),
-                "done_workers": sorted(self.done_workers), "lost_workers": sorted(self.lost_workers),
-                "replica_idle_s": {str(r): round(now - t, 3) for r, t in self.replica_seen.items()}}
+                "done_workers": sorted(self.sync.done_workers), "lost_workers": sorted(self.sync.lost_workers),
+                "replica_idle_s": {str(r): round(idle, 3) for r, idle in self.sync.idle_seconds(now).items()}}
 
     def _shutdown(self, call):
         log.info("ps:%d shutting down at version %d (asked by the chief)", self.shard_index, self.state.version)
-        self._release_version_waiters()  # nobody is left waiting on a shard that is gone
+        self._release(self.sync.release_all())  # nobody is left waiting on a shard that is gone
         self.stop()
         return {"version": self.state.version}
 
@@ -265,9 +241,10 @@ class PsService(Service):
         yield histogram_family("zmqflow_ps_push_staleness", "Staleness (versions behind) of the pushes received.",
                                ["shard"], {shard: (sum(s * n for s, n in staleness.items()), counts)}, bounds)
         yield gauge_family("zmqflow_ps_done_workers", "Workers that reported done (lost ones included).",
-                           {shard: len(self.done_workers)}, ["shard"])
+                           {shard: len(self.sync.done_workers)}, ["shard"])
         yield gauge_family("zmqflow_ps_replica_idle_seconds", "Seconds since each replica's last push.",
-                           {(*shard, str(r)): now - t for r, t in list(self.replica_seen.items())}, ["shard", "replica"])
+                           {(*shard, str(r)): idle for r, idle in self.sync.idle_seconds(now).items()},
+                           ["shard", "replica"])
 
     # ------------------------------------------------ helpers
 
