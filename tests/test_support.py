@@ -66,7 +66,7 @@ def test_processes_stops_what_it_started_even_a_paused_one(tmp_path):
     helper = registry.process("zmqflow.services.broker", ["--help"])  # one that exits by itself
     broker.proc.send_signal(signal.SIGSTOP)  # a paused service sits out SIGTERM unless woken
     registry.stop_all()
-    assert not broker.alive() and not helper.alive() and registry.started == []
+    assert not broker.alive() and not helper.alive() and registry.running() == []
     assert broker.proc.returncode == 0, broker.log()  # woken, then stopped cleanly by SIGTERM
 
 
