@@ -67,7 +67,6 @@ from zmqflow.common import queues
 from zmqflow.common.errors import (ABORTED, CANCELLED, AbortedError, CancelledError, DeadlineExceededError, NotFoundError,
                            OpError, OutOfRangeError, error_from_code)
 from zmqflow.common.rpc_client import default_pool
-from zmqflow.common.protocol import BrokerOps
 
 log = logging.getLogger(__name__)
 
@@ -219,8 +218,7 @@ class PipelineRegister:
         if create:
             declaration = {"kind": "FIFOQueue", "capacity": 1, "dtypes": ["string"], "shapes": [[]], "names": None,
                            "shared_name": self.name, "container": container}
-            result, _ = pool.get(broker).call(BrokerOps.OPEN_QUEUE, {"declaration": declaration}, timeout=token_wait_s)
-            created = result["created"]
+            created = queues.open_queue(declaration, broker, pool, timeout=token_wait_s)["created"]
         self.queue = queues.attach(self.name, container, broker, pool, timeout=0.0 if not create else token_wait_s)
         if created:
             self.queue.enqueue(PipelineRecord().encode(), timeout=token_wait_s)

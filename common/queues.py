@@ -61,7 +61,7 @@ class QueueBase:
                        "shapes": None if shapes is None else [list(s) for s in shapes],
                        "names": None if names is None else list(names), "shared_name": shared_name or "",
                        "container": container or "", **extra}
-        result, _ = self._client.call(BrokerOps.OPEN_QUEUE, {"declaration": declaration})
+        result = open_queue(declaration, self.broker, self._pool)
         self.handle = result["handle"]
         self.name = result.get("name", shared_name)
         self.dtypes = declaration["dtypes"]
@@ -141,6 +141,13 @@ class QueueBase:
 
     def is_closed(self):
         return self._client.call(BrokerOps.IS_CLOSED, {"queue": self.handle})[0]["closed"]
+
+
+def open_queue(declaration, broker, pool=None, timeout=USE_DEFAULT):
+    """Declare a queue on `broker`: the one of that shared name if it exists, else a new one.
+    The broker's answer: handle, name and whether this call created it."""
+    client = (pool or default_pool).get(broker)
+    return client.call(BrokerOps.OPEN_QUEUE, {"declaration": declaration}, timeout=timeout)[0]
 
 
 def _nothing(result, tensors):
