@@ -8,7 +8,7 @@ a call completed (after the queue's loop finished, so replies are atomic).
 import dataclasses
 import logging
 
-from zmqflow.common.errors import CancelledError, DeadlineExceededError, InvalidArgumentError
+from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError
 from zmqflow.common.limits import DEFAULT_LIMITS
 from zmqflow.common.rpc_service import PARKED, Service
 from zmqflow.services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
