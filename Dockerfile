@@ -1,39 +1,51 @@
-# One image for every zmqflow service (broker, ps, worker, reader, serve, aggregator):
-# the command picks the service (see docker-compose.yml and deploy/k8s/).
+# One image for every zmqflow service: `zmqflow` is the entrypoint, the command picks the service.
 #   docker build -t zmqflow:latest .
-# Stage 1 builds the wheel; stage 2 installs the locked core dependencies and that wheel, nothing else.
-FROM python:3.11-slim AS build
-WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
-COPY zmqflow ./zmqflow
-COPY common ./common
-COPY models ./models
-COPY inputs ./inputs
-COPY services ./services
-COPY jobs ./jobs
-COPY cli ./cli
-COPY bench ./bench
-COPY loadtest ./loadtest
-COPY data ./data
-RUN pip wheel --no-deps --wheel-dir /wheels .
+#   docker run --rm zmqflow:latest broker --bind tcp://0.0.0.0:5555      # or: ps, worker, serve, ...
+# Stage 1 builds the project's wheel; stage 2 installs the locked core dependencies
+# (requirements/core.txt, hashes checked) and that wheel into python:3.11-slim, nothing else:
+# no compiler, no source tree, no tests. Bring your own model code and data by mounting them
+# (docker-compose.yml mounts ZMQFLOW_USER_DIR at /user, on PYTHONPATH) or by building FROM this
+# image (deploy/README.md).
+ARG PYTHON_IMAGE=python:3.11-slim
 
-FROM python:3.11-slim
+FROM ${PYTHON_IMAGE} AS build
+# The version the labels carry; the build fails when it is not the wheel's (zmqflow/__init__.py).
+ARG ZMQFLOW_VERSION=0.2.0
+WORKDIR /src
+COPY . .
+RUN pip wheel --no-deps --wheel-dir /wheels . \
+    && test -f "/wheels/zmqflow-${ZMQFLOW_VERSION}-py3-none-any.whl" \
+    || { echo "the wheel is not zmqflow ${ZMQFLOW_VERSION}: set ZMQFLOW_VERSION to zmqflow/__init__.py's __version__"; ls /wheels; exit 1; }
+
+FROM ${PYTHON_IMAGE}
+ARG ZMQFLOW_VERSION=0.2.0
+ARG VCS_REF=unknown
+LABEL org.opencontainers.image.title="zmqflow" \
+      org.opencontainers.image.description="TensorFlow 1.x style distributed training and ensemble serving as services over ZeroMQ" \
+      org.opencontainers.image.version="${ZMQFLOW_VERSION}" \
+      org.opencontainers.image.revision="${VCS_REF}" \
+      org.opencontainers.image.licenses="Apache-2.0"
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    NUMBA_CACHE_DIR=/tmp/numba-cache
+    NUMBA_CACHE_DIR=/tmp/numba-cache \
+    ZMQFLOW_HEALTH_FILE=/tmp/zmqflow-health
 COPY requirements/core.txt /tmp/core.txt
 COPY --from=build /wheels /wheels
 RUN pip install --require-hashes -r /tmp/core.txt \
     && pip install --no-deps /wheels/*.whl \
     && rm -rf /wheels /tmp/core.txt \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin zmqflow \
-    && mkdir -p /data \
+    && mkdir -p /data /user \
     && chown zmqflow:zmqflow /data
 
 USER zmqflow
 WORKDIR /home/zmqflow
 VOLUME ["/data"]
 EXPOSE 5555 5600 5601 5700 5701 5702 5800
-CMD ["zmqflow", "--help"]
+# Services announce their endpoint in $ZMQFLOW_HEALTH_FILE once they listen (workers and readers
+# say `client`); compose and Kubernetes may set a check of their own per service.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 CMD ["zmqflow", "healthcheck"]
+ENTRYPOINT ["zmqflow"]
+CMD ["--help"]

@@ -12,7 +12,7 @@ from zmqflow.cli.data import data
 from zmqflow.cli.demo import demo
 from zmqflow.cli.devices import devices
 from zmqflow.cli.keys import keys
-from zmqflow.cli.ops import ping, queues
+from zmqflow.cli.ops import healthcheck, ping, queues
 from zmqflow.cli.placement import placement
 from zmqflow.services.ps.cli import command as ps
 from zmqflow.services.reader.cli import command as reader
@@ -40,6 +40,7 @@ main.add_command(sweep)
 main.add_command(ensemble)
 main.add_command(loadtest)
 main.add_command(ping)
+main.add_command(healthcheck)
 main.add_command(queues)
 main.add_command(bench)
 main.add_command(placement)

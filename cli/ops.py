@@ -5,6 +5,7 @@ import sys
 
 import click
 
+from zmqflow.common import health
 from zmqflow.common.cli_support import curve_option
 from zmqflow.common.errors import OpError
 from zmqflow.common.broker_client import BrokerClient
@@ -49,3 +50,30 @@ def queues(address, timeout, as_json):
             click.echo(f"{address}: {type(exc).__name__}: {exc}", err=True)
             sys.exit(1)
     click.echo(json.dumps(rows) if as_json else queue_table(rows))
+
+
+@click.command()
+@curve_option()
+@click.option("--file", "health_file", default=None, type=click.Path(dir_okay=False),
+              help=f"Where the task announced its endpoint. Default: ${health.ENV} (the image sets it).")
+@click.option("--timeout", default=2.0, show_default=True, help="Seconds to wait for the answer.")
+def healthcheck(health_file, timeout):
+    """The image's HEALTHCHECK: exit 0 when this container's zmqflow task is healthy.
+
+    A service (broker, ps, serve, aggregator) is healthy when the endpoint it
+    announced answers a ping; a task that only dials out (worker, reader) once
+    it has started. Exit 1 otherwise, with the reason.
+    """
+    endpoint = health.announced(health_file)
+    if endpoint is None:
+        click.echo(f"no zmqflow task has announced an endpoint in {health_file or 'the file named by $' + health.ENV} yet",
+                   err=True)
+        sys.exit(1)
+    if endpoint == health.CLIENT:
+        click.echo("a client task (it only dials out) is running")
+        return
+    answer = probe(health.local_endpoint(endpoint), timeout)
+    if not answer.up:
+        click.echo(f"{answer.address}: {answer.error}", err=True)
+        sys.exit(1)
+    click.echo(f"{answer.address}: {answer.info.get('service')} up, round trip {answer.rtt_s * 1000:.2f} ms")

@@ -1,5 +1,6 @@
 """`zmqflow up`: the compose file's services as local processes (see jobs/up/__init__.py)."""
 
+import json
 import os
 import sys
 import tempfile
@@ -7,11 +8,11 @@ import tempfile
 import click
 
 from zmqflow.common.cli_support import launcher_curve_option
-from zmqflow.jobs.up.compose import ComposeError, load
+from zmqflow.jobs.up.compose import ComposeError, load, resolved_config
 from zmqflow.jobs.up.localize import Localizer
 from zmqflow.jobs.up.logs import Prefixer
 from zmqflow.jobs.up.runner import Runner
-from zmqflow.jobs.up.topology import find_chief, select
+from zmqflow.jobs.up.topology import check_local_ports, find_chief, select, waits_for_completion
 
 
 @click.command(name="up", context_settings={"show_default": True})
@@ -21,6 +22,12 @@ from zmqflow.jobs.up.topology import find_chief, select
               help="The compose file.")
 @click.option("--services", "service_list", multiple=True, metavar="A,B",
               help="Services to run (repeat or comma-separated), as the SERVICE arguments.")
+@click.option("--profile", "profiles", multiple=True, metavar="NAME",
+              help="Also run the services of this compose profile (repeatable; also read from COMPOSE_PROFILES, "
+                   "comma-separated). A service named as SERVICE runs whatever its profiles.")
+@click.option("--env-file", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Variables for the compose file. Default: .env next to it, when it exists; the environment "
+                   "wins over both.")
 @click.option("--no-deps", is_flag=True, help="Do not also start what the chosen services depend on.")
 @click.option("--port-offset", default=0, help="Add N to every port of the topology (hosts that are compose "
               "services, 0.0.0.0 or loopback), in commands, healthchecks and environment (TF_CONFIG too).")
@@ -36,8 +43,13 @@ from zmqflow.jobs.up.topology import find_chief, select
 @click.option("--health-timeout", default=120.0, help="Seconds a service may take to pass its healthcheck.")
 @click.option("--color/--no-color", default=None, help="Color the prefixes. Default: when stdout is a terminal.")
 @click.option("--dry-run", is_flag=True, help="Print each service's local command and environment, start nothing.")
-def command(service_names, compose_file, service_list, no_deps, port_offset, workdir, exit_code_from, keep_running,
-            abort_on_failure, stop_timeout, health_timeout, color, dry_run):
+@click.option("--config", "show_config", is_flag=True,
+              help="Print the resolved compose configuration of the chosen services as JSON (what "
+                   "`docker compose config` resolves: variables, .env, environment, depends_on, profiles, ports), "
+                   "start nothing.")
+def command(service_names, compose_file, service_list, profiles, env_file, no_deps, port_offset, workdir,
+            exit_code_from, keep_running, abort_on_failure, stop_timeout, health_timeout, color, dry_run,
+            show_config):
     """Run the services of a docker-compose file as processes on this machine.
 
     The same commands and environment as under compose (with ${VAR:-default}
@@ -46,14 +58,20 @@ def command(service_names, compose_file, service_list, no_deps, port_offset, wor
     dependency once its healthcheck command passes here. Logs are prefixed per
     service. Ctrl-C or SIGTERM stops every process.
 
-    Exit code: that of --exit-code-from (default the chief) when it exits; 130
-    when interrupted; 1 when a dependency failed or a service failed; 0 when
-    every service exited 0.
+    Exit code: that of --exit-code-from when it exits (default: the chief,
+    when no chosen service waits for its completion, as the model servers
+    do); 130 when interrupted; 1 when a dependency failed or a service
+    failed; 0 when every service exited 0.
     """
     names = list(service_names) + [n for item in service_list for n in item.split(",") if n]
+    profiles = list(profiles) + [p for p in os.environ.get("COMPOSE_PROFILES", "").split(",") if p]
     try:
-        project = load(compose_file)
-        chosen = select(project, names, with_deps=not no_deps)
+        project = load(compose_file, env_file=env_file)
+        chosen = select(project, names, with_deps=not no_deps, profiles=profiles)
+        if show_config:
+            click.echo(json.dumps(resolved_config(project, chosen), indent=1))
+            return
+        check_local_ports(project, chosen)
         localizer = Localizer(project.services, port_offset, workdir or tempfile.mkdtemp(prefix="zmqflow-up-"))
         services = [localizer.localize(project.services[name]) for name in chosen]
     except (ComposeError, ValueError) as exc:
@@ -62,7 +80,9 @@ def command(service_names, compose_file, service_list, no_deps, port_offset, wor
         raise click.BadParameter(f"{exit_code_from!r} is not among the services run ({', '.join(chosen)})",
                                  param_hint="--exit-code-from")
     if exit_code_from is None and not keep_running:
-        exit_code_from = find_chief(services)
+        chief = find_chief(services)
+        if chief and not waits_for_completion(services, chief):
+            exit_code_from = chief
     if dry_run:
         for service in services:
             click.echo(f"{service.name}: {' '.join(service.argv)}")

@@ -24,7 +24,7 @@ import time
 
 import zmq
 
-from zmqflow.common import curve, wire
+from zmqflow.common import curve, health, wire
 from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError)
 from zmqflow.common.limits import DEFAULT_LIMITS
 from zmqflow.common.protocol import Ops
@@ -68,6 +68,7 @@ class Service:
         curve.secure_server(self.socket, bind, curve.ServerKeys(self.curve_dir) if self.curve_dir else None)
         self.socket.bind(bind)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        health.announce(self.endpoint)
         self.parked = {}
         self._deadlines = []
         self._seq = 0

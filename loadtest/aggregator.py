@@ -11,6 +11,7 @@ when the member runs on this host (as under `zmqflow up` or the demo).
 import json
 import os
 import signal
+import sys
 
 import click
 import numpy as np
@@ -98,8 +99,10 @@ def _ms(value):
               help="When the fault happens, as a share of --duration.")
 @click.option("--pause-secs", default=2.0, show_default=True, type=click.FloatRange(min=0))
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Also write the report here as JSON.")
+@click.option("--max-failures", type=click.IntRange(0), default=None,
+              help="Exit 1 when more requests than this failed (e.g. 0 in CI). Default: always exit 0.")
 def command(address, rate, duration, deadline_ms, min_members, rows, kill_member, pause_member, at_fraction,
-            pause_secs, json_out):
+            pause_secs, json_out, max_failures):
     """Open-loop load against a running aggregator: failures and latency p50/p99/p99.9."""
     if kill_member and pause_member:
         raise click.UsageError("--kill-member and --pause-member are exclusive")
@@ -114,6 +117,10 @@ def command(address, rate, duration, deadline_ms, min_members, rows, kill_member
         with open(json_out, "w") as f:
             json.dump(report, f, indent=1)
         click.echo(f"report: {json_out}")
+    failed = report["overall"]["failed"]
+    if max_failures is not None and failed > max_failures:
+        click.echo(f"loadtest: {failed} requests failed (at most {max_failures} allowed)", err=True)
+        sys.exit(1)
 
 
 def _member_address(aggregator, target):

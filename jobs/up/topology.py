@@ -5,12 +5,13 @@ from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.jobs.up.compose import ComposeError, start_order
 
 
-def select(project, names, with_deps=True):
-    """The chosen services (all when none named), with what they depend on unless with_deps is False."""
+def select(project, names, with_deps=True, profiles=()):
+    """The chosen services (when none are named: those of no profile or an enabled one), with what
+    they depend on unless with_deps is False."""
     unknown = [n for n in names if n not in project.services]
     if unknown:
         raise ComposeError(f"no such service: {', '.join(unknown)} (services: {', '.join(project.services)})")
-    chosen, todo = set(), list(names or project.services)
+    chosen, todo = set(), list(names or project.active(profiles))
     while todo:
         name = todo.pop()
         if name not in chosen:
@@ -18,6 +19,23 @@ def select(project, names, with_deps=True):
             if with_deps:
                 todo += list(project.services[name].depends_on)
     return [n for n in start_order(project.services) if n in chosen]
+
+
+def check_local_ports(project, chosen):
+    """On one host every service needs ports of its own: two chosen services that expose the same
+    port would clash under `zmqflow up` (containers have an address each, processes do not)."""
+    owner = {}
+    for name in chosen:
+        for port in project.services[name].expose:
+            if port in owner:
+                raise ComposeError(f"service {name} expose: port {port} is also exposed by service {owner[port]}; "
+                                   "zmqflow up runs every service on this host, so each needs its own port")
+            owner[port] = name
+
+
+def waits_for_completion(services, name):
+    """Whether another of `services` starts only once `name` completed successfully."""
+    return any(s.depends_on.get(name) == "service_completed_successfully" for s in services)
 
 
 def find_chief(services):

@@ -23,6 +23,7 @@ import sys
 
 import click
 
+from zmqflow.common import health
 from zmqflow.common.cli_support import curve_option, ops_options, setup_logging
 from zmqflow.inputs.datasets import DATA_DIR, RECORD_FORMAT
 from zmqflow.common.errors import OpError
@@ -166,6 +167,8 @@ def command(broker, file_patterns, preset, format_kind, format_options, features
     member reader:<index>; a 'broker' job gives the broker's address.
     """
     from zmqflow.services.reader.pipeline import ReaderPipeline
+
+    health.announce(health.CLIENT)
 
     tf_name, tf_broker = _tf_config_task()
     broker = broker or tf_broker

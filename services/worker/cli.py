@@ -2,6 +2,7 @@
 
 import click
 
+from zmqflow.common import health
 from zmqflow.common.cli_support import curve_option, ops_options, setup_logging
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.memory import keep_freed_memory
@@ -91,6 +92,7 @@ def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task
     except UsageError as exc:
         raise click.UsageError(str(exc)) from None
     setup_logging(config.log_level, config.name)
+    health.announce(health.CLIENT)
     keep_freed_memory()
     from zmqflow.services.worker.build import run
     try:

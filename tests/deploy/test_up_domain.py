@@ -36,12 +36,25 @@ def write(tmp_path, text):
 
 @pytest.mark.parametrize("text, message", [
     ("services:\n  a: {image: x}\n", "service a has no command"),
-    ("services:\n  a: {command: x, depends_on: {b: {condition: service_healthy}}}\n", "'b', which is not a service"),
-    ("services:\n  a: {command: x, depends_on: {a: {condition: service_running}}}\n", "condition 'service_running'"),
-    ("services:\n  a: {command: x, depends_on: [b]}\n  b: {command: x, depends_on: [a]}\n", "cycle: a -> b -> a"),
-    ("services:\n  a: {command: x, healthcheck: {test: [PING]}}\n", "CMD or CMD-SHELL"),
+    ("services:\n  a: {command: x}\n", "service a: no image and no build"),
+    ("services:\n  a: {image: x, command: x, depends_on: {b: {condition: service_healthy}}}\n",
+     "service a depends_on: 'b' is not a service"),
+    ("services:\n  a: {image: x, command: x, depends_on: {a: {condition: service_running}}}\n",
+     "service a depends_on a: condition 'service_running'"),
+    ("services:\n  a: {image: x, command: x, depends_on: [b]}\n  b: {image: x, command: x, depends_on: [a]}\n",
+     "service b depends_on: a cycle: a -> b -> a"),
+    ("services:\n  a: {image: x, command: x, healthcheck: {test: [PING]}}\n", "service a healthcheck test.*CMD or CMD-SHELL"),
     ("version: '3'\n", "no 'services'"),
-    ("services:\n  a: {command: '${X:?X is required}'}\n", "X is required"),
+    ("services:\n  a: {image: x, command: '${X:?X is required}'}\n", "services a command: required variable X.*X is required"),
+    ("services:\n  a: {image: x, command: '${X?}'}\n", "required variable X is not set"),
+    ("services:\n  a: {image: x, command: 'price $5'}\n", "services a command: invalid interpolation.*\\$\\$"),
+    ("services:\n  a: {image: x, command: x, ports: ['127.0.0.1:80:80']}\n  b: {image: x, command: x, ports: ['80:81']}\n",
+     "service b ports: host port 80 is also published by service a"),
+    ("services:\n  a: {image: x, command: x, ports: ['99999:80']}\n", "service a ports: port 99999 is out of range"),
+    ("services:\n  a: {image: x, command: x, volumes: ['nope:/data']}\n",
+     "service a volumes: named volume 'nope' is not declared"),
+    ("services:\n  a: {image: x, command: x, profiles: debug}\n", "service a profiles: expected a list"),
+    ("services:\n  a: {image: x, command: x, environment: {DEBUG: yes}}\n", "service a environment DEBUG: true is a YAML boolean"),
 ])
 def test_bad_compose_files_are_named(tmp_path, text, message):
     with pytest.raises(ComposeError, match=message):

@@ -114,6 +114,7 @@ def write(tmp_path, text):
 def test_healthy_dependency_first_and_exit_code_from(tmp_path):
     compose = write(tmp_path, """
 x-base: &base
+  image: python:3.11-slim
   environment: {MARK: "${MARK:-unset}"}
 services:
   slow:
@@ -136,9 +137,11 @@ def test_a_dependency_that_fails_stops_the_run(tmp_path):
     compose = write(tmp_path, """
 services:
   bad:
+    image: python:3.11-slim
     command: ["python", "-c", "import sys; sys.exit(3)"]
     healthcheck: {test: ["CMD", "false"], interval: 1s}
   waiting:
+    image: python:3.11-slim
     command: ["python", "-c", "print('must not run')"]
     depends_on: {bad: {condition: service_healthy}}
 """)
@@ -153,6 +156,7 @@ def test_sigterm_stops_every_process_group(tmp_path):
     compose = write(tmp_path, """
 services:
   long:
+    image: python:3.11-slim
     command: ["sh", "-c", "sleep 300 & echo $$! > grandchild.pid; echo $$$$ > long.pid; wait"]
 """)
     proc = subprocess.Popen([ZMQFLOW, "up", "-f", compose], cwd=ROOT, stdout=subprocess.PIPE,
