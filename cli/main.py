@@ -11,6 +11,7 @@ from zmqflow.cli.cluster import cluster
 from zmqflow.cli.data import data
 from zmqflow.cli.demo import demo
 from zmqflow.cli.devices import devices
+from zmqflow.cli.k8s import k8s
 from zmqflow.cli.keys import keys
 from zmqflow.cli.ops import healthcheck, ping, queues
 from zmqflow.cli.placement import placement
@@ -51,6 +52,7 @@ main.add_command(aggregator)
 main.add_command(up)
 main.add_command(cluster)
 main.add_command(keys)
+main.add_command(k8s)
 main.add_command(status)
 main.add_command(data)
 main.add_command(demo)

@@ -1,0 +1,70 @@
+"""`zmqflow k8s render`: the Kubernetes manifests of the shipped topology for any ps/worker count."""
+
+import os
+
+import click
+
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.jobs.k8s import render as k8s_render
+
+
+@click.group()
+def k8s():
+    """Kubernetes: render the manifests of the training and serving topology."""
+
+
+@k8s.command(context_settings={"show_default": True})
+@click.option("--ps", "ps", type=click.IntRange(min=1), default=2,
+              help="ps shards: a StatefulSet of N pods ps-0.ps .. ps-{N-1}.ps, shard i on port 5600 + i.")
+@click.option("--workers", type=click.IntRange(min=1), default=2,
+              help="Workers: a StatefulSet of M pods worker-0.worker .. (worker 0 is the chief), task j on 5610 + j.")
+@click.option("--serve", type=click.IntRange(min=1), default=k8s_render.DEFAULT_SERVE,
+              help="Model servers serve0 .. serve{K-1} (ports 5700 + i), all members of the aggregator.")
+@click.option("--epochs", type=click.IntRange(min=1), default=k8s_render.DEFAULT_EPOCHS,
+              help="Epochs the reader streams (its --num-epochs).")
+@click.option("--image", default=k8s_render.DEFAULT_IMAGE,
+              help="The zmqflow image (ENTRYPOINT zmqflow) every container runs.")
+@click.option("--namespace", default=None, help="Namespace of every object. Default: none (kubectl's current one).")
+@click.option("--curve", is_flag=True,
+              help="Generate fresh CURVE keys into a Secret zmqflow-curve, mounted read-only in every pod with "
+                   "ZMQFLOW_CURVE_DIR set: every service encrypts and accepts only the deployment's clients. "
+                   "The output then holds private keys.")
+@click.option("--tfjob", is_flag=True,
+              help="Run the ps shards and workers as a Kubeflow TFJob (kubeflow.org/v1; the operator sets "
+                   "TF_CONFIG) instead of StatefulSets.")
+@click.option("--out", "out", default=None, type=click.Path(file_okay=False),
+              help="Write one file per component into this directory (cluster.yaml, broker.yaml, ps.yaml, ...). "
+                   "Default: one multi-document YAML on stdout.")
+def render(ps, workers, serve, epochs, image, namespace, curve, tfjob, out):
+    """Print the manifests: ConfigMap zmqflow-cluster (cluster.json, the TF_CONFIG entry snippet), the
+    zmqflow-data claim (ReadWriteMany, checkpoints in /data), headless Services and StatefulSets for the ps
+    shards and workers (or a TFJob with --tfjob), and Deployments with Services for the broker, the reader,
+    the model servers and the aggregator.
+
+    \b
+      zmqflow k8s render --ps 4 --workers 8 | kubectl apply -f -
+      zmqflow k8s render --ps 2 --workers 2 --out deploy/k8s
+    """
+    try:
+        options = k8s_render.Options(ps=ps, workers=workers, serve=serve, epochs=epochs, image=image,
+                                     namespace=namespace, curve=curve, tfjob=tfjob)
+    except InvalidArgumentError as exc:
+        raise click.UsageError(str(exc)) from None
+    files = k8s_render.generate_curve_files() if curve else None
+    if out is None:
+        click.echo(k8s_render.render_stream(options, files), nl=False)
+    else:
+        os.makedirs(out, exist_ok=True)
+        for name, text in k8s_render.render_files(options, files, out=out).items():
+            path = os.path.join(out, name)
+            secret = name == "curve.yaml"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if secret else 0o644)
+            if secret:
+                os.fchmod(fd, 0o600)   # an older file's mode stays otherwise
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            click.echo(path, err=True)
+    if curve:
+        click.echo(f"note: the Secret {k8s_render.CURVE_SECRET} holds the deployment's CURVE private keys "
+                   "(server.key_secret, client.key_secret), base64 encoded, not encrypted: keep the output out "
+                   "of version control and away from anyone who should not join the cluster.", err=True)

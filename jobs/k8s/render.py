@@ -1,0 +1,637 @@
+"""The Kubernetes manifests of the shipped topology (docker-compose.yml's) for N ps shards and M workers.
+
+`render(options)` returns the components (cluster, curve, broker, ps, worker or tfjob, reader, serve,
+aggregator), each a list of (comment, manifest dict); `render_files` and `render_stream` turn them
+into YAML text (one file per component, or one multi-document stream). Nothing here touches the
+disk except `generate_curve_files`, which runs the project's own key generation in a temporary
+directory and returns the files' bytes.
+
+What every pod gets: the same commands as docker-compose.yml (modulo host names), a readiness and a
+liveness probe, resource requests (cpu, memory) and a memory limit, a non-root security context
+(uid 10001, the image's user), Prometheus annotations and a `metrics` port (its ZeroMQ port + 1000).
+
+Commands: the image's ENTRYPOINT is ["zmqflow"] (CMD ["--help"]), but no container here relies on
+it. Every container sets `command:` -- the program: ["zmqflow"], or, where TF_CONFIG comes from the
+pod name, the entry snippet followed by "zmqflow" -- and `args:` is always the zmqflow subcommand
+with its options: the service's docker-compose command without a leading "zmqflow".
+"""
+
+import base64
+import dataclasses
+import json
+import os
+import re
+import shlex
+import tempfile
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+import yaml
+
+from zmqflow.common import curve
+from zmqflow.common.cluster import ClusterSpec
+from zmqflow.common.errors import InvalidArgumentError
+
+DEFAULT_IMAGE = "zmqflow:latest"
+DEFAULT_SERVE = 3
+DEFAULT_EPOCHS = 5
+
+BROKER_PORT, PS_PORT, WORKER_PORT, SERVE_PORT, AGGREGATOR_PORT = 5555, 5600, 5610, 5700, 5800
+READER_METRICS_PORT = 6620
+METRICS_OFFSET = 1000          # every task serves Prometheus metrics on its ZeroMQ port + 1000
+MAX_PORT = 65535 - METRICS_OFFSET
+
+UID = 10001                    # the image's `zmqflow` user
+APP = "zmqflow"
+CLUSTER_CONFIG_MAP = "zmqflow-cluster"
+DATA_CLAIM = "zmqflow-data"
+CURVE_SECRET = "zmqflow-curve"
+TFJOB_NAME = "zmqflow-mnist"
+CONFIG_DIR = "/etc/zmqflow"
+CURVE_DIR = "/etc/zmqflow-curve"   # ZMQFLOW_CURVE_DIR in every container with --curve
+DATA_DIR = "/data"
+CHECKPOINTS = "/data/ckpt"
+SHARDS = "/data/mnist"
+
+ZMQFLOW = ["zmqflow"]
+ENTRY = ["sh", f"{CONFIG_DIR}/entrypoint.sh"]
+OPTIMIZER = '{"kind": "adam", "learning_rate": 0.004}'
+CHECKPOINT_EVERY_STEPS = "50"
+EXAMPLES_PER_EPOCH = "4500"
+
+# (cpu request, memory request, memory limit) per container; no cpu limit (no throttling mid-step).
+RESOURCES = {
+    "broker": ("250m", "256Mi", "1Gi"),      # holds the queue: 20,000 MNIST rows are ~63 MB
+    "ps": ("500m", "512Mi", "2Gi"),
+    "worker": ("1", "1Gi", "2Gi"),
+    "data": ("100m", "256Mi", "512Mi"),
+    "reader": ("250m", "256Mi", "1Gi"),
+    "serve": ("250m", "256Mi", "1Gi"),
+    "aggregator": ("100m", "128Mi", "512Mi"),
+}
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+
+ENTRYPOINT_SH = """\
+#!/bin/sh
+# TF_CONFIG for this pod, then exec the command: POD_NAME=ps-1 -> {"task": {"type": "ps", "index": 1}}.
+set -eu
+ordinal="${POD_NAME##*-}"
+job="${TASK_TYPE:-${POD_NAME%-*}}"
+TF_CONFIG="{\\"cluster\\": $(cat /etc/zmqflow/cluster.json), \\"task\\": {\\"type\\": \\"$job\\", \\"index\\": $ordinal}}"
+export TF_CONFIG
+exec "$@"
+"""
+
+
+@dataclass(frozen=True)
+class Options:
+    """What `zmqflow k8s render` takes; checked when made (InvalidArgumentError)."""
+
+    ps: int = 2
+    workers: int = 2
+    serve: int = DEFAULT_SERVE
+    epochs: int = DEFAULT_EPOCHS
+    image: str = DEFAULT_IMAGE
+    namespace: Optional[str] = None
+    curve: bool = False
+    tfjob: bool = False
+
+    def __post_init__(self):
+        for name, base in (("ps", PS_PORT), ("workers", WORKER_PORT), ("serve", SERVE_PORT)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidArgumentError(f"{name} must be an integer >= 1, not {value!r}")
+            if base + value - 1 > MAX_PORT:
+                raise InvalidArgumentError(f"{name}={value}: the ports {base}.. (and their metrics ports) "
+                                           f"would pass 65535; at most {MAX_PORT - base + 1}")
+        if not isinstance(self.epochs, int) or isinstance(self.epochs, bool) or self.epochs < 1:
+            raise InvalidArgumentError(f"epochs must be an integer >= 1, not {self.epochs!r}")
+        if not self.image or any(c.isspace() for c in self.image):
+            raise InvalidArgumentError(f"image {self.image!r} is not an image reference")
+        if self.namespace is not None and not _DNS_LABEL.match(self.namespace):
+            raise InvalidArgumentError(f"namespace {self.namespace!r} is not a DNS label "
+                                       "(lower case letters, digits and '-', at most 63)")
+
+    def command_line(self, out=None):
+        """The `zmqflow k8s render` command that renders these options (the files' header)."""
+        argv = ["zmqflow", "k8s", "render", "--ps", str(self.ps), "--workers", str(self.workers)]
+        if self.serve != DEFAULT_SERVE:
+            argv += ["--serve", str(self.serve)]
+        if self.epochs != DEFAULT_EPOCHS:
+            argv += ["--epochs", str(self.epochs)]
+        if self.image != DEFAULT_IMAGE:
+            argv += ["--image", self.image]
+        if self.namespace:
+            argv += ["--namespace", self.namespace]
+        argv += ["--curve"] * self.curve + ["--tfjob"] * self.tfjob
+        if out is not None:
+            argv += ["--out", out]
+        return shlex.join(argv)
+
+
+class Component(NamedTuple):
+    """One file's worth: `name`.yaml holds `docs`, a list of (comment or "", manifest dict)."""
+
+    name: str
+    docs: list
+
+
+# ------------------------------------------------------------------ the cluster spec
+
+
+def cluster_spec(options):
+    """The spec every StatefulSet pod reads: ps-i.ps:5600+i, worker-j.worker:5610+j, broker:5555."""
+    return ClusterSpec({
+        "ps": [f"ps-{i}.ps:{PS_PORT + i}" for i in range(options.ps)],
+        "worker": [f"worker-{j}.worker:{WORKER_PORT + j}" for j in range(options.workers)],
+        "broker": [f"broker:{BROKER_PORT}"],
+    }).validate(require_dense=True)
+
+
+# ------------------------------------------------------------------ the services' command lines
+# (docker-compose.yml's commands without "zmqflow"; hosts are the Kubernetes Service names)
+
+
+def _metrics(port):
+    return f"0.0.0.0:{port}"
+
+
+def broker_args():
+    return ["broker", "--bind", f"tcp://0.0.0.0:{BROKER_PORT}",
+            "--metrics-port", _metrics(BROKER_PORT + METRICS_OFFSET)]
+
+
+def ps_args():
+    # every ps pod serves its metrics on 6600 (its own IP); its ZeroMQ port comes from TF_CONFIG
+    return ["ps", "--optimizer", OPTIMIZER, "--restore-from", CHECKPOINTS,
+            "--metrics-port", _metrics(PS_PORT + METRICS_OFFSET)]
+
+
+def worker_args():
+    # metrics from ZMQFLOW_METRICS_PORT (as in docker-compose.yml, where the workers share this command)
+    return ["worker", "--broker", f"tcp://broker:{BROKER_PORT}", "--queue", "train", "--evaluate",
+            "--shutdown-ps", "--shutdown-broker", "--checkpoint-dir", CHECKPOINTS,
+            "--checkpoint-every-steps", CHECKPOINT_EVERY_STEPS, "--examples-per-epoch", EXAMPLES_PER_EPOCH]
+
+
+def data_args():
+    return ["data", "mnist-shards", "--out", SHARDS]
+
+
+def reader_args(epochs):
+    return ["reader", "--broker", f"tcp://broker:{BROKER_PORT}", "--preset", "mnist-shards",
+            "--files", f"{SHARDS}/*.bin", "--queue", "train",
+            "--num-epochs", str(epochs), "--capacity", "20000", "--min-after-dequeue", "2000", "--seed", "0",
+            "--metrics-port", _metrics(READER_METRICS_PORT)]
+
+
+def serve_args(i):
+    port = SERVE_PORT + i
+    return ["serve", "--checkpoint", CHECKPOINTS, "--bind", f"tcp://0.0.0.0:{port}", "--refresh-secs", "5",
+            "--name", "mnist", "--metrics-port", _metrics(port + METRICS_OFFSET)]
+
+
+def aggregator_args(members):
+    argv = ["aggregator", "--bind", f"tcp://0.0.0.0:{AGGREGATOR_PORT}", "--mode", "replica"]
+    for i in range(members):
+        argv += ["--member", f"tcp://serve{i}:{SERVE_PORT + i}"]
+    return argv + ["--deadline-ms", "1000", "--min-members", "1",
+                   "--metrics-port", _metrics(AGGREGATOR_PORT + METRICS_OFFSET)]
+
+
+# ------------------------------------------------------------------ pieces of pods
+
+
+def _labels(job, **extra):
+    return {"app": APP, "job": job, **extra}
+
+
+def _metadata(options, name, labels):
+    meta = {"name": name}
+    if options.namespace:
+        meta["namespace"] = options.namespace
+    meta["labels"] = labels
+    return meta
+
+
+def _resources(role):
+    cpu, memory, limit = RESOURCES[role]
+    return {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": limit}}
+
+
+def _exec(command):
+    return {"exec": {"command": command}}
+
+
+def _ping(port):
+    return ["zmqflow", "ping", f"tcp://127.0.0.1:{port}"]
+
+
+def ready_when(command, period=5, timeout=5):
+    return {**_exec(command), "periodSeconds": period, "timeoutSeconds": timeout, "failureThreshold": 3}
+
+
+def alive_while(command):
+    """A service that stops answering its ping for a minute is restarted."""
+    return {**_exec(command), "initialDelaySeconds": 30, "periodSeconds": 20, "timeoutSeconds": 10,
+            "failureThreshold": 3}
+
+
+# Tasks that only dial out (workers, readers) have no ZeroMQ port to ping, and a worker is busy for
+# seconds at a time: they are alive while their metrics endpoint answers -- it runs on a thread of its
+# own, so it answers during a step -- with a long budget (3 minutes of silence). It starts once the
+# task has its peers and input, so the startup probe gives it up to 10 minutes before liveness counts.
+def _metrics_get():
+    return {"httpGet": {"path": "/metrics", "port": "metrics"}}
+
+
+def started_when_metrics_answer():
+    return {**_metrics_get(), "periodSeconds": 10, "timeoutSeconds": 10, "failureThreshold": 60}
+
+
+def alive_while_metrics_answer():
+    return {**_metrics_get(), "periodSeconds": 30, "timeoutSeconds": 10, "failureThreshold": 6}
+
+
+def _container_security():
+    return {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]}}
+
+
+def _port(name, port):
+    return {"name": name, "containerPort": port}
+
+
+def _container(options, name, role, args, *, command=ZMQFLOW, ports=(), env=(), mounts=(), readiness=None,
+               liveness=None, startup=None, init=False):
+    """A container of the image; with --curve it gets the key directory (mount and environment).
+    An init container (`init`) gets neither probes nor keys: it never talks ZeroMQ."""
+    env, mounts = list(env), list(mounts)
+    if options.curve and not init:
+        env.append({"name": curve.ENV, "value": CURVE_DIR})
+        mounts.append({"name": "curve", "mountPath": CURVE_DIR, "readOnly": True})
+    spec = {"name": name, "image": options.image, "command": list(command), "args": list(args)}
+    if ports:
+        spec["ports"] = list(ports)
+    if env:
+        spec["env"] = env
+    if not init:
+        if startup:
+            spec["startupProbe"] = startup
+        spec["readinessProbe"] = readiness
+        spec["livenessProbe"] = liveness
+    spec["resources"] = _resources(role)
+    spec["securityContext"] = _container_security()
+    if mounts:
+        spec["volumeMounts"] = mounts
+    return spec
+
+
+def _pod_template(options, labels, metrics_port, containers, volumes=(), init_containers=()):
+    volumes = list(volumes)
+    if options.curve:
+        volumes.append({"name": "curve", "secret": {"secretName": CURVE_SECRET, "defaultMode": 0o440,
+                                                    "items": _curve_items()}})
+    spec = {"securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID}}
+    if init_containers:
+        spec["initContainers"] = list(init_containers)
+    spec["containers"] = list(containers)
+    if volumes:
+        spec["volumes"] = volumes
+    metadata = {"labels": labels} if labels else {}
+    metadata["annotations"] = {"prometheus.io/scrape": "true", "prometheus.io/port": str(metrics_port)}
+    return {"metadata": metadata, "spec": spec}
+
+
+def _volume_data():
+    return {"name": "data", "persistentVolumeClaim": {"claimName": DATA_CLAIM}}
+
+
+def _volume_cluster():
+    return {"name": "cluster", "configMap": {"name": CLUSTER_CONFIG_MAP}}
+
+
+POD_NAME_ENV = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+
+
+def _service(options, name, labels, ports, headless=False):
+    spec = {}
+    if headless:   # stable per-pod names (ps-1.ps), resolvable before the pod is ready
+        spec.update(clusterIP="None", publishNotReadyAddresses=True)
+    spec["selector"] = labels
+    spec["ports"] = ports
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(options, name, labels), "spec": spec}
+
+
+def _deployment(options, name, labels, template):
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(options, name, labels),
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": template}}
+
+
+def _zmq_service_ports(port):
+    return [{"name": "zmq", "port": port, "targetPort": port},
+            {"name": "metrics", "port": port + METRICS_OFFSET, "targetPort": port + METRICS_OFFSET}]
+
+
+def _zmq_container_ports(port):
+    return [_port("zmq", port), _port("metrics", port + METRICS_OFFSET)]
+
+
+# ------------------------------------------------------------------ the CURVE secret
+
+# key file (relative to the key directory) -> Secret key (no "/" allowed there)
+def _secret_key(path):
+    return path.replace("/", "-")
+
+
+def curve_file_names():
+    """The files `zmqflow keys generate DIR` makes for the default client, relative to DIR."""
+    return [f"{curve.SERVER}.key", f"{curve.SERVER}.key_secret", f"{curve.CLIENT}.key",
+            f"{curve.CLIENT}.key_secret", f"{curve.AUTHORIZED}/{curve.CLIENT}.key"]
+
+
+def _curve_items():
+    return [{"key": _secret_key(path), "path": path} for path in curve_file_names()]
+
+
+def generate_curve_files():
+    """{relative path: bytes} of fresh keys from the project's own generation (common/curve.py)."""
+    with tempfile.TemporaryDirectory(prefix="zmqflow-curve-") as directory:
+        curve.generate(directory)
+        curve.check_dir(directory)
+        files = {}
+        for path in curve_file_names():
+            with open(os.path.join(directory, path), "rb") as f:
+                files[path] = f.read()
+        return files
+
+
+def curve_secret(options, files):
+    missing = [path for path in curve_file_names() if path not in files]
+    if missing:
+        raise InvalidArgumentError(f"the CURVE key files {', '.join(missing)} are missing")
+    data = {_secret_key(path): base64.b64encode(files[path]).decode("ascii") for path in curve_file_names()}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": _metadata(options, CURVE_SECRET, {"app": APP}),
+            "type": "Opaque", "data": data}
+
+
+# ------------------------------------------------------------------ components
+
+
+def cluster_component(options):
+    spec = cluster_spec(options)
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(options, CLUSTER_CONFIG_MAP, {"app": APP}),
+              "data": {"cluster.json": json.dumps(spec.as_dict()) + "\n", "entrypoint.sh": ENTRYPOINT_SH}}
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+             "metadata": _metadata(options, DATA_CLAIM, {"app": APP}),
+             "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}
+    return Component("cluster", [
+        ("The cluster spec every StatefulSet pod reads, and the entry snippet that turns it into this pod's\n"
+         "TF_CONFIG: the task type and index come from the pod name (<job>-<ordinal>, as StatefulSets name\n"
+         "their pods).", config),
+        ("Checkpoints: the ps shards write them when the chief asks and restore the latest after a restart;\n"
+         "the model servers serve them. Pods on several nodes need a ReadWriteMany storage class\n"
+         "(NFS, CephFS, EFS, Filestore...).", claim),
+    ])
+
+
+def curve_component(options, files):
+    return Component("curve", [
+        (f"CURVE keys (`zmqflow keys generate`): mounted read-only at {CURVE_DIR} in every pod, where\n"
+         f"{curve.ENV} points the services and their clients (files mode 0440, defaultMode 288, group\n"
+         f"{UID}). This Secret holds PRIVATE keys (server.key_secret, client.key_secret): keep it out of\n"
+         "version control.", curve_secret(options, files)),
+    ])
+
+
+def broker_component(options):
+    labels = _labels("broker")
+    metrics = BROKER_PORT + METRICS_OFFSET
+    main = _container(options, "broker", "broker", broker_args(), ports=_zmq_container_ports(BROKER_PORT),
+                      readiness=ready_when(_ping(BROKER_PORT)),
+                      liveness=alive_while(_ping(BROKER_PORT) + ["--timeout", "5"]))
+    return Component("broker", [
+        ("", _service(options, "broker", labels, _zmq_service_ports(BROKER_PORT))),
+        ("", _deployment(options, "broker", labels, _pod_template(options, labels, metrics, [main]))),
+    ])
+
+
+def _ordinal_ping(base, timeout=None):
+    """A ping of this StatefulSet pod's own port: base + the ordinal of its name."""
+    script = f'zmqflow ping "tcp://127.0.0.1:$(({base} + ${{POD_NAME##*-}}))"'
+    return ["sh", "-c", script + (f" --timeout {timeout}" if timeout else "")]
+
+
+def _stateful_set(options, job, replicas, template):
+    labels = _labels(job)
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _metadata(options, job, labels),
+            "spec": {"serviceName": job, "replicas": replicas, "podManagementPolicy": "Parallel",
+                     "selector": {"matchLabels": labels}, "template": template}}
+
+
+def _task_ports(job, base, count):
+    return [{"name": f"{job}-{i}", "port": base + i} for i in range(count)]
+
+
+def ps_component(options):
+    labels = _labels("ps")
+    metrics = PS_PORT + METRICS_OFFSET
+    main = _container(options, "ps", "ps", ps_args(), command=ENTRY + ZMQFLOW, ports=[_port("metrics", metrics)],
+                      env=[POD_NAME_ENV], mounts=[{"name": "cluster", "mountPath": CONFIG_DIR},
+                                                  {"name": "data", "mountPath": DATA_DIR}],
+                      readiness=ready_when(_ordinal_ping(PS_PORT)),
+                      liveness=alive_while(_ordinal_ping(PS_PORT, timeout=5)))
+    template = _pod_template(options, labels, metrics, [main], [_volume_cluster(), _volume_data()])
+    return Component("ps", [
+        (f"ps shards: {options.ps} pods with the stable names ps-0.ps, ps-1.ps, ... from the headless Service;\n"
+         f"shard i listens on {PS_PORT} + i (the port of its task in cluster.json).",
+         _service(options, "ps", labels, _task_ports("ps", PS_PORT, options.ps), headless=True)),
+        ("", _stateful_set(options, "ps", options.ps, template)),
+    ])
+
+
+def _worker_env(metrics):
+    return [{"name": "ZMQFLOW_METRICS_PORT", "value": _metrics(metrics)}]   # --metrics-port, as in compose
+
+
+def worker_component(options):
+    labels = _labels("worker")
+    metrics = WORKER_PORT + METRICS_OFFSET
+    main = _container(options, "worker", "worker", worker_args(), command=ENTRY + ZMQFLOW,
+                      ports=[_port("metrics", metrics)], env=[POD_NAME_ENV] + _worker_env(metrics),
+                      mounts=[{"name": "cluster", "mountPath": CONFIG_DIR}, {"name": "data", "mountPath": DATA_DIR}],
+                      readiness=ready_when(ENTRY + ["zmqflow", "cluster", "check"], period=10, timeout=10),
+                      liveness=alive_while_metrics_answer(), startup=started_when_metrics_answer())
+    template = _pod_template(options, labels, metrics, [main], [_volume_cluster(), _volume_data()])
+    return Component("worker", [
+        (f"Workers: {options.workers} pods, worker-0 the chief (TF_CONFIG without a chief job). They dial out only;\n"
+         "the headless Service gives them the stable names of the cluster spec (worker-0.worker, ...). A worker\n"
+         "is ready while every server of its cluster answers (`zmqflow cluster check`), alive while its metrics\n"
+         "endpoint answers (its own thread: a long step does not count).",
+         _service(options, "worker", labels, _task_ports("worker", WORKER_PORT, options.workers), headless=True)),
+        ("", _stateful_set(options, "worker", options.workers, template)),
+    ])
+
+
+def tfjob_component(options):
+    def replica(job, count, port, args, main_kwargs):
+        metrics = port + METRICS_OFFSET
+        main = _container(options, "tensorflow", job, args,   # the container the operator gives TF_CONFIG
+                          ports=[_port("tfjob-port", port), _port("metrics", metrics)],
+                          mounts=[{"name": "data", "mountPath": DATA_DIR}], **main_kwargs)
+        return {"replicas": count, "restartPolicy": "OnFailure",
+                "template": _pod_template(options, _labels(job), metrics, [main], [_volume_data()])}
+
+    ps = replica("ps", options.ps, PS_PORT, ps_args(),
+                 dict(readiness=ready_when(_ping(PS_PORT)), liveness=alive_while(_ping(PS_PORT) + ["--timeout", "5"])))
+    worker_metrics = WORKER_PORT + METRICS_OFFSET
+    worker = replica("worker", options.workers, WORKER_PORT, worker_args(),
+                     dict(env=_worker_env(worker_metrics),
+                          readiness=ready_when(["zmqflow", "cluster", "check"], period=10, timeout=10),
+                          liveness=alive_while_metrics_answer(), startup=started_when_metrics_answer()))
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": _metadata(options, TFJOB_NAME, {"app": APP}),
+           "spec": {"runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 3},
+                    "tfReplicaSpecs": {"PS": ps, "Worker": worker}}}
+    curve_file = " -f curve.yaml" if options.curve else ""
+    return Component("tfjob", [
+        (f"The same training job under Kubeflow's training operator, instead of ps.yaml and worker.yaml: the\n"
+         f"operator creates the {options.ps} ps and {options.workers} worker pods and sets TF_CONFIG in each "
+         f"(services {TFJOB_NAME}-ps-0, ...\n"
+         "on the port named tfjob-port), so the commands are those of docker-compose.yml with no entry snippet.\n"
+         "The broker, the reader and the model servers come from the other files:\n"
+         f"  kubectl apply -f cluster.yaml{curve_file} -f broker.yaml -f reader.yaml -f tfjob.yaml "
+         "-f serve.yaml -f aggregator.yaml\n"
+         "The job succeeds when worker 0 (the chief) exits 0; it has told the ps shards and the broker to exit\n"
+         "by then. Exit code 3 (a peer lost) restarts the pod (OnFailure): it restores the latest checkpoint.", job),
+    ])
+
+
+def reader_component(options):
+    labels = _labels("reader")
+    mounts = [{"name": "mnist", "mountPath": SHARDS}]
+    init = _container(options, "data", "data", data_args(), mounts=mounts, init=True)
+    main = _container(options, "reader", "reader", reader_args(options.epochs),
+                      ports=[_port("metrics", READER_METRICS_PORT)], mounts=mounts,
+                      readiness=ready_when(["sh", "-c", f"zmqflow queues tcp://broker:{BROKER_PORT} | grep -q train"],
+                                           period=10, timeout=10),
+                      liveness=alive_while_metrics_answer(), startup=started_when_metrics_answer())
+    template = _pod_template(options, labels, READER_METRICS_PORT, [main], [{"name": "mnist", "emptyDir": {}}],
+                             init_containers=[init])
+    return Component("reader", [
+        ("Readers: more replicas join the same pipeline (--queue train); the last to finish closes it.\n"
+         "The initContainer writes the training split (never the chief's test rows) to the pod's own emptyDir,\n"
+         "as the compose file's one-shot `data` service does; every replica writes the same bytes (seed 0).",
+         _deployment(options, "reader", labels, template)),
+    ])
+
+
+def serve_component(options):
+    docs = []
+    for i in range(options.serve):
+        name, port = f"serve{i}", SERVE_PORT + i
+        labels = _labels("serve", member=str(i))
+        main = _container(options, "serve", "serve", serve_args(i), ports=_zmq_container_ports(port),
+                          mounts=[{"name": "data", "mountPath": DATA_DIR, "readOnly": True}],
+                          readiness=ready_when(_ping(port)), liveness=alive_while(_ping(port) + ["--timeout", "5"]))
+        template = _pod_template(options, labels, port + METRICS_OFFSET, [main], [_volume_data()])
+        comment = "" if i else (
+            f"Model servers serve0..serve{options.serve - 1}: one Deployment + Service each, so the aggregator names "
+            f"its members\n(serve0:{SERVE_PORT}, ...) as in docker-compose.yml. A server starts once the chief's first "
+            "checkpoint is in\n/data/ckpt (it restarts until then) and reloads newer ones.")
+        docs += [(comment, _service(options, name, labels, _zmq_service_ports(port))),
+                 ("", _deployment(options, name, labels, template))]
+    return Component("serve", docs)
+
+
+def aggregator_component(options):
+    labels = _labels("aggregator")
+    main = _container(options, "aggregator", "aggregator", aggregator_args(options.serve),
+                      ports=_zmq_container_ports(AGGREGATOR_PORT), readiness=ready_when(_ping(AGGREGATOR_PORT)),
+                      liveness=alive_while(_ping(AGGREGATOR_PORT) + ["--timeout", "5"]))
+    template = _pod_template(options, labels, AGGREGATOR_PORT + METRICS_OFFSET, [main])
+    return Component("aggregator", [
+        (f"The aggregator fronts the {options.serve} model servers (one --member each).",
+         _service(options, "aggregator", labels, _zmq_service_ports(AGGREGATOR_PORT))),
+        ("", _deployment(options, "aggregator", labels, template)),
+    ])
+
+
+def render(options, curve_files=None):
+    """Every component for `options`, in apply order. `curve_files` ({path: bytes}, e.g. from
+    generate_curve_files()) is needed with options.curve and ignored without."""
+    if options.curve and curve_files is None:
+        raise InvalidArgumentError("--curve needs the key files (generate_curve_files())")
+    components = [cluster_component(options)]
+    if options.curve:
+        components.append(curve_component(options, curve_files))
+    components.append(broker_component(options))
+    if options.tfjob:
+        components.append(tfjob_component(options))
+    else:
+        components += [ps_component(options), worker_component(options)]
+    components += [reader_component(options), serve_component(options), aggregator_component(options)]
+    # plain trees: no dict shared between two places (labels, env), so a caller may edit one freely
+    return [Component(c.name, [(comment, json.loads(json.dumps(doc))) for comment, doc in c.docs])
+            for c in components]
+
+
+def manifests(options, curve_files=None):
+    """Every manifest dict, in apply order."""
+    return [doc for component in render(options, curve_files) for _, doc in component.docs]
+
+
+# ------------------------------------------------------------------ YAML
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, sequences indented under their key, multi-line strings as literal blocks, no aliases."""
+
+    def increase_indent(self, flow=False, indentless=False):
+        return super().increase_indent(flow, False)
+
+    def ignore_aliases(self, data):
+        return True
+
+
+def _represent_str(dumper, value):
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def to_yaml(doc):
+    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120,
+                     allow_unicode=True)
+
+
+def _comment(text):
+    return "".join(f"# {line}".rstrip() + "\n" for line in text.splitlines()) if text else ""
+
+
+def header(options, out=None):
+    return _comment(f"Generated by `{options.command_line(out)}`:\n"
+                    "do not edit by hand; change the options (or jobs/k8s/render.py) and render again.")
+
+
+def component_text(component):
+    return "---\n".join(_comment(comment) + to_yaml(doc) for comment, doc in component.docs)
+
+
+def render_files(options, curve_files=None, out="DIR"):
+    """{file name: YAML text}: one file per component, each with the header naming `out`.
+
+    --tfjob only changes tfjob.yaml (it replaces ps.yaml and worker.yaml): the other files name the
+    command without it, so rendering with and without --tfjob into one directory gives the same files
+    in either order.
+    """
+    plain = dataclasses.replace(options, tfjob=False)
+    return {f"{c.name}.yaml": header(options if c.name == "tfjob" else plain, out) + component_text(c)
+            for c in render(options, curve_files)}
+
+
+def render_stream(options, curve_files=None):
+    """One multi-document YAML text holding every component (for `kubectl apply -f -`)."""
+    return header(options) + "---\n".join(component_text(c) for c in render(options, curve_files))

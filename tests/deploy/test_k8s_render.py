@@ -1,0 +1,376 @@
+"""`zmqflow k8s render`: the manifests for any ps/worker count, checked against the Kubernetes API schemas offline.
+
+kubernetes-validate bundles the OpenAPI schemas of each Kubernetes release as JSON schemas; strict mode
+also refuses fields the API does not know. The TFJob is a CRD it does not know: each replica's pod
+template is validated as a core/v1 PodTemplate, and the TFJob's own fields are checked here.
+"""
+
+import base64
+import copy
+import json
+import os
+import stat
+import subprocess
+
+import click
+import pytest
+import yaml
+from click.testing import CliRunner
+
+import kubernetes_validate
+from kubernetes_validate.utils import all_versions
+
+from zmqflow.common import curve, metrics
+from zmqflow.common.cli_support import METRICS_PORT_ENV
+from zmqflow.common.cluster import ClusterSpec
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.cli.k8s import k8s
+from zmqflow.jobs.k8s import render
+
+pytestmark = pytest.mark.unit
+
+K8S_VERSION = "1.30.0"
+SIZES = [(2, 4), (4, 8)]
+UID = 10001
+
+
+@pytest.fixture(scope="module")
+def curve_files():
+    return render.generate_curve_files()
+
+
+def rendered(ps, workers, curve_files=None, **options):
+    options = render.Options(ps=ps, workers=workers, curve=curve_files is not None, **options)
+    return render.manifests(options, curve_files)
+
+
+def by_key(docs):
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+def pod_templates(docs):
+    """(name, pod template) of every workload, the TFJob's replicas included."""
+    for doc in docs:
+        if doc["kind"] in ("Deployment", "StatefulSet"):
+            yield doc["metadata"]["name"], doc["spec"]["template"]
+        elif doc["kind"] == "TFJob":
+            for replica, spec in doc["spec"]["tfReplicaSpecs"].items():
+                yield f"{doc['metadata']['name']}/{replica}", spec["template"]
+
+
+def validate(doc):
+    return kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def as_pod_template(name, template):
+    return {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name}, "template": template}
+
+
+def check_tfjob(doc, ps, workers):
+    """The TFJob's own fields (kubeflow.org/v1), then each replica's pod template against core/v1."""
+    assert doc["apiVersion"] == "kubeflow.org/v1" and doc["kind"] == "TFJob"
+    replicas = doc["spec"]["tfReplicaSpecs"]
+    assert set(replicas) == {"PS", "Worker"}
+    for key, count in (("PS", ps), ("Worker", workers)):
+        spec = replicas[key]
+        assert spec["replicas"] == count and isinstance(spec["replicas"], int)
+        assert spec["restartPolicy"] in ("Always", "OnFailure", "Never", "ExitCode")
+        assert spec["restartPolicy"] == "OnFailure"   # exit 3 (a peer lost) restarts the pod
+        main = spec["template"]["spec"]["containers"][0]
+        assert main["name"] == "tensorflow" and main["ports"][0]["name"] == "tfjob-port"
+        validate(as_pod_template(f"tfjob-{key.lower()}", spec["template"]))
+    assert doc["spec"]["runPolicy"]["backoffLimit"] >= 0
+
+
+# ------------------------------------------------------------------ the API schemas
+
+
+def test_the_validator_bundles_the_version_used_here():
+    assert K8S_VERSION in all_versions()
+
+
+@pytest.mark.parametrize("tfjob", [False, True], ids=["statefulsets", "tfjob"])
+@pytest.mark.parametrize("with_curve", [False, True], ids=["plain", "curve"])
+@pytest.mark.parametrize("ps,workers", SIZES)
+def test_rendered_manifests_pass_the_kubernetes_schemas(ps, workers, with_curve, tfjob, curve_files):
+    docs = rendered(ps, workers, curve_files if with_curve else None, tfjob=tfjob)
+    kinds = [d["kind"] for d in docs]
+    assert ("TFJob" in kinds) == tfjob and ("StatefulSet" in kinds) == (not tfjob)
+    for doc in docs:
+        if doc["kind"] == "TFJob":
+            check_tfjob(doc, ps, workers)
+        else:
+            assert validate(doc) == "1.30", (doc["kind"], doc["metadata"]["name"])
+
+
+def test_the_yaml_text_holds_the_same_documents(curve_files):
+    options = render.Options(ps=4, workers=8, curve=True)
+    text = render.render_stream(options, curve_files)
+    assert list(yaml.safe_load_all(text)) == render.manifests(options, curve_files)
+    for doc in yaml.safe_load_all(text):
+        validate(doc)
+    files = render.render_files(options, curve_files, out="k8s")
+    from_files = [d for name in files for d in yaml.safe_load_all(files[name])]
+    assert from_files == render.manifests(options, curve_files)
+
+
+@pytest.mark.parametrize("break_it", [
+    lambda docs: docs[("StatefulSet", "worker")]["spec"].__setitem__("replicas", "two"),
+    lambda docs: docs[("Deployment", "broker")]["spec"]["template"]["spec"]["containers"][0]
+    .__setitem__("livenessprobe", {}),                                               # a typo: strict mode
+    lambda docs: docs[("Service", "ps")]["spec"]["ports"][0].__setitem__("port", "5600"),
+    lambda docs: docs[("Deployment", "serve0")]["spec"]["template"]["spec"].pop("containers"),
+], ids=["replicas-string", "unknown-field", "port-string", "no-containers"])
+def test_a_broken_document_is_refused(break_it):
+    """The check can fail: a deliberately broken copy of a valid manifest is refused."""
+    docs = by_key(copy.deepcopy(rendered(2, 4)))
+    before = {key: copy.deepcopy(doc) for key, doc in docs.items()}
+    break_it(docs)
+    [broken] = [doc for key, doc in docs.items() if doc != before[key]]
+    validate(before[(broken["kind"], broken["metadata"]["name"])])
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(broken)
+
+
+def test_a_broken_tfjob_pod_template_is_refused():
+    [job] = [d for d in rendered(2, 2, tfjob=True) if d["kind"] == "TFJob"]
+    template = copy.deepcopy(job["spec"]["tfReplicaSpecs"]["Worker"]["template"])
+    template["spec"]["containers"][0]["resources"]["requests"]["memory"] = ["1Gi"]
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(as_pod_template("worker", template))
+
+
+# ------------------------------------------------------------------ the topology
+
+
+@pytest.mark.parametrize("ps,workers", SIZES)
+def test_names_and_ports_agree_with_the_cluster_spec(ps, workers):
+    docs = by_key(rendered(ps, workers))
+    cluster = ClusterSpec(json.loads(docs[("ConfigMap", "zmqflow-cluster")]["data"]["cluster.json"]))
+    cluster.validate(require_dense=True)
+    assert cluster.num_tasks("ps") == ps and cluster.num_tasks("worker") == workers
+    assert cluster.job_tasks("broker") == ["broker:5555"] and ("Service", "broker") in docs
+    for job, base in (("ps", 5600), ("worker", 5610)):
+        service, stateful = docs[("Service", job)], docs[("StatefulSet", job)]
+        assert service["spec"]["clusterIP"] == "None" and stateful["spec"]["serviceName"] == job
+        assert stateful["spec"]["replicas"] == cluster.num_tasks(job)
+        assert service["spec"]["selector"] == stateful["spec"]["selector"]["matchLabels"]
+        assert [(p["name"], p["port"]) for p in service["spec"]["ports"]] == [
+            (f"{job}-{i}", base + i) for i in range(cluster.num_tasks(job))]
+        for i, address in enumerate(cluster.job_tasks(job)):
+            assert address == f"{job}-{i}.{job}:{base + i}"   # the StatefulSet's stable pod names
+
+
+@pytest.mark.parametrize("ps,workers", SIZES)
+def test_the_tfjob_has_the_counts_and_no_statefulsets(ps, workers):
+    docs = by_key(rendered(ps, workers, tfjob=True))
+    assert not [key for key in docs if key[0] == "StatefulSet" or key == ("Service", "ps")]
+    check_tfjob(docs[("TFJob", "zmqflow-mnist")], ps, workers)
+
+
+def test_the_entry_snippet_and_the_probes_find_each_pods_port(tmp_path):
+    """TF_CONFIG from the pod name for the last of 4 ps / 8 workers; the ps probe pings its own port."""
+    docs = by_key(rendered(4, 8))
+    data = docs[("ConfigMap", "zmqflow-cluster")]["data"]
+    (tmp_path / "cluster.json").write_text(data["cluster.json"])
+    (tmp_path / "entrypoint.sh").write_text(data["entrypoint.sh"].replace("/etc/zmqflow", str(tmp_path)))
+    fake = tmp_path / "bin" / "zmqflow"   # prints what it was asked, and TF_CONFIG
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "$@"\necho "${TF_CONFIG:-}"\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    for pod, job, index, port in (("ps-3", "ps", 3, 5603), ("worker-7", "worker", 7, 5617)):
+        main = docs[("StatefulSet", job)]["spec"]["template"]["spec"]["containers"][0]
+        argv = [a.replace("/etc/zmqflow", str(tmp_path)) for a in main["command"] + main["args"]]
+        out = subprocess.run(argv, env={**env, "POD_NAME": pod}, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        said, tf_config = out.stdout.splitlines()
+        assert said == " ".join(main["args"])
+        task = ClusterSpec.from_tf_config({"TF_CONFIG": tf_config})
+        assert (task.task_type, task.task_index, task.address) == (job, index, f"{pod}.{job}:{port}")
+    ps = docs[("StatefulSet", "ps")]["spec"]["template"]["spec"]["containers"][0]
+    for probe in ("readinessProbe", "livenessProbe"):
+        out = subprocess.run(ps[probe]["exec"]["command"], env={**env, "POD_NAME": "ps-3"},
+                             capture_output=True, text=True, timeout=30)
+        assert out.stdout.splitlines()[0].startswith("ping tcp://127.0.0.1:5603"), probe
+
+
+@pytest.mark.parametrize("members", [1, 3, 5])
+def test_the_aggregator_lists_every_model_server(members):
+    docs = by_key(rendered(2, 2, serve=members))
+    args = docs[("Deployment", "aggregator")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    listed = [args[i + 1] for i, a in enumerate(args) if a == "--member"]
+    assert listed == [f"tcp://serve{i}:{5700 + i}" for i in range(members)]
+    servers = sorted(name for kind, name in docs if kind == "Deployment" and name.startswith("serve"))
+    assert servers == sorted(f"serve{i}" for i in range(members))
+    for i in range(members):
+        serve = docs[("Deployment", f"serve{i}")]["spec"]["template"]["spec"]["containers"][0]
+        assert f"tcp://0.0.0.0:{5700 + i}" in serve["args"]
+        assert [p["port"] for p in docs[("Service", f"serve{i}")]["spec"]["ports"]] == [5700 + i, 6700 + i]
+
+
+@pytest.mark.parametrize("tfjob", [False, True], ids=["statefulsets", "tfjob"])
+@pytest.mark.parametrize("ps,workers", SIZES)
+def test_every_container_has_probes_resources_and_runs_as_the_image_user(ps, workers, tfjob):
+    for name, template in pod_templates(rendered(ps, workers, tfjob=tfjob)):
+        spec = template["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == UID
+        for c in spec["containers"]:
+            assert "readinessProbe" in c and "livenessProbe" in c, (name, c["name"])
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            resources = c["resources"]
+            assert {"cpu", "memory"} <= set(resources["requests"]), (name, c["name"])
+            assert "memory" in resources["limits"], (name, c["name"])
+            assert c["securityContext"]["runAsNonRoot"] is True and c["securityContext"]["runAsUser"] == UID
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False
+        annotations = template["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert {"name": "metrics", "containerPort": int(annotations["prometheus.io/port"])} in spec["containers"][0][
+            "ports"], name
+
+
+@pytest.mark.parametrize("ps,workers", SIZES)
+def test_probes_ping_the_servers_and_spare_a_busy_worker(ps, workers):
+    docs = by_key(rendered(ps, workers))
+    for name, port in [("broker", 5555), ("aggregator", 5800), ("serve0", 5700), ("serve1", 5701)]:
+        main = docs[("Deployment", name)]["spec"]["template"]["spec"]["containers"][0]
+        assert main["readinessProbe"]["exec"]["command"] == ["zmqflow", "ping", f"tcp://127.0.0.1:{port}"]
+        assert main["livenessProbe"]["exec"]["command"][:3] == ["zmqflow", "ping", f"tcp://127.0.0.1:{port}"]
+    worker = docs[("StatefulSet", "worker")]["spec"]["template"]["spec"]["containers"][0]
+    assert worker["readinessProbe"]["exec"]["command"][-2:] == ["cluster", "check"]
+    live = worker["livenessProbe"]
+    assert "exec" not in live   # not the cluster check: a worker is not killed for its peers, nor for a long step
+    assert live["periodSeconds"] * live["failureThreshold"] >= 120
+    assert "startupProbe" in worker   # liveness counts once the task runs
+
+
+def test_every_service_command_parses_with_the_real_cli():
+    """`zmqflow` + args is a registered command with valid options (the image's entrypoint is zmqflow)."""
+    from zmqflow.cli.main import main
+    docs = rendered(2, 3, serve=2) + rendered(2, 3, tfjob=True)
+    saved_requested, saved_env = dict(metrics._requested), os.environ.get(METRICS_PORT_ENV)
+    try:
+        for name, template in pod_templates(docs):
+            spec = template["spec"]
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                assert c["command"][-1] == "zmqflow", (name, c["name"])
+                command, args = main, list(c["args"])
+                while isinstance(command, click.Group):
+                    command = command.get_command(click.Context(command), args.pop(0))
+                    assert command is not None, (name, c["args"])
+                with command.make_context(command.name, args):
+                    pass
+    finally:
+        metrics._requested.clear()
+        metrics._requested.update(saved_requested)
+        if saved_env is not None:
+            os.environ[METRICS_PORT_ENV] = saved_env
+
+
+# ------------------------------------------------------------------ CURVE
+
+
+def test_the_secret_appears_only_with_curve(curve_files):
+    assert not [d for d in rendered(2, 4) if d["kind"] == "Secret"]
+    for name, template in pod_templates(rendered(2, 4)):
+        assert "curve" not in json.dumps(template), name
+    secrets = [d for d in rendered(2, 4, curve_files) if d["kind"] == "Secret"]
+    assert [(s["metadata"]["name"], s["type"]) for s in secrets] == [("zmqflow-curve", "Opaque")]
+
+
+@pytest.mark.parametrize("tfjob", [False, True], ids=["statefulsets", "tfjob"])
+def test_the_secret_is_mounted_read_only_in_every_pod(curve_files, tfjob):
+    docs = rendered(4, 8, curve_files, tfjob=tfjob)
+    templates = list(pod_templates(docs))
+    assert len(templates) == 8   # broker, reader, 3 model servers, aggregator; ps and workers
+    for name, template in templates:
+        spec = template["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        [secret_volume] = [n for n, v in volumes.items() if v.get("secret", {}).get("secretName") == "zmqflow-curve"]
+        assert volumes[secret_volume]["secret"]["defaultMode"] & 0o007 == 0, name   # not world-readable
+        for c in spec["containers"]:
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            [mount] = [m for m in c["volumeMounts"] if m["name"] == secret_volume]
+            assert mount["readOnly"] is True and env[curve.ENV] == mount["mountPath"], (name, c["name"])
+
+
+def test_the_secret_holds_real_keys_from_the_projects_generation(curve_files, tmp_path):
+    [secret] = [d for d in rendered(2, 2, curve_files) if d["kind"] == "Secret"]
+    [template] = [t for name, t in pod_templates(rendered(2, 2, curve_files)) if name == "broker"]
+    [volume] = [v for v in template["spec"]["volumes"] if "secret" in v]
+    for item in volume["secret"]["items"]:   # lay the files out as the kubelet does
+        path = tmp_path / item["path"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(secret["data"][item["key"]], validate=True))
+    assert set(secret["data"]) == {item["key"] for item in volume["secret"]["items"]}
+    curve.check_dir(str(tmp_path))
+    server, client = curve.ServerKeys(str(tmp_path)), curve.ClientKeys(str(tmp_path))
+    assert client.server_public == server.public
+    assert (tmp_path / "authorized" / "client.key").read_bytes() == (tmp_path / "client.key").read_bytes()
+    assert render.generate_curve_files() != curve_files   # fresh keys every time
+
+
+def test_curve_without_keys_is_refused():
+    with pytest.raises(InvalidArgumentError):
+        render.manifests(render.Options(curve=True))
+
+
+# ------------------------------------------------------------------ the command
+
+
+def invoke(*args):
+    return CliRunner().invoke(k8s, ["render", *args])
+
+
+def test_render_prints_one_multi_document_stream():
+    result = invoke("--ps", "4", "--workers", "8", "--serve", "2", "--epochs", "1", "--namespace", "ml",
+                    "--image", "registry.example/zmqflow:1.2")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("# Generated by `zmqflow k8s render --ps 4 --workers 8 --serve 2 --epochs 1")
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert docs == render.manifests(render.Options(ps=4, workers=8, serve=2, epochs=1, namespace="ml",
+                                                   image="registry.example/zmqflow:1.2"))
+    assert {d["metadata"].get("namespace") for d in docs} == {"ml"}
+    reader = by_key(docs)[("Deployment", "reader")]["spec"]["template"]["spec"]["containers"][0]
+    assert reader["args"][reader["args"].index("--num-epochs") + 1] == "1"
+    assert {c["image"] for _, t in pod_templates(docs) for c in t["spec"]["containers"]} == {
+        "registry.example/zmqflow:1.2"}
+
+
+@pytest.mark.parametrize("args", [["--ps", "0"], ["--workers", "0"], ["--ps", "-1"], ["--serve", "0"],
+                                  ["--workers", "two"], ["--namespace", "Not_A_Label"]])
+def test_bad_values_are_usage_errors(args):
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert "Error" in result.output
+
+
+def test_help_documents_every_option():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for option in ("--ps", "--workers", "--image", "--curve", "--tfjob", "--serve", "--epochs", "--namespace",
+                   "--out"):
+        assert option in result.output, option
+
+
+def test_curve_warns_that_the_output_holds_private_keys():
+    result = invoke("--ps", "2", "--workers", "4", "--curve")
+    assert result.exit_code == 0, result.output
+    assert "private keys" in result.stderr and "note:" not in result.stdout
+    assert ("Secret", "zmqflow-curve") in by_key(d for d in yaml.safe_load_all(result.stdout) if d)
+
+
+def test_out_writes_one_file_per_component(tmp_path):
+    out = tmp_path / "k8s"
+    result = invoke("--ps", "2", "--workers", "4", "--curve", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert sorted(os.listdir(out)) == ["aggregator.yaml", "broker.yaml", "cluster.yaml", "curve.yaml", "ps.yaml",
+                                       "reader.yaml", "serve.yaml", "worker.yaml"]
+    assert stat.S_IMODE(os.stat(out / "curve.yaml").st_mode) == 0o600   # private keys
+    with open(out / "ps.yaml") as f:
+        assert f.readline().startswith(f"# Generated by `zmqflow k8s render --ps 2 --workers 4 --curve --out {out}`")
+    tfjob = tmp_path / "tfjob"
+    result = invoke("--ps", "2", "--workers", "4", "--tfjob", "--out", str(tfjob))
+    assert result.exit_code == 0, result.output
+    assert sorted(os.listdir(tfjob)) == ["aggregator.yaml", "broker.yaml", "cluster.yaml", "reader.yaml",
+                                         "serve.yaml", "tfjob.yaml"]
