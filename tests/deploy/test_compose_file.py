@@ -15,6 +15,7 @@ from tests.deploy.conftest import COMPOSE, compose_ports
 pytestmark = pytest.mark.unit
 
 TOPOLOGY = {"data", "broker", "ps0", "ps1", "reader", "worker0", "worker1", "serve0", "serve1", "serve2", "aggregator"}
+PROFILED = {"loadtest"}   # runs only with its profile
 
 
 def parse_zmqflow(argv):
@@ -35,25 +36,27 @@ def parse_zmqflow(argv):
 
 
 def test_topology_services_and_shared_block(project):
-    assert set(project.services) == TOPOLOGY
+    assert set(project.services) == TOPOLOGY | PROFILED
     with open(COMPOSE) as f:
         text = f.read()
     raw = yaml.safe_load(text)
     anchors = [key for key in raw if key.startswith("x-")]
     assert "x-zmqflow" in anchors
-    assert text.count("<<: *zmqflow") == len(TOPOLOGY)   # every service takes the shared block
+    assert text.count("<<: *zmqflow") == len(TOPOLOGY | PROFILED)   # every service takes the shared block
     for name, spec in project.raw["services"].items():
-        assert spec["volumes"] == ["zmqflow-data:/data"], name
+        assert spec["volumes"] == ["zmqflow-data:/data", "./deploy/user:/user:ro"], name
         assert spec["image"] == "zmqflow:latest"
     assert project.volumes == ["zmqflow-data"]
 
 
-ONE_SHOT = {"data"}   # exit 0 when done; dependents wait for service_completed_successfully
+ONE_SHOT = {"data", "loadtest"}        # exit 0 when done, no healthcheck
+COMPLETES = {"data", "worker0"}         # dependents wait for service_completed_successfully
 
 
 def test_every_service_has_command_healthcheck_and_valid_dependencies(project):
     for name, service in project.services.items():
-        assert service.command[0] == "zmqflow", name
+        assert service.command[0] == "zmqflow", name   # the image's entrypoint, then the compose command
+        assert project.raw["services"][name]["command"][0] != "zmqflow", name
         if name in ONE_SHOT:
             assert service.healthcheck is None, name
             continue
@@ -61,7 +64,7 @@ def test_every_service_has_command_healthcheck_and_valid_dependencies(project):
         assert "curl" not in " ".join(service.healthcheck.test)
         for dep, condition in service.depends_on.items():
             assert dep in project.services
-            if dep in ONE_SHOT:
+            if dep in COMPLETES:
                 assert condition == "service_completed_successfully", (name, dep)
                 continue
             assert condition == "service_healthy", (name, dep)
@@ -130,7 +133,7 @@ def test_reader_streams_the_training_shards_the_data_service_writes(project):
     """The chief evaluates on mnist_split's test rows: the reader must not read the whole CSV."""
     data = parse_zmqflow(project.services["data"].command)
     reader = parse_zmqflow(project.services["reader"].command)
-    assert project.services["data"].command[1:3] == ["data", "mnist-shards"]
+    assert project.services["data"].command[1:3] == ["data", "mnist-shards"]   # after the entrypoint
     assert reader["preset"] == "mnist-shards" and reader["file_patterns"] == (f"{data['out_dir']}/*.bin",)
     assert project.services["reader"].depends_on["data"] == "service_completed_successfully"
     assert data["out_dir"].startswith("/data/")                  # the shared volume
