@@ -18,6 +18,22 @@ RUN pip wheel --no-deps --wheel-dir /wheels . \
     || { echo "the wheel is not zmqflow ${ZMQFLOW_VERSION}: set ZMQFLOW_VERSION to zmqflow/__init__.py's __version__"; ls /wheels; exit 1; }
 
 FROM ${PYTHON_IMAGE}
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    NUMBA_CACHE_DIR=/tmp/numba-cache \
+    ZMQFLOW_HEALTH_FILE=/tmp/zmqflow-health
+# The dependencies first, in a layer of their own: a change to the code rebuilds only the wheel's.
+COPY requirements/core.txt /tmp/core.txt
+RUN pip install --require-hashes -r /tmp/core.txt \
+    && rm /tmp/core.txt \
+    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin zmqflow \
+    && mkdir -p /data /user \
+    && chown zmqflow:zmqflow /data
+COPY --from=build /wheels /wheels
+RUN pip install --no-deps /wheels/*.whl && rm -rf /wheels
+
 ARG ZMQFLOW_VERSION=0.2.0
 ARG VCS_REF=unknown
 LABEL org.opencontainers.image.title="zmqflow" \
@@ -25,25 +41,9 @@ LABEL org.opencontainers.image.title="zmqflow" \
       org.opencontainers.image.version="${ZMQFLOW_VERSION}" \
       org.opencontainers.image.revision="${VCS_REF}" \
       org.opencontainers.image.licenses="Apache-2.0"
-ENV PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    NUMBA_CACHE_DIR=/tmp/numba-cache \
-    ZMQFLOW_HEALTH_FILE=/tmp/zmqflow-health
-COPY requirements/core.txt /tmp/core.txt
-COPY --from=build /wheels /wheels
-RUN pip install --require-hashes -r /tmp/core.txt \
-    && pip install --no-deps /wheels/*.whl \
-    && rm -rf /wheels /tmp/core.txt \
-    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin zmqflow \
-    && mkdir -p /data /user \
-    && chown zmqflow:zmqflow /data
-
 USER zmqflow
 WORKDIR /home/zmqflow
 VOLUME ["/data"]
-EXPOSE 5555 5600 5601 5700 5701 5702 5800
 # Services announce their endpoint in $ZMQFLOW_HEALTH_FILE once they listen (workers and readers
 # say `client`); compose and Kubernetes may set a check of their own per service.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 CMD ["zmqflow", "healthcheck"]

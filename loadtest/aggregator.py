@@ -12,12 +12,14 @@ import json
 import os
 import signal
 import sys
+import time
 
 import click
 import numpy as np
 
 from zmqflow.common.aggregator_client import AggregatorClient
 from zmqflow.common.cli_support import curve_option
+from zmqflow.common.probe import probe
 from zmqflow.common.serve_client import ModelClient
 from zmqflow.loadtest.open_loop import run_open_loop
 
@@ -99,13 +101,17 @@ def _ms(value):
               help="When the fault happens, as a share of --duration.")
 @click.option("--pause-secs", default=2.0, show_default=True, type=click.FloatRange(min=0))
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Also write the report here as JSON.")
+@click.option("--wait-secs", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="First wait up to this long for the aggregator to answer (e.g. while a deployment starts).")
 @click.option("--max-failures", type=click.IntRange(0), default=None,
               help="Exit 1 when more requests than this failed (e.g. 0 in CI). Default: always exit 0.")
 def command(address, rate, duration, deadline_ms, min_members, rows, kill_member, pause_member, at_fraction,
-            pause_secs, json_out, max_failures):
+            pause_secs, json_out, wait_secs, max_failures):
     """Open-loop load against a running aggregator: failures and latency p50/p99/p99.9."""
     if kill_member and pause_member:
         raise click.UsageError("--kill-member and --pause-member are exclusive")
+    if wait_secs:
+        _wait_for(address, wait_secs)
     fault = None
     target = kill_member or pause_member
     if target is not None:
@@ -121,6 +127,19 @@ def command(address, rate, duration, deadline_ms, min_members, rows, kill_member
     if max_failures is not None and failed > max_failures:
         click.echo(f"loadtest: {failed} requests failed (at most {max_failures} allowed)", err=True)
         sys.exit(1)
+
+
+def _wait_for(address, limit):
+    """Return once the aggregator answers a ping; exit 1 after `limit` seconds."""
+    deadline = time.monotonic() + limit
+    while True:
+        answer = probe(address, timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+        if answer.up:
+            return
+        if time.monotonic() >= deadline:
+            click.echo(f"loadtest: {address} did not answer within {limit:g} s: {answer.error}", err=True)
+            sys.exit(1)
+        time.sleep(0.5)
 
 
 def _member_address(aggregator, target):

@@ -35,19 +35,30 @@ MODES = ("ensemble", "replica")
 
 
 class _Link:
-    """The aggregator's socket to one member and its monitor (whether the connection dropped)."""
+    """The aggregator's socket to one member and its monitor (whether the connection dropped).
 
-    __slots__ = ("address", "sock", "monitor")
+    Each link has a ZeroMQ context, so an I/O thread, of its own: libzmq resolves a member's host
+    name in its I/O thread on every reconnect, and a name that stopped resolving (a container
+    gone from Compose's network: 10 s per lookup where the upstream DNS is unreachable) blocks
+    that thread and every socket on it. Shared, one dead member stalled the whole ensemble.
+    """
 
-    def __init__(self, context, address, limits, name):
+    __slots__ = ("address", "context", "sock", "monitor")
+
+    def __init__(self, address, limits, name):
         self.address = address
+        self.context = zmq.Context(io_threads=1)
         keys = curve.curve_dir_from_env()
         # a full queue fails the send at once instead of blocking the loop
-        self.sock = dealer_socket(context, limits, name, curve.ClientKeys(keys) if keys else None,
+        self.sock = dealer_socket(self.context, limits, name, curve.ClientKeys(keys) if keys else None,
                                   hwm=10_000, send_timeout_ms=0)
         # the connection's events: a member whose process dies is known at once, not after timeouts
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self.sock.connect(address)
+        try:
+            self.sock.connect(address)
+        except zmq.ZMQError:
+            self.close()
+            raise
 
     def lost_connection(self):
         """True if the monitor reported the connection to the member gone (reads every pending event)."""
@@ -61,6 +72,7 @@ class _Link:
         self.sock.disable_monitor()
         self.monitor.close(0)
         self.sock.close(0)
+        self.context.term()
 
 
 class Aggregator(Service):
@@ -91,7 +103,7 @@ class Aggregator(Service):
         address = normalize_address(address)
         member = self.fanout.add(address, weight)
         try:
-            link = _Link(self.context, address, self.limits, "aggregator")
+            link = _Link(address, self.limits, "aggregator")
         except zmq.ZMQError as exc:
             self.fanout.remove(address)
             raise InvalidArgumentError(f"cannot connect to member {address!r}: {exc}") from None

@@ -68,21 +68,23 @@ def test_shipped_compose_file_trains_to_completion(project, tmp_path):
     assert len(pids) == 3 and all(gone(pid) for pid in pids)
 
 
+@pytest.mark.timeout(300)
 def test_shipped_topology_serves_an_ensemble_through_the_aggregator(project, tmp_path):
-    """The whole file: training, then the model servers on the chief's checkpoint behind the aggregator."""
+    """The whole file: training, then the model servers on the chief's final checkpoint behind the
+    aggregator; the chief's exit does not end the run, since the servers wait for its completion."""
     from zmqflow.common.aggregator_client import AggregatorClient
     from zmqflow.common.rpc_client import RpcClient
     offset = free_port_offset(compose_ports(project))
     aggregator = f"tcp://127.0.0.1:{5800 + offset}"
-    proc = subprocess.Popen([ZMQFLOW, "up", "-f", COMPOSE, "--port-offset", str(offset), "--workdir", str(tmp_path),
-                             "--keep-running"], cwd=ROOT, env={**os.environ, "EPOCHS": "2", "CHECKPOINT_EVERY_STEPS": "20"},
+    proc = subprocess.Popen([ZMQFLOW, "up", "-f", COMPOSE, "--port-offset", str(offset), "--workdir", str(tmp_path)],
+                            cwd=ROOT, env={**os.environ, "EPOCHS": "2", "CHECKPOINT_EVERY_STEPS": "20"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         def three_healthy_members():
             assert proc.poll() is None, "zmqflow up exited"
             with RpcClient(aggregator, default_timeout=1.0) as client:
                 return client.call("info")[0]["healthy"] == 3
-        wait_for(three_healthy_members, 90, "the aggregator to have 3 healthy members", interval=0.5,
+        wait_for(three_healthy_members, 180, "the aggregator to have 3 healthy members", interval=0.5,
                  retry_on=OpError)
         x = np.random.default_rng(0).random((4, 784), dtype=np.float32)
         with AggregatorClient(aggregator) as client:
@@ -103,6 +105,7 @@ def test_shipped_topology_serves_an_ensemble_through_the_aggregator(project, tmp
             proc.kill()
     for name in ("serve0", "serve1", "serve2", "aggregator"):
         assert f"zmqflow up: {name} exited with code 0" in out, out[-5000:]
+    assert out.index("zmqflow up: worker0 exited with code 0") < re.search(r"^serve0 +\| ", out, re.M).start()
 
 
 def write(tmp_path, text):
