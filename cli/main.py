@@ -1,58 +1,61 @@
-"""`zmqflow`: one command for every service and the operator tools."""
+"""`zmqflow`: one command for every service and the operator tools.
+
+Subcommands are imported when they run, not when `zmqflow` starts: a container's healthcheck
+(`zmqflow ping`, `zmqflow healthcheck`, every few seconds in every container) then pays for its
+own imports only, not for the worker's kernels and every other command's.
+"""
+
+import importlib
 
 import click
 
 from zmqflow import __version__
 
-from zmqflow.bench.cli import bench
-from zmqflow.services.aggregator.cli import command as aggregator
-from zmqflow.services.broker.cli import command as broker
-from zmqflow.cli.cluster import cluster
-from zmqflow.cli.data import data
-from zmqflow.cli.demo import demo
-from zmqflow.cli.devices import devices
-from zmqflow.cli.k8s import k8s
-from zmqflow.cli.keys import keys
-from zmqflow.cli.ops import healthcheck, ping, queues
-from zmqflow.cli.placement import placement
-from zmqflow.services.ps.cli import command as ps
-from zmqflow.services.reader.cli import command as reader
-from zmqflow.loadtest.aggregator import command as loadtest
-from zmqflow.cli.ensemble import command as ensemble
-from zmqflow.services.serve.cli import command as serve
-from zmqflow.cli.status import command as status
-from zmqflow.cli.sweep import command as sweep
-from zmqflow.cli.train import command as train
-from zmqflow.cli.up import command as up
-from zmqflow.services.worker.cli import command as worker
+COMMANDS = {
+    "broker": "zmqflow.services.broker.cli:command",
+    "ps": "zmqflow.services.ps.cli:command",
+    "worker": "zmqflow.services.worker.cli:command",
+    "train": "zmqflow.cli.train:command",
+    "sweep": "zmqflow.cli.sweep:command",
+    "ensemble": "zmqflow.cli.ensemble:command",
+    "loadtest": "zmqflow.loadtest.aggregator:command",
+    "ping": "zmqflow.cli.ops:ping",
+    "healthcheck": "zmqflow.cli.ops:healthcheck",
+    "queues": "zmqflow.cli.ops:queues",
+    "bench": "zmqflow.bench.cli:bench",
+    "placement": "zmqflow.cli.placement:placement",
+    "reader": "zmqflow.services.reader.cli:command",
+    "devices": "zmqflow.cli.devices:devices",
+    "serve": "zmqflow.services.serve.cli:command",
+    "aggregator": "zmqflow.services.aggregator.cli:command",
+    "up": "zmqflow.cli.up:command",
+    "cluster": "zmqflow.cli.cluster:cluster",
+    "keys": "zmqflow.cli.keys:keys",
+    "k8s": "zmqflow.cli.k8s:k8s",
+    "status": "zmqflow.cli.status:command",
+    "data": "zmqflow.cli.data:data",
+    "demo": "zmqflow.cli.demo:demo",
+}
+"""Subcommand name -> "module:attribute" of its click command."""
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A click group whose subcommands (COMMANDS) are imported on first use."""
+
+    def list_commands(self, ctx):
+        return sorted(set(COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx, name):
+        if name not in self.commands and name in COMMANDS:
+            module, _, attribute = COMMANDS[name].partition(":")
+            command = getattr(importlib.import_module(module), attribute)
+            if command.name != name:
+                raise RuntimeError(f"{COMMANDS[name]} is `{command.name}`, not `{name}`")
+            self.add_command(command, name)
+        return self.commands.get(name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "-V", "--version", prog_name="zmqflow")
 def main():
     """zmqflow: TensorFlow 1.x style distributed training and ensemble serving as services over ZeroMQ."""
-
-
-main.add_command(broker)
-main.add_command(ps)
-main.add_command(worker)
-main.add_command(train)
-main.add_command(sweep)
-main.add_command(ensemble)
-main.add_command(loadtest)
-main.add_command(ping)
-main.add_command(healthcheck)
-main.add_command(queues)
-main.add_command(bench)
-main.add_command(placement)
-main.add_command(reader)
-main.add_command(devices)
-main.add_command(serve)
-main.add_command(aggregator)
-main.add_command(up)
-main.add_command(cluster)
-main.add_command(keys)
-main.add_command(k8s)
-main.add_command(status)
-main.add_command(data)
-main.add_command(demo)
