@@ -55,4 +55,4 @@ def test_healthcheck_follows_the_service(image):
         run(["docker", "exec", name, "sh", "-c", "echo tcp://127.0.0.1:5999 > $ZMQFLOW_HEALTH_FILE"])
         assert run(["docker", "exec", name, "zmqflow", "healthcheck", "--timeout", "0.5"], check=False).returncode == 1
     finally:
-        run(["docker", "rm", "-f", name], check=False)
+        run(["docker", "rm", "-f", "-v", name], check=False)   # -v: its anonymous /data volume too
