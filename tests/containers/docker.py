@@ -24,7 +24,8 @@ def why_no_docker():
     info = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
                           timeout=30)
     if info.returncode != 0:
-        return f"no Docker daemon answers: {(info.stderr or info.stdout).strip().splitlines()[-1:]}"
+        lines = (info.stderr or info.stdout).strip().splitlines()
+        return "no Docker daemon answers: " + (lines[-1] if lines else f"docker info exited {info.returncode}")
     if compose_command() is None:
         return "neither `docker compose` nor `docker-compose` is installed"
     return None

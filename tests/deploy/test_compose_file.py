@@ -159,3 +159,18 @@ def test_epochs_variable_is_read(tmp_path):
     from zmqflow.jobs.up.compose import load
     project = load(COMPOSE, env={"EPOCHS": "2"})
     assert parse_zmqflow(project.services["reader"].command)["num_epochs"] == 2
+
+
+def test_compose_v2_override_only_shortens_the_start_of_awaited_healthchecks(project):
+    """deploy/compose-v2.yml holds the one v2-only key; the main file stays valid for docker-compose 1.29."""
+    import os
+    from tests.deploy.conftest import ROOT
+    with open(os.path.join(ROOT, "deploy", "compose-v2.yml")) as f:
+        override = yaml.safe_load(f)
+    awaited = {dep for s in project.services.values() for dep, c in s.depends_on.items() if c == "service_healthy"}
+    assert set(override["services"]) == awaited | {"aggregator"}   # and what users wait for before load
+    for name, spec in override["services"].items():
+        assert spec == {"healthcheck": {"start_interval": "1s"}}, name
+        assert project.services[name].healthcheck is not None, name
+    with open(COMPOSE) as f:
+        assert "start_interval" not in f.read()
