@@ -52,11 +52,12 @@ def command(service_names, compose_file, service_list, profiles, env_file, no_de
             show_config):
     """Run the services of a docker-compose file as processes on this machine.
 
-    The same commands and environment as under compose (with ${VAR:-default}
-    interpolated); compose service names resolve to 127.0.0.1, volumes to
-    local directories; services start in depends_on order, a service_healthy
-    dependency once its healthcheck command passes here. Logs are prefixed per
-    service. Ctrl-C or SIGTERM stops every process.
+    The file is read as Compose reads it (variables with defaults, nested or
+    required, the .env file, environment lists and maps, profiles, depends_on
+    conditions; --config prints the result); compose service names resolve to
+    127.0.0.1, volumes to local directories; services start in depends_on
+    order, a service_healthy dependency once its healthcheck command passes
+    here. Logs are prefixed per service. Ctrl-C or SIGTERM stops every process.
 
     Exit code: that of --exit-code-from when it exits (default: the chief,
     when no chosen service waits for its completion, as the model servers
