@@ -39,7 +39,7 @@ test-gpu: $(STAMP)
 
 # Builds the image and runs docker-compose.yml for real; skips (with the reason) without a Docker daemon.
 test-containers: $(STAMP)
-	$(BIN)/python -m pytest -q -rs -m containers
+	$(BIN)/python -m pytest -q -rs -s -m containers
 
 # Training and serving across Linux network namespaces (root); skips (with the reason) otherwise.
 test-netns: $(STAMP)

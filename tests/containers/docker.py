@@ -47,8 +47,8 @@ class ComposeProject:
         self.name, self.env = name, {**os.environ, **env}
         self.base = compose_command() + ["-p", name, "-f", os.path.join(ROOT, "docker-compose.yml")]
 
-    def __call__(self, *args, timeout=600, check=True):
-        return run(self.base + list(args), timeout=timeout, check=check, env=self.env, cwd=ROOT)
+    def __call__(self, *args, timeout=600, check=True, env=None):
+        return run(self.base + list(args), timeout=timeout, check=check, env={**self.env, **(env or {})}, cwd=ROOT)
 
     def container(self, service):
         """`docker inspect` of the service's (first) container, as a dict."""

@@ -2,9 +2,11 @@
 published port and through the load-test profile, a model server killed under load, and down -v."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
-import os
+import tempfile
 import time
 
 import pytest
@@ -75,6 +77,22 @@ def test_a_killed_model_server_leaves_the_ensemble_answering_within_its_deadline
     assert overall["failed"] == 0, out
     assert overall["p99_ms"] is not None and overall["p99_ms"] < 1000, out
     assert stack.container("serve1")["State"]["Status"] == "exited"
+
+
+def test_user_files_are_mounted_read_only_on_the_python_path(stack, tmp_path):
+    user = tempfile.mkdtemp(prefix="zmqflow-user-")   # not under pytest's 0700 folder: uid 10001 reads it
+    try:
+        os.chmod(user, 0o755)
+        with open(os.path.join(user, "my_model.py"), "w") as f:
+            f.write("WIDTH = 7\n")
+        os.chmod(os.path.join(user, "my_model.py"), 0o644)
+        script = ("import my_model; print('width', my_model.WIDTH)\n"
+                  "try:\n    open('/user/new', 'w')\nexcept OSError as exc:\n    print('write:', exc.strerror)")
+        done = stack("run", "--rm", "--no-deps", "--entrypoint", "python", "data", "-c", script,
+                     env={"ZMQFLOW_USER_DIR": user}, timeout=300)
+        assert "width 7" in done.stdout and "write: Read-only file system" in done.stdout, done.stdout + done.stderr
+    finally:
+        shutil.rmtree(user, ignore_errors=True)
 
 
 def test_down_v_leaves_nothing(stack):
