@@ -1,0 +1,86 @@
+"""Reverse-mode automatic differentiation over arrays, micrograd-style.
+
+A `Tensor` holds a value (a numpy or CuPy array), the tensors it was computed
+from, and a `backward(g)` closure that, given the gradient of the loss with
+respect to this tensor, adds each parent's share into `parent.grad`. Ops
+(zmqflow.models.ops, zmqflow.models.conv_ops) build that closure next to
+their forward computation, so each op's two halves are read together.
+
+`loss.backward()` visits the graph once in reverse topological order. Only
+tensors that need a gradient (variables, and what was computed from them)
+get one; inputs and labels are constants.
+"""
+
+import numpy as np
+
+
+class Tensor:
+    """A node of the graph. `value`: the array; `grad`: d loss / d value after backward() (or None)."""
+
+    __slots__ = ("value", "grad", "parents", "backward_fn", "requires_grad", "name")
+
+    def __init__(self, value, parents=(), backward_fn=None, requires_grad=None, name=None):
+        self.value = value
+        self.grad = None
+        self.parents = tuple(parents)
+        self.backward_fn = backward_fn
+        self.requires_grad = any(p.requires_grad for p in self.parents) if requires_grad is None else requires_grad
+        self.name = name
+
+    @property
+    def shape(self):
+        return self.value.shape
+
+    @property
+    def dtype(self):
+        return self.value.dtype
+
+    def __repr__(self):
+        label = f" {self.name!r}" if self.name else ""
+        return f"Tensor{label}(shape={tuple(self.shape)}, dtype={self.dtype})"
+
+    def accumulate(self, g):
+        """Add `g` to this tensor's gradient (a no-op for constants)."""
+        if not self.requires_grad:
+            return
+        self.grad = g if self.grad is None else self.grad + g
+
+    def backward(self, grad=None):
+        """Propagate d self / d x to every tensor `self` depends on. `self` is usually a scalar loss."""
+        order, seen = [], set()
+        stack = [(self, False)]
+        while stack:                       # iterative post-order: deep networks do not hit the recursion limit
+            node, expanded = stack.pop()
+            if expanded:
+                order.append(node)
+                continue
+            if id(node) in seen or not node.requires_grad:
+                continue
+            seen.add(id(node))
+            stack.append((node, True))
+            stack.extend((p, False) for p in node.parents)
+        self.grad = np.ones_like(self.value) if grad is None else grad
+        for node in reversed(order):
+            if node.backward_fn is not None and node.grad is not None:
+                node.backward_fn(node.grad)
+
+
+def constant(value, name=None):
+    """A tensor that needs no gradient (inputs, labels, masks)."""
+    return value if isinstance(value, Tensor) else Tensor(value, requires_grad=False, name=name)
+
+
+def variable(value, name=None):
+    """A leaf that collects a gradient (a model parameter)."""
+    return Tensor(value, requires_grad=True, name=name)
+
+
+def unbroadcast(g, shape):
+    """`g` summed down to `shape`: the gradient of a broadcast operand (a bias added to every row)."""
+    if g.shape == tuple(shape):
+        return g
+    extra = g.ndim - len(shape)
+    if extra:
+        g = g.sum(axis=tuple(range(extra)))
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    return g.sum(axis=axes, keepdims=True) if axes else g

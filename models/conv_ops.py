@@ -1,0 +1,105 @@
+"""Convolution and pooling over NHWC images (TensorFlow's layout), forward and backward side by side.
+
+conv2d is im2col: every output position's receptive field becomes a row, and the
+convolution is one matrix product with the [kh*kw*cin, cout] kernel; backward is
+two matrix products and col2im, which adds each row back where it came from.
+Padding follows TensorFlow: 'valid' uses only whole windows; 'same' pads so the
+output has ceil(size / stride) positions, the odd pixel going to the bottom/right.
+"""
+
+import numpy as np
+
+from zmqflow.models.autograd import Tensor
+from zmqflow.models.ops import xp_of
+
+PADDINGS = ("same", "valid")
+
+
+def output_size(size, window, stride, padding):
+    """Output positions along one axis, and the padding (before, after) it needs."""
+    if padding == "valid":
+        if size < window:
+            raise ValueError(f"a window of {window} does not fit an input of {size} with padding 'valid'")
+        return (size - window) // stride + 1, (0, 0)
+    out = -(-size // stride)
+    total = max((out - 1) * stride + window - size, 0)
+    return out, (total // 2, total - total // 2)
+
+
+def _windows(x, kh, kw, stride, padding, fill=0.0):
+    """The padded input and a view [n, oh, ow, c, kh, kw] of its windows."""
+    xp = xp_of(x)
+    oh, pad_h = output_size(x.shape[1], kh, stride, padding)
+    ow, pad_w = output_size(x.shape[2], kw, stride, padding)
+    if any(pad_h + pad_w):
+        x = xp.pad(x, ((0, 0), pad_h, pad_w, (0, 0)), constant_values=fill)
+    view = xp.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(1, 2))
+    return x, view[:, ::stride, ::stride][:, :oh, :ow], (pad_h, pad_w)
+
+
+def _scatter_windows(grad_windows, padded_shape, stride, pads, dtype, xp):
+    """col2im: add grad_windows [n, oh, ow, c, kh, kw] back onto the padded input, then crop."""
+    n, oh, ow, c, kh, kw = grad_windows.shape
+    out = xp.zeros(padded_shape, dtype=dtype)
+    for i in range(kh):
+        for j in range(kw):
+            out[:, i:i + stride * oh:stride, j:j + stride * ow:stride, :] += grad_windows[..., i, j]
+    (top, bottom), (left, right) = pads
+    return out[:, top:out.shape[1] - bottom, left:out.shape[2] - right, :]
+
+
+def conv2d(x, kernel, stride=1, padding="valid"):
+    """x [n, h, w, cin] * kernel [kh, kw, cin, cout] -> [n, oh, ow, cout]."""
+    kh, kw, cin, cout = kernel.shape
+    if x.shape[-1] != cin:
+        raise ValueError(f"conv2d: input has {x.shape[-1]} channels, the kernel expects {cin}")
+    xp = xp_of(x.value)
+    padded, view, pads = _windows(x.value, kh, kw, stride, padding)
+    n, oh, ow = view.shape[:3]
+    # rows in (kh, kw, cin) order, as the kernel's first three axes
+    cols = xp.ascontiguousarray(view.transpose(0, 1, 2, 4, 5, 3)).reshape(n * oh * ow, kh * kw * cin)
+    flat_kernel = kernel.value.reshape(kh * kw * cin, cout)
+    out = Tensor((cols @ flat_kernel).reshape(n, oh, ow, cout), (x, kernel))
+
+    def backward(g):
+        g2 = g.reshape(n * oh * ow, cout)
+        kernel.accumulate((cols.T @ g2).reshape(kernel.shape))
+        if x.requires_grad:
+            dcols = (g2 @ flat_kernel.T).reshape(n, oh, ow, kh, kw, cin).transpose(0, 1, 2, 5, 3, 4)
+            x.accumulate(_scatter_windows(dcols, padded.shape, stride, pads, x.dtype, xp))
+    out.backward_fn = backward
+    return out
+
+
+def max_pool2d(x, size, stride=None, padding="valid"):
+    stride = stride or size
+    xp = xp_of(x.value)
+    padded, view, pads = _windows(x.value, size, size, stride, padding, fill=-np.inf)
+    n, oh, ow, c = view.shape[:4]
+    flat = view.reshape(n, oh, ow, c, size * size)
+    winner = flat.argmax(axis=-1)
+    out = Tensor(xp.take_along_axis(flat, winner[..., None], axis=-1)[..., 0], (x,))
+
+    def backward(g):
+        grad_windows = (xp.arange(size * size) == winner[..., None]) * g[..., None]
+        x.accumulate(_scatter_windows(grad_windows.reshape(n, oh, ow, c, size, size), padded.shape, stride, pads,
+                                      x.dtype, xp))
+    out.backward_fn = backward
+    return out
+
+
+def avg_pool2d(x, size, stride=None, padding="valid"):
+    """The mean of each window; with 'same' padding only real pixels count, as in TensorFlow."""
+    stride = stride or size
+    xp = xp_of(x.value)
+    padded, view, pads = _windows(x.value, size, size, stride, padding)
+    _, ones, _ = _windows(xp.ones(x.shape[:3] + (1,), dtype=x.dtype), size, size, stride, padding)
+    count = ones.sum(axis=(-2, -1))                       # [n, oh, ow, 1]
+    out = Tensor((view.sum(axis=(-2, -1)) / count).astype(x.dtype, copy=False), (x,))
+    n, oh, ow, c = out.shape
+
+    def backward(g):
+        share = (g / count)[..., None, None] * xp.ones((size, size), dtype=x.dtype)
+        x.accumulate(_scatter_windows(share, padded.shape, stride, pads, x.dtype, xp))
+    out.backward_fn = backward
+    return out

@@ -1,0 +1,127 @@
+"""Every differentiable op's backward against central finite differences (float64)."""
+
+import numpy as np
+import pytest
+
+from zmqflow.models import conv_ops, ops
+from zmqflow.models.autograd import constant, unbroadcast, variable
+
+pytestmark = pytest.mark.unit
+
+RNG = np.random.default_rng(0)
+
+
+def numeric_gradient(f, x, eps=1e-6):
+    grad = np.zeros_like(x)
+    for index in np.ndindex(x.shape):
+        old = x[index]
+        x[index] = old + eps
+        up = f()
+        x[index] = old - eps
+        down = f()
+        x[index] = old
+        grad[index] = (up - down) / (2 * eps)
+    return grad
+
+
+def check(build, *shapes, tolerance=1e-6, values=None):
+    """build(*tensors) -> tensor; its sum's autograd gradient per input against finite differences."""
+    arrays = values or [RNG.standard_normal(s) for s in shapes]
+    weights = None
+
+    def loss_value():
+        nonlocal weights
+        out = build(*[constant(a) for a in arrays]).value
+        if weights is None:
+            weights = RNG.standard_normal(np.shape(out))
+        return float((out * weights).sum())
+
+    loss_value()
+    tensors = [variable(a.copy()) for a in arrays]
+    out = build(*tensors)
+    out.backward(weights * np.ones_like(out.value))
+    for i, (array, tensor) in enumerate(zip(arrays, tensors)):
+        expected = numeric_gradient(loss_value, array)
+        assert tensor.grad is not None, f"input {i} got no gradient"
+        np.testing.assert_allclose(tensor.grad, expected, rtol=tolerance, atol=tolerance, err_msg=f"input {i}")
+
+
+def test_arithmetic_with_broadcasting():
+    check(ops.add, (4, 3), (3,))
+    check(ops.mul, (4, 3), (1, 3))
+    check(ops.matmul, (5, 4), (4, 3))
+    check(ops.matmul, (2, 5, 4), (4, 3))
+    check(lambda a: ops.reshape(a, (3, 8)), (4, 6))
+    check(lambda a, b: ops.concat([a, b]), (4, 2), (4, 3))
+    check(ops.mean, (3, 5))
+    assert unbroadcast(np.ones((4, 3)), (1, 3)).tolist() == [[4.0, 4.0, 4.0]]
+
+
+@pytest.mark.parametrize("name", ["relu", "sigmoid", "tanh", "gelu", "softmax"])
+def test_activations(name):
+    values = [RNG.standard_normal((4, 5)) + 0.05]   # keep relu away from its kink at 0
+    check(ops.activation(name), values=values)
+
+
+def test_normalize_and_embedding_and_dropout():
+    check(lambda a: ops.normalize(a, (0,), 1e-3)[0], (6, 3))
+    check(lambda a: ops.normalize(a, (-1,), 1e-3)[0], (4, 5))
+    ids = np.array([[0, 2], [2, 3]])
+    check(lambda t: ops.gather_rows(t, ids), (5, 3))
+    rng_state = np.random.default_rng(7)
+    masks = []
+
+    def dropped(a):
+        out = ops.dropout(a, 0.5, np.random.default_rng(7))
+        masks.append(out.value)
+        return out
+    check(dropped, (4, 6))
+    assert (masks[0] == 0).any() and rng_state is not None
+
+
+@pytest.mark.parametrize("loss", ["softmax", "sigmoid", "mse", "huber"])
+def test_losses(loss):
+    labels = np.array([0, 2, 1, 2])
+    targets = RNG.random((4, 3))
+    builds = {"softmax": lambda x: ops.softmax_cross_entropy(x, labels),
+              "sigmoid": lambda x: ops.sigmoid_cross_entropy(x, (targets > 0.5).astype(float)),
+              "mse": lambda x: ops.mean_squared_error(x, targets),
+              "huber": lambda x: ops.huber(x, targets * 3, delta=1.0)}
+    check(builds[loss], (4, 3))
+
+
+def test_softmax_cross_entropy_value_is_tensorflows():
+    logits = np.array([[2.0, 1.0, 0.1], [0.5, 2.5, 0.0]])
+    value = ops.softmax_cross_entropy(constant(logits), np.array([0, 1])).value
+    log_p = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    assert value == pytest.approx(-(log_p[0, 0] + log_p[1, 1]) / 2)
+
+
+@pytest.mark.parametrize("stride, padding", [(1, "valid"), (1, "same"), (2, "same"), (2, "valid")])
+def test_conv2d(stride, padding):
+    check(lambda x, k: conv_ops.conv2d(x, k, stride, padding), (2, 6, 5, 3), (3, 3, 3, 4))
+
+
+def test_conv2d_equals_a_direct_loop():
+    x, k = RNG.standard_normal((1, 5, 5, 2)), RNG.standard_normal((3, 3, 2, 4))
+    out = conv_ops.conv2d(constant(x), constant(k), 1, "valid").value
+    direct = np.zeros((1, 3, 3, 4))
+    for i in range(3):
+        for j in range(3):
+            direct[0, i, j] = np.einsum("abc,abcd->d", x[0, i:i + 3, j:j + 3], k)
+    np.testing.assert_allclose(out, direct, rtol=1e-12)
+    assert conv_ops.output_size(28, 5, 1, "same") == (28, (2, 2))
+    assert conv_ops.output_size(7, 2, 2, "same") == (4, (0, 1))
+
+
+@pytest.mark.parametrize("pool", ["max", "avg"])
+@pytest.mark.parametrize("size, stride, padding", [(2, None, "valid"), (2, None, "same"), (3, 2, "same"), (3, 1, "valid")])
+def test_pooling(pool, size, stride, padding):
+    op = conv_ops.max_pool2d if pool == "max" else conv_ops.avg_pool2d
+    check(lambda x: op(x, size, stride, padding), (2, 5, 7, 3))
+
+
+def test_avg_pool_same_padding_counts_only_real_pixels():
+    x = np.ones((1, 3, 3, 1))
+    out = conv_ops.avg_pool2d(constant(x), 2, None, "same").value
+    assert np.allclose(out, 1.0)   # the padded corner is not averaged in as zeros
