@@ -7,11 +7,20 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class VariableSpec:
-    """One model variable: its name (`hidden/weights`), shape and dtype name."""
+    """One model variable: its name (`hidden/weights`), shape and dtype name.
+
+    `trainable` False: the optimizer never touches it (BatchNorm's moving statistics, which the
+    model computes and the ps stores); `initializer` names how a model draws its first value
+    (e.g. "glorot_uniform", "zeros", "truncated_normal:0.1"); `device` is an optional
+    placement hint (`/job:worker/task:1`), `None` for wherever the model runs.
+    """
 
     name: str
     shape: tuple
     dtype: str = "float32"
+    trainable: bool = True
+    initializer: str = None
+    device: str = None
 
     @property
     def size(self):

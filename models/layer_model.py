@@ -1,0 +1,134 @@
+"""A network of zmqflow layers and a loss head, as a model of the protocol (zmqflow.models.protocol).
+
+    net = Sequential([Reshape((28, 28, 1)), Conv2D(32, 5, padding="same", activation="relu"),
+                      MaxPool2D(), Flatten(), Dense(10)], input_shape=(784,))
+    model = LayerModel(net, loss="softmax_cross_entropy")
+
+Heads: `softmax_cross_entropy` (integer class ids; predict gives probabilities),
+`sigmoid_cross_entropy` (0/1 targets per output, multi-label; predict gives
+probabilities), `mse` and `huber` (regression; predict gives the values).
+"""
+
+import numpy as np
+
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.variables import VariableSpec
+from zmqflow.models import ops
+from zmqflow.models.autograd import constant, variable
+from zmqflow.models.layers import Context, initial_value, weight_rng
+
+HEADS = {
+    "softmax_cross_entropy": (ops.softmax_cross_entropy, lambda z: ops.softmax(z).value),
+    "sigmoid_cross_entropy": (ops.sigmoid_cross_entropy, lambda z: ops.sigmoid(z).value),
+    "mse": (ops.mean_squared_error, lambda z: z.value),
+    "huber": (ops.huber, lambda z: z.value),
+}
+
+
+class LayerModel:
+    def __init__(self, network, loss="softmax_cross_entropy", dtype="float32", seed=0):
+        if loss not in HEADS:
+            raise InvalidArgumentError(f"loss {loss!r} is not one of {', '.join(HEADS)}")
+        self.network, self.loss_name, self.seed = network, loss, seed
+        self.dtype = np.dtype(dtype)
+        self._loss, self._outputs = HEADS[loss]
+        self._variables = [VariableSpec(f"{layer.name}/{w.name}", w.shape, self.dtype.name, w.trainable, w.initializer,
+                                        layer.device)
+                           for layer in network.layers for w in layer.weights]
+        self._steps = 0
+
+    # ------------------------------------------------ declarations
+
+    def variables(self):
+        return list(self._variables)
+
+    def input_signature(self):
+        return {node.name: (node.shape, node.dtype) for node in self.network.inputs}
+
+    def output_shape(self):
+        return self.network.output_shape
+
+    def initial_values(self, seed=None):
+        seed = self.seed if seed is None else seed
+        return {v.name: initial_value(v.initializer, v.shape, weight_rng(seed, v.name)).astype(self.dtype)
+                for v in self._variables}
+
+    # ------------------------------------------------ compute
+
+    def step(self, params, batch):
+        """(mean loss, {trainable name: gradient}, metrics); metrics["updates"] holds the new
+        values of non-trainable variables when the network has any."""
+        x, y = batch
+        tensors = {v.name: (variable if v.trainable else constant)(self._param(params, v), v.name)
+                   for v in self._variables}
+        self._steps += 1
+        ctx = Context(training=True, seed=(self.seed, self._steps))
+        logits = self.network.forward(tensors, self._inputs(x), ctx)
+        loss = self._loss(logits, self._labels(y, logits))
+        loss.backward()
+        grads = {}
+        for v in self._variables:
+            if v.trainable:
+                g = tensors[v.name].grad
+                grads[v.name] = (np.zeros(v.shape, self.dtype) if g is None else g).astype(self.dtype, copy=False)
+        metrics = {"loss": float(loss.value)}
+        if self.loss_name == "softmax_cross_entropy":
+            metrics["accuracy"] = float(np.mean(np.argmax(logits.value, axis=-1) == np.asarray(y)))
+        if ctx.updates:
+            metrics["updates"] = ctx.updates
+        return float(loss.value), grads, metrics
+
+    def loss_and_gradients(self, params, x, y, out=None):
+        """The workers' form: a gradient for every variable (zeros for the non-trainable ones)."""
+        loss, grads, _ = self.step(params, (x, y))
+        for v in self._variables:
+            if not v.trainable:
+                grads[v.name] = np.zeros(v.shape, self.dtype)
+        if out is not None:
+            for name, g in grads.items():
+                out[name][...] = g
+            return loss, out
+        return loss, grads
+
+    def predict(self, params, x):
+        tensors = {v.name: constant(self._param(params, v)) for v in self._variables}
+        return self._outputs(self.network.forward(tensors, self._inputs(x), Context(training=False)))
+
+    # ------------------------------------------------ checks
+
+    def _param(self, params, v):
+        value = params.get(v.name) if hasattr(params, "get") else None
+        if value is None:
+            raise InvalidArgumentError(f"parameter {v.name!r} is missing")
+        if tuple(value.shape) != tuple(v.shape):
+            raise InvalidArgumentError(f"parameter {v.name!r} has shape {list(value.shape)}, expected {list(v.shape)}")
+        return np.asarray(value, dtype=self.dtype)
+
+    def _inputs(self, x):
+        signature = self.input_signature()
+        if not isinstance(x, dict):
+            if len(signature) != 1:
+                raise InvalidArgumentError(f"the model has inputs {list(signature)}: pass a dict of arrays")
+            x = {next(iter(signature)): x}
+        tensors = {}
+        for name, (shape, dtype) in signature.items():
+            if name not in x:
+                raise InvalidArgumentError(f"input {name!r} is missing (inputs: {list(signature)})")
+            value = np.asarray(x[name])
+            if value.shape[1:] != tuple(shape):
+                raise InvalidArgumentError(f"input {name!r} has per-example shape {list(value.shape[1:])}, "
+                                           f"the model expects {list(shape)}")
+            value = value.astype(self.dtype if np.dtype(dtype).kind == "f" else dtype, copy=False)
+            tensors[name] = constant(value, name)
+        return tensors if len(tensors) > 1 else next(iter(tensors.values()))
+
+    def _labels(self, y, logits):
+        y = np.asarray(y)
+        if len(y) != logits.shape[0]:
+            raise InvalidArgumentError(f"{len(y)} labels for a batch of {logits.shape[0]}")
+        if self.loss_name == "softmax_cross_entropy":
+            classes = logits.shape[-1]
+            y = y.astype(np.int64).reshape(-1)
+            if y.size and (y.min() < 0 or y.max() >= classes):
+                raise InvalidArgumentError(f"labels must be class ids in [0, {classes}), got {int(y.min())}..{int(y.max())}")
+        return y

@@ -1,0 +1,378 @@
+"""Keras-style layers whose gradients the library computes (zmqflow.models.ops does the calculus).
+
+A layer is built once for a per-example input shape (no batch axis): `build`
+declares its weights and returns its output shape. `forward(params, x, ctx)`
+computes with `params[weight_name]` tensors; `ctx` says whether it trains and
+collects the new values of non-trainable weights (BatchNorm's moving
+statistics). Names are given by the container (`dense`, `dense_1`, ... as in
+Keras) unless the user sets one, so weights are `dense/kernel`, `conv2d/bias`...
+"""
+
+import dataclasses
+import math
+import zlib
+
+import numpy as np
+
+from zmqflow.models import conv_ops, ops
+from zmqflow.models.autograd import constant
+
+
+@dataclasses.dataclass(frozen=True)
+class Weight:
+    """A weight a layer declares: its name within the layer, shape, initializer and trainability."""
+
+    name: str
+    shape: tuple
+    initializer: str = "glorot_uniform"
+    trainable: bool = True
+
+
+class Context:
+    """What a forward pass knows besides its inputs: training or not, a seeded RNG for dropout,
+    and `updates` ({variable name: new value}) for non-trainable weights."""
+
+    def __init__(self, training=False, seed=0):
+        self.training = training
+        self.rng = np.random.default_rng(seed)
+        self.updates = {}
+
+
+class Node:
+    """A symbolic tensor of a functional network: which layer made it from which nodes, and its
+    per-example shape. `Input(...)` makes the first ones; calling a layer on nodes makes more."""
+
+    __slots__ = ("layer", "inputs", "shape", "name", "dtype")
+
+    def __init__(self, layer, inputs, shape=None, name=None, dtype="float32"):
+        self.layer, self.inputs, self.shape, self.name, self.dtype = layer, inputs, shape, name, dtype
+
+    def __repr__(self):
+        return f"Node({self.name or (self.layer and self.layer.kind)}, shape={self.shape})"
+
+
+def Input(shape, dtype="float32", name=None):
+    """An input of a functional network: per-example `shape`, e.g. (784,) or (28, 28, 1)."""
+    return Node(None, [], tuple(int(n) for n in shape), name, str(np.dtype(dtype)))
+
+
+class Layer:
+    """Base class: subclasses set `kind`, implement `build` (declare weights) and `forward`.
+    Calling a layer on a Node (or a list of them) adds it to a functional network."""
+
+    kind = "layer"
+
+    def __init__(self, name=None, device=None):
+        self.name, self.device = name, device
+        self.weights = []
+        self.input_shape = self.output_shape = None
+
+    def __call__(self, inputs):
+        nodes = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        if not all(isinstance(n, Node) for n in nodes):
+            raise TypeError(f"{type(self).__name__} is called on Input(...) nodes or other layers' outputs")
+        return Node(self, nodes)
+
+    def build(self, input_shape):
+        self.input_shape = self.output_shape = tuple(input_shape)
+        return self.output_shape
+
+    def weight(self, name, shape, initializer="glorot_uniform", trainable=True):
+        self.weights.append(Weight(name, tuple(int(n) for n in shape), initializer, trainable))
+
+    def param(self, params, name):
+        return params[f"{self.name}/{name}"]
+
+    def forward(self, params, x, ctx):
+        raise NotImplementedError
+
+    def describe(self):
+        return f"{self.name} ({self.kind}) -> {list(self.output_shape)}"
+
+
+def _positive(value, what):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
+def _padding(padding):
+    if padding not in conv_ops.PADDINGS:
+        raise ValueError(f"padding must be 'same' or 'valid', got {padding!r}")
+    return padding
+
+
+class Dense(Layer):
+    kind = "dense"
+
+    def __init__(self, units, activation=None, use_bias=True, name=None, device=None):
+        super().__init__(name, device)
+        self.units, self.use_bias = _positive(units, "Dense units"), use_bias
+        self.activation_name, self.activation = activation, ops.activation(activation)
+
+    def build(self, input_shape):
+        self.input_shape = tuple(input_shape)
+        self.weight("kernel", (input_shape[-1], self.units))
+        if self.use_bias:
+            self.weight("bias", (self.units,), "zeros")
+        self.output_shape = self.input_shape[:-1] + (self.units,)
+        return self.output_shape
+
+    def forward(self, params, x, ctx):
+        y = ops.matmul(x, self.param(params, "kernel"))
+        if self.use_bias:
+            y = ops.add(y, self.param(params, "bias"))
+        return self.activation(y)
+
+
+class Conv2D(Layer):
+    """2-D convolution over [height, width, channels] inputs; kernel [kh, kw, in, filters] as in TF."""
+
+    kind = "conv2d"
+
+    def __init__(self, filters, kernel_size, strides=1, padding="valid", activation=None, use_bias=True, name=None,
+                 device=None):
+        super().__init__(name, device)
+        self.filters = _positive(filters, "Conv2D filters")
+        self.kernel_size = _positive(kernel_size, "Conv2D kernel_size")
+        self.strides, self.padding = _positive(strides, "Conv2D strides"), _padding(padding)
+        self.activation, self.use_bias = ops.activation(activation), use_bias
+
+    def build(self, input_shape):
+        if len(input_shape) != 3:
+            raise ValueError(f"Conv2D expects [height, width, channels] inputs, got {list(input_shape)} "
+                             "(add a Reshape first)")
+        self.input_shape = tuple(input_shape)
+        h, w, c = input_shape
+        k = self.kernel_size
+        oh, _ = conv_ops.output_size(h, k, self.strides, self.padding)
+        ow, _ = conv_ops.output_size(w, k, self.strides, self.padding)
+        self.weight("kernel", (k, k, c, self.filters))
+        if self.use_bias:
+            self.weight("bias", (self.filters,), "zeros")
+        self.output_shape = (oh, ow, self.filters)
+        return self.output_shape
+
+    def forward(self, params, x, ctx):
+        y = conv_ops.conv2d(x, self.param(params, "kernel"), self.strides, self.padding)
+        if self.use_bias:
+            y = ops.add(y, self.param(params, "bias"))
+        return self.activation(y)
+
+
+class _Pool(Layer):
+    op = None
+
+    def __init__(self, pool_size=2, strides=None, padding="valid", name=None, device=None):
+        super().__init__(name, device)
+        self.pool_size = _positive(pool_size, f"{type(self).__name__} pool_size")
+        self.strides = _positive(strides, f"{type(self).__name__} strides") if strides is not None else self.pool_size
+        self.padding = _padding(padding)
+
+    def build(self, input_shape):
+        if len(input_shape) != 3:
+            raise ValueError(f"{type(self).__name__} expects [height, width, channels], got {list(input_shape)}")
+        self.input_shape = tuple(input_shape)
+        h, w, c = input_shape
+        oh, _ = conv_ops.output_size(h, self.pool_size, self.strides, self.padding)
+        ow, _ = conv_ops.output_size(w, self.pool_size, self.strides, self.padding)
+        self.output_shape = (oh, ow, c)
+        return self.output_shape
+
+    def forward(self, params, x, ctx):
+        return type(self).op(x, self.pool_size, self.strides, self.padding)
+
+
+class MaxPool2D(_Pool):
+    kind = "max_pooling2d"
+    op = staticmethod(conv_ops.max_pool2d)
+
+
+class AvgPool2D(_Pool):
+    kind = "average_pooling2d"
+    op = staticmethod(conv_ops.avg_pool2d)
+
+
+class Flatten(Layer):
+    kind = "flatten"
+
+    def build(self, input_shape):
+        self.input_shape = tuple(input_shape)
+        self.output_shape = (int(np.prod(input_shape)),)
+        return self.output_shape
+
+    def forward(self, params, x, ctx):
+        return ops.reshape(x, (x.shape[0],) + self.output_shape)
+
+
+class Reshape(Layer):
+    kind = "reshape"
+
+    def __init__(self, target_shape, name=None, device=None):
+        super().__init__(name, device)
+        self.target_shape = tuple(int(n) for n in target_shape)
+
+    def build(self, input_shape):
+        if int(np.prod(input_shape)) != int(np.prod(self.target_shape)):
+            raise ValueError(f"Reshape cannot turn {list(input_shape)} ({int(np.prod(input_shape))} values) into "
+                             f"{list(self.target_shape)} ({int(np.prod(self.target_shape))} values)")
+        self.input_shape, self.output_shape = tuple(input_shape), self.target_shape
+        return self.output_shape
+
+    def forward(self, params, x, ctx):
+        return ops.reshape(x, (x.shape[0],) + self.target_shape)
+
+
+class Embedding(Layer):
+    """Integer ids [..] -> vectors [.., output_dim]; the table is `embedding/embeddings` as in Keras."""
+
+    kind = "embedding"
+
+    def __init__(self, input_dim, output_dim, name=None, device=None):
+        super().__init__(name, device)
+        self.input_dim, self.output_dim = _positive(input_dim, "Embedding input_dim"), _positive(
+            output_dim, "Embedding output_dim")
+
+    def build(self, input_shape):
+        self.input_shape = tuple(input_shape)
+        self.weight("embeddings", (self.input_dim, self.output_dim), "uniform:0.05")
+        self.output_shape = self.input_shape + (self.output_dim,)
+        return self.output_shape
+
+    def forward(self, params, x, ctx):
+        ids = np.asarray(x.value).astype(np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.input_dim):
+            raise ValueError(f"{self.name}: ids must be in [0, {self.input_dim}), got {int(ids.min())}..{int(ids.max())}")
+        return ops.gather_rows(self.param(params, "embeddings"), ids)
+
+
+class Dropout(Layer):
+    kind = "dropout"
+
+    def __init__(self, rate, name=None, device=None):
+        super().__init__(name, device)
+        if not 0 <= rate < 1:
+            raise ValueError(f"Dropout rate must be in [0, 1), got {rate!r}")
+        self.rate = float(rate)
+
+    def forward(self, params, x, ctx):
+        return ops.dropout(x, self.rate, ctx.rng) if ctx.training and self.rate else x
+
+
+class Activation(Layer):
+    kind = "activation"
+
+    def __init__(self, activation, name=None, device=None):
+        super().__init__(name, device)
+        self.activation = ops.activation(activation)
+
+    def forward(self, params, x, ctx):
+        return self.activation(x)
+
+
+class LayerNorm(Layer):
+    """Normalizes each example over its last axis, then scales (gamma) and shifts (beta)."""
+
+    kind = "layer_normalization"
+
+    def __init__(self, epsilon=1e-3, name=None, device=None):
+        super().__init__(name, device)
+        self.epsilon = float(epsilon)
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        self.weight("gamma", (input_shape[-1],), "ones")
+        self.weight("beta", (input_shape[-1],), "zeros")
+        return self.output_shape
+
+    def forward(self, params, x, ctx):
+        xhat, _, _ = ops.normalize(x, (-1,), self.epsilon)
+        return ops.add(ops.mul(xhat, self.param(params, "gamma")), self.param(params, "beta"))
+
+
+class BatchNorm(Layer):
+    """Batch normalization over every axis but the last, as Keras' BatchNormalization.
+
+    Training normalizes with the batch's statistics and records the new moving mean and
+    variance (`ctx.updates`); inference uses the moving ones. The moving statistics are
+    non-trainable variables, stored on the ps like TensorFlow's.
+    """
+
+    kind = "batch_normalization"
+
+    def __init__(self, momentum=0.99, epsilon=1e-3, name=None, device=None):
+        super().__init__(name, device)
+        self.momentum, self.epsilon = float(momentum), float(epsilon)
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        n = input_shape[-1]
+        self.weight("gamma", (n,), "ones")
+        self.weight("beta", (n,), "zeros")
+        self.weight("moving_mean", (n,), "zeros", trainable=False)
+        self.weight("moving_variance", (n,), "ones", trainable=False)
+        return self.output_shape
+
+    def forward(self, params, x, ctx):
+        axes = tuple(range(len(x.shape) - 1))
+        if ctx.training:
+            xhat, mu, var = ops.normalize(x, axes, self.epsilon)
+            m = self.momentum
+            for stat, batch in (("moving_mean", mu), ("moving_variance", var)):
+                old = self.param(params, stat).value
+                ctx.updates[f"{self.name}/{stat}"] = (m * old + (1 - m) * batch.reshape(old.shape)).astype(old.dtype)
+        else:
+            mean, var = self.param(params, "moving_mean").value, self.param(params, "moving_variance").value
+            xhat = ops.mul(ops.add(x, constant(-mean)), constant(1.0 / np.sqrt(var + self.epsilon)))
+        return ops.add(ops.mul(xhat, self.param(params, "gamma")), self.param(params, "beta"))
+
+
+class Concatenate(Layer):
+    """Joins several inputs along the last axis (functional networks only)."""
+
+    kind = "concatenate"
+
+    def build(self, input_shapes):
+        shapes = [tuple(s) for s in input_shapes]
+        if len({s[:-1] for s in shapes}) != 1:
+            raise ValueError(f"Concatenate needs inputs that differ only in the last axis, got {shapes}")
+        self.input_shape = shapes
+        self.output_shape = shapes[0][:-1] + (sum(s[-1] for s in shapes),)
+        return self.output_shape
+
+    def forward(self, params, xs, ctx):
+        return ops.concat(list(xs), axis=-1)
+
+
+# ------------------------------------------------ initializers
+
+
+def initial_value(initializer, shape, rng):
+    """One weight's first value (float64), drawn as Keras' initializer of that name."""
+    kind, _, arg = initializer.partition(":")
+    if kind == "zeros":
+        return np.zeros(shape)
+    if kind == "ones":
+        return np.ones(shape)
+    if kind == "uniform":
+        limit = float(arg or 0.05)
+        return rng.uniform(-limit, limit, size=shape)
+    if kind == "glorot_uniform":
+        receptive = int(np.prod(shape[:-2])) if len(shape) > 2 else 1
+        fan_in, fan_out = shape[-2] * receptive if len(shape) > 1 else shape[0], shape[-1] * receptive
+        limit = math.sqrt(6.0 / (fan_in + fan_out))
+        return rng.uniform(-limit, limit, size=shape)
+    if kind == "truncated_normal":
+        stddev = float(arg or 0.05)
+        values = rng.standard_normal(size=shape)
+        bad = np.abs(values) > 2.0
+        while bad.any():
+            values[bad] = rng.standard_normal(size=int(bad.sum()))
+            bad = np.abs(values) > 2.0
+        return values * stddev
+    raise ValueError(f"unknown initializer {initializer!r}")
+
+
+def weight_rng(seed, name):
+    """Each variable draws from its own stream, keyed by (seed, crc32(name)): the same on every task."""
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])

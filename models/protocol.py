@@ -1,0 +1,74 @@
+"""The model protocol: what every part of zmqflow needs from a model, and nothing more.
+
+A model
+
+- declares its variables: `variables()` -> [VariableSpec(name, shape, dtype,
+  trainable, initializer, device)], in placement order;
+- draws their first values: `initial_values(seed)` -> {name: array}, the same on
+  every task for a seed;
+- states its input signature: `input_signature()` -> {input name: (per-example
+  shape, dtype)}, e.g. {"input": ((784,), "float32")};
+- trains: `step(params, batch)` -> (loss, grads, metrics), where batch is (x, y),
+  grads has the trainable variables' gradients and metrics a dict of floats;
+  new values of non-trainable variables (BatchNorm's moving statistics) come
+  in metrics["updates"];
+- predicts: `predict(params, x)` -> outputs [batch, ...] (class probabilities
+  for classifiers).
+
+`params` are {variable name: array}. `x` is an array for a model of one input,
+else {input name: array}. The workers still call the older
+`loss_and_gradients(params, x, y)` -> (loss, {name: gradient of every
+variable}); `step_of` and `loss_and_gradients_of` turn either form into the
+other, so a model may implement just one of them.
+"""
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Model(Protocol):
+    """The four methods every model has (see the module docstring for step/input_signature)."""
+
+    def variables(self) -> list: ...
+
+    def initial_values(self, seed: int) -> dict: ...
+
+    def loss_and_gradients(self, params: dict, x, y) -> tuple: ...
+
+    def predict(self, params: dict, x) -> np.ndarray: ...
+
+
+def input_signature(model):
+    """{input name: (per-example shape, dtype)}; for a model without the method, the first
+    variable's first dimension (the width of a dense first layer, as the built-in MLP has)."""
+    method = getattr(model, "input_signature", None)
+    if method is not None:
+        return {name: (tuple(shape), str(dtype)) for name, (shape, dtype) in method().items()}
+    first = model.variables()[0]
+    return {"input": ((int(first.shape[0]),), str(first.dtype))}
+
+
+def zero_inputs(model, rows):
+    """A batch of `rows` zeros in the model's input signature (to compile kernels before serving)."""
+    signature = input_signature(model)
+    arrays = {name: np.zeros((rows,) + shape, dtype=dtype) for name, (shape, dtype) in signature.items()}
+    return next(iter(arrays.values())) if len(arrays) == 1 else arrays
+
+
+def output_width(model):
+    """The width of the model's output (classes for a classifier)."""
+    method = getattr(model, "output_shape", None)
+    if method is not None:
+        return int(np.prod(method()))
+    return int(model.variables()[-1].shape[-1])
+
+
+def step_of(model, params, batch):
+    """(loss, grads, metrics) from a model that has `step`, or from its loss_and_gradients."""
+    if hasattr(model, "step"):
+        return model.step(params, batch)
+    x, y = batch
+    loss, grads = model.loss_and_gradients(params, x, y)
+    return loss, grads, {"loss": float(loss)}
