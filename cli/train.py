@@ -7,6 +7,8 @@ import click
 from zmqflow.common.cli_support import launcher_curve_option
 from zmqflow.common.errors import OpError
 from zmqflow.jobs.local_cluster import DEFAULT_OPTIMIZER, INPUTS, run_training
+from zmqflow.models.registry import load_model
+from zmqflow.models.spec import resolve_model, with_options
 
 
 @click.command(name="train", context_settings={"show_default": True})
@@ -29,10 +31,22 @@ from zmqflow.jobs.local_cluster import DEFAULT_OPTIMIZER, INPUTS, run_training
 @click.option("--bf16", is_flag=True, help="bfloat16 pulls and pushes.")
 @click.option("--checkpoint-dir", default=None, type=click.Path(file_okay=False))
 @click.option("--checkpoint-every-steps", default=None, type=int)
+@click.option("--model", "model_spec", default=None, metavar="MODEL",
+              help="A built-in model (mlp, cnn, logistic), a function in your file (path/model.py:build, called "
+                   "as build(input_signature, **options)), a spec file (.json/.yaml) or inline JSON. "
+                   "Default: the MNIST MLP 784-100-10.")
+@click.option("--model-opt", "model_opts", multiple=True, metavar="KEY=VALUE",
+              help="A model option (repeatable), e.g. --model cnn --model-opt filters=[8,16] --model-opt dense=128.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learning_rate, optimizer_kind, backend,
-            shuffle_queue, input_kind, bf16, checkpoint_dir, checkpoint_every_steps, as_json):
-    """Train the MNIST MLP with a broker, NUM_PS ps shards and NUM_WORKERS workers on this machine."""
+            shuffle_queue, input_kind, bf16, checkpoint_dir, checkpoint_every_steps, model_spec, model_opts, as_json):
+    """Train a model (default: the MNIST MLP) on the shipped MNIST sample with a broker, NUM_PS ps
+    shards and NUM_WORKERS workers on this machine."""
+    try:
+        model = with_options(resolve_model(model_spec), model_opts)
+        load_model(model, backend="numpy")      # a bad model fails here, before any process starts
+    except OpError as exc:
+        raise click.BadParameter(str(exc), param_hint="--model") from None
     optimizer = {"kind": optimizer_kind, "learning_rate": learning_rate}
     if optimizer_kind == "momentum":
         optimizer["momentum"] = 0.9
@@ -40,7 +54,8 @@ def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learn
         summary = run_training(progress=not as_json, num_ps=num_ps, num_workers=num_workers, mode=mode, epochs=epochs,
                                batch_size=batch_size, optimizer=optimizer, backend=backend, spare_replicas=spare_replicas,
                                shuffle_queue=shuffle_queue, checkpoint_dir=checkpoint_dir,
-                               checkpoint_every_steps=checkpoint_every_steps, bf16=bf16, input=input_kind)
+                               checkpoint_every_steps=checkpoint_every_steps, bf16=bf16, input=input_kind,
+                               model=model)
     except OpError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:

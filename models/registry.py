@@ -1,10 +1,13 @@
-"""The model registry: a spec's `type` -> the model object (the built-in MLP, or `module:Class(spec)`)."""
+"""The model registry: a spec's `type` -> the model object (the MLP, a built-in of models/builtin.py,
+or `module:Class(spec)`)."""
 
 import importlib
 
 from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.models.builtin import BUILDERS, build
 from zmqflow.models.mlp import MLP
-from zmqflow.models.spec import Model, mlp_variables, validate_spec
+from zmqflow.models.spec import Model, is_model_file, mlp_variables, validate_spec
+from zmqflow.models.user_file import build_from_file
 
 
 def load_model(spec, backend="numpy"):
@@ -12,6 +15,10 @@ def load_model(spec, backend="numpy"):
     spec = validate_spec(spec)
     if spec["type"] == "mlp":
         return MLP(spec, backend=backend)
+    if spec["type"] in BUILDERS:
+        return build(spec)
+    if is_model_file(spec["type"]):
+        return build_from_file(spec)
     module_name, _, class_name = spec["type"].partition(":")
     try:
         cls = getattr(importlib.import_module(module_name), class_name)

@@ -14,21 +14,24 @@ there are several hidden layers) and `softmax/weights`, `softmax/biases`. Biases
 at zero, as in TensorFlow's dense layers. Labels are integer class ids and the loss is
 the batch mean of the cross-entropy (`sparse_softmax_cross_entropy_with_logits`).
 
-Any other model plugs in as `{"type": "package.module:ClassName", ...}`: the class is
-called with the whole spec dict and must implement the `Model` protocol below.
+Other models: the built-ins by name (`{"type": "cnn"}`, models/builtin.py), a function in
+the user's file (`{"type": "path/model.py:build", ...options}`, models/user_file.py), or
+`{"type": "package.module:ClassName", ...}`, a class called with the whole spec dict. Each
+implements the model protocol (zmqflow.models.protocol).
 """
 
 import os
 import zlib
 from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 import yaml
 
 from zmqflow.common.variables import VariableSpec
 from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.models import protocol as _protocol
 
+BUILTIN_TYPES = ("mlp", "cnn", "logistic", "linear")   # models/builtin.py builds all but the MLP
 ACTIVATIONS = ("sigmoid", "relu", "tanh", "none")
 INITIALIZERS = ("glorot_uniform", "truncated_normal", "zeros")
 MODEL_DTYPES = ("float32", "float64")
@@ -36,35 +39,19 @@ LOSSES = ("softmax_cross_entropy",)
 _MLP_KEYS = {"type", "layers", "activation", "init", "seed", "dtype", "loss"}
 
 
-@runtime_checkable
-class Model(Protocol):
-    """What ps, worker and aggregator need from a model; params and grads are dicts by variable name.
-
-    - `variables()`: the ordered variable list; its order is the order of placement.
-    - `initial_values(seed)`: a fresh array per variable, the same on every task for a seed.
-    - `loss_and_gradients(params, x, y)`: the mean loss of the batch (a float) and the
-      gradient of that loss for every variable (same names, shapes and dtypes).
-    - `predict(params, x)`: class probabilities, shape [batch, classes], as a numpy array.
-
-    `x` is a float array [batch, inputs] and `y` integer class ids [batch]. A user class is
-    constructed as `Class(spec)`. The built-in MLP's loss_and_gradients also takes
-    `out={name: array}` to write the gradients into; callers must not rely on that for
-    other models.
-    """
-
-    def variables(self) -> list[VariableSpec]: ...
-
-    def initial_values(self, seed: int) -> dict[str, np.ndarray]: ...
-
-    def loss_and_gradients(self, params: dict, x, y) -> tuple[float, dict]: ...
-
-    def predict(self, params: dict, x) -> np.ndarray: ...
+# The protocol lives in zmqflow.models.protocol; kept importable from here.
+Model = _protocol.Model
 
 
 def read_spec(source):
-    """A spec from a mapping, JSON/YAML text, or the path of a .json/.yaml file (not yet validated)."""
+    """A spec from a mapping, a built-in model's name (`cnn`), a model file (`path/model.py:build`),
+    JSON/YAML text, or the path of a .json/.yaml file (not yet validated)."""
     if isinstance(source, Mapping):
         return dict(source)
+    if isinstance(source, str) and source.strip() in BUILTIN_TYPES:
+        return {"type": source.strip()}
+    if isinstance(source, str) and is_model_file(source.strip()):
+        return {"type": source.strip()}
     text = source  # JSON is YAML, so one parser reads both
     if isinstance(source, os.PathLike) or (isinstance(source, str) and source.endswith((".json", ".yaml", ".yml"))):
         if not os.path.isfile(source):
@@ -80,6 +67,26 @@ def read_spec(source):
     return dict(spec)
 
 
+def is_model_file(kind):
+    """Whether a spec type names a function in a Python file: `path/to/model.py:build`."""
+    path, sep, function = kind.rpartition(":")
+    return bool(sep) and path.endswith(".py") and function.isidentifier()
+
+
+def with_options(spec, options):
+    """`spec` with `key=value` options (`--model-opt`) set; values are read as YAML (8, [8, 16], relu)."""
+    spec = dict(spec)
+    for option in options:
+        key, sep, text = option.partition("=")
+        if not sep or not key.strip():
+            raise InvalidArgumentError(f"model option {option!r} is not key=value")
+        try:
+            spec[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise InvalidArgumentError(f"model option {option!r}: the value is not valid YAML: {exc}") from None
+    return spec
+
+
 def validate_spec(spec):
     """A normalized copy of an MLP spec (defaults filled in); InvalidArgumentError names a bad field.
 
@@ -89,10 +96,12 @@ def validate_spec(spec):
         raise InvalidArgumentError(f"model spec must be a mapping, got {type(spec).__name__}")
     kind = spec.get("type")
     if not isinstance(kind, str) or not kind:
-        raise InvalidArgumentError("model spec field 'type' is required: 'mlp' or 'module:Class'")
+        raise InvalidArgumentError(f"model spec field 'type' is required: one of {', '.join(BUILTIN_TYPES)} "
+                                   "or 'module:Class'")
     if kind != "mlp":
-        if ":" not in kind:
-            raise InvalidArgumentError(f"model spec field 'type' {kind!r} is neither 'mlp' nor 'module:Class'")
+        if ":" not in kind and kind not in BUILTIN_TYPES:
+            raise InvalidArgumentError(f"model spec field 'type' {kind!r} is neither a built-in model "
+                                       f"({', '.join(BUILTIN_TYPES)}) nor 'module:Class'")
         return dict(spec)
     unknown = sorted(set(spec) - _MLP_KEYS)
     if unknown:

@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError, NotFoundError
+from zmqflow.models.protocol import input_signature, output_width, zero_inputs
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.common.rpc_service import PARKED, Service
 from zmqflow.services.serve.batcher import Batcher
@@ -33,8 +34,11 @@ class ModelServer(Service):
             raise InvalidArgumentError("a model server needs a checkpoint directory or ps endpoints to follow")
         self.spec, self.backend, self.model_name = spec, backend, model_name
         self.model = load_model(spec, backend=backend)
-        variables = self.model.variables()
-        self.inputs, self.classes = variables[0].shape[0], variables[-1].shape[-1]
+        signature = input_signature(self.model)
+        if len(signature) != 1:
+            raise InvalidArgumentError(f"a model server serves models of one input; this one has {list(signature)}")
+        self.input_shape = next(iter(signature.values()))[0]      # per example, e.g. (784,)
+        self.inputs, self.classes = int(np.prod(self.input_shape)), output_width(self.model)
         self.batcher = Batcher(max_batch, max_delay_ms / 1000.0)
         self.checkpoint_dir, self.refresh_secs = checkpoint_dir, refresh_secs
         self.ps = None
@@ -46,7 +50,7 @@ class ModelServer(Service):
         self.params, self.version, self.source = None, None, None
         self.stats.update(predictions=0, batches=0, batched_rows=0, largest_batch=0, reloads=0)
         self._reload(force=True)
-        self.model.predict(self.params, np.zeros((1, self.inputs), np.float32))  # compile kernels before serving
+        self.model.predict(self.params, zero_inputs(self.model, 1))  # compile kernels before serving
         self._next_refresh = time.monotonic() + refresh_secs if refresh_secs else None
         self._timer_at = None
         self.handlers.update({ServeOps.PREDICT: self._predict, ServeOps.MODEL_INFO: self._model_info})
@@ -82,11 +86,11 @@ class ModelServer(Service):
 
     def _predict(self, call):
         if len(call.tensors) != 1:
-            raise InvalidArgumentError(f"predict takes one tensor x [n, {self.inputs}], got {len(call.tensors)}")
+            raise InvalidArgumentError(f"predict takes one tensor x {self._shape_text()}, got {len(call.tensors)}")
         x = call.tensors[0]
-        if x.ndim != 2 or x.shape[1] != self.inputs or x.shape[0] == 0 or x.dtype.kind not in "fiu":
+        if x.shape[1:] != self.input_shape or x.shape[0] == 0 or x.dtype.kind not in "fiu":
             raise InvalidArgumentError(
-                f"predict input must be numbers of shape [n >= 1, {self.inputs}], got {x.dtype} {list(x.shape)}")
+                f"predict input must be numbers of shape {self._shape_text()}, got {x.dtype} {list(x.shape)}")
         now = time.monotonic()
         if call.deadline is not None and call.deadline <= now:
             raise DeadlineExceededError("the request's deadline passed before it could be batched")
@@ -94,6 +98,9 @@ class ModelServer(Service):
         self.batcher.add(call, x.astype(np.float32, copy=False), call.received)
         self._run_due(now)
         return PARKED
+
+    def _shape_text(self):
+        return "[n >= 1, " + ", ".join(str(n) for n in self.input_shape) + "]"
 
     def _model_info(self, call):
         return {"model": self.model_name, "version": self.version, "spec": self.spec, "inputs": self.inputs,

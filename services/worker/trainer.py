@@ -14,6 +14,7 @@ import numpy as np
 
 from zmqflow.common.errors import DeadlineExceededError, OutOfRangeError, UnavailableError
 from zmqflow.common.input_pipeline import raise_if_failed
+from zmqflow.models.protocol import zero_inputs
 from zmqflow.services.worker.hooks import StepContext
 
 log = logging.getLogger("worker")
@@ -59,8 +60,7 @@ class Trainer:
 
     def _warm_up(self):
         params = self.model.initial_values(self.seed)
-        first = self.model.variables()[0]
-        x = np.zeros((self.batch_size, first.shape[0]), dtype=first.dtype)
+        x = zero_inputs(self.model, self.batch_size)
         self.model.loss_and_gradients(params, x, np.zeros(self.batch_size, dtype=np.int32))
 
     # ------------------------------------------------ the loop

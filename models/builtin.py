@@ -1,0 +1,60 @@
+"""Built-in models by name, each a small spec over zmqflow's layers (the MLP has kernels of its own).
+
+    {"type": "cnn"}        the TensorFlow tutorial's MNIST CNN: conv 5x5x32, pool, conv 5x5x64, pool,
+                           dense 1024 (relu), dense 10; flat 784-pixel rows reshaped to 28x28x1
+    {"type": "logistic", "inputs": 784, "classes": 10}   softmax regression
+    {"type": "linear", "inputs": 13, "outputs": 1, "loss": "mse"}   linear regression (or "huber")
+"""
+
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.models.layer_model import LayerModel
+from zmqflow.models.layers import Conv2D, Dense, Dropout, Flatten, MaxPool2D, Reshape
+from zmqflow.models.network import Sequential
+
+CNN_DEFAULTS = {"inputs": 784, "image": [28, 28, 1], "classes": 10, "filters": [32, 64], "kernel_size": 5,
+                "dense": 1024, "dropout": 0.0, "seed": 0, "dtype": "float32"}
+LOGISTIC_DEFAULTS = {"inputs": 784, "classes": 10, "seed": 0, "dtype": "float32"}
+LINEAR_DEFAULTS = {"inputs": 1, "outputs": 1, "loss": "mse", "seed": 0, "dtype": "float32"}
+
+
+def _options(spec, defaults):
+    unknown = sorted(set(spec) - set(defaults) - {"type"})
+    if unknown:
+        raise InvalidArgumentError(f"model spec field {unknown[0]!r} is not known for type {spec['type']!r}; "
+                                   f"known: {', '.join(sorted(defaults))}")
+    return {**defaults, **{k: v for k, v in spec.items() if k != "type"}}
+
+
+def cnn(spec):
+    o = _options(spec, CNN_DEFAULTS)
+    layers = [Reshape(o["image"])]
+    for filters in o["filters"]:
+        layers += [Conv2D(filters, o["kernel_size"], padding="same", activation="relu"), MaxPool2D(2, padding="same")]
+    layers += [Flatten(), Dense(o["dense"], activation="relu")]
+    layers += [Dropout(o["dropout"])] if o["dropout"] else []
+    layers += [Dense(o["classes"])]
+    return LayerModel(Sequential(layers, input_shape=(o["inputs"],)), dtype=o["dtype"], seed=o["seed"])
+
+
+def logistic(spec):
+    o = _options(spec, LOGISTIC_DEFAULTS)
+    return LayerModel(Sequential([Dense(o["classes"])], input_shape=(o["inputs"],)), dtype=o["dtype"], seed=o["seed"])
+
+
+def linear(spec):
+    o = _options(spec, LINEAR_DEFAULTS)
+    if o["loss"] not in ("mse", "huber"):
+        raise InvalidArgumentError(f"model spec field 'loss' of a linear model is 'mse' or 'huber', not {o['loss']!r}")
+    return LayerModel(Sequential([Dense(o["outputs"])], input_shape=(o["inputs"],)), loss=o["loss"],
+                      dtype=o["dtype"], seed=o["seed"])
+
+
+BUILDERS = {"cnn": cnn, "logistic": logistic, "linear": linear}
+
+
+def build(spec):
+    """The built-in model of `spec`; errors name the spec field."""
+    try:
+        return BUILDERS[spec["type"]](spec)
+    except (ValueError, TypeError) as exc:
+        raise InvalidArgumentError(f"model spec {spec['type']!r}: {exc}") from None
