@@ -7,7 +7,7 @@ and zmqflow/ holds only the package's root (version, `python -m zmqflow`).
 
 from setuptools import find_packages, setup
 
-FOLDERS = ("common", "models", "inputs", "services", "jobs", "cli", "bench", "loadtest", "data")
+FOLDERS = ("common", "models", "inputs", "adapters", "services", "jobs", "cli", "bench", "loadtest", "data")
 
 packages, package_dir = ["zmqflow"], {"zmqflow": "zmqflow"}
 for folder in FOLDERS:

@@ -7,6 +7,7 @@ a copy laid out as installed: zmqflow/common, zmqflow/services, ...
 
 import ast
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -16,8 +17,8 @@ import pytest
 pytestmark = pytest.mark.unit
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-FOLDERS = ("common", "models", "inputs", "services", "jobs", "cli", "bench", "loadtest", "data")
-OLD_TOP_LEVEL = {"common", "services", "bench", "loadtest", "models", "inputs", "jobs", "cli"}
+FOLDERS = ast.literal_eval(re.search(r"^FOLDERS = (\(.*?\))$", (REPO / "setup.py").read_text(), re.M).group(1))
+OLD_TOP_LEVEL = {"common", "services", "bench", "loadtest", "models", "inputs", "jobs", "cli", "adapters"}
 
 
 def _installed_layout(tmp_path):

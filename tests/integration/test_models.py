@@ -60,3 +60,37 @@ def test_a_bad_model_file_is_named_before_anything_starts(tmp_path, source, opti
     assert code == 2 and "bad_model.py" in err and message in err, err
     code, _, err = train("--model", str(tmp_path / "missing.py:build"), timeout=60)
     assert code == 2 and "does not exist" in err
+
+
+JAX_MODEL = '''
+import jax
+import jax.numpy as jnp
+
+from zmqflow.adapters.jax import JaxModel
+
+
+def init(key):
+    k1, k2 = jax.random.split(key)
+    return {"hidden": {"w": jax.random.normal(k1, (784, 64)) * 0.05, "b": jnp.zeros(64)},
+            "out": {"w": jax.random.normal(k2, (64, 10)) * 0.05, "b": jnp.zeros(10)}}
+
+
+def apply(params, x):
+    h = jax.nn.relu(x @ params["hidden"]["w"] + params["hidden"]["b"])
+    return h @ params["out"]["w"] + params["out"]["b"]
+
+
+def build(input_signature):
+    (shape, _), = input_signature.values()
+    return JaxModel(apply, init, input_shape=shape)
+'''
+
+
+def test_a_jax_model_trains_on_the_cluster(tmp_path):
+    pytest.importorskip("jax", reason="JAX is not installed (pip install 'zmqflow[jax]')")
+    path = tmp_path / "jax_model.py"
+    path.write_text(JAX_MODEL)
+    code, out, err = train("--model", f"{path}:build", "--epochs", "3")
+    assert code == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["worker_exit_codes"] == [0, 0] and summary["test_accuracy"] > 0.8, summary
