@@ -24,6 +24,17 @@ def broker(as_json, seconds, window):
 
 @bench.command()
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON result line.")
+@click.option("--seconds", default=3.0, show_default=True, help="Duration of each phase.")
+def kernels(as_json, seconds):
+    """Forward+backward steps/s of the MNIST MLP and the tutorial CNN (batch 100) vs JAX on the CPU."""
+    from zmqflow.bench.kernels import run
+
+    result = run(seconds=seconds, progress=None if as_json else click.echo)
+    click.echo(json.dumps(result))
+
+
+@bench.command()
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON result line.")
 @click.option("--epochs", default=10, show_default=True, help="Epochs of the 1 ps + 2 workers async run.")
 def train(as_json, epochs):
     """Training: examples/s of real clusters vs one process, ps pull/push vs raw pyzmq."""

@@ -38,12 +38,13 @@ def _windows(x, kh, kw, stride, padding, fill=0.0):
 
 
 def _scatter_windows(grad_windows, padded_shape, stride, pads, dtype, xp):
-    """col2im: add grad_windows [n, oh, ow, c, kh, kw] back onto the padded input, then crop."""
-    n, oh, ow, c, kh, kw = grad_windows.shape
+    """col2im: add grad_windows [n, oh, ow, kh, kw, c] back onto the padded input, then crop.
+    Channels last, so each of the kh*kw strided additions reads whole rows."""
+    n, oh, ow, kh, kw, c = grad_windows.shape
     out = xp.zeros(padded_shape, dtype=dtype)
     for i in range(kh):
         for j in range(kw):
-            out[:, i:i + stride * oh:stride, j:j + stride * ow:stride, :] += grad_windows[..., i, j]
+            out[:, i:i + stride * oh:stride, j:j + stride * ow:stride, :] += grad_windows[:, :, :, i, j, :]
     (top, bottom), (left, right) = pads
     return out[:, top:out.shape[1] - bottom, left:out.shape[2] - right, :]
 
@@ -65,7 +66,7 @@ def conv2d(x, kernel, stride=1, padding="valid"):
         g2 = g.reshape(n * oh * ow, cout)
         kernel.accumulate((cols.T @ g2).reshape(kernel.shape))
         if x.requires_grad:
-            dcols = (g2 @ flat_kernel.T).reshape(n, oh, ow, kh, kw, cin).transpose(0, 1, 2, 5, 3, 4)
+            dcols = (g2 @ flat_kernel.T).reshape(n, oh, ow, kh, kw, cin)
             x.accumulate(_scatter_windows(dcols, padded.shape, stride, pads, x.dtype, xp))
     out.backward_fn = backward
     return out
@@ -81,9 +82,9 @@ def max_pool2d(x, size, stride=None, padding="valid"):
     out = Tensor(xp.take_along_axis(flat, winner[..., None], axis=-1)[..., 0], (x,))
 
     def backward(g):
-        grad_windows = (xp.arange(size * size) == winner[..., None]) * g[..., None]
-        x.accumulate(_scatter_windows(grad_windows.reshape(n, oh, ow, c, size, size), padded.shape, stride, pads,
-                                      x.dtype, xp))
+        grad_windows = (xp.arange(size * size) == winner[..., None]) * g[..., None]      # [n, oh, ow, c, k*k]
+        grad_windows = grad_windows.transpose(0, 1, 2, 4, 3).reshape(n, oh, ow, size, size, c)
+        x.accumulate(_scatter_windows(grad_windows, padded.shape, stride, pads, x.dtype, xp))
     out.backward_fn = backward
     return out
 
@@ -99,7 +100,7 @@ def avg_pool2d(x, size, stride=None, padding="valid"):
     n, oh, ow, c = out.shape
 
     def backward(g):
-        share = (g / count)[..., None, None] * xp.ones((size, size), dtype=x.dtype)
+        share = xp.broadcast_to((g / count)[:, :, :, None, None, :], (n, oh, ow, size, size, c))
         x.accumulate(_scatter_windows(share, padded.shape, stride, pads, x.dtype, xp))
     out.backward_fn = backward
     return out
