@@ -94,3 +94,37 @@ def test_a_jax_model_trains_on_the_cluster(tmp_path):
     assert code == 0, err[-3000:]
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["worker_exit_codes"] == [0, 0] and summary["test_accuracy"] > 0.8, summary
+
+
+@pytest.mark.slow
+def test_one_ensemble_of_an_mlp_a_cnn_and_a_jax_model_served_from_their_checkpoints(tmp_path, processes):
+    """Each checkpoint records its model, so `serve --checkpoint` rebuilds it with no --model;
+    the aggregator averages three different models."""
+    pytest.importorskip("jax", reason="JAX is not installed (pip install 'zmqflow[jax]')")
+    import numpy as np
+
+    from zmqflow.common.aggregator_client import AggregatorClient
+    from zmqflow.common.serve_client import ModelClient
+    from zmqflow.inputs.datasets import mnist_split
+    jax_file = tmp_path / "jax_model.py"
+    jax_file.write_text(JAX_MODEL)
+    models = {"mlp": [], "cnn": ["--model", "cnn", "--model-opt", "filters=[8,16]", "--model-opt", "dense=64"],
+              "jax": ["--model", f"{jax_file}:build"]}
+    servers = []
+    for name, args in models.items():
+        directory = tmp_path / name
+        code, out, err = train(*args, "--epochs", "3", "--checkpoint-dir", str(directory))
+        assert code == 0, err[-3000:]
+        servers.append(processes.service("zmqflow.services.serve", ["--checkpoint", str(directory),
+                                                                    "--backend", "numpy"]))
+    kinds = []
+    for server in servers:
+        with ModelClient(server.endpoint) as client:
+            kinds.append(client.model_info()["spec"]["type"])
+    assert kinds[0] == "mlp" and kinds[1] == "cnn" and kinds[2].endswith("jax_model.py:build")
+    aggregator = processes.service("zmqflow.services.aggregator", [a for s in servers for a in ("--member", s.endpoint)])
+    _, (x, y) = mnist_split()
+    with AggregatorClient(aggregator.endpoint) as client:
+        probabilities, info = client.predict(x[:200], deadline_ms=5000, min_members=3)
+    assert len(info["answered"]) == 3, info
+    assert np.mean(np.argmax(probabilities, axis=1) == y[:200]) > 0.85
