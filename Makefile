@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-gpu test-containers test-netns bench venv lock clean
+.PHONY: demo test test-fast test-gpu test-containers test-netns examples bench venv lock clean
 
 venv: $(STAMP)
 
@@ -44,6 +44,10 @@ test-containers: $(STAMP)
 # Training and serving across Linux network namespaces (root); skips (with the reason) otherwise.
 test-netns: $(STAMP)
 	$(BIN)/python -m pytest -q -rs -m netns
+
+# Every script in examples/, each printing its final metric; stops at the first that fails.
+examples: $(STAMP)
+	@set -e; for example in examples/*.py; do echo "== $$example"; $(BIN)/python $$example; done
 
 demo: $(STAMP)
 	$(BIN)/zmqflow demo

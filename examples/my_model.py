@@ -1,0 +1,33 @@
+"""Your own model in a file of your own: `build(input_signature, **options)` returns a model.
+
+    zmqflow train --model examples/my_model.py:build --model-opt width=64 --epochs 5 --checkpoint-dir /tmp/mine
+    zmqflow serve --checkpoint /tmp/mine --bind tcp://127.0.0.1:5700      # the checkpoint names this file
+
+Run as a script it checks the model on one batch without a cluster.
+"""
+
+from zmqflow.models.layer_model import LayerModel
+from zmqflow.models.layers import Dense, Dropout, LayerNorm
+from zmqflow.models.network import Sequential
+
+
+def build(input_signature, width=128, dropout=0.1):
+    (shape, _dtype), = input_signature.values()        # e.g. {"input": ((784,), "float32")}
+    network = Sequential([Dense(width, activation="gelu"), LayerNorm(), Dropout(dropout), Dense(10)],
+                         input_shape=shape)
+    return LayerModel(network, loss="softmax_cross_entropy", seed=0)
+
+
+if __name__ == "__main__":
+    import numpy as np
+
+    from zmqflow.inputs.datasets import load_mnist
+    model = build({"input": ((784,), "float32")})
+    print(model.network.summary())
+    x, y = load_mnist()
+    params = model.initial_values()
+    for _ in range(100):
+        loss, grads, metrics = model.step(params, (x[:128], y[:128]))
+        for name, g in grads.items():
+            params[name] -= 0.1 * g
+    print(f"my_model: loss {loss:.3f}, accuracy {metrics['accuracy']:.3f} on the batch it fitted")
