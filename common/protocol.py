@@ -49,6 +49,7 @@ class PsOps:
     PUSH = "push"
     PUSH_SPARSE = "push_sparse"
     PULL_ROWS = "pull_rows"
+    ASSIGN = "assign"
     SAVE = "save"
     WORKER_DONE = "worker_done"
     STATS = "stats"

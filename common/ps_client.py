@@ -133,6 +133,16 @@ class PsClient:
         """Push gradients tagged with the versions of the last pull; one result per shard."""
         return self.push_async(grads, replica).result()
 
+    def assign_async(self, values):
+        """Set non-trainable variables ({name: value}) on the shards that hold them."""
+        pieces = self._split(values)
+        calls = []
+        for client, keys in zip(self.clients, self.shard_keys):
+            mine = [k for k in keys if k in pieces]
+            if mine:
+                calls.append(client.submit(PsOps.ASSIGN, {"names": mine}, [pieces[k] for k in mine]))
+        return _Gathered(calls, lambda replies: [r[0] for r in replies])
+
     # ------------------------------------------------ preloaded data
 
     def preload(self, name, data, shard=0):

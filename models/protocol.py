@@ -72,3 +72,12 @@ def step_of(model, params, batch):
     x, y = batch
     loss, grads = model.loss_and_gradients(params, x, y)
     return loss, grads, {"loss": float(loss)}
+
+
+def every_gradient(model, grads):
+    """`grads` with zeros for the variables it lacks (the non-trainable ones): the ps takes a
+    gradient for every variable it holds, and a zero never moves a variable."""
+    missing = [v for v in model.variables() if v.name not in grads]
+    if not missing:
+        return grads
+    return {**grads, **{v.name: np.zeros(v.shape, v.dtype) for v in missing}}

@@ -9,6 +9,7 @@ Ops (all tensors travel in the order of `names`):
              shard reaches that version (how sync workers wait for the next step)
   push       gradients tagged with the version they were computed from
   push_sparse / pull_rows   rows of one variable (indices + values)
+  assign     new values of non-trainable variables (BatchNorm's moving statistics), no optimizer
   save       write this shard's pieces into a checkpoint's staging directory
   worker_done  a worker finished (or, `lost: true`, the chief gave up on a silent one):
              parked sync waits are released so nobody waits for a step that can no
@@ -48,7 +49,7 @@ class PsService(Service):
         self.preloaded = {}  # name -> {component: array}: a data set held once, never trained
         self.handlers.update({PsOps.INIT: self._init, PsOps.RESTORE: self._restore, PsOps.WAIT_READY: self._wait_ready,
                               PsOps.PULL: self._pull, PsOps.PUSH: self._push, PsOps.PUSH_SPARSE: self._push_sparse,
-                              PsOps.PULL_ROWS: self._pull_rows, PsOps.SAVE: self._save,
+                              PsOps.PULL_ROWS: self._pull_rows, PsOps.ASSIGN: self._assign, PsOps.SAVE: self._save,
                               PsOps.WORKER_DONE: self._worker_done, PsOps.STATS: self._stats,
                               PsOps.PRELOAD: self._preload, PsOps.TAKE_ROWS: self._take_rows,
                               PsOps.SHUTDOWN: self._shutdown})
@@ -149,6 +150,10 @@ class PsService(Service):
                                         _int(call.args.get("replica", 0), "replica"))
         self._wake_versions()
         return vars(result)
+
+    def _assign(self, call):
+        self._require_ready()
+        return {"assigned": self.state.assign(self._named_tensors(call)), "version": self.state.version}
 
     def _pull_rows(self, call):
         self._require_ready()

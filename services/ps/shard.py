@@ -235,6 +235,22 @@ class ShardState:
         self._bytes_pulled += rows.nbytes
         return rows
 
+    # ------------------------------------------------------------------ assign
+
+    def assign(self, values):
+        """New values of some pieces, set as they are: the non-trainable variables a model
+        computes (BatchNorm's moving statistics), never given to the optimizer. The version
+        does not move; the last writer wins, as TensorFlow's assign on a ps variable."""
+        self._require_initialized()
+        unknown = sorted(set(values) - set(self.specs))
+        if unknown:
+            raise InvalidArgumentError(f"assign names pieces this shard does not hold: {unknown}")
+        _check_arrays(values, {n: self.specs[n] for n in values}, "assigned values")
+        for name, value in values.items():
+            np.copyto(self._values[name], value)
+        self._generation += 1          # pulls see the new values
+        return len(values)
+
     # ------------------------------------------------------------------ push
 
     def push(self, grads, version, replica):

@@ -14,7 +14,7 @@ import numpy as np
 
 from zmqflow.common.errors import DeadlineExceededError, OutOfRangeError, UnavailableError
 from zmqflow.common.input_pipeline import raise_if_failed
-from zmqflow.models.protocol import zero_inputs
+from zmqflow.models.protocol import every_gradient, zero_inputs
 from zmqflow.services.worker.hooks import StepContext
 
 log = logging.getLogger("worker")
@@ -35,6 +35,7 @@ class Trainer:
         self.examples = 0
         self.steps = 0
         self.losses = []
+        self._push = self._assign = None   # at most one push and one assign in flight
 
     def resolved_config(self):
         return {"mode": self.mode, "batch_size": self.batch_size, "num_workers": self.num_workers, **self.config}
@@ -73,7 +74,7 @@ class Trainer:
         next_batch = self._dequeue()
         params = self.ps.pull()
         self.global_step = self.ps.versions[0]
-        self._push = None
+        self._push = self._assign = None
         try:
             while True:
                 try:
@@ -111,10 +112,10 @@ class Trainer:
     def _step(self, params, x, y):
         """One step: (loss, the parameters for the next step)."""
         if self.mode == "sync":
-            loss, grads = self.model.loss_and_gradients(params, x, y)
+            loss, grads = self._compute(params, x, y)
             return loss, self._sync_exchange(grads)
         next_params = self.ps.pull_async()  # prefetch: arrives while we compute
-        loss, grads = self.model.loss_and_gradients(params, x, y)
+        loss, grads = self._compute(params, x, y)
         self._settle_push()
         self._push = self.ps.push_async(grads, self.replica)
         params = next_params.result()
@@ -125,7 +126,7 @@ class Trainer:
         """A ps shard went away: wait (bounded) until every shard serves again, then start over
         from fresh parameters. The step in hand is lost; a restarted shard restores its checkpoint."""
         log.warning("worker %d: %s; waiting for the ps shards to come back", self.replica, error)
-        self._push = None
+        self._push = self._assign = None
         deadline = time.monotonic() + self.end_timeout
         while True:
             try:
@@ -138,11 +139,28 @@ class Trainer:
                 if time.monotonic() > deadline:
                     raise UnavailableError(f"ps shards did not come back within {self.end_timeout:.0f} s: {exc}")
 
+    def _compute(self, params, x, y):
+        """(loss, a gradient for every variable). A model of the protocol's `step` may also compute
+        new values of non-trainable variables (BatchNorm's moving statistics): they go to the ps
+        as an assign, at most one in flight, and the ps checkpoints and serves them."""
+        if not hasattr(self.model, "step"):
+            return self.model.loss_and_gradients(params, x, y)
+        loss, grads, metrics = self.model.step(params, (x, y))
+        updates = metrics.get("updates")
+        if updates:
+            if self._assign is not None:
+                self._assign.result()
+            self._assign = self.ps.assign_async(updates)
+        return loss, every_gradient(self.model, grads)
+
     def _settle_push(self):
         """Collect the previous step's push results (at most one push in flight)."""
         if self._push is not None:
             self._push.result()
             self._push = None
+        if self._assign is not None:
+            self._assign.result()
+            self._assign = None
 
     def _sync_exchange(self, grads):
         """Push this step's gradients, then wait until every shard applied the step."""

@@ -128,3 +128,41 @@ def test_one_ensemble_of_an_mlp_a_cnn_and_a_jax_model_served_from_their_checkpoi
         probabilities, info = client.predict(x[:200], deadline_ms=5000, min_members=3)
     assert len(info["answered"]) == 3, info
     assert np.mean(np.argmax(probabilities, axis=1) == y[:200]) > 0.85
+
+
+BATCH_NORM_MODEL = '''
+from zmqflow.models.layer_model import LayerModel
+from zmqflow.models.layers import BatchNorm, Dense
+from zmqflow.models.network import Sequential
+
+
+def build(input_signature):
+    (shape, _), = input_signature.values()
+    return LayerModel(Sequential([Dense(32), BatchNorm(momentum=0.9), Dense(10)], input_shape=shape), seed=0)
+'''
+
+
+def test_batch_norm_moving_statistics_live_on_the_ps_and_are_served(tmp_path, processes):
+    """Workers assign the moving mean and variance to the ps each step; the checkpoint holds them and
+    the model server predicts with them, as local inference on the checkpoint does."""
+    import numpy as np
+
+    from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
+    from zmqflow.common.serve_client import ModelClient
+    from zmqflow.inputs.datasets import mnist_split
+    from zmqflow.models.registry import load_model
+    path = tmp_path / "bn_model.py"
+    path.write_text(BATCH_NORM_MODEL)
+    code, out, err = train("--model", f"{path}:build", "--epochs", "3", "--checkpoint-dir", str(tmp_path / "ckpt"))
+    assert code == 0, err[-3000:]
+    assert json.loads(out.strip().splitlines()[-1])["test_accuracy"] > 0.8
+    checkpoint = Checkpoint(latest_checkpoint(str(tmp_path / "ckpt")))
+    params = {v.name: checkpoint.read(v.name)[0] for v in checkpoint.variables()}
+    assert np.abs(params["batch_normalization/moving_mean"]).max() > 0.01        # moved from its zeros
+    assert np.abs(params["batch_normalization/moving_variance"] - 1).max() > 0.01
+    _, (x, _) = mnist_split()
+    model = load_model(checkpoint.config["model"])
+    server = processes.service("zmqflow.services.serve", ["--checkpoint", str(tmp_path / "ckpt"), "--backend", "numpy"])
+    with ModelClient(server.endpoint) as client:
+        served, _ = client.predict(x[:50])
+    np.testing.assert_allclose(served, model.predict(params, x[:50]), rtol=1e-4, atol=1e-5)

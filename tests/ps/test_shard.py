@@ -336,3 +336,22 @@ def test_config_and_stats_are_json():
     assert config["pieces"]["layer/weights"] == {"shape": [3, 4], "dtype": "float64"}
     stats = json.loads(json.dumps(state.stats()))
     assert stats["pushes_received"] == 1 and stats["pushes_pending"] == 1 and stats["version"] == 0
+
+
+# --- assign: non-trainable variables (BatchNorm's moving statistics) ---------------------
+
+def test_assign_sets_values_without_the_optimizer_or_a_new_version():
+    state = shard({"kind": "adam", "learning_rate": 0.1})
+    before = current(state)
+    new_biases = np.arange(4, dtype=np.float64)
+    assert state.assign({"layer/biases": new_biases}) == 1
+    version, after = state.pull()
+    assert version == 0
+    np.testing.assert_array_equal(after["layer/biases"], new_biases)              # exactly the value, no Adam step
+    np.testing.assert_array_equal(after["layer/weights"], before["layer/weights"])
+    with pytest.raises(InvalidArgumentError, match="does not hold: \\['other'\\]"):
+        state.assign({"other": new_biases})
+    with pytest.raises(InvalidArgumentError, match="assigned values"):
+        state.assign({"layer/biases": np.zeros(5)})
+    with pytest.raises(FailedPreconditionError):
+        shard(init=False).assign({"layer/biases": new_biases})
