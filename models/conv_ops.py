@@ -7,6 +7,8 @@ Padding follows TensorFlow: 'valid' uses only whole windows; 'same' pads so the
 output has ceil(size / stride) positions, the odd pixel going to the bottom/right.
 """
 
+import functools
+
 import numpy as np
 
 from zmqflow.models.autograd import Tensor
@@ -42,11 +44,24 @@ def _scatter_windows(grad_windows, padded_shape, stride, pads, dtype, xp):
     Channels last, so each of the kh*kw strided additions reads whole rows."""
     n, oh, ow, kh, kw, c = grad_windows.shape
     out = xp.zeros(padded_shape, dtype=dtype)
-    for i in range(kh):
-        for j in range(kw):
-            out[:, i:i + stride * oh:stride, j:j + stride * ow:stride, :] += grad_windows[:, :, :, i, j, :]
+    if xp is np and _numba_col2im() is not None and grad_windows.flags.c_contiguous and grad_windows.dtype == dtype:
+        _numba_col2im()(grad_windows, out, stride)
+    else:
+        for i in range(kh):
+            for j in range(kw):
+                out[:, i:i + stride * oh:stride, j:j + stride * ow:stride, :] += grad_windows[:, :, :, i, j, :]
     (top, bottom), (left, right) = pads
     return out[:, top:out.shape[1] - bottom, left:out.shape[2] - right, :]
+
+
+@functools.lru_cache(maxsize=None)
+def _numba_col2im():
+    """The numba backend's col2im (parallel over images), or None without numba."""
+    try:
+        from zmqflow.models.kernels.numba_kernels import col2im
+    except ImportError:
+        return None
+    return col2im
 
 
 def conv2d(x, kernel, stride=1, padding="valid"):
@@ -72,9 +87,21 @@ def conv2d(x, kernel, stride=1, padding="valid"):
     return out
 
 
+def _tiles(x, size, stride, padding):
+    """Non-overlapping windows that tile the input exactly (the usual 2x2 pool of an even image):
+    a view [n, oh, size, ow, size, c] of x itself, with no copy and no padding; else None."""
+    n, h, w, c = x.shape
+    if stride != size or h % size or w % size or (padding == "valid" and (h < size or w < size)):
+        return None
+    return x.reshape(n, h // size, size, w // size, size, c)
+
+
 def max_pool2d(x, size, stride=None, padding="valid"):
     stride = stride or size
     xp = xp_of(x.value)
+    tiles = _tiles(x.value, size, stride, padding)
+    if tiles is not None:
+        return _max_pool_tiles(x, tiles, size, xp)
     padded, view, pads = _windows(x.value, size, size, stride, padding, fill=-np.inf)
     n, oh, ow, c = view.shape[:4]
     flat = view.reshape(n, oh, ow, c, size * size)
@@ -89,10 +116,37 @@ def max_pool2d(x, size, stride=None, padding="valid"):
     return out
 
 
+def _max_pool_tiles(x, tiles, size, xp):
+    """max_pool2d over exact tiles: reductions over views; the gradient goes to the first maximum
+    of each window in row-major order, as TensorFlow's MaxPoolGrad (and the argmax path) route it."""
+    top = tiles.max(axis=(2, 4))
+    out = Tensor(top, (x,))
+
+    def backward(g):
+        equal = tiles == top[:, :, None, :, None, :]
+        taken = xp.zeros(top.shape, dtype=bool)
+        grad = xp.zeros(tiles.shape, dtype=x.dtype)
+        for i in range(size):
+            for j in range(size):
+                first = equal[:, :, i, :, j, :] & ~taken
+                grad[:, :, i, :, j, :] = g * first
+                taken |= first
+        x.accumulate(grad.reshape(x.shape))
+    out.backward_fn = backward
+    return out
+
+
 def avg_pool2d(x, size, stride=None, padding="valid"):
     """The mean of each window; with 'same' padding only real pixels count, as in TensorFlow."""
     stride = stride or size
     xp = xp_of(x.value)
+    tiles = _tiles(x.value, size, stride, padding)
+    if tiles is not None:
+        out = Tensor(tiles.mean(axis=(2, 4)).astype(x.dtype, copy=False), (x,))
+        share = 1.0 / (size * size)
+        out.backward_fn = lambda g: x.accumulate(
+            xp.broadcast_to((g * share)[:, :, None, :, None, :], tiles.shape).reshape(x.shape).astype(x.dtype))
+        return out
     padded, view, pads = _windows(x.value, size, size, stride, padding)
     _, ones, _ = _windows(xp.ones(x.shape[:3] + (1,), dtype=x.dtype), size, size, stride, padding)
     count = ones.sum(axis=(-2, -1))                       # [n, oh, ow, 1]

@@ -17,7 +17,7 @@ import math
 from collections import OrderedDict
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from zmqflow.models.kernels.numpy_kernels import check_labels
 
@@ -212,3 +212,20 @@ class Kernels:
         return float(loss), grads_w, grads_b
 
 
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def col2im(grad_windows, out, stride):
+    """Add grad_windows [n, oh, ow, kh, kw, c] onto out [n, h, w, c] (the padded input) in place:
+    conv2d's input gradient. One image per thread; the channel loop reads whole rows."""
+    n, oh, ow, kh, kw, c = grad_windows.shape
+    for b in prange(n):
+        for y in range(oh):
+            for x in range(ow):
+                for i in range(kh):
+                    row = out[b, y * stride + i]
+                    for j in range(kw):
+                        target = row[x * stride + j]
+                        source = grad_windows[b, y, x, i, j]
+                        for k in range(c):
+                            target[k] += source[k]

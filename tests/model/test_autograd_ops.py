@@ -125,3 +125,41 @@ def test_avg_pool_same_padding_counts_only_real_pixels():
     x = np.ones((1, 3, 3, 1))
     out = conv_ops.avg_pool2d(constant(x), 2, None, "same").value
     assert np.allclose(out, 1.0)   # the padded corner is not averaged in as zeros
+
+
+@pytest.mark.parametrize("pool", ["max", "avg"])
+@pytest.mark.parametrize("padding", ["valid", "same"])
+def test_tiled_pooling_equals_the_window_path(pool, padding):
+    """2x2 pools of even images take the tiled path; it must agree with the general one, ties included."""
+    op = conv_ops.max_pool2d if pool == "max" else conv_ops.avg_pool2d
+    x = np.maximum(RNG.standard_normal((2, 6, 4, 3)), 0.0)           # relu output: many tied zeros
+    g = RNG.standard_normal((2, 3, 2, 3))
+    tiled = variable(x.copy())
+    out = op(tiled, 2, 2, padding)
+    out.backward(g)
+    general = variable(x.copy())
+    reference = op(general, 2, 1, padding)   # stride 1 takes the window path; keep every other window
+    picked = reference.value[:, ::2, ::2, :][:, :3, :2, :]
+    np.testing.assert_allclose(out.value, picked)
+    check(lambda t: op(t, 2, 2, padding), (2, 6, 4, 3))
+    assert conv_ops._tiles(x, 2, 2, padding) is not None and conv_ops._tiles(x, 2, 1, padding) is None
+
+
+def test_max_pool_gradient_goes_to_the_first_of_tied_maxima():
+    x = variable(np.zeros((1, 2, 2, 1)))
+    conv_ops.max_pool2d(x, 2).backward(np.ones((1, 1, 1, 1)))
+    assert x.grad.ravel().tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_numba_col2im_equals_the_numpy_loop():
+    from zmqflow.models.kernels.numba_kernels import col2im
+    windows = RNG.standard_normal((3, 4, 5, 3, 2, 6)).astype(np.float32)
+    for stride in (1, 2):
+        shape = (3, (4 - 1) * stride + 3, (5 - 1) * stride + 2, 6)
+        expected = np.zeros(shape, np.float32)
+        for i in range(3):
+            for j in range(2):
+                expected[:, i:i + stride * 4:stride, j:j + stride * 5:stride, :] += windows[:, :, :, i, j, :]
+        out = np.zeros(shape, np.float32)
+        col2im(windows, out, stride)
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)   # summation order differs
