@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-gpu test-containers test-netns examples bench venv lock clean
+.PHONY: demo test test-fast test-gpu test-torch test-containers test-netns examples bench venv lock clean
 
 venv: $(STAMP)
 
@@ -36,6 +36,14 @@ test-fast: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu
+
+# The PyTorch adapter's tests: installs PyTorch's CPU build into .venv first (about 190 MB; not in the lock,
+# like the GPU extra). TORCH_SPEC picks another build, e.g. TORCH_SPEC="torch==2.13.0" TORCH_INDEX=... for CUDA.
+TORCH_SPEC ?= torch==2.13.0+cpu
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+test-torch: $(STAMP)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "$(TORCH_SPEC)" --index-url $(TORCH_INDEX)
+	$(BIN)/python -m pytest -q -rs -m torch
 
 # Builds the image and runs docker-compose.yml for real; skips (with the reason) without a Docker daemon.
 test-containers: $(STAMP)
