@@ -8,11 +8,12 @@ evaluates on the held-out set. End of input is the queue's OutOfRange.
 """
 
 import logging
+import math
 import time
 
 import numpy as np
 
-from zmqflow.common.errors import DeadlineExceededError, OutOfRangeError, UnavailableError
+from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError, OutOfRangeError, UnavailableError
 from zmqflow.common.input_pipeline import raise_if_failed
 from zmqflow.models.protocol import every_gradient, zero_inputs
 from zmqflow.services.worker.hooks import StepContext
@@ -144,14 +145,25 @@ class Trainer:
         new values of non-trainable variables (BatchNorm's moving statistics): they go to the ps
         as an assign, at most one in flight, and the ps checkpoints and serves them."""
         if not hasattr(self.model, "step"):
-            return self.model.loss_and_gradients(params, x, y)
+            loss, grads = self.model.loss_and_gradients(params, x, y)
+            self._check_loss(loss, x)
+            return loss, grads
         loss, grads, metrics = self.model.step(params, (x, y))
+        self._check_loss(loss, x)
         updates = metrics.get("updates")
         if updates:
             if self._assign is not None:
                 self._assign.result()
             self._assign = self.ps.assign_async(updates)
         return loss, every_gradient(self.model, grads)
+
+    def _check_loss(self, loss, x):
+        """A NaN or infinite loss ends this worker before its gradients reach the ps."""
+        if not math.isfinite(loss):
+            raise InvalidArgumentError(
+                f"worker {self.replica}: the loss of step {self.steps + 1} (global step {self.global_step}) is "
+                f"{loss} on a batch of {len(x)}; its gradients were not pushed. The model diverged: a lower "
+                "learning rate, or inputs scaled to a small range, usually help")
 
     def _settle_push(self):
         """Collect the previous step's push results (at most one push in flight)."""

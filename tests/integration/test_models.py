@@ -167,3 +167,29 @@ def test_batch_norm_moving_statistics_live_on_the_ps_and_are_served(tmp_path, pr
     with ModelClient(server.endpoint) as client:
         served, _ = client.predict(x[:50])
     np.testing.assert_allclose(served, model.predict(params, x[:50]), rtol=1e-4, atol=1e-5)
+
+
+DIVERGING_MODEL = '''
+from zmqflow.models.layer_model import LayerModel
+from zmqflow.models.layers import Dense
+from zmqflow.models.network import Sequential
+
+
+class Diverging(LayerModel):
+    def step(self, params, batch):
+        loss, grads, metrics = super().step(params, batch)
+        return (float("nan") if self._steps > 3 else loss), grads, metrics
+
+
+def build(input_signature):
+    (shape, _), = input_signature.values()
+    return Diverging(Sequential([Dense(10)], input_shape=shape))
+'''
+
+
+def test_a_nan_loss_ends_the_job_non_zero_naming_the_step(tmp_path):
+    path = tmp_path / "diverging.py"
+    path.write_text(DIVERGING_MODEL)
+    code, out, err = train("--model", f"{path}:build", "--epochs", "2", timeout=120)
+    assert code != 0
+    assert "the loss of step 3" in err and "is nan" in err and "its gradients were not pushed" in err, err[-3000:]
