@@ -96,27 +96,49 @@ class PsClient:
 
     # ------------------------------------------------ rows of embedding-like variables
 
-    def _shard_of(self, variable):
+    def _row_routes(self, variable, indices):
+        """[(piece, positions in `indices`, row ids local to the piece)] for each row block of
+        `variable` that `indices` touch: an embedding table split over shards is read and
+        updated where its rows live."""
         pieces = self.placement.pieces_of(variable)
-        if len(pieces) != 1:
-            raise InvalidArgumentError(f"sparse access to {variable!r} needs an unpartitioned variable; it has "
-                                       f"{len(pieces)} row blocks")
-        return pieces[0].shard
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        rows = pieces[-1].row_end
+        if indices.size and (indices.min() < 0 or indices.max() >= rows):
+            raise InvalidArgumentError(f"row indices of {variable!r} must be in [0, {rows}), got "
+                                       f"{int(indices.min())}..{int(indices.max())}")
+        block = np.searchsorted([p.row_start for p in pieces], indices, side="right") - 1
+        routes = []
+        for i, piece in enumerate(pieces):
+            positions = np.flatnonzero(block == i)
+            if positions.size:
+                routes.append((piece, positions, indices[positions] - piece.row_start))
+        return routes
 
     def pull_rows(self, variable, indices):
-        """Rows `indices` of `variable`."""
-        shard = self._shard_of(variable)
-        result, tensors = self.clients[shard].call(PsOps.PULL_ROWS, {"name": variable},
-                                                   [np.asarray(indices, dtype=np.int64)])
-        return tensors[0]
+        """Rows `indices` of `variable` (in that order), from every shard that holds some of them."""
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        pieces = self.placement.pieces_of(variable)
+        calls = [(positions, self.clients[piece.shard].submit(PsOps.PULL_ROWS, {"name": piece.key}, [local]))
+                 for piece, positions, local in self._row_routes(variable, indices)]
+        parts = [(positions, call.result()[1][0]) for positions, call in calls]
+        dtype = parts[0][1].dtype if parts else np.dtype(pieces[0].dtype)
+        out = np.empty((len(indices),) + tuple(pieces[0].shape[1:]), dtype=dtype)
+        for positions, rows in parts:
+            out[positions] = rows
+        return out
 
     def push_sparse(self, variable, indices, rows, replica=0):
-        """Gradient rows for rows `indices` of `variable`, tagged with the shard's last pulled version."""
-        shard = self._shard_of(variable)
-        rows = rows.astype(BF16) if self.bf16 else rows
-        return self.clients[shard].call(PsOps.PUSH_SPARSE, {"name": variable, "version": self.versions[shard],
-                                                        "replica": replica},
-                                        [np.asarray(indices, dtype=np.int64), rows])[0]
+        """Gradient rows for rows `indices` of `variable`, each part to the shard holding its rows,
+        tagged with that shard's last pulled version; one result per shard reached."""
+        rows = np.asarray(rows)
+        calls = []
+        for piece, positions, local in self._row_routes(variable, indices):
+            part = rows[positions].astype(BF16) if self.bf16 else rows[positions]
+            calls.append(self.clients[piece.shard].submit(
+                PsOps.PUSH_SPARSE, {"name": piece.key, "version": self.versions[piece.shard], "replica": replica},
+                [local, part]))
+        results = [call.result()[0] for call in calls]
+        return results[0] if len(results) == 1 else results
 
     def push_async(self, grads, replica=0):
         pieces = self._split(grads)

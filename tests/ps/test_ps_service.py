@@ -9,7 +9,7 @@ import socket
 import numpy as np
 import pytest
 
-from zmqflow.common.errors import DeadlineExceededError
+from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError
 from zmqflow.models.spec import MNIST_MLP
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.common.placement import place
@@ -90,6 +90,37 @@ def test_sparse_rows(tmp_path, initial):
         after = ps.pull_rows("hidden/weights", [3, 4])
         np.testing.assert_allclose(after[0], initial["hidden/weights"][3] - 0.5, rtol=1e-6)
         np.testing.assert_array_equal(after[1], initial["hidden/weights"][4])
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_sparse_rows_of_a_table_split_over_two_shards(tmp_path, initial):
+    """A 784-row table in two row blocks on two shards: rows are read and updated (Adam, with its
+    slot rows) where they live, and a worker moves only the bytes of the rows it touches."""
+    adam = json.dumps({"kind": "adam", "learning_rate": 0.1})
+    procs = shards(tmp_path, 2, "--max-shard-bytes", "160000", "--optimizer", adam)
+    try:
+        placement = place(model_variables(MNIST_MLP), 2, max_shard_bytes=160000)
+        blocks = placement.pieces_of("hidden/weights")
+        assert [p.shard for p in blocks] == [0, 1] and blocks[1].row_start < 700
+        ps = PsClient([p.endpoint for p in procs], placement)
+        ps.initialize(initial)
+        ps.pull()
+        table = initial["hidden/weights"]
+        touched = np.array([700, 3, 400, 3])                       # both blocks, out of order, one repeated
+        np.testing.assert_array_equal(ps.pull_rows("hidden/weights", touched), table[touched])
+        before = [s["bytes_pulled"] for s in ps.stats()]
+        ps.pull_rows("hidden/weights", touched)
+        moved = sum(s["bytes_pulled"] for s in ps.stats()) - sum(before)
+        assert moved == 4 * 100 * 4 and moved * 196 == table.nbytes   # 4 rows instead of 784
+        results = ps.push_sparse("hidden/weights", [3, 700], np.ones((2, 100), np.float32))
+        assert len(results) == 2 and all(r["applied"] for r in results)
+        after = ps.pull_rows("hidden/weights", [3, 700, 4, 699])
+        np.testing.assert_allclose(after[:2], table[[3, 700]] - 0.1, atol=1e-5)   # Adam: first step -lr*sign
+        np.testing.assert_array_equal(after[2:], table[[4, 699]])              # untouched rows stay
+        with pytest.raises(InvalidArgumentError, match=r"must be in \[0, 784\)"):
+            ps.pull_rows("hidden/weights", [784])
     finally:
         for p in procs:
             p.stop()
