@@ -11,7 +11,9 @@ from zmqflow.common.errors import InvalidArgumentError
 def model_options(fn):
     for option in reversed([
         click.option("--model", "model_spec", default=None,
-                     help="Model spec: a .json/.yaml file or inline JSON. Default: the MNIST MLP 784-100-10."),
+                     help="A built-in model (mlp, cnn, logistic, linear), a function in your file "
+                          "(path/model.py:build), a spec file (.json/.yaml) or inline JSON. Default: the MNIST "
+                          "MLP 784-100-10 (a model server: the model its checkpoint records)."),
         click.option("--placement", "placement_strategy", default="round_robin",
                      type=click.Choice(["round_robin", "greedy"]), help="How variables are spread over ps tasks."),
         click.option("--max-shard-bytes", default=None, type=int,
