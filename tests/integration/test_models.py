@@ -34,7 +34,7 @@ def test_a_small_cnn_beats_the_mlp_on_the_mnist_sample():
     assert code == 0, err[-3000:]
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["worker_exit_codes"] == [0, 0]
-    assert summary["test_accuracy"] >= 0.94, summary     # 0.958-0.964 here; the MLP reaches about 0.92
+    assert summary["test_accuracy"] >= 0.93, summary     # 0.958-0.964 here; the MLP reaches about 0.92
 
 
 def test_a_model_from_the_users_own_file_with_options(tmp_path):
