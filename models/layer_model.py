@@ -11,6 +11,7 @@ probabilities), `mse` and `huber` (regression; predict gives the values).
 
 import numpy as np
 
+from zmqflow.common.device import DeviceSpec
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.variables import VariableSpec
 from zmqflow.models import ops
@@ -32,6 +33,12 @@ class LayerModel:
         self.network, self.loss_name, self.seed = network, loss, seed
         self.dtype = np.dtype(dtype)
         self._loss, self._outputs = HEADS[loss]
+        for layer in network.layers:
+            if layer.device is not None:
+                try:
+                    DeviceSpec.from_string(layer.device)
+                except InvalidArgumentError as exc:
+                    raise InvalidArgumentError(f"layer {layer.name}: {exc}") from None
         self._variables = [VariableSpec(f"{layer.name}/{w.name}", w.shape, self.dtype.name, w.trainable, w.initializer,
                                         layer.device)
                            for layer in network.layers for w in layer.weights]

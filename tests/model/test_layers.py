@@ -164,3 +164,10 @@ def test_bad_parameters_and_labels_are_named():
     with pytest.raises(InvalidArgumentError, match=r"labels must be class ids in \[0, 3\)"):
         model.step(params, (np.zeros((2, 36)), [0, 3]))
     assert isinstance(Activation("relu"), object)
+
+
+def test_layer_devices_are_placement_hints_and_bad_ones_name_the_layer():
+    model = LayerModel(Sequential([Dense(4, device="/job:worker/task:1"), Dense(2)], input_shape=(3,)))
+    assert [v.device for v in model.variables()] == ["/job:worker/task:1"] * 2 + [None, None]
+    with pytest.raises(InvalidArgumentError, match="layer dense: device string '/job:wrker/tsk:1'"):
+        LayerModel(Sequential([Dense(4, device="/job:wrker/tsk:1")], input_shape=(3,)))
