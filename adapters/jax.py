@@ -16,6 +16,7 @@ import numpy as np
 
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.variables import VariableSpec
+from zmqflow.models.protocol import checked_param
 
 LOSSES = ("softmax_cross_entropy", "sigmoid_cross_entropy", "mse")
 
@@ -108,16 +109,7 @@ class JaxModel:
         return np.asarray(self._predict(self._list(params), np.asarray(x, self.dtype)))
 
     def _list(self, params):
-        values = []
-        for var in self._variables:
-            value = params.get(var.name) if hasattr(params, "get") else None
-            if value is None:
-                raise InvalidArgumentError(f"parameter {var.name!r} is missing")
-            if tuple(value.shape) != var.shape:
-                raise InvalidArgumentError(f"parameter {var.name!r} has shape {list(value.shape)}, "
-                                           f"expected {list(var.shape)}")
-            values.append(value)
-        return values
+        return [checked_param(params, var) for var in self._variables]
 
 
 def _head(jnp, loss):

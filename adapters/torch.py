@@ -16,6 +16,7 @@ import numpy as np
 
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.variables import VariableSpec
+from zmqflow.models.protocol import checked_param
 
 LOSSES = ("softmax_cross_entropy", "sigmoid_cross_entropy", "mse")
 
@@ -107,12 +108,7 @@ class TorchModel:
         torch = self.torch
         with torch.no_grad():
             for var in self._variables:
-                value = params.get(var.name) if hasattr(params, "get") else None
-                if value is None:
-                    raise InvalidArgumentError(f"parameter {var.name!r} is missing")
-                if tuple(value.shape) != var.shape:
-                    raise InvalidArgumentError(f"parameter {var.name!r} has shape {list(value.shape)}, "
-                                               f"expected {list(var.shape)}")
+                value = checked_param(params, var)
                 name = self._torch_names[var.name]
                 target = self._params.get(name, self._buffers.get(name))
                 target.copy_(torch.as_tensor(np.asarray(value), device=self.device))

@@ -17,6 +17,7 @@ from zmqflow.common.variables import VariableSpec
 from zmqflow.models import ops
 from zmqflow.models.autograd import constant, variable
 from zmqflow.models.layers import Context, initial_value, weight_rng
+from zmqflow.models.protocol import checked_param
 
 HEADS = {
     "softmax_cross_entropy": (ops.softmax_cross_entropy, lambda z: ops.softmax(z).value),
@@ -104,12 +105,7 @@ class LayerModel:
     # ------------------------------------------------ checks
 
     def _param(self, params, v):
-        value = params.get(v.name) if hasattr(params, "get") else None
-        if value is None:
-            raise InvalidArgumentError(f"parameter {v.name!r} is missing")
-        if tuple(value.shape) != tuple(v.shape):
-            raise InvalidArgumentError(f"parameter {v.name!r} has shape {list(value.shape)}, expected {list(v.shape)}")
-        return np.asarray(value, dtype=self.dtype)
+        return np.asarray(checked_param(params, v), dtype=self.dtype)
 
     def _inputs(self, x):
         signature = self.input_signature()

@@ -10,11 +10,10 @@ Keras) unless the user sets one, so weights are `dense/kernel`, `conv2d/bias`...
 
 import dataclasses
 import math
-import zlib
 
 import numpy as np
 
-from zmqflow.models import conv_ops, ops
+from zmqflow.models import conv_ops, ops, spec
 from zmqflow.models.autograd import constant
 
 
@@ -363,16 +362,8 @@ def initial_value(initializer, shape, rng):
         limit = math.sqrt(6.0 / (fan_in + fan_out))
         return rng.uniform(-limit, limit, size=shape)
     if kind == "truncated_normal":
-        stddev = float(arg or 0.05)
-        values = rng.standard_normal(size=shape)
-        bad = np.abs(values) > 2.0
-        while bad.any():
-            values[bad] = rng.standard_normal(size=int(bad.sum()))
-            bad = np.abs(values) > 2.0
-        return values * stddev
+        return spec.initial_value({"kind": kind, "stddev": float(arg or 0.05)}, shape, rng)
     raise ValueError(f"unknown initializer {initializer!r}")
 
 
-def weight_rng(seed, name):
-    """Each variable draws from its own stream, keyed by (seed, crc32(name)): the same on every task."""
-    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+weight_rng = spec.variable_rng

@@ -7,18 +7,9 @@ arrays to the backend and back, and leaves the arithmetic to the kernels.
 import numpy as np
 
 from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.models.protocol import checked_param
 from zmqflow.models.spec import mlp_initial_values, mlp_variables, validate_spec
 from zmqflow.models.kernels import get_backend
-
-
-def checked_param(params, var):
-    """params[var.name], or InvalidArgument naming the missing or mis-shaped parameter."""
-    value = params.get(var.name) if hasattr(params, "get") else None
-    if value is None:
-        raise InvalidArgumentError(f"parameter {var.name!r} is missing")
-    if tuple(value.shape) != var.shape:
-        raise InvalidArgumentError(f"parameter {var.name!r} has shape {list(value.shape)}, expected {list(var.shape)}")
-    return value
 
 
 class MLP:

@@ -26,6 +26,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from zmqflow.common.errors import InvalidArgumentError
+
 
 @runtime_checkable
 class Model(Protocol):
@@ -38,6 +40,16 @@ class Model(Protocol):
     def loss_and_gradients(self, params: dict, x, y) -> tuple: ...
 
     def predict(self, params: dict, x) -> np.ndarray: ...
+
+
+def checked_param(params, var):
+    """params[var.name], or InvalidArgument naming the missing or mis-shaped parameter."""
+    value = params.get(var.name) if hasattr(params, "get") else None
+    if value is None:
+        raise InvalidArgumentError(f"parameter {var.name!r} is missing")
+    if tuple(value.shape) != tuple(var.shape):
+        raise InvalidArgumentError(f"parameter {var.name!r} has shape {list(value.shape)}, expected {list(var.shape)}")
+    return value
 
 
 def input_signature(model):

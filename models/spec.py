@@ -187,9 +187,14 @@ def mlp_initial_values(spec, seed=None):
         if var.name.endswith("/biases"):
             values[var.name] = np.zeros(var.shape, dtype=var.dtype)
             continue
-        rng = np.random.default_rng([seed, zlib.crc32(var.name.encode())])
-        values[var.name] = initial_value(spec["init"], var.shape, rng).astype(var.dtype)
+        values[var.name] = initial_value(spec["init"], var.shape, variable_rng(seed, var.name)).astype(var.dtype)
     return values
+
+
+def variable_rng(seed, name):
+    """Each variable draws from its own stream, keyed by (seed, crc32(name)): the values depend
+    neither on the order of the variables nor on which task asks."""
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
 
 
 def initial_value(init, shape, rng):

@@ -32,7 +32,8 @@ from zmqflow.models.spec import layer_names, mlp_initial_values, mlp_variables, 
 from zmqflow.models.registry import load_model
 from zmqflow.models.kernels import get_backend, gpu_count
 from zmqflow.models.kernels.numpy_kernels import check_labels
-from zmqflow.models.mlp import MLP, checked_param
+from zmqflow.models.mlp import MLP
+from zmqflow.models.protocol import checked_param
 
 log = logging.getLogger("devices")
 

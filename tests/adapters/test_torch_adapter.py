@@ -1,6 +1,7 @@
 """The PyTorch adapter: an nn.Module as a zmqflow model, checked against zmqflow's own layers and on the cluster."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -61,28 +62,15 @@ def test_batch_norm_buffers_are_non_trainable_variables_with_updates():
         model.predict({**params, "0/weight": np.zeros((2, 2), np.float32)}, np.zeros((1, 3)))
 
 
-TORCH_MODEL = '''
-import torch
-
-from zmqflow.adapters.torch import TorchModel
-
-
-def build(input_signature):
-    (shape, _), = input_signature.values()
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(shape[0], 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(),
-                              torch.nn.Linear(64, 10))
-    return TorchModel(net, input_shape=shape)
-'''
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TORCH_MODEL = os.path.join(ROOT, "examples", "torch_model.py")   # the example a user runs
 
 
 @pytest.mark.integration
 def test_a_torch_module_trains_and_serves_on_the_cluster(tmp_path, processes):
     from zmqflow.common.serve_client import ModelClient
     from zmqflow.inputs.datasets import mnist_split
-    path = tmp_path / "torch_model.py"
-    path.write_text(TORCH_MODEL)
-    done = subprocess.run([sys.executable, "-m", "zmqflow", "train", "--json", "--model", f"{path}:build",
+    done = subprocess.run([sys.executable, "-m", "zmqflow", "train", "--json", "--model", f"{TORCH_MODEL}:build",
                            "--epochs", "3", "--checkpoint-dir", str(tmp_path / "ckpt")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -97,8 +85,6 @@ def test_a_torch_module_trains_and_serves_on_the_cluster(tmp_path, processes):
 
 @pytest.mark.integration
 def test_the_torch_example_runs():
-    import os
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run([sys.executable, os.path.join(root, "examples", "torch_model.py")], capture_output=True,
+    done = subprocess.run([sys.executable, TORCH_MODEL], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0 and "torch_model: test accuracy" in done.stdout, done.stdout + done.stderr[-3000:]

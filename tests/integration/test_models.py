@@ -1,6 +1,7 @@
 """Models other than the built-in MLP, trained by `zmqflow train` on real ps shards and workers."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -63,35 +64,13 @@ def test_a_bad_model_file_is_named_before_anything_starts(tmp_path, source, opti
     assert code == 2 and "does not exist" in err
 
 
-JAX_MODEL = '''
-import jax
-import jax.numpy as jnp
-
-from zmqflow.adapters.jax import JaxModel
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
+JAX_MODEL = os.path.join(EXAMPLES, "jax_model.py")   # the example a user runs is the model the tests train
 
 
-def init(key):
-    k1, k2 = jax.random.split(key)
-    return {"hidden": {"w": jax.random.normal(k1, (784, 64)) * 0.05, "b": jnp.zeros(64)},
-            "out": {"w": jax.random.normal(k2, (64, 10)) * 0.05, "b": jnp.zeros(10)}}
-
-
-def apply(params, x):
-    h = jax.nn.relu(x @ params["hidden"]["w"] + params["hidden"]["b"])
-    return h @ params["out"]["w"] + params["out"]["b"]
-
-
-def build(input_signature):
-    (shape, _), = input_signature.values()
-    return JaxModel(apply, init, input_shape=shape)
-'''
-
-
-def test_a_jax_model_trains_on_the_cluster(tmp_path):
+def test_a_jax_model_trains_on_the_cluster():
     pytest.importorskip("jax", reason="JAX is not installed (pip install 'zmqflow[jax]')")
-    path = tmp_path / "jax_model.py"
-    path.write_text(JAX_MODEL)
-    code, out, err = train("--model", f"{path}:build", "--epochs", "5")
+    code, out, err = train("--model", f"{JAX_MODEL}:build", "--epochs", "5")
     assert code == 0, err[-3000:]
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["worker_exit_codes"] == [0, 0] and summary["test_accuracy"] > 0.75, summary   # ~0.9 when quiet
@@ -107,10 +86,8 @@ def test_one_ensemble_of_an_mlp_a_cnn_and_a_jax_model_served_from_their_checkpoi
     from zmqflow.common.aggregator_client import AggregatorClient
     from zmqflow.common.serve_client import ModelClient
     from zmqflow.inputs.datasets import mnist_split
-    jax_file = tmp_path / "jax_model.py"
-    jax_file.write_text(JAX_MODEL)
     models = {"mlp": [], "cnn": ["--model", "cnn", "--model-opt", "filters=[8,16]", "--model-opt", "dense=64"],
-              "jax": ["--model", f"{jax_file}:build"]}
+              "jax": ["--model", f"{JAX_MODEL}:build"]}
     servers = []
     for name, args in models.items():
         directory = tmp_path / name

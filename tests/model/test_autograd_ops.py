@@ -5,23 +5,11 @@ import pytest
 
 from zmqflow.models import conv_ops, ops
 from zmqflow.models.autograd import constant, unbroadcast, variable
+from tests.model.gradients import numeric_gradient
 
 pytestmark = pytest.mark.unit
 
 RNG = np.random.default_rng(0)
-
-
-def numeric_gradient(f, x, eps=1e-6):
-    grad = np.zeros_like(x)
-    for index in np.ndindex(x.shape):
-        old = x[index]
-        x[index] = old + eps
-        up = f()
-        x[index] = old - eps
-        down = f()
-        x[index] = old
-        grad[index] = (up - down) / (2 * eps)
-    return grad
 
 
 def check(build, *shapes, tolerance=1e-6, values=None):

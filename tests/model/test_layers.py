@@ -9,6 +9,7 @@ from zmqflow.models.layers import (Activation, AvgPool2D, BatchNorm, Concatenate
                                    Flatten, Input, LayerNorm, MaxPool2D, Reshape)
 from zmqflow.models.network import Network, Sequential
 from zmqflow.models.protocol import Model, input_signature, step_of, zero_inputs
+from tests.model.gradients import numeric_gradient
 
 pytestmark = pytest.mark.unit
 
@@ -38,19 +39,6 @@ def test_sequential_names_shapes_and_variables_like_keras():
     assert all(np.array_equal(values[n], again[n]) for n in names)   # the same on every task
 
 
-def numeric(f, array, eps=1e-6):
-    grad = np.zeros_like(array)
-    for index in np.ndindex(array.shape):
-        old = array[index]
-        array[index] = old + eps
-        up = f()
-        array[index] = old - eps
-        down = f()
-        array[index] = old
-        grad[index] = (up - down) / (2 * eps)
-    return grad
-
-
 @pytest.mark.parametrize("loss", ["softmax_cross_entropy", "sigmoid_cross_entropy", "mse", "huber"])
 def test_whole_network_gradients_match_finite_differences(loss):
     net = Sequential([Reshape((6, 6, 1)), Conv2D(2, 3, strides=2, padding="same", activation="sigmoid"),
@@ -65,7 +53,7 @@ def test_whole_network_gradients_match_finite_differences(loss):
     loss_value, grads, metrics = model.step(params, (x, y))
     assert set(grads) == {v.name for v in model.variables() if v.trainable}
     for name, g in grads.items():
-        expected = numeric(lambda: model.step(params, (x, y))[0], params[name])
+        expected = numeric_gradient(lambda: model.step(params, (x, y))[0], params[name])
         np.testing.assert_allclose(g, expected, rtol=1e-5, atol=1e-7, err_msg=name)
     assert metrics["loss"] == loss_value and set(metrics["updates"]) == {"batch_normalization/moving_mean",
                                                                         "batch_normalization/moving_variance"}
