@@ -11,6 +11,7 @@ import numpy as np
 
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.rpc_client import OpClient, RpcClient
+from zmqflow.common.variables import IndexedSlices
 from zmqflow.common.protocol import PsOps
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -65,20 +66,24 @@ class PsClient:
 
     # ------------------------------------------------ the step
 
-    def pull_async(self, min_version=None, timeout=None):
-        """`min_version`: an int for every shard or a list, one per shard (sync: wait for the step)."""
-        return self._pull_all(self._per_shard(min_version), None, timeout)
+    def pull_async(self, min_version=None, timeout=None, exclude=()):
+        """`min_version`: an int for every shard or a list, one per shard (sync: wait for the step).
+        `exclude`: variables left out (the embedding tables a worker reads by rows)."""
+        return self._pull_all(self._per_shard(min_version), None, timeout, frozenset(exclude))
 
-    def pull(self, min_version=None, timeout=None):
-        """{variable: value} of the whole model; sets `versions`."""
-        return self.pull_async(min_version, timeout).result()
+    def pull(self, min_version=None, timeout=None, exclude=()):
+        """{variable: value} of the whole model (less `exclude`); sets `versions`."""
+        return self.pull_async(min_version, timeout, exclude).result()
 
     def pull_if_newer(self, timeout=None):
         """Like pull, but shards whose version did not move since our last pull send no tensors;
         returns None when nothing changed anywhere, else the whole model from `cache`."""
-        return self._pull_all(None, list(self.versions), timeout).result()
+        return self._pull_all(None, list(self.versions), timeout, frozenset()).result()
 
-    def _pull_all(self, min_versions, newer_than, timeout):
+    def _pull_all(self, min_versions, newer_than, timeout, exclude):
+        unknown = sorted(set(exclude) - set(self.placement.variables()))
+        if unknown:
+            raise InvalidArgumentError(f"cannot leave out {unknown} of a pull: not variables of the model")
         calls = []
         for i, client in enumerate(self.clients):
             args = {"bf16": self.bf16}
@@ -86,8 +91,10 @@ class PsClient:
                 args["min_version"] = min_versions[i]
             if newer_than is not None:
                 args["newer_than"] = newer_than[i]
+            if exclude:
+                args["names"] = [p.key for p in self.placement.for_shard(i) if p.variable not in exclude]
             calls.append(client.submit(PsOps.PULL, args, timeout=timeout or self.timeout))
-        return _Gathered(calls, self._assemble_pull)
+        return _Gathered(calls, lambda replies: self._assemble_pull(replies, exclude))
 
     def _per_shard(self, value):
         if value is None or isinstance(value, (list, tuple)):
@@ -141,14 +148,30 @@ class PsClient:
         return results[0] if len(results) == 1 else results
 
     def push_async(self, grads, replica=0):
-        pieces = self._split(grads)
+        """One push per shard, tagged with the versions of the last pull. A gradient given as
+        IndexedSlices (an embedding table's touched rows) travels as rows to the shards holding
+        them; every shard holding part of the table gets its rows (maybe none) in the same push."""
+        sparse = {name: g for name, g in grads.items() if isinstance(g, IndexedSlices)}
+        pieces = self._split({name: g for name, g in grads.items() if name not in sparse})
+        rows = {piece.key: (np.zeros(0, np.int64), np.zeros((0,) + tuple(piece.shape[1:]), piece.dtype))
+                for name in sparse for piece in self.placement.pieces_of(name)}
+        for name, g in sparse.items():
+            values = np.asarray(g.values)
+            for piece, positions, local in self._row_routes(name, g.indices):
+                rows[piece.key] = (local, values[positions])
         calls = []
         for i, (client, keys) in enumerate(zip(self.clients, self.shard_keys)):
-            tensors = [pieces[k] for k in keys]
+            dense = [k for k in keys if k not in rows]
+            mine = [k for k in keys if k in rows]
+            tensors = [pieces[k] for k in dense]
+            for k in mine:
+                tensors += list(rows[k])
             if self.bf16:
-                tensors = [t.astype(BF16) for t in tensors]
-            calls.append(client.submit(PsOps.PUSH, {"version": self.versions[i], "replica": replica, "names": keys,
-                                                "bf16": self.bf16}, tensors))
+                tensors = [t.astype(BF16) if t.dtype.kind == "f" else t for t in tensors]
+            args = {"version": self.versions[i], "replica": replica, "names": dense, "bf16": self.bf16}
+            if mine:
+                args["sparse"] = mine
+            calls.append(client.submit(PsOps.PUSH, args, tensors))
         return _Gathered(calls, lambda replies: [r[0] for r in replies])
 
     def push(self, grads, replica=0):
@@ -224,13 +247,15 @@ class PsClient:
             pieces.update(self.placement.split(name, value))
         return pieces
 
-    def _assemble_pull(self, replies):
+    def _assemble_pull(self, replies, exclude=frozenset()):
         changed = False
         for i, (result, tensors) in enumerate(replies):
             self.versions[i] = result["version"]
             for key, t in zip(result.get("names", []), tensors):
                 self._parts[key] = t.astype(np.float32) if t.dtype == BF16 else t
                 changed = True
+        if exclude:
+            return {v: self.placement.assemble(v, self._parts) for v in self.placement.variables() if v not in exclude}
         if not changed and self._model is not None:
             return None  # a pull_if_newer that found nothing new
         self._model = {v: self.placement.assemble(v, self._parts) for v in self.placement.variables()}

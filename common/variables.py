@@ -25,3 +25,12 @@ class VariableSpec:
     @property
     def size(self):
         return int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexedSlices:
+    """A sparse gradient, as TensorFlow's: `values[k]` is the gradient of row `indices[k]` of a
+    table (an Embedding's), every other row's is zero. A worker pushes only these rows."""
+
+    indices: np.ndarray
+    values: np.ndarray

@@ -9,11 +9,13 @@ Heads: `softmax_cross_entropy` (integer class ids; predict gives probabilities),
 probabilities), `mse` and `huber` (regression; predict gives the values).
 """
 
+import dataclasses
+
 import numpy as np
 
 from zmqflow.common.device import DeviceSpec
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.common.variables import VariableSpec
+from zmqflow.common.variables import IndexedSlices, VariableSpec
 from zmqflow.models import ops
 from zmqflow.models.autograd import constant, variable
 from zmqflow.models.layers import Context, initial_value, weight_rng
@@ -43,6 +45,10 @@ class LayerModel:
         self._variables = [VariableSpec(f"{layer.name}/{w.name}", w.shape, self.dtype.name, w.trainable, w.initializer,
                                         layer.device)
                            for layer in network.layers for w in layer.weights]
+        # sparse tables: {table variable: the input whose ids index it} (Embeddings reading an input)
+        self._row_inputs = {f"{node.layer.name}/embeddings": node.inputs[0].name for node in network.nodes
+                            if node.layer is not None and node.layer.kind == "embedding" and node.layer.sparse
+                            and node.inputs[0].layer is None}
         self._steps = 0
 
     # ------------------------------------------------ declarations
@@ -63,14 +69,23 @@ class LayerModel:
 
     # ------------------------------------------------ compute
 
-    def step(self, params, batch):
+    def sparse_rows(self, x):
+        """{table: sorted unique row ids} of the sparse tables the batch `x` reads: a worker pulls
+        only these rows and passes them to `step(..., rows=)`."""
+        inputs = x if isinstance(x, dict) else {self.network.inputs[0].name: x}
+        return {table: np.unique(np.asarray(inputs[name]).astype(np.int64)) for table, name in self._row_inputs.items()}
+
+    def step(self, params, batch, rows=None):
         """(mean loss, {trainable name: gradient}, metrics); metrics["updates"] holds the new
-        values of non-trainable variables when the network has any."""
+        values of non-trainable variables when the network has any. With `rows` (from
+        `sparse_rows`), each of those tables in `params` holds only its rows `rows[table]`, in
+        that order, and its gradient comes back as IndexedSlices over them."""
         x, y = batch
-        tensors = {v.name: (variable if v.trainable else constant)(self._param(params, v), v.name)
+        rows = rows or {}
+        tensors = {v.name: (variable if v.trainable else constant)(self._param(params, v, rows.get(v.name)), v.name)
                    for v in self._variables}
         self._steps += 1
-        ctx = Context(training=True, seed=(self.seed, self._steps))
+        ctx = Context(training=True, seed=(self.seed, self._steps), rows=rows)
         logits = self.network.forward(tensors, self._inputs(x), ctx)
         loss = self._loss(logits, self._labels(y, logits))
         loss.backward()
@@ -78,7 +93,10 @@ class LayerModel:
         for v in self._variables:
             if v.trainable:
                 g = tensors[v.name].grad
-                grads[v.name] = (np.zeros(v.shape, self.dtype) if g is None else g).astype(self.dtype, copy=False)
+                shape = tensors[v.name].value.shape
+                grads[v.name] = (np.zeros(shape, self.dtype) if g is None else g).astype(self.dtype, copy=False)
+                if v.name in rows:
+                    grads[v.name] = IndexedSlices(rows[v.name], grads[v.name])
         metrics = {"loss": float(loss.value)}
         if self.loss_name == "softmax_cross_entropy":
             metrics["accuracy"] = float(np.mean(np.argmax(logits.value, axis=-1) == np.asarray(y)))
@@ -104,8 +122,14 @@ class LayerModel:
 
     # ------------------------------------------------ checks
 
-    def _param(self, params, v):
-        return np.asarray(checked_param(params, v), dtype=self.dtype)
+    def _param(self, params, v, rows=None):
+        if rows is None:
+            return np.asarray(checked_param(params, v), dtype=self.dtype)
+        if v.name not in self._row_inputs:
+            raise InvalidArgumentError(f"rows given for {v.name!r}, which is not a sparse table of the model "
+                                       f"(those are {sorted(self._row_inputs)})")
+        value = checked_param(params, dataclasses.replace(v, shape=(len(rows),) + tuple(v.shape[1:])))
+        return np.asarray(value, dtype=self.dtype)
 
     def _inputs(self, x):
         signature = self.input_signature()

@@ -29,12 +29,14 @@ class Weight:
 
 class Context:
     """What a forward pass knows besides its inputs: training or not, a seeded RNG for dropout,
-    and `updates` ({variable name: new value}) for non-trainable weights."""
+    `updates` ({variable name: new value}) for non-trainable weights, and `rows` ({table name:
+    sorted row ids}) for tables given as only the rows the batch reads (sparse embeddings)."""
 
-    def __init__(self, training=False, seed=0):
+    def __init__(self, training=False, seed=0, rows=None):
         self.training = training
         self.rng = np.random.default_rng(seed)
         self.updates = {}
+        self.rows = rows or {}
 
 
 class Node:
@@ -223,14 +225,19 @@ class Reshape(Layer):
 
 
 class Embedding(Layer):
-    """Integer ids [..] -> vectors [.., output_dim]; the table is `embedding/embeddings` as in Keras."""
+    """Integer ids [..] -> vectors [.., output_dim]; the table is `embedding/embeddings` as in Keras.
+
+    `sparse` (default): when the layer reads a network input directly, a worker pulls only the
+    rows a batch touches and pushes their gradients as rows (IndexedSlices); the table may be
+    far larger than any worker's share of it. `sparse=False` pulls and pushes the whole table."""
 
     kind = "embedding"
 
-    def __init__(self, input_dim, output_dim, name=None, device=None):
+    def __init__(self, input_dim, output_dim, sparse=True, name=None, device=None):
         super().__init__(name, device)
         self.input_dim, self.output_dim = _positive(input_dim, "Embedding input_dim"), _positive(
             output_dim, "Embedding output_dim")
+        self.sparse = bool(sparse)
 
     def build(self, input_shape):
         self.input_shape = tuple(input_shape)
@@ -242,6 +249,12 @@ class Embedding(Layer):
         ids = np.asarray(x.value).astype(np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.input_dim):
             raise ValueError(f"{self.name}: ids must be in [0, {self.input_dim}), got {int(ids.min())}..{int(ids.max())}")
+        rows = ctx.rows.get(f"{self.name}/embeddings")
+        if rows is not None:   # the table holds only rows `rows`: look ids up among them
+            local = np.minimum(np.searchsorted(rows, ids), len(rows) - 1)
+            if ids.size and not np.array_equal(rows[local], ids):
+                raise ValueError(f"{self.name}: the batch reads rows of the table that were not pulled")
+            ids = local
         return ops.gather_rows(self.param(params, "embeddings"), ids)
 
 

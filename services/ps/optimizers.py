@@ -75,6 +75,13 @@ def _sparse_momentum(var, accum, indices, rows, lr, momentum, nesterov):
 
 
 @njit(cache=True)
+def _sparse_adam(var, m, v, indices, rows, lr_t, beta1, beta2, epsilon, nesterov):
+    for k in range(indices.size):
+        r = indices[k]
+        _adam(var[r], m[r], v[r], rows[k], lr_t, beta1, beta2, epsilon, nesterov)
+
+
+@njit(cache=True)
 def _sparse_adagrad(var, accum, indices, rows, lr):
     for k in range(indices.size):
         r = indices[k]
@@ -284,22 +291,35 @@ class Momentum(Optimizer):
 
 class Adam(Optimizer):
     """m += (g - m)(1 - beta1); v += (g^2 - v)(1 - beta2); var -= lr_t * m / (sqrt(v) + epsilon)
-    with lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t) (tf.train.AdamOptimizer)."""
+    with lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t) (tf.train.AdamOptimizer).
+
+    Sparse gradients (embedding rows): by default the dense rule on the densified gradient, as
+    TF1's Adam (every row's m and v decay, so each push costs the whole table). `lazy=True`
+    is tf.contrib.opt.LazyAdamOptimizer: only the touched rows and their slot rows move, so
+    a push costs the rows it carries; the usual choice for large embedding tables."""
 
     kind = "adam"
     slot_names = ("m", "v")
 
-    def __init__(self, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, use_nesterov=False):
+    def __init__(self, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, use_nesterov=False, lazy=False):
         super().__init__(learning_rate)
         self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
-        self.use_nesterov = bool(use_nesterov)
+        self.use_nesterov, self.lazy = bool(use_nesterov), bool(lazy)
 
-    def _apply_dense(self, var, grad, slots, lr, step):
+    def _coefficients(self, var, lr, step):
         t_step = step + 1
         lr_t = lr * math.sqrt(1 - self.beta2 ** t_step) / (1 - self.beta1 ** t_step)
         t = var.dtype.type
-        _adam(var, slots[0], slots[1], grad, t(lr_t), t(self.beta1), t(self.beta2), t(self.epsilon),
-              self.use_nesterov)
+        return t(lr_t), t(self.beta1), t(self.beta2), t(self.epsilon), self.use_nesterov
+
+    def _apply_dense(self, var, grad, slots, lr, step):
+        _adam(var, slots[0], slots[1], grad, *self._coefficients(var, lr, step))
+
+    def _apply_sparse(self, var, indices, rows, slots, lr, step):
+        if not self.lazy:
+            return super()._apply_sparse(var, indices, rows, slots, lr, step)
+        indices, rows = sum_duplicates(indices, rows)
+        _sparse_adam(var, slots[0], slots[1], indices, rows, *self._coefficients(var, lr, step))
 
 
 class Adagrad(Optimizer):

@@ -4,10 +4,11 @@ Ops (all tensors travel in the order of `names`):
   init       chief: initial values of this shard's pieces (args: step, names)
   restore    chief: load this shard's rows from a checkpoint (args: dir [, path])
   wait_ready park until the shard is initialized (non-chief workers at start)
-  pull       all of the shard's variables in one message; `newer_than` answers
-             without tensors when nothing changed; `min_version` parks until the
-             shard reaches that version (how sync workers wait for the next step)
-  push       gradients tagged with the version they were computed from
+  pull       all of the shard's variables in one message (or the pieces in `names`);
+             `newer_than` answers without tensors when nothing changed; `min_version`
+             parks until the shard reaches that version (how sync workers wait)
+  push       gradients tagged with the version they were computed from; pieces named
+             in `sparse` come as (indices, rows): one update with the dense ones
   push_sparse / pull_rows   rows of one variable (indices + values)
   assign     new values of non-trainable variables (BatchNorm's moving statistics), no optimizer
   save       write this shard's pieces into a checkpoint's staging directory
@@ -104,14 +105,18 @@ class PsService(Service):
 
     def _pull_answer(self, call, released=False):
         newer_than = call.args.get("newer_than")
-        version, values = self.state.pull(newer_than=None if newer_than is None else _int(newer_than, "newer_than"))
+        names = call.args.get("names")   # a subset (a worker leaves out the tables it reads by rows)
+        if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
+            raise InvalidArgumentError("'names' of a pull must be a list of piece names")
+        version, values = self.state.pull(names, newer_than=None if newer_than is None else _int(newer_than, "newer_than"))
         result = {"version": version, "released": released}
         if values is None:
             return result, ()
-        tensors = [values[n] for n in self.names]
+        names = self.names if names is None else names
+        tensors = [values[n] for n in names]
         if call.args.get("bf16"):
             tensors = [t.astype(BF16) for t in tensors]
-        return {**result, "names": self.names}, tensors
+        return {**result, "names": names}, tensors
 
     def _wake_versions(self):
         for call in self.sync.due():
@@ -131,11 +136,24 @@ class PsService(Service):
             super().on_deadline(call)
 
     def _push(self, call):
+        """Tensors: one per name in `names` (dense gradients), then (indices, rows) for each piece
+        named in `sparse` (the rows of an embedding table the batch touched)."""
         self._require_ready()
-        grads = self._named_tensors(call)
+        sparse_names = call.args.get("sparse") or []
+        if not isinstance(sparse_names, list):
+            raise InvalidArgumentError("'sparse' must list the pieces sent as (indices, rows)")
+        dense_count = len(call.tensors) - 2 * len(sparse_names)
+        if dense_count < 0:
+            raise InvalidArgumentError(f"push names {len(sparse_names)} sparse pieces but carries "
+                                       f"{len(call.tensors)} tensors; each sparse piece takes two")
+        grads = self._named_tensors(call, call.tensors[:dense_count])
+        sparse = {}
+        for k, name in enumerate(sparse_names):
+            indices, rows = call.tensors[dense_count + 2 * k:dense_count + 2 * k + 2]
+            sparse[_str(name, "sparse[]")] = (indices, rows.astype(np.float32) if rows.dtype == BF16 else rows)
         replica = _int(call.args.get("replica", 0), "replica")
         self.sync.pushed(replica, time.monotonic())
-        result = self.state.push(grads, _int(call.args.get("version"), "version"), replica)
+        result = self.state.push(grads, _int(call.args.get("version"), "version"), replica, sparse)
         self._wake_versions()
         return vars(result)
 
@@ -258,11 +276,12 @@ class PsService(Service):
             raise FailedPreconditionError(f"variables of ps:{self.shard_index} are not initialized; "
                                           "the chief initializes or restores them")
 
-    def _named_tensors(self, call):
+    def _named_tensors(self, call, tensors=None):
+        tensors = call.tensors if tensors is None else tensors
         names = call.args.get("names")
-        if not isinstance(names, list) or len(names) != len(call.tensors):
-            raise InvalidArgumentError(f"'names' must list one name per tensor ({len(call.tensors)} tensors)")
-        return {_str(n, "names[]"): (t.astype(np.float32) if t.dtype == BF16 else t) for n, t in zip(names, call.tensors)}
+        if not isinstance(names, list) or len(names) != len(tensors):
+            raise InvalidArgumentError(f"'names' must list one name per tensor ({len(tensors)} tensors)")
+        return {_str(n, "names[]"): (t.astype(np.float32) if t.dtype == BF16 else t) for n, t in zip(names, tensors)}
 
 
 def _int(value, what):

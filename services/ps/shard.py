@@ -16,12 +16,15 @@ Update rules, as in TensorFlow 1.x's distributed training:
   so with spare replicas (total_num_replicas > replicas_to_aggregate) the late ones never
   block a step; a replica's second push for the same step is dropped as a duplicate.
 
-Sparse pushes (`push_sparse`, rows of one piece, indices local to the piece) follow the
-same rules. In sync mode a replica's contribution is complete once it has covered every
-piece (a dense push covers all at once; empty shards count dense pushes so their version
-keeps step); the step completes at `replicas_to_aggregate` complete replicas, and each
-piece is updated with the average of the contributions it received (with dense pushes
-only, exactly the sum over `replicas_to_aggregate`).
+Sparse gradients (rows of a piece, indices local to it: an embedding table a batch
+touched a few rows of) come alone (`push_sparse`, one piece) or inside a dense push
+(`push(grads, ..., sparse={piece: (indices, rows)})`, one update for the whole model) and
+follow the same rules; the optimizer updates only those rows (and their slot rows). In
+sync mode a replica's contribution is complete once it has covered every piece (a dense
+push covers all at once; empty shards count dense pushes so their version keeps step);
+the step completes at `replicas_to_aggregate` complete replicas, and each piece is
+updated with the average of the contributions it received (with dense pushes only,
+exactly the sum over `replicas_to_aggregate`).
 
 Pulls return read-only snapshots: one fresh contiguous buffer with a view per piece, so
 the server can send it zero-copy while later pushes update the live values. Full pulls of
@@ -253,10 +256,14 @@ class ShardState:
 
     # ------------------------------------------------------------------ push
 
-    def push(self, grads, version, replica):
-        """Gradients of every piece, computed from parameters of `version` by `replica`."""
+    def push(self, grads, version, replica, sparse=None):
+        """Gradients of every piece, computed from parameters of `version` by `replica`: dense
+        arrays in `grads`, and for the pieces named in `sparse` ({name: (indices, rows)}) only the
+        rows a batch touched (an embedding table). One push is one update: one version step."""
         self._require_initialized()
-        nbytes = _check_arrays(grads, self.specs, "gradients")
+        sparse = self._check_sparse(sparse or {})
+        nbytes = _check_arrays(grads, {n: s for n, s in self.specs.items() if n not in sparse}, "gradients")
+        nbytes += sum(i.nbytes + r.nbytes for i, r in sparse.values())
         if self._from_the_future(version):
             return self._drop("future", 0)
         staleness = self._receive(version, replica, nbytes)
@@ -265,11 +272,17 @@ class ShardState:
             if reason:
                 return self._drop(reason, staleness)
             scale = self._scale(staleness)
-            if scale is None and (len(grads) == 1 or self._buffer.nbytes > DIRECT_APPLY_BYTES):
+            if sparse or (scale is None and (len(grads) == 1 or self._buffer.nbytes > DIRECT_APPLY_BYTES)):
                 # big pieces: apply straight from the received frames; a copy would cost more
-                # than the kernel dispatches it saves
+                # than the kernel dispatches it saves. Sparse pieces: only their rows move.
                 for name, grad in grads.items():
+                    if scale is not None:
+                        grad = grad * scale.astype(grad.dtype)
                     self.optimizer.apply_dense(self._values[name], grad, self._slots[name], self.version)
+                for name, (indices, rows) in sparse.items():
+                    if scale is not None:
+                        rows = rows * scale.astype(rows.dtype)
+                    self.optimizer.apply_sparse(self._values[name], indices, rows, self._slots[name], self.version)
                 return self._updated(staleness, 1)
             for name, grad in grads.items():
                 np.copyto(self._scratch[name], grad)
@@ -290,13 +303,28 @@ class ShardState:
                 np.copyto(acc, grad)
             self._dense_count[name] += 1
             self._contributors[name].add(replica)
+        for name, (indices, rows) in sparse.items():
+            self._sparse[name].append((indices.copy(), rows.copy()))
+            self._contributors[name].add(replica)
         self._complete.add(replica)
         return self._accumulated(staleness)
 
-    def push_sparse(self, name, indices, rows, version, replica):
-        """Gradient rows `rows` ([len(indices), ...]) for rows `indices` of piece `name`."""
-        self._require_initialized()
-        name = self._spec_name(name)
+    def _check_sparse(self, sparse):
+        """{name: (indices as a flat int array, rows)} after checking names, bounds, shapes and dtypes."""
+        if not isinstance(sparse, Mapping):
+            raise InvalidArgumentError(f"sparse gradients must map piece names to (indices, rows), got "
+                                       f"{type(sparse).__name__}")
+        checked = {}
+        for name, pair in sparse.items():
+            name = self._spec_name(name)
+            try:
+                indices, rows = pair
+            except (TypeError, ValueError):
+                raise InvalidArgumentError(f"sparse gradient of {name!r} must be (indices, rows)") from None
+            checked[name] = self._checked_rows(name, indices, rows)
+        return checked
+
+    def _checked_rows(self, name, indices, rows):
         var = self._values[name]
         indices = _check_indices(indices, var.shape, name).reshape(-1)
         if not isinstance(rows, np.ndarray) or rows.dtype != var.dtype or rows.shape != indices.shape + var.shape[1:]:
@@ -304,6 +332,14 @@ class ShardState:
                 f"sparse gradient of {name!r} must be {var.dtype} rows of shape "
                 f"{list(indices.shape + var.shape[1:])}, got {getattr(rows, 'dtype', type(rows).__name__)} "
                 f"{list(np.shape(rows))}")
+        return indices, rows
+
+    def push_sparse(self, name, indices, rows, version, replica):
+        """Gradient rows `rows` ([len(indices), ...]) for rows `indices` of piece `name`."""
+        self._require_initialized()
+        name = self._spec_name(name)
+        var = self._values[name]
+        indices, rows = self._checked_rows(name, indices, rows)
         if self._from_the_future(version):
             return self._drop("future", 0)
         staleness = self._receive(version, replica, indices.nbytes + rows.nbytes)

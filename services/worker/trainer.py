@@ -15,7 +15,7 @@ import numpy as np
 
 from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError, OutOfRangeError, UnavailableError
 from zmqflow.common.input_pipeline import raise_if_failed
-from zmqflow.models.protocol import every_gradient, zero_inputs
+from zmqflow.models.protocol import every_gradient, input_signature, zero_inputs
 from zmqflow.services.worker.hooks import StepContext
 
 log = logging.getLogger("worker")
@@ -37,6 +37,9 @@ class Trainer:
         self.steps = 0
         self.losses = []
         self._push = self._assign = None   # at most one push and one assign in flight
+        # tables read by rows (sparse embeddings): left out of pulls, their rows pulled per batch
+        self._row_tables = (sorted(model.sparse_rows(zero_inputs(model, 1))) if hasattr(model, "sparse_rows")
+                            else [])
 
     def resolved_config(self):
         return {"mode": self.mode, "batch_size": self.batch_size, "num_workers": self.num_workers, **self.config}
@@ -73,7 +76,7 @@ class Trainer:
             hook.begin(self)
         started = time.perf_counter()
         next_batch = self._dequeue()
-        params = self.ps.pull()
+        params = self.ps.pull(exclude=self._row_tables)
         self.global_step = self.ps.versions[0]
         self._push = self._assign = None
         try:
@@ -115,7 +118,7 @@ class Trainer:
         if self.mode == "sync":
             loss, grads = self._compute(params, x, y)
             return loss, self._sync_exchange(grads)
-        next_params = self.ps.pull_async()  # prefetch: arrives while we compute
+        next_params = self.ps.pull_async(exclude=self._row_tables)  # prefetch: arrives while we compute
         loss, grads = self._compute(params, x, y)
         self._settle_push()
         self._push = self.ps.push_async(grads, self.replica)
@@ -132,7 +135,7 @@ class Trainer:
         while True:
             try:
                 self.ps.wait_ready(timeout=5.0)
-                params = self.ps.pull()
+                params = self.ps.pull(exclude=self._row_tables)
                 self.global_step = self.ps.versions[0]
                 log.info("worker %d: ps shards back at global step %d", self.replica, self.global_step)
                 return params
@@ -148,7 +151,12 @@ class Trainer:
             loss, grads = self.model.loss_and_gradients(params, x, y)
             self._check_loss(loss, x)
             return loss, grads
-        loss, grads, metrics = self.model.step(params, (x, y))
+        if self._row_tables:
+            rows = self.model.sparse_rows(x)
+            params = {**params, **{table: self.ps.pull_rows(table, ids) for table, ids in rows.items()}}
+            loss, grads, metrics = self.model.step(params, (x, y), rows=rows)
+        else:
+            loss, grads, metrics = self.model.step(params, (x, y))
         self._check_loss(loss, x)
         updates = metrics.get("updates")
         if updates:
@@ -179,17 +187,28 @@ class Trainer:
         versions = list(self.ps.versions)
         self.ps.push(grads, self.replica)
         try:
-            params = self.ps.pull(min_version=[v + 1 for v in versions], timeout=self.sync_timeout)
+            params = self.ps.pull(min_version=[v + 1 for v in versions], timeout=self.sync_timeout,
+                                  exclude=self._row_tables)
         except DeadlineExceededError as exc:
             log.warning("worker %d: %s", self.replica, exc)
-            params = self.ps.pull()
+            params = self.ps.pull(exclude=self._row_tables)
         self.global_step = self.ps.versions[0]
         return params
 
     def _batch(self, value):
-        if isinstance(value, dict):
-            return value["image"], value["label"]
-        return value[0], value[1]
+        """(x, y) of a dequeued batch: components named like the model's inputs (or `image` for a
+        model of one input) and `label`; or a pair."""
+        if not isinstance(value, dict):
+            return value[0], value[1]
+        signature = list(input_signature(self.model))
+        names = [signature[0] if signature[0] in value else "image"] if len(signature) == 1 else signature
+        missing = [n for n in names + ["label"] if n not in value]
+        if missing:
+            raise InvalidArgumentError(f"worker {self.replica}: the batch from queue '{self.queue.name}' has components "
+                                       f"{sorted(value)}, the model needs {names} and 'label' (missing {missing})")
+        if len(signature) == 1:
+            return value[names[0]], value["label"]
+        return {name: value[name] for name in names}, value["label"]
 
     def _epoch(self):
         if not self.examples_per_epoch:

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.variables import IndexedSlices
 from zmqflow.models.layer_model import LayerModel
 from zmqflow.models.layers import (Activation, AvgPool2D, BatchNorm, Concatenate, Conv2D, Dense, Dropout, Embedding,
                                    Flatten, Input, LayerNorm, MaxPool2D, Reshape)
@@ -99,6 +100,31 @@ def test_functional_tabular_model_with_an_embedding_and_concatenation():
         model.predict(params, {"numeric": x["numeric"]})
     with pytest.raises(InvalidArgumentError, match=r"per-example shape \[4\], the model expects \[3\]"):
         model.predict(params, {"numeric": np.zeros((2, 4)), "city": np.zeros((2, 1), int)})
+
+
+def test_a_sparse_embedding_steps_on_the_rows_the_batch_reads_exactly_as_on_the_whole_table():
+    numeric_in, category = Input((3,), name="numeric"), Input((2,), dtype="int64", name="city")
+    embedded = Flatten()(Embedding(50, 4)(category))
+    dense_table = Flatten()(Embedding(10, 2, sparse=False, name="fixed")(category))
+    hidden = Dense(8, activation="tanh")(Concatenate()([numeric_in, embedded, dense_table]))
+    model = LayerModel(Network([numeric_in, category], Dense(1)(hidden)), loss="mse", dtype="float64")
+    rng = np.random.default_rng(1)
+    x = {"numeric": rng.standard_normal((5, 3)), "city": rng.choice([3, 9, 4, 6], (5, 2))}
+    y, params = rng.standard_normal(5), model.initial_values()
+    rows = model.sparse_rows(x)
+    assert list(rows) == ["embedding/embeddings"] and rows["embedding/embeddings"].tolist() == [3, 4, 6, 9]
+    loss, grads, _ = model.step(params, (x, y))
+    compact = {**params, "embedding/embeddings": params["embedding/embeddings"][rows["embedding/embeddings"]]}
+    sparse_loss, sparse_grads, _ = model.step(compact, (x, y), rows=rows)
+    assert sparse_loss == pytest.approx(loss, rel=1e-12)
+    table = sparse_grads["embedding/embeddings"]
+    assert isinstance(table, IndexedSlices) and table.indices.tolist() == [3, 4, 6, 9]
+    np.testing.assert_allclose(table.values, grads["embedding/embeddings"][[3, 4, 6, 9]], rtol=1e-12)
+    np.testing.assert_allclose(sparse_grads["fixed/embeddings"], grads["fixed/embeddings"], rtol=1e-12)
+    with pytest.raises(InvalidArgumentError, match=r"'embedding/embeddings' has shape \[50, 4\], expected \[4, 4\]"):
+        model.step(params, (x, y), rows=rows)
+    with pytest.raises(ValueError, match="rows of the table that were not pulled"):
+        model.step(compact, ({**x, "city": np.full((5, 2), 5)}, y), rows=rows)
 
 
 def test_layers_learn_a_task():

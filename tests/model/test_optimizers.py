@@ -71,7 +71,9 @@ CASES = {
     "adam": (Adam(SCHEDULE), reference_adam(False), {"m": 0.0, "v": 0.0}),
     "adam_nesterov": (Adam(SCHEDULE, use_nesterov=True), reference_adam(True), {"m": 0.0, "v": 0.0}),
     "adagrad": (Adagrad(SCHEDULE), reference_adagrad, {"accumulator": 0.1}),
+    "lazy_adam": (Adam(SCHEDULE, lazy=True), reference_adam(False), {"m": 0.0, "v": 0.0}),
 }
+DENSE_SPARSE_RULE = ("adam", "adam_nesterov")   # TF1's Adam decays every row's moments on a sparse update
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -94,7 +96,8 @@ def test_dense_updates_match_tensorflow_formulas(case, dtype):
 @pytest.mark.parametrize("case", CASES)
 def test_sparse_updates_match_dense_on_summed_rows(case):
     """A sparse update equals the reference on the touched rows (duplicates summed); other rows keep
-    their values, except under Adam, whose TF1 sparse rule decays every row's moments."""
+    their values, except under Adam, whose TF1 sparse rule decays every row's moments (lazy Adam,
+    as LazyAdamOptimizer, touches only the rows)."""
     optimizer, reference, slot_values = CASES[case]
     indices = np.array([4, 1, 4, 0])
     var, want = start(), start().astype(np.float64)
@@ -103,7 +106,7 @@ def test_sparse_updates_match_dense_on_summed_rows(case):
     for step, rows in enumerate(grads(3, (4, SHAPE[1]))):
         optimizer.apply_sparse(var, indices, rows, slots, step)
         touched, summed = sum_duplicates(indices, rows)
-        if case.startswith("adam"):
+        if case in DENSE_SPARSE_RULE:
             dense = np.zeros(SHAPE)
             dense[touched] = summed
             reference(want, dense, want_slots, step)
@@ -117,7 +120,7 @@ def test_sparse_updates_match_dense_on_summed_rows(case):
     np.testing.assert_allclose(var, want, **TOLERANCE[np.float32])
     for name in want_slots:
         np.testing.assert_allclose(slots[name], want_slots[name], **TOLERANCE[np.float32])
-    if not case.startswith("adam"):
+    if case not in DENSE_SPARSE_RULE:
         untouched = [2, 3, 5]
         np.testing.assert_array_equal(var[untouched], start()[untouched])
 

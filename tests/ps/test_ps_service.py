@@ -16,6 +16,7 @@ from zmqflow.common.placement import place
 from zmqflow.common.processes import start_service
 from zmqflow.common.ps_client import PsClient
 from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.variables import IndexedSlices
 
 pytestmark = pytest.mark.service
 
@@ -121,6 +122,39 @@ def test_sparse_rows_of_a_table_split_over_two_shards(tmp_path, initial):
         np.testing.assert_array_equal(after[2:], table[[4, 699]])              # untouched rows stay
         with pytest.raises(InvalidArgumentError, match=r"must be in \[0, 784\)"):
             ps.pull_rows("hidden/weights", [784])
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_one_push_carries_a_tables_rows_with_the_dense_gradients_in_sync_mode(tmp_path, initial):
+    """What a worker training a sparse embedding sends: the table's touched rows as IndexedSlices, each
+    block to its shard (an empty block too, so every shard hears from every replica), the rest dense;
+    the step completes once per replica and shard, and pulls that leave the table out do not carry it."""
+    procs = shards(tmp_path, 2, "--max-shard-bytes", "160000", "--mode", "sync", "--replicas-to-aggregate", "2")
+    try:
+        placement = place(model_variables(MNIST_MLP), 2, max_shard_bytes=160000)
+        replicas = [PsClient([p.endpoint for p in procs], placement) for _ in range(2)]
+        replicas[0].initialize(initial)
+        dense = {name: np.ones_like(v) for name, v in initial.items() if name != "hidden/weights"}
+        for replica in replicas:
+            params = replica.pull(exclude=["hidden/weights"])
+            assert "hidden/weights" not in params and set(params) == set(dense)
+        first = replicas[0].push({**dense, "hidden/weights": IndexedSlices(np.array([3]), np.ones((1, 100), np.float32))}, 0)
+        assert not any(r["applied"] for r in first)   # waiting for replica 1 on both shards
+        second = replicas[1].push({**dense, "hidden/weights": IndexedSlices(np.array([3, 700]),
+                                                                            np.ones((2, 100), np.float32))}, 1)
+        assert all(r["applied"] for r in second) and [s["version"] for s in replicas[1].stats()] == [1, 1]
+        rows = replicas[0].pull_rows("hidden/weights", [3, 700, 4])
+        table = initial["hidden/weights"]
+        np.testing.assert_allclose(rows[0], table[3] - 0.5 * (1 + 1) / 2, rtol=1e-6)   # mean over the 2 replicas
+        np.testing.assert_allclose(rows[1], table[700] - 0.5 * 1 / 2, rtol=1e-6)
+        np.testing.assert_array_equal(rows[2], table[4])
+        before = sum(s["bytes_pulled"] for s in replicas[0].stats())
+        replicas[0].pull(exclude=["hidden/weights"])
+        assert sum(s["bytes_pulled"] for s in replicas[0].stats()) - before == sum(v.nbytes for v in dense.values())
+        with pytest.raises(InvalidArgumentError, match=r"cannot leave out \['nope'\]"):
+            replicas[0].pull(exclude=["nope"])
     finally:
         for p in procs:
             p.stop()

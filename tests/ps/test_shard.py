@@ -224,6 +224,56 @@ def test_sync_sparse_rows_are_averaged_with_dense_gradients():
     assert state.version == 1 and state.stats()["pushes_applied"] == 3
 
 
+def densified(indices, rows, shape):
+    dense = np.zeros(shape)
+    np.add.at(dense, indices, rows)
+    return dense
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_push_with_sparse_rows_is_one_update_equal_to_its_dense_form(mode):
+    """An embedding table's touched rows inside a dense push: one version step, and with SGD the same
+    values as pushing the densified gradient."""
+    options = {"mode": "sync", "replicas_to_aggregate": 1} if mode == "sync" else {}
+    sparse_state, dense_state = shard(**options), shard(**options)
+    indices, rows = np.array([2, 0, 2]), np.arange(12, dtype=np.float64).reshape(3, 4)
+    biases = values(3)["layer/biases"]
+    result = sparse_state.push({"layer/biases": biases}, 0, 0, sparse={"layer/weights": (indices, rows)})
+    assert result.applied and sparse_state.version == 1 and sparse_state.stats()["updates"] == 1
+    dense_state.push({"layer/biases": biases, "layer/weights": densified(indices, rows, (3, 4))}, 0, 0)
+    for name, value in current(sparse_state).items():
+        np.testing.assert_allclose(value, current(dense_state)[name], rtol=1e-12)
+    np.testing.assert_array_equal(current(sparse_state)["layer/weights"][1], values(0)["layer/weights"][1])
+
+
+def test_sync_replicas_mixing_sparse_and_empty_rows_average_over_replicas():
+    state = shard(mode="sync", replicas_to_aggregate=2)
+    biases = values(4)["layer/biases"]
+    first = state.push({"layer/biases": biases}, 0, 0, sparse={"layer/weights": (np.array([1]), np.ones((1, 4)))})
+    assert not first.applied and state.waiting_for()["contributed"] == [0]
+    empty = (np.zeros(0, np.int64), np.zeros((0, 4)))
+    assert state.push({"layer/biases": biases}, 0, 1, sparse={"layer/weights": empty}).applied
+    weights = current(state)["layer/weights"]
+    np.testing.assert_allclose(weights[1], values(0)["layer/weights"][1] - 0.1 * 0.5, rtol=1e-12)
+    np.testing.assert_array_equal(weights[[0, 2]], values(0)["layer/weights"][[0, 2]])
+    np.testing.assert_allclose(current(state)["layer/biases"], values(0)["layer/biases"] - 0.1 * biases, rtol=1e-12)
+
+
+@pytest.mark.parametrize("grads, sparse, message", [
+    ({"layer/biases": np.zeros(4)}, {}, "'layer/weights' is missing"),
+    ({"layer/biases": np.zeros(4)}, {"layer/weights": (np.array([3]), np.zeros((1, 4)))}, r"must be in \[0, 3\)"),
+    ({"layer/biases": np.zeros(4)}, {"layer/weights": (np.array([0]), np.zeros((1, 5)))}, "rows of shape"),
+    ({"layer/biases": np.zeros(4)}, {"layer/weights": np.zeros(3)}, r"must be \(indices, rows\)"),
+    ({"layer/biases": np.zeros(4), "layer/weights": np.zeros((3, 4))},
+     {"layer/weights": (np.array([0]), np.zeros((1, 4)))}, "not held by this shard"),
+])
+def test_bad_sparse_pushes_name_the_piece_and_change_nothing(grads, sparse, message):
+    state = shard()
+    with pytest.raises(InvalidArgumentError, match=message):
+        state.push(grads, 0, 0, sparse=sparse)
+    assert state.version == 0 and state.stats()["pushes_received"] == 0
+
+
 # --- validation ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("options, option", [
