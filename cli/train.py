@@ -42,11 +42,15 @@ def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learn
             shuffle_queue, input_kind, bf16, checkpoint_dir, checkpoint_every_steps, model_spec, model_opts, as_json):
     """Train a model (default: the MNIST MLP) on the shipped MNIST sample with a broker, NUM_PS ps
     shards and NUM_WORKERS workers on this machine."""
+    from zmqflow.models.pipeline import stage_count
     try:
         model = with_options(resolve_model(model_spec), model_opts)
-        load_model(model, backend="numpy")      # a bad model fails here, before any process starts
+        stages = stage_count(load_model(model, backend="numpy"))   # a bad model fails here, before any process starts
     except OpError as exc:
         raise click.BadParameter(str(exc), param_hint="--model") from None
+    if stages > 1 and num_workers + spare_replicas != stages:
+        raise click.BadParameter(f"the model's layers run on {stages} workers (a pipeline); pass --num-workers {stages}",
+                                 param_hint="--num-workers")
     optimizer = {"kind": optimizer_kind, "learning_rate": learning_rate}
     if optimizer_kind == "momentum":
         optimizer["momentum"] = 0.9

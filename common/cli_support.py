@@ -106,6 +106,28 @@ def run_service(service_class, bind, ready_file, log_level, client_timeout, max_
     run_service_instance(build, service_class.name, ready_file, log_level, max_message_bytes)
 
 
+def write_ready_file(path, endpoint):
+    """The bound endpoint, written atomically: a launcher polling the file never reads half of it."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(endpoint + "\n")
+    os.replace(tmp, path)
+
+
+def profiled(function, *args, task):
+    """function(*args); with ZMQFLOW_PROFILE_DIR set, under cProfile, its stats written there at the end
+    as TASK.PID.prof (measure, don't guess)."""
+    profile_dir = os.environ.get("ZMQFLOW_PROFILE_DIR")
+    if not profile_dir:
+        return function(*args)
+    import cProfile
+    profiler = cProfile.Profile()
+    try:
+        return profiler.runcall(function, *args)
+    finally:
+        profiler.dump_stats(os.path.join(profile_dir, f"{task.replace(':', '-')}.{os.getpid()}.prof"))
+
+
 def run_service_instance(build, task, ready_file, log_level, max_message_bytes):
     """Set up the process, build the service with `build(limits)`, announce it, serve until SIGTERM."""
     setup_logging(log_level, task)
@@ -118,16 +140,6 @@ def run_service_instance(build, task, ready_file, log_level, max_message_bytes):
     logging.getLogger(service.name).info("%s listening on %s (pid %d)%s", service.name, service.endpoint, os.getpid(),
                                          " with CURVE" if getattr(service, "curve_dir", None) else "")
     if ready_file:
-        tmp = f"{ready_file}.tmp"
-        with open(tmp, "w") as f:
-            f.write(service.endpoint + "\n")
-        os.replace(tmp, ready_file)
-    profile_dir = os.environ.get("ZMQFLOW_PROFILE_DIR")
-    if profile_dir:  # measure, don't guess: cProfile stats of the whole service loop, written at exit
-        import cProfile
-        profiler = cProfile.Profile()
-        profiler.runcall(service.run)
-        profiler.dump_stats(os.path.join(profile_dir, f"{task.replace(':', '-')}.{os.getpid()}.prof"))
-    else:
-        service.run()
+        write_ready_file(ready_file, service.endpoint)
+    profiled(service.run, task=task)
     logging.getLogger(service.name).info("%s stopped", service.name)

@@ -62,7 +62,7 @@ class LocalCluster:
     def __init__(self, num_ps=1, num_workers=2, mode="async", epochs=10, batch_size=100, optimizer=None,
                  backend="numba", replicas_to_aggregate=None, spare_replicas=0, shuffle_queue=None,
                  checkpoint_dir=None, checkpoint_every_steps=None, bf16=False, log_dir=None, seed=0, model=None,
-                 input="readers"):
+                 input="readers", threads_per_worker=None):
         self.num_ps, self.num_workers, self.mode, self.epochs = num_ps, num_workers, mode, epochs
         self.batch_size, self.backend, self.bf16, self.seed = batch_size, backend, bf16, seed
         self.optimizer = optimizer or dict(DEFAULT_OPTIMIZER)
@@ -76,9 +76,11 @@ class LocalCluster:
         if input not in INPUTS:
             raise InvalidArgumentError(f"input must be one of {', '.join(INPUTS)}, got {input!r}")
         self.input = input
+        self.threads_per_worker = threads_per_worker   # default: the machine's cores shared out
         if shuffle_queue is None:  # readers hand out whole files in order: mix them as shuffle_batch did
             self.shuffle_queue = input == "readers"
         self.supervisor = Supervisor(log_dir=self.log_dir)   # owns every process of the job
+        self.stages = 1
         self.shards, self.workers = [], []
         self._stop = threading.Event()
 
@@ -89,6 +91,7 @@ class LocalCluster:
         self.stop()
 
     def start(self):
+        self.stages = self._pipeline_stages()   # a pipelined model is one replica over all the workers
         (train_x, train_y), _ = mnist_split()
         self.examples_per_epoch = len(train_y)
         self.broker = self.supervisor.start_service("zmqflow.services.broker")
@@ -101,11 +104,38 @@ class LocalCluster:
         if self.input == "ps":  # the seeds' preloading: the split held once on ps 0, sliced by the workers
             with PsShardClient(self.shards[0].endpoint) as client:
                 client.preload("train", {"image": train_x, "label": train_y}, timeout=30)
-        threads = max(1, (os.cpu_count() or 2) // max(1, self.total_workers))
+        threads = self.threads_per_worker or max(1, (os.cpu_count() or 2) // max(1, self.total_workers))
+        if self.stages > 1:
+            self._start_pipeline(threads)
+            return self
         for i in range(self.total_workers):
             self.workers.append(self.supervisor.start_process("zmqflow.services.worker", self.worker_args(i),
                                                               env=compute_thread_env(threads), name=f"worker{i}"))
         return self
+
+    def _pipeline_stages(self):
+        """How many workers the model's layers name (1: no pipeline)."""
+        from zmqflow.models.pipeline import stage_count
+        from zmqflow.models.registry import load_model
+        stages = stage_count(load_model(self.model))
+        if stages > 1 and stages != self.total_workers:
+            raise InvalidArgumentError(f"the model's layers run on {stages} workers (/job:worker/task:0..{stages - 1}); "
+                                       f"train it with --num-workers {stages} (got {self.total_workers})")
+        return stages
+
+    def _start_pipeline(self, threads):
+        """A pipelined model: the last stage first, each listening for the one before it."""
+        workers, next_endpoint = [], None
+        for i in reversed(range(self.total_workers)):
+            args = self.worker_args(i) + (["--pipeline-next", next_endpoint] if next_endpoint else [])
+            env = compute_thread_env(threads)
+            if i:
+                worker = self.supervisor.start_service("zmqflow.services.worker", args, env=env, name=f"worker{i}")
+                next_endpoint = worker.endpoint
+            else:
+                worker = self.supervisor.start_process("zmqflow.services.worker", args, env=env, name="worker0")
+            workers.insert(0, worker)
+        self.workers = workers
 
     def _start_feeder(self, train_x, train_y):
         declaration = dict(dtypes=["float32", "int32"], shapes=[[784], []], names=["image", "label"],
@@ -131,8 +161,9 @@ class LocalCluster:
         args = ["--task-index", str(index), "--num-ps", str(self.num_ps), "--model", json.dumps(self.model),
                 "--optimizer", json.dumps(self.optimizer), "--mode", self.mode]
         if self.mode == "sync":
-            args += ["--replicas-to-aggregate", str(self.replicas_to_aggregate or self.num_workers),
-                     "--total-num-replicas", str(self.total_workers)]
+            replicas = 1 if self.stages > 1 else self.total_workers
+            args += ["--replicas-to-aggregate", str(self.replicas_to_aggregate or min(replicas, self.num_workers)),
+                     "--total-num-replicas", str(replicas)]
         if self.checkpoint_dir:
             args += ["--restore-from", self.checkpoint_dir]
         return args

@@ -120,6 +120,20 @@ class LayerModel:
         tensors = {v.name: constant(self._param(params, v)) for v in self._variables}
         return self._outputs(self.network.forward(tensors, self._inputs(x), Context(training=False)))
 
+    # ------------------------------------------------ parts, for pipeline stages (models/pipeline.py)
+
+    def param(self, params, v):
+        """params[v.name] checked against `v` and cast to the model's dtype."""
+        return self._param(params, v)
+
+    def input_tensor(self, x):
+        """The network's input tensor(s) from arrays, checked against the input signature."""
+        return self._inputs(x)
+
+    def head_loss(self, logits, y):
+        """The loss tensor of the head on `logits` for labels `y`."""
+        return self._loss(logits, self._labels(y, logits))
+
     # ------------------------------------------------ checks
 
     def _param(self, params, v, rows=None):

@@ -87,14 +87,63 @@ def training_hooks(config):
     return hooks, tensorboard
 
 
+def pipeline_stages(config, model):
+    """The model's pipeline stages when its layers name worker tasks (models/pipeline.py), else [];
+    UsageError when the job lacks a worker for a stage or the links are not given."""
+    from zmqflow.models.pipeline import is_pipelined, split_stages
+    if not is_pipelined(model):
+        return []
+    stages = split_stages(model)
+    if len(stages) > config.num_workers:
+        raise UsageError(f"the model's layers run on {len(stages)} workers (/job:worker/task:0..{len(stages) - 1}), "
+                         f"the job has {config.num_workers} (--num-workers)")
+    if config.num_workers > len(stages):
+        raise UsageError(f"a pipelined model of {len(stages)} stages trains on exactly {len(stages)} workers, "
+                         f"not {config.num_workers}: data-parallel replicas of a pipeline are not supported")
+    if config.task_index < len(stages) - 1 and not config.pipeline_next:
+        raise UsageError(f"worker {config.task_index} runs pipeline stage {config.task_index} of {len(stages)}: "
+                         "pass --pipeline-next, the endpoint the next stage listens on (its --bind)")
+    return stages
+
+
+def run_stage(config, model, stages, ps):
+    """Worker k > 0 of a pipelined model: serve stage k until worker 0 says the training ended."""
+    from zmqflow.services.worker.pipeline import StageLink, serve_stage
+    link = StageLink(bind=config.bind, next_endpoint=config.pipeline_next, timeout=config.pipeline_timeout)
+    if config.ready_file:
+        from zmqflow.common.cli_support import write_ready_file
+        write_ready_file(config.ready_file, link.endpoint)
+    log.info("worker %d: pipeline stage %d of %d (%s) listening on %s", config.task_index, config.task_index,
+             len(stages), ", ".join(layer.name for layer in stages[config.task_index].layers), link.endpoint)
+    try:
+        ps.wait_ready(timeout=600.0)
+        summary = serve_stage(stages[config.task_index], ps, link, model)
+    except OpError as exc:
+        stop_on_error(config, exc)
+    finally:
+        link.close()
+    log.info("worker %d: stage done after %d batches (%d micro-batches)", config.task_index, summary["batches"],
+             summary["micro_batches"])
+    ps.close()
+    return summary
+
+
 def run(config):
     """Train until the input ends (or a hook stops it), then finish as the chief's protocol says."""
     spec = resolve_model(config.model_spec)
     model = placed_model(config, spec)
     ps = ps_client(config, spec)
+    stages = pipeline_stages(config, model)
+    if stages and config.task_index > 0:
+        return run_stage(config, model, stages, ps)
+    if stages:
+        from zmqflow.services.worker.pipeline import PipelineModel, StageLink
+        model = PipelineModel(model, stages, StageLink(next_endpoint=config.pipeline_next,
+                                                       timeout=config.pipeline_timeout),
+                              config.micro_batches, versions=lambda: list(ps.versions))
     queue = training_input(config, ps)
     hooks, tensorboard = training_hooks(config)
-    trainer = Trainer(model, ps, queue, replica=config.task_index, num_workers=config.num_workers,
+    trainer = Trainer(model, ps, queue, replica=config.task_index, num_workers=1 if stages else config.num_workers,
                       is_chief=config.is_chief, batch_size=config.batch_size, mode=config.mode, hooks=hooks,
                       checkpoint_dir=config.checkpoint_dir, examples_per_epoch=config.examples_per_epoch,
                       dequeue_timeout=config.dequeue_timeout, container=config.container,
@@ -102,7 +151,15 @@ def run(config):
     try:
         summary = trainer.run()
     except OpError as exc:  # a peer we cannot do without is gone: say which, exit non-zero
+        if stages:
+            model.finish(exc)
         stop_on_error(config, exc)
+    except BaseException as exc:
+        if stages:
+            model.finish(exc)
+        raise
+    if stages:
+        model.finish()
     if config.is_chief and config.evaluate:
         summary["test_accuracy"] = evaluate_on_test_split(trainer, tensorboard, summary["global_step"])
     if tensorboard is not None:

@@ -3,7 +3,7 @@
 import click
 
 from zmqflow.common import health
-from zmqflow.common.cli_support import curve_option, ops_options, setup_logging
+from zmqflow.common.cli_support import curve_option, ops_options, profiled, setup_logging
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.memory import keep_freed_memory
 from zmqflow.common.task_options import model_options
@@ -63,16 +63,26 @@ from zmqflow.services.worker.config import UsageError, WorkerConfig
 @click.option("--serve", "serve_checkpoint", default=None, type=click.Path(file_okay=False),
               help="Serve mode: answer predict requests from the latest checkpoint in this directory instead of "
                    "training (the same as `zmqflow serve --checkpoint DIR`).")
-@click.option("--bind", default="tcp://127.0.0.1:5700", help="With --serve: the endpoint to listen on.")
+@click.option("--pipeline-next", default=None,
+              help="A model whose layers run on several workers (/job:worker/task:N): the endpoint the next "
+                   "stage (worker task+1) listens on; every stage but the last needs it.")
+@click.option("--micro-batches", default=2, type=click.IntRange(min=1),
+              help="Pipelined model: micro-batches per batch, so the stages work at the same time; more of them "
+                   "shrink the idle time at a batch's ends but pay a hop each.")
+@click.option("--pipeline-timeout", default=120.0, type=click.FloatRange(min=0, min_open=True),
+              help="Pipelined model: seconds to wait for a neighbouring stage before giving up.")
+@click.option("--bind", default="tcp://127.0.0.1:5700",
+              help="With --serve, or as a pipeline stage after the first: the endpoint to listen on.")
 @click.option("--ready-file", default=None, type=click.Path(dir_okay=False),
-              help="With --serve: write the bound endpoint here once serving.")
+              help="With --serve, or as a later pipeline stage: write the bound endpoint here once listening.")
 @ops_options
 def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task_index, num_workers, model_spec, placement_strategy,
             max_shard_bytes, backend, batch_size, dequeue_timeout, mode, bf16, max_steps, log_every, checkpoint_dir,
             checkpoint_every_steps, checkpoint_every_secs, keep_checkpoints, summaries, user_hooks, evaluate,
             shutdown_ps, shutdown_broker, result_file, examples_per_epoch, log_level,
             device, placement_function, allow_soft_placement, log_device_placement, gpu_memory_fraction, towers,
-            summary_dir, summary_every_steps, serve_checkpoint, bind, ready_file):
+            summary_dir, summary_every_steps, pipeline_next, micro_batches, pipeline_timeout, serve_checkpoint, bind,
+            ready_file):
     """Train: dequeue mini-batches from the broker, pull parameters, push gradients.
 
     Task 0 (or the chief job of TF_CONFIG) is the chief: it initializes or
@@ -96,7 +106,7 @@ def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task
     keep_freed_memory()
     from zmqflow.services.worker.build import run
     try:
-        run(config)
+        profiled(run, config, task=config.name)
     except UsageError as exc:
         raise click.UsageError(str(exc)) from None
     except InvalidArgumentError as exc:

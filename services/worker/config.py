@@ -53,6 +53,11 @@ class WorkerConfig:
     log_device_placement: bool = False
     gpu_memory_fraction: float = None
     towers: int = 1
+    pipeline_next: str = None       # a pipelined model: the endpoint of the next stage
+    micro_batches: int = 2
+    pipeline_timeout: float = 120.0
+    bind: str = None                # a later pipeline stage listens here (and a model server)
+    ready_file: str = None
     job: str = "worker"             # this task's job and index as device strings name them
     task: int = None
 

@@ -40,6 +40,8 @@ class Trainer:
         # tables read by rows (sparse embeddings): left out of pulls, their rows pulled per batch
         self._row_tables = (sorted(model.sparse_rows(zero_inputs(model, 1))) if hasattr(model, "sparse_rows")
                             else [])
+        # left out of this worker's pulls: those tables, and a pipeline's later stages' variables
+        self._not_pulled = self._row_tables + list(getattr(model, "remote_variables", list)())
 
     def resolved_config(self):
         return {"mode": self.mode, "batch_size": self.batch_size, "num_workers": self.num_workers, **self.config}
@@ -76,7 +78,7 @@ class Trainer:
             hook.begin(self)
         started = time.perf_counter()
         next_batch = self._dequeue()
-        params = self.ps.pull(exclude=self._row_tables)
+        params = self.ps.pull(exclude=self._not_pulled)
         self.global_step = self.ps.versions[0]
         self._push = self._assign = None
         try:
@@ -118,7 +120,7 @@ class Trainer:
         if self.mode == "sync":
             loss, grads = self._compute(params, x, y)
             return loss, self._sync_exchange(grads)
-        next_params = self.ps.pull_async(exclude=self._row_tables)  # prefetch: arrives while we compute
+        next_params = self.ps.pull_async(exclude=self._not_pulled)  # prefetch: arrives while we compute
         loss, grads = self._compute(params, x, y)
         self._settle_push()
         self._push = self.ps.push_async(grads, self.replica)
@@ -135,7 +137,7 @@ class Trainer:
         while True:
             try:
                 self.ps.wait_ready(timeout=5.0)
-                params = self.ps.pull(exclude=self._row_tables)
+                params = self.ps.pull(exclude=self._not_pulled)
                 self.global_step = self.ps.versions[0]
                 log.info("worker %d: ps shards back at global step %d", self.replica, self.global_step)
                 return params
@@ -188,10 +190,10 @@ class Trainer:
         self.ps.push(grads, self.replica)
         try:
             params = self.ps.pull(min_version=[v + 1 for v in versions], timeout=self.sync_timeout,
-                                  exclude=self._row_tables)
+                                  exclude=self._not_pulled)
         except DeadlineExceededError as exc:
             log.warning("worker %d: %s", self.replica, exc)
-            params = self.ps.pull(exclude=self._row_tables)
+            params = self.ps.pull(exclude=self._not_pulled)
         self.global_step = self.ps.versions[0]
         return params
 

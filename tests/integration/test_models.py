@@ -5,8 +5,14 @@ import re
 import os
 import subprocess
 import sys
+import time
 
 import pytest
+
+from tests.support.waiting import wait_for
+from zmqflow.common.ps_client import PsShardClient
+from zmqflow.common.queues import FIFOQueue
+from zmqflow.inputs.datasets import mnist_split
 
 pytestmark = pytest.mark.integration
 
@@ -182,3 +188,41 @@ def test_a_sparse_embedding_table_over_two_shards_moves_only_the_rows_each_step_
     rmse, per_step, table = (float(g) for g in found.groups())
     assert rmse < 0.5                       # 0.23 here; the ratings' standard deviation is 1.46
     assert per_step * 20 < table            # 16 KiB of rows and dense layers a step, against a 1281 KiB table
+
+
+PIPELINE_MODEL = os.path.join(EXAMPLES, "pipeline_model.py")
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_model_split_over_two_workers_trains_as_a_pipeline(mode):
+    code, out, err = train("--model", f"{PIPELINE_MODEL}:build", "--model-opt", "width=128", "--num-workers", "2",
+                           "--epochs", "3", "--mode", mode)
+    assert code == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["worker_exit_codes"] == [0, 0] and summary["test_accuracy"] > 0.8, summary
+    assert summary["global_step"] == 3 * 4500 // 100       # one replica: one step per batch
+    code, _, err = train("--model", f"{PIPELINE_MODEL}:build", "--num-workers", "3", timeout=60)
+    assert code == 2 and "run on 2 workers (a pipeline); pass --num-workers 2" in err
+
+
+@pytest.mark.faults
+def test_a_killed_pipeline_stage_ends_stage_zero_with_the_peer_lost_code(processes, tmp_path):
+    """Stage 1 SIGKILLed mid-run: worker 0 stops within its --pipeline-timeout (exit 3, naming the wait)."""
+    model = json.dumps({"type": f"{PIPELINE_MODEL}:build", "width": 64})
+    broker = processes.service("zmqflow.services.broker").endpoint
+    ps = processes.service("zmqflow.services.ps", ["--model", model]).endpoint
+    common = ["--broker", broker, "--ps", ps, "--num-workers", "2", "--model", model, "--pipeline-timeout", "3"]
+    stage1 = processes.service("zmqflow.services.worker", ["--task-index", "1", *common])
+    stage0 = processes.process("zmqflow.services.worker", ["--task-index", "0", "--pipeline-next", stage1.endpoint,
+                                                           "--dequeue-timeout", "30", *common])
+    queue = FIFOQueue(100_000, ["float32", "int32"], [[784], []], names=["image", "label"], shared_name="train",
+                      broker=broker)
+    (x, y), _ = mnist_split()
+    queue.enqueue_many({"image": x[:2000], "label": y[:2000]})
+    wait_for(lambda: PsShardClient(ps).stats()["version"] >= 5, timeout=60, what="the pipeline trained 5 steps")
+    stage1.kill()
+    queue.enqueue_many({"image": x[:2000], "label": y[:2000]})   # input keeps coming; only the stage is gone
+    started = time.monotonic()
+    assert stage0.proc.wait(timeout=30) == 3
+    assert time.monotonic() - started < 10
+    assert "no gradient from stage 1 within 3 s" in stage0.log() or "no gradients from the later stages" in stage0.log()
