@@ -7,7 +7,7 @@ import click
 
 from zmqflow.common.cli_support import launcher_curve_option
 from zmqflow.jobs.sweep.runner import INPUTS
-from zmqflow.jobs.sweep.space import SpaceError, build_space, describe, grid, load_space, parse_grid, sample
+from zmqflow.jobs.sweep.space import MLP_ONLY, SpaceError, build_space, describe, grid, load_space, parse_grid, sample
 
 
 def _points(grid_text, space_file, random_runs, seed, epochs, batch_size):
@@ -55,10 +55,15 @@ def _points(grid_text, space_file, random_runs, seed, epochs, batch_size):
 @click.option("--backend", default="numba", type=click.Choice(["numpy", "numba", "cupy"]), help="Worker kernels.")
 @click.option("--run-timeout", default=300.0, type=click.FloatRange(min=0, min_open=True),
               help="Seconds a run may take; a run past it is stopped and recorded as failed.")
+@click.option("--model", "model_spec", default=None, metavar="MODEL",
+              help="The model every run trains (as on zmqflow train: mlp, cnn, logistic, linear, path/model.py:build, a "
+                   "spec file or inline JSON). Default: the MLP the hidden and activation axes shape.")
+@click.option("--model-opt", "model_opts", multiple=True, metavar="KEY=VALUE",
+              help="A model option of every run (repeatable); a model.KEY axis of the grid varies one.")
 @click.option("--dry-run", is_flag=True, help="List the runs the space gives and exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the leaderboard as JSON (no progress bar).")
 def command(grid_text, space_file, random_runs, seed, parallel, epochs, batch_size, out_dir, keep_best, input_kind,
-            validation_fraction, split_seed, backend, run_timeout, dry_run, as_json):
+            validation_fraction, split_seed, backend, run_timeout, model_spec, model_opts, dry_run, as_json):
     """Train one small MNIST model per hyperparameter point, PARALLEL at once, each in its own container
     (its own ps task, its broker queues in container run-NNN); rank them by validation accuracy.
 
@@ -68,16 +73,18 @@ def command(grid_text, space_file, random_runs, seed, parallel, epochs, batch_si
     from zmqflow.jobs.sweep.sweep import run_sweep
 
     points = _points(grid_text, space_file, random_runs, seed, epochs, batch_size)
+    base_model = _base_model(model_spec, model_opts, grid_text or space_file, points)
+    mlp = base_model is None or base_model.get("type") == "mlp"
     if dry_run:
         for i, point in enumerate(points):
-            click.echo(f"run-{i + 1:03d}  {describe(point)}")
+            click.echo(f"run-{i + 1:03d}  {describe(point, mlp)}")
         return
     info = {"grid": grid_text, "space": space_file, "random": random_runs, "seed": seed}
     previous = signal.signal(signal.SIGTERM, _interrupt)  # stop the trainings' processes too, as Ctrl-C does
     try:
         summary = run_sweep(points, out_dir, parallel=parallel, keep_best=keep_best, input=input_kind,
                             backend=backend, run_timeout=run_timeout, validation_fraction=validation_fraction,
-                            split_seed=split_seed, progress=not as_json, info=info)
+                            split_seed=split_seed, progress=not as_json, info=info, base_model=base_model)
     finally:
         signal.signal(signal.SIGTERM, previous)
     if as_json:
@@ -88,9 +95,9 @@ def command(grid_text, space_file, random_runs, seed, parallel, epochs, batch_si
         if entry["status"] == "ok":
             click.echo(f"{entry['rank']:>3}  {entry['run_id']}  val {entry['validation_accuracy']:.4f}  "
                        f"loss {entry['final_loss']:.4f}  {entry['examples_per_s']:>7,} ex/s  {entry['seconds']:5.1f} s  "
-                       f"{describe(entry['hyperparameters'])}{'  [kept]' if entry['kept'] else ''}")
+                       f"{describe(entry['hyperparameters'], mlp)}{'  [kept]' if entry['kept'] else ''}")
         else:
-            click.echo(f"  -  {entry['run_id']}  FAILED  {describe(entry['hyperparameters'])}: {entry['error']}")
+            click.echo(f"  -  {entry['run_id']}  FAILED  {describe(entry['hyperparameters'], mlp)}: {entry['error']}")
     click.echo(f"{len(points)} runs ({summary['failed']} failed) in {summary['seconds']} s; "
                f"leaderboard: {summary['leaderboard_json']}, {summary['leaderboard_csv']}")
     click.echo(f"plot: {summary['plot']}" if summary["plot"] else
@@ -98,6 +105,43 @@ def command(grid_text, space_file, random_runs, seed, parallel, epochs, batch_si
     if summary["kept"]:
         best = summary["kept"][0]
         click.echo(f"serve the best: zmqflow serve --checkpoint {best['checkpoint']} --model {best['model_file']}")
+
+
+def _base_model(model_spec, model_opts, space_text, points):
+    """The spec every run starts from (None: the MLP of the points), after checking that every point's
+    model builds: a bad option fails here, before any process starts."""
+    from zmqflow.common.errors import OpError
+    from zmqflow.jobs.sweep.runner import model_spec as point_model
+    from zmqflow.models.registry import load_model
+    from zmqflow.models.spec import resolve_model, with_options
+    if model_spec is None and not model_opts:
+        base = None
+    else:
+        try:
+            base = with_options(resolve_model(model_spec or "mlp"), model_opts)
+        except OpError as exc:
+            raise click.BadParameter(str(exc), param_hint="--model") from None
+    if base is not None and base.get("type") != "mlp":
+        shaped = sorted(set(MLP_ONLY) & _given(space_text))
+        if shaped:
+            raise click.BadParameter(f"{' and '.join(shaped)} {'shape' if len(shaped) > 1 else 'shapes'} the built-in "
+                                     f"MLP; {base['type']} takes model.<option> axes instead "
+                                     "(e.g. model.filters=[8,16],[16,32])", param_hint="--grid")
+    for point in points:
+        try:
+            load_model(point_model(point, base=base), backend="numpy")
+        except OpError as exc:
+            raise click.BadParameter(f"the run {describe(point, base is None or base.get('type') == 'mlp')} "
+                                     f"cannot build its model: {exc}", param_hint="--model") from None
+    return base
+
+
+def _given(space_text):
+    """The axis names the user wrote (not the defaults every point carries)."""
+    from zmqflow.jobs.sweep.space import load_space, parse_grid
+    if space_text and os.path.isfile(space_text):
+        return set(load_space(space_text))
+    return set(parse_grid(space_text)) if space_text else set()
 
 
 def _interrupt(signum, frame):

@@ -24,6 +24,7 @@ from zmqflow.common.processes import compute_thread_env, start_service
 from zmqflow.common.supervisor import Supervisor
 from zmqflow.common.rpc_client import default_pool
 from zmqflow.jobs.sweep.curve import CURVE_ENV, HOOK, read_curve
+from zmqflow.jobs.sweep.space import model_options
 from zmqflow.jobs.local_cluster import feed
 from zmqflow.common.ps_client import PsShardClient
 
@@ -31,10 +32,15 @@ INPUTS = ("preloaded", "ps")
 QUEUE = "train"
 
 
-def model_spec(point, seed=1):
-    """The MLP of a point: 784, its hidden widths, 10 (the init of the seeds' MNIST network)."""
-    return {"type": "mlp", "layers": [784, *point["hidden"], 10], "activation": point["activation"],
-            "init": {"kind": "truncated_normal", "stddev": 0.1}, "seed": seed}
+def model_spec(point, seed=1, base=None):
+    """The model of a point: `base` (a spec, --model and its --model-opt) with the point's model.<option>
+    values; without a base or for the MLP, 784, the point's hidden widths, 10 (the seeds' MNIST network)."""
+    if base is None or base.get("type") == "mlp":
+        spec = {**(base or {}), "type": "mlp", "layers": [784, *point["hidden"], 10],
+                "activation": point["activation"], "init": {"kind": "truncated_normal", "stddev": 0.1}, "seed": seed}
+    else:
+        spec = dict(base)
+    return {**spec, **model_options(point)}
 
 
 def optimizer_spec(point):
@@ -50,12 +56,12 @@ def run_id(index):
 
 class SweepRunner:
     def __init__(self, out_dir, train, validation, parallel=1, input="preloaded", backend="numba", timeout=300.0,
-                 model_seed=1):
+                 model_seed=1, base_model=None):
         if input not in INPUTS:
             raise ValueError(f"input must be one of {', '.join(INPUTS)}, got {input!r}")
         self.out_dir, self.train, self.validation = out_dir, train, validation
         self.parallel, self.input, self.backend, self.timeout = max(1, parallel), input, backend, timeout
-        self.model_seed = model_seed
+        self.model_seed, self.base_model = model_seed, base_model
         self.threads = max(1, (os.cpu_count() or 1) // self.parallel)
         self._stop = threading.Event()
         self.broker = None
@@ -88,7 +94,7 @@ class SweepRunner:
 
     def _run_safely(self, index, point):
         entry = {"run_id": run_id(index), "status": "failed", "hyperparameters": point,
-                 "model": model_spec(point, self.model_seed), "optimizer": optimizer_spec(point)}
+                 "model": model_spec(point, self.model_seed, self.base_model), "optimizer": optimizer_spec(point)}
         started = time.perf_counter()
         try:
             entry.update(self._run(entry))

@@ -1,5 +1,9 @@
 """The search space of a sweep: which hyperparameters, which values, and the points to train.
 
+Besides the training hyperparameters, `model.<option>` axes set the model's own options (the
+`--model-opt` of `zmqflow train`: `model.filters=[8,16],[16,32]`, values read as YAML);
+`hidden` and `activation` shape the built-in MLP only.
+
 No sockets here. A space maps each hyperparameter to a list of values (a grid axis, or
 choices when sampling) or a range (`lo..hi`, `log:lo..hi`; sampled only). `grid(space)`
 expands every combination; `sample(space, n, seed)` draws n points, the same ones for a
@@ -21,6 +25,8 @@ OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
 DEFAULTS = {"learning_rate": 0.002, "hidden": [100], "optimizer": "adam", "batch_size": 100, "epochs": 3,
             "activation": "sigmoid"}
 ALIASES = {"lr": "learning_rate", "batch": "batch_size", "hidden_sizes": "hidden", "opt": "optimizer"}
+MODEL_PREFIX = "model."
+MLP_ONLY = ("hidden", "activation")
 
 
 class SpaceError(ValueError):
@@ -102,16 +108,52 @@ INTEGER = {"learning_rate": False, "hidden": True, "optimizer": False, "batch_si
 
 
 def canonical_name(name):
-    key = str(name).strip().lower().replace("-", "_")
+    text = str(name).strip()
+    if text.startswith(MODEL_PREFIX):
+        if not text[len(MODEL_PREFIX):].isidentifier():
+            raise SpaceError(f"{name!r}: a model option axis is model.NAME, NAME a keyword of the model's options")
+        return text
+    key = text.lower().replace("-", "_")
     key = ALIASES.get(key, key)
     if key not in CHECKS:
-        raise SpaceError(f"unknown hyperparameter {name!r}; known: {', '.join(CHECKS)} "
+        raise SpaceError(f"unknown hyperparameter {name!r}; known: {', '.join(CHECKS)}, model.<option> "
                          f"(aliases: {', '.join(f'{a}={k}' for a, k in ALIASES.items())})")
     return key
 
 
 def check_value(name, value):
+    if name.startswith(MODEL_PREFIX):
+        return _model_option(name, value)
     return CHECKS[name](name, value)
+
+
+def _model_option(name, value):
+    """A grid's text read as YAML (8, [8, 16], relu, 0.5), as --model-opt reads it; a file's value as is."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError as exc:
+        raise SpaceError(f"{name}: {value!r} is not valid YAML: {exc}") from None
+
+
+def model_options(point):
+    """{option: value} of a point's model.<option> axes."""
+    return {k[len(MODEL_PREFIX):]: v for k, v in point.items() if k.startswith(MODEL_PREFIX)}
+
+
+def _split_values(text):
+    """'a,[1,2],b' -> ['a', '[1,2]', 'b']: commas inside brackets belong to a value."""
+    items, depth, current = [], 0, ""
+    for char in text:
+        depth += char in "[{("
+        depth -= char in "]})"
+        if char == "," and depth == 0:
+            items.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return items + [current.strip()]
 
 
 # ------------------------------------------------ building a space
@@ -130,7 +172,7 @@ def parse_grid(text):
         if ".." in values:
             raw[name.strip()] = _parse_range_text(name.strip(), values.strip())
         else:
-            items = [v.strip() for v in values.split(",")]
+            items = _split_values(values)
             if any(not v for v in items):
                 raise SpaceError(f"grid part {part!r} has an empty value")
             raw[name.strip()] = items  # strings: each check converts its own
@@ -219,7 +261,10 @@ def sample(space, n, seed=0, base=None):
     return points
 
 
-def describe(point):
-    """A short label: 'lr=0.01 hidden=128x64 adam bs=100 ep=3'."""
-    return (f"lr={point['learning_rate']:.3g} hidden={'x'.join(map(str, point['hidden']))} {point['optimizer']} "
-            f"bs={point['batch_size']} ep={point['epochs']} {point['activation']}")
+def describe(point, mlp=True):
+    """A short label: 'lr=0.01 hidden=128x64 adam bs=100 ep=3 sigmoid' (the MLP's shape only for the MLP)."""
+    label = f"lr={point['learning_rate']:.3g} "
+    label += f"hidden={'x'.join(map(str, point['hidden']))} " if mlp else ""
+    label += f"{point['optimizer']} bs={point['batch_size']} ep={point['epochs']}"
+    label += f" {point['activation']}" if mlp else ""
+    return label + "".join(f" {k}={v}" for k, v in point.items() if k.startswith(MODEL_PREFIX))

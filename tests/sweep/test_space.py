@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from zmqflow.cli.main import main
-from zmqflow.jobs.sweep.space import DEFAULTS, SpaceError, grid, load_space, parse_grid, sample
+from zmqflow.jobs.sweep.space import DEFAULTS, SpaceError, describe, grid, load_space, model_options, parse_grid, sample
 
 pytestmark = pytest.mark.unit
 
@@ -111,3 +111,28 @@ def test_help_documents_every_option():
                    "--keep-best", "--input", "--validation-fraction", "--split-seed", "--backend", "--run-timeout",
                    "--dry-run", "--json"):
         assert option in output
+
+
+def test_model_option_axes_read_values_as_yaml_and_keep_brackets_whole():
+    space = parse_grid("lr=0.01;model.filters=[8,16],[16, 32];model.dropout=0,0.25;model.name=wide")
+    assert space["model.filters"] == [[8, 16], [16, 32]] and space["model.dropout"] == [0, 0.25]
+    points = grid(space)
+    assert len(points) == 4 and points[0]["model.name"] == "wide"
+    assert model_options(points[1]) == {"filters": [8, 16], "dropout": 0.25, "name": "wide"}
+    assert describe(points[1], mlp=False) == ("lr=0.01 adam bs=100 ep=3 model.filters=[8, 16] model.dropout=0.25 "
+                                              "model.name=wide")
+    with pytest.raises(SpaceError, match="a model option axis is model.NAME"):
+        parse_grid("model.=3")
+    with pytest.raises(SpaceError, match=r"model.filters: '\[8,' is not valid YAML"):
+        parse_grid("model.filters=[8,")
+
+
+def test_cli_checks_every_runs_model_before_starting():
+    runner = CliRunner()
+    listed = runner.invoke(main, ["sweep", "--model", "cnn", "--model-opt", "dense=32", "--grid",
+                                  "model.filters=[4,8],[8,16]", "--dry-run"])
+    assert listed.exit_code == 0 and "run-002  lr=0.002 adam bs=100 ep=3 model.filters=[8, 16]" in listed.output
+    unknown = runner.invoke(main, ["sweep", "--model", "cnn", "--grid", "model.width=3", "--dry-run"])
+    assert unknown.exit_code == 2 and "model spec field 'width' is not known for type 'cnn'" in unknown.output
+    shaped = runner.invoke(main, ["sweep", "--model", "cnn", "--grid", "hidden=64", "--dry-run"])
+    assert shaped.exit_code == 2 and "hidden shapes the built-in MLP; cnn takes model.<option> axes" in shaped.output

@@ -55,6 +55,18 @@ def test_sweep_ranks_runs_keeps_the_best_and_they_serve(processes, tmp_path):
     assert sorted(r["model"]["layers"][1:-1] for r in runs) == [[24], [32], [48, 16]]  # none the default 100
 
 
+def test_a_sweep_over_a_cnns_own_options_trains_and_records_each_model(tmp_path):
+    out = tmp_path / "sweep"
+    _sweep(["--model", "cnn", "--model-opt", "dense=32", "--grid", "lr=0.003;model.filters=[4,8],[8,16]",
+            "--epochs", "1", "--parallel", "2", "--keep-best", "1", "--out", str(out)])
+    runs = json.loads((out / "leaderboard.json").read_text())["runs"]
+    assert [r["status"] for r in runs] == ["ok", "ok"] and all(r["validation_accuracy"] > 0.5 for r in runs)
+    assert sorted(r["model"]["filters"] for r in runs) == [[4, 8], [8, 16]]
+    assert all(r["model"]["type"] == "cnn" and r["model"]["dense"] == 32 for r in runs)
+    best = runs[0]
+    assert json.loads(open(best["model_file"]).read()) == best["model"]   # what serve --model reads
+
+
 def test_sweep_with_input_on_the_ps_and_a_failing_run(tmp_path):
     out = tmp_path / "sweep"
     _sweep(["--grid", "optimizer=sgd;lr=0.5", "--epochs", "1", "--input", "ps", "--parallel", "1", "--out", str(out),
