@@ -1,6 +1,7 @@
 """`zmqflow ensemble`: the best k models of a sweep served behind an aggregator, scored on the test split."""
 
 import json
+import os
 import tempfile
 import time
 
@@ -9,14 +10,18 @@ import click
 from zmqflow.common.cli_support import launcher_curve_option
 from zmqflow.inputs.datasets import mnist_split
 from zmqflow.jobs.ensemble.score import print_report, score
-from zmqflow.jobs.ensemble.launch import Ensemble, best_runs
+from zmqflow.jobs.ensemble.launch import Ensemble, best_runs, checkpoint_members
 
 @click.command("ensemble")
 @launcher_curve_option()
-@click.option("--sweep", "leaderboard", default="sweep-out", show_default=True,
-              help="A sweep's --out directory (or its leaderboard.json).")
+@click.option("--sweep", "leaderboard", default=None,
+              help="A sweep's --out directory (or its leaderboard.json). Default: sweep-out, unless --checkpoint "
+                   "names the members.")
 @click.option("--top", default=3, show_default=True, type=click.IntRange(1),
-              help="Serve the best TOP kept checkpoints.")
+              help="Serve the best TOP kept checkpoints of the sweep.")
+@click.option("--checkpoint", "checkpoints", multiple=True, type=click.Path(file_okay=False, exists=True),
+              help="A checkpoint directory to serve as a member too (repeatable), with the model it records: an "
+                   "MLP, a CNN and a JAX model may answer together.")
 @click.option("--deadline-ms", default=2000, show_default=True, type=click.IntRange(1),
               help="Deadline of each scoring request through the aggregator.")
 @click.option("--log-dir", type=click.Path(file_okay=False), default=None,
@@ -24,13 +29,15 @@ from zmqflow.jobs.ensemble.launch import Ensemble, best_runs
 @click.option("--keep-serving", is_flag=True,
               help="After scoring, keep the servers and the aggregator up until Ctrl-C.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
-def command(leaderboard, top, deadline_ms, log_dir, keep_serving, as_json):
-    """Start model servers for the best TOP runs of a sweep and an aggregator over them, then
-    report each member's test accuracy next to the ensemble's (mean of probabilities and
-    majority vote): does the ensemble beat its members?"""
-    runs = best_runs(leaderboard, top)
+def command(leaderboard, top, checkpoints, deadline_ms, log_dir, keep_serving, as_json):
+    """Start model servers for the best TOP runs of a sweep (and any --checkpoint) and an aggregator
+    over them, then report each member's test accuracy next to the ensemble's (mean of
+    probabilities and majority vote): does the ensemble beat its members?"""
+    runs = best_runs(leaderboard, top) if leaderboard or not checkpoints else []
+    runs += checkpoint_members(checkpoints, taken={run["run_id"] for run in runs})
     _, (x, y) = mnist_split()
     log_dir = log_dir or tempfile.mkdtemp(prefix="zmqflow-ensemble-")
+    os.makedirs(log_dir, exist_ok=True)
     with Ensemble(runs, log_dir=log_dir) as ensemble:
         report = score(ensemble, x, y, deadline_ms)
         if as_json:

@@ -1,4 +1,4 @@
-"""Start model servers over a sweep's kept checkpoints and an aggregator over them.
+"""Start model servers over a sweep's kept checkpoints (or any checkpoints) and an aggregator over them.
 
 `Ensemble` owns the processes (stopped by PID on exit, also when something fails): one
 `zmqflow.services.serve` per member, then one `zmqflow.services.aggregator` that fans out to all of them.
@@ -23,6 +23,24 @@ def best_runs(leaderboard, top):
     return best[:top]
 
 
+def checkpoint_members(directories, taken=()):
+    """Members from checkpoint directories, each served with the model its checkpoint records; named
+    by the directory (made unique against `taken` and each other)."""
+    from zmqflow.common.checkpoint import latest_checkpoint
+    members, names = [], set(taken)
+    for directory in directories:
+        if not latest_checkpoint(directory):
+            raise NotFoundError(f"no checkpoint in {directory!r}: train with --checkpoint-dir first")
+        name = base = os.path.basename(os.path.normpath(directory)) or "member"
+        k = 1
+        while name in names:
+            k += 1
+            name = f"{base}-{k}"
+        names.add(name)
+        members.append({"run_id": name, "checkpoint": directory, "model_file": None})
+    return members
+
+
 class Ensemble:
     """Model servers for `runs` (entries of the leaderboard's `best`) and an aggregator over them."""
 
@@ -38,8 +56,9 @@ class Ensemble:
         try:
             for run in self.runs:
                 self.members.append(self.supervisor.start_service(
-                    "zmqflow.services.serve", ["--checkpoint", run["checkpoint"], "--model", run["model_file"],
-                                               "--name", run["run_id"], *serve_args], name=run["run_id"]))
+                    "zmqflow.services.serve", ["--checkpoint", run["checkpoint"], "--name", run["run_id"],
+                                               *(["--model", run["model_file"]] if run.get("model_file") else []),
+                                               *serve_args], name=run["run_id"]))
             member_args = [arg for m in self.members for arg in ("--member", m.endpoint)]
             self.aggregator = self.supervisor.start_service(
                 "zmqflow.services.aggregator", [*member_args, "--deadline-ms", str(deadline_ms), "--min-members",

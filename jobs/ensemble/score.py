@@ -15,8 +15,9 @@ def score(ensemble, x, y, deadline_ms):
     members = []
     for run, proc in zip(ensemble.runs, ensemble.members):
         with ModelClient(proc.endpoint, timeout=30.0) as client:
-            members.append({"run_id": run["run_id"], "rank": run["rank"], "endpoint": proc.endpoint,
-                            "validation_accuracy": run["validation_accuracy"],
+            members.append({"run_id": run["run_id"], "rank": run.get("rank"), "endpoint": proc.endpoint,
+                            "model": client.model_info()["spec"]["type"],
+                            "validation_accuracy": run.get("validation_accuracy"),
                             "test_accuracy": accuracy(lambda b: client.predict(b)[0], x, y)})
     combined = {}
     with AggregatorClient(ensemble.aggregator.endpoint) as client:
@@ -29,9 +30,11 @@ def score(ensemble, x, y, deadline_ms):
 
 
 def print_report(report):
-    click.echo(f"{'model':<14} {'rank':>4} {'val acc':>8} {'test acc':>9}")
+    click.echo(f"{'member':<14} {'rank':>4} {'val acc':>8} {'test acc':>9}  model")
     for m in report["members"]:
-        click.echo(f"{m['run_id']:<14} {m['rank']:>4} {m['validation_accuracy']:>8.4f} {m['test_accuracy']:>9.4f}")
+        rank = "-" if m["rank"] is None else m["rank"]
+        val = "-" if m["validation_accuracy"] is None else f"{m['validation_accuracy']:.4f}"
+        click.echo(f"{m['run_id']:<14} {rank:>4} {val:>8} {m['test_accuracy']:>9.4f}  {m['model']}")
     for combine, acc in report["ensemble"].items():
         click.echo(f"{'ensemble/' + combine:<14} {'':>4} {'':>8} {acc:>9.4f}")
     click.echo(report["verdict"])

@@ -113,6 +113,13 @@ def test_one_ensemble_of_an_mlp_a_cnn_and_a_jax_model_served_from_their_checkpoi
         probabilities, info = client.predict(x[:200], deadline_ms=5000, min_members=3)
     assert len(info["answered"]) == 3, info
     assert np.mean(np.argmax(probabilities, axis=1) == y[:200]) > 0.8
+    done = subprocess.run([sys.executable, "-m", "zmqflow", "ensemble", "--json", "--log-dir", str(tmp_path / "logs"),
+                           *[a for name in models for a in ("--checkpoint", str(tmp_path / name))]],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert [m["run_id"] for m in report["members"]] == ["mlp", "cnn", "jax"]
+    assert [m["model"] for m in report["members"]][:2] == ["mlp", "cnn"] and report["ensemble"]["mean"] > 0.85
 
 
 BATCH_NORM_MODEL = '''
