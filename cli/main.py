@@ -18,6 +18,7 @@ COMMANDS = {
     "train": "zmqflow.cli.train:command",
     "sweep": "zmqflow.cli.sweep:command",
     "ensemble": "zmqflow.cli.ensemble:command",
+    "evaluate": "zmqflow.cli.evaluate:command",
     "loadtest": "zmqflow.loadtest.aggregator:command",
     "ping": "zmqflow.cli.ops:ping",
     "healthcheck": "zmqflow.cli.ops:healthcheck",

@@ -48,6 +48,8 @@ def read_spec(source):
     JSON/YAML text, or the path of a .json/.yaml file (not yet validated)."""
     if isinstance(source, Mapping):
         return dict(source)
+    if isinstance(source, str) and source.strip() == "mlp":
+        return dict(MNIST_MLP)          # the MNIST MLP 784-100-10; --model-opt layers=... reshapes it
     if isinstance(source, str) and source.strip() in BUILTIN_TYPES:
         return {"type": source.strip()}
     if isinstance(source, str) and is_model_file(source.strip()):

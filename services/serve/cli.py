@@ -29,7 +29,8 @@ def command(bind, ready_file, log_level, client_timeout, max_message_bytes, chec
         raise click.UsageError("give --checkpoint DIR or --follow-ps ENDPOINT")
     if refresh_secs is None and endpoints:
         refresh_secs = 5.0
-    spec = _spec(model_spec, checkpoint_dir)
+    from zmqflow.models.registry import checkpoint_model_spec
+    spec = checkpoint_model_spec(checkpoint_dir, model_spec)
 
     def build(limits):
         return ModelServer(bind, spec, backend=backend, max_batch=max_batch, max_delay_ms=max_delay_ms,
@@ -39,17 +40,6 @@ def command(bind, ready_file, log_level, client_timeout, max_message_bytes, chec
                            refresh_secs=refresh_secs, limits=limits, client_timeout=client_timeout)
 
     run_service_instance(build, "serve", ready_file, log_level, max_message_bytes)
-
-
-def _spec(model_spec, checkpoint_dir):
-    """--model, else the spec the checkpoint was trained with (its config), else the MNIST MLP."""
-    from zmqflow.models.spec import resolve_model
-    if model_spec is None and checkpoint_dir:
-        from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
-        path = latest_checkpoint(checkpoint_dir)
-        if path and isinstance(Checkpoint(path).config.get("model"), dict):
-            return Checkpoint(path).config["model"]
-    return resolve_model(model_spec)
 
 
 def main():

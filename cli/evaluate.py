@@ -1,0 +1,41 @@
+"""`zmqflow evaluate`: score a checkpoint's model on the shipped MNIST split."""
+
+import json
+
+import click
+
+from zmqflow.common.errors import OpError
+
+
+@click.command(name="evaluate", context_settings={"show_default": True})
+@click.option("--checkpoint", "checkpoint_dir", required=True, type=click.Path(file_okay=False, exists=True),
+              help="Evaluate the latest checkpoint in this directory.")
+@click.option("--model", "model_spec", default=None, metavar="MODEL",
+              help="The model to read it into. Default: the model the checkpoint records.")
+@click.option("--model-opt", "model_opts", multiple=True, metavar="KEY=VALUE",
+              help="A model option (repeatable), with --model.")
+@click.option("--split", default="test", type=click.Choice(["test", "train"]),
+              help="Which split of the shipped MNIST sample.")
+@click.option("--backend", default="numpy", type=click.Choice(["numpy", "numba"]), help="Kernels of the model.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def command(checkpoint_dir, model_spec, model_opts, split, backend, as_json):
+    """Load the checkpoint into its model and report accuracy and log-loss (classifiers) or RMSE, MAE
+    and R² (one output) on a split. Exit 1 when the checkpoint cannot be read into the model."""
+    from zmqflow.inputs.datasets import mnist_split
+    from zmqflow.jobs.evaluate import evaluate_checkpoint
+    from zmqflow.models.spec import resolve_model, with_options
+    if model_opts and not model_spec:
+        raise click.UsageError("--model-opt needs --model")
+    try:
+        spec = with_options(resolve_model(model_spec), model_opts) if model_spec else None
+        train, test = mnist_split()
+        x, y = test if split == "test" else train
+        result = evaluate_checkpoint(checkpoint_dir, x, y, model_spec=spec, backend=backend)
+    except OpError as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    shown = ", ".join(f"{name} {value:.4f}" for name, value in result["metrics"].items())
+    click.echo(f"{shown} on {result['examples']:,} {split} examples (checkpoint step {result['step']}, "
+               f"model {result['model']['type']})")

@@ -1,0 +1,59 @@
+"""`zmqflow evaluate`: a checkpoint's model on a labelled split, in this process, no service running.
+
+The model is the one the checkpoint records (or `--model`); its variables are read from the
+checkpoint whatever the number of shards it was saved from. Metrics follow the output: a model
+with several outputs per example is a classifier (accuracy, log-loss of its probabilities); one
+output is a regression (RMSE, MAE, R²).
+"""
+
+import time
+
+import numpy as np
+
+from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
+from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.models.registry import checkpoint_model_spec, load_model
+
+
+def checkpoint_params(model, path):
+    """{variable: value} of `model`'s variables from the checkpoint at `path`; InvalidArgument naming a
+    variable the checkpoint lacks or holds with another shape."""
+    ckpt = Checkpoint(path)
+    saved = {v.name: v for v in ckpt.variables()}
+    params = {}
+    for v in model.variables():
+        if v.name not in saved:
+            raise InvalidArgumentError(f"checkpoint {path} has no variable {v.name!r}: was it saved from another "
+                                       f"model? It holds {', '.join(sorted(saved)[:8])}")
+        if tuple(saved[v.name].shape) != tuple(v.shape):
+            raise InvalidArgumentError(f"variable {v.name!r} is {list(saved[v.name].shape)} in the checkpoint, the "
+                                       f"model expects {list(v.shape)}")
+        params[v.name] = ckpt.read(v.name)[0]
+    return params
+
+
+def metrics(outputs, y):
+    """Task metrics of predictions `outputs` against labels `y`."""
+    outputs, y = np.asarray(outputs), np.asarray(y)
+    if outputs.ndim == 2 and outputs.shape[1] > 1:
+        probabilities = np.clip(outputs[np.arange(len(y)), y.astype(np.int64)], 1e-12, 1.0)
+        return {"accuracy": float(np.mean(np.argmax(outputs, axis=1) == y)),
+                "log_loss": float(-np.mean(np.log(probabilities)))}
+    error = outputs.reshape(len(y)) - y.astype(np.float64)
+    variance = float(np.var(y))
+    return {"rmse": float(np.sqrt(np.mean(error ** 2))), "mae": float(np.mean(np.abs(error))),
+            "r2": 1.0 - float(np.mean(error ** 2)) / variance if variance else float("nan")}
+
+
+def evaluate_checkpoint(checkpoint_dir, x, y, model_spec=None, backend="numpy", batch_size=1000):
+    """{"metrics", "examples", "step", "model", "checkpoint", "seconds"} of the latest checkpoint in `checkpoint_dir`."""
+    path = latest_checkpoint(checkpoint_dir)
+    if path is None:
+        raise NotFoundError(f"no committed checkpoint in {checkpoint_dir!r}")
+    spec = checkpoint_model_spec(checkpoint_dir, model_spec)
+    model = load_model(spec, backend=backend)
+    params = checkpoint_params(model, path)
+    started = time.perf_counter()
+    outputs = np.concatenate([model.predict(params, x[i:i + batch_size]) for i in range(0, len(y), batch_size)])
+    return {"metrics": metrics(outputs, y), "examples": int(len(y)), "step": Checkpoint(path).step,
+            "model": spec, "checkpoint": path, "seconds": round(time.perf_counter() - started, 3)}
