@@ -49,6 +49,8 @@ class LayerModel:
         self._row_inputs = {f"{node.layer.name}/embeddings": node.inputs[0].name for node in network.nodes
                             if node.layer is not None and node.layer.kind == "embedding" and node.layer.sparse
                             and node.inputs[0].layer is None}
+        self._layer_of = {f"{layer.name}/{w.name}": layer.name for layer in network.layers for w in layer.weights}
+        self._gpu_layers = frozenset()
         self._steps = 0
 
     # ------------------------------------------------ declarations
@@ -82,11 +84,11 @@ class LayerModel:
         that order, and its gradient comes back as IndexedSlices over them."""
         x, y = batch
         rows = rows or {}
-        tensors = {v.name: (variable if v.trainable else constant)(self._param(params, v, rows.get(v.name)), v.name)
-                   for v in self._variables}
+        tensors = {v.name: (variable if v.trainable else constant)(self._on_device(
+            v, self._param(params, v, rows.get(v.name))), v.name) for v in self._variables}
         self._steps += 1
-        ctx = Context(training=True, seed=(self.seed, self._steps), rows=rows)
-        logits = self.network.forward(tensors, self._inputs(x), ctx)
+        ctx = Context(training=True, seed=(self.seed, self._steps), rows=rows, gpu_layers=self._gpu_layers)
+        logits = ops.to_device(self.network.forward(tensors, self._inputs(x), ctx), False)   # the head on the host
         loss = self._loss(logits, self._labels(y, logits))
         loss.backward()
         grads = {}
@@ -94,14 +96,14 @@ class LayerModel:
             if v.trainable:
                 g = tensors[v.name].grad
                 shape = tensors[v.name].value.shape
-                grads[v.name] = (np.zeros(shape, self.dtype) if g is None else g).astype(self.dtype, copy=False)
+                grads[v.name] = (np.zeros(shape, self.dtype) if g is None else _host(g)).astype(self.dtype, copy=False)
                 if v.name in rows:
                     grads[v.name] = IndexedSlices(rows[v.name], grads[v.name])
         metrics = {"loss": float(loss.value)}
         if self.loss_name == "softmax_cross_entropy":
             metrics["accuracy"] = float(np.mean(np.argmax(logits.value, axis=-1) == np.asarray(y)))
         if ctx.updates:
-            metrics["updates"] = ctx.updates
+            metrics["updates"] = {name: _host(value) for name, value in ctx.updates.items()}
         return float(loss.value), grads, metrics
 
     def loss_and_gradients(self, params, x, y, out=None):
@@ -117,8 +119,29 @@ class LayerModel:
         return loss, grads
 
     def predict(self, params, x):
-        tensors = {v.name: constant(self._param(params, v)) for v in self._variables}
-        return self._outputs(self.network.forward(tensors, self._inputs(x), Context(training=False)))
+        tensors = {v.name: constant(self._on_device(v, self._param(params, v))) for v in self._variables}
+        logits = self.network.forward(tensors, self._inputs(x), Context(training=False, gpu_layers=self._gpu_layers))
+        return self._outputs(ops.to_device(logits, False))
+
+    # ------------------------------------------------ devices
+
+    def use_gpu(self, layers):
+        """Compute `layers` (names) on the current CuPy device, the others on the CPU; variables,
+        activations and gradients cross between them where the layers do (`ops.to_device`)."""
+        unknown = sorted(set(layers) - {layer.name for layer in self.network.layers})
+        if unknown:
+            raise InvalidArgumentError(f"no layers {unknown} in the model")
+        self._gpu_layers = frozenset(layers)
+
+    @property
+    def gpu_layers(self):
+        return sorted(self._gpu_layers)
+
+    def _on_device(self, v, value):
+        if self._layer_of[v.name] not in self._gpu_layers:
+            return value
+        import cupy
+        return cupy.asarray(value)
 
     # ------------------------------------------------ parts, for pipeline stages (models/pipeline.py)
 
@@ -173,3 +196,8 @@ class LayerModel:
             if y.size and (y.min() < 0 or y.max() >= classes):
                 raise InvalidArgumentError(f"labels must be class ids in [0, {classes}), got {int(y.min())}..{int(y.max())}")
         return y
+
+
+def _host(array):
+    """A numpy array of `array` (from GPU memory if it is a CuPy array)."""
+    return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) else array

@@ -29,14 +29,20 @@ class Weight:
 
 class Context:
     """What a forward pass knows besides its inputs: training or not, a seeded RNG for dropout,
-    `updates` ({variable name: new value}) for non-trainable weights, and `rows` ({table name:
-    sorted row ids}) for tables given as only the rows the batch reads (sparse embeddings)."""
+    `updates` ({variable name: new value}) for non-trainable weights, `rows` ({table name:
+    sorted row ids}) for tables given as only the rows the batch reads (sparse embeddings), and
+    which layers compute on the GPU."""
 
-    def __init__(self, training=False, seed=0, rows=None):
+    def __init__(self, training=False, seed=0, rows=None, gpu_layers=frozenset()):
         self.training = training
         self.rng = np.random.default_rng(seed)
         self.updates = {}
         self.rows = rows or {}
+        self.gpu_layers = gpu_layers      # names of the layers that compute on the GPU
+
+    def place(self, layer, tensor):
+        """`tensor` on the device of `layer` (a no-op while no layer is on a GPU)."""
+        return ops.to_device(tensor, layer.name in self.gpu_layers) if self.gpu_layers else tensor
 
 
 class Node:

@@ -88,7 +88,7 @@ class Network:
             if node.layer is None:
                 values[id(node)] = inputs[node.name]
                 continue
-            args = [values[id(i)] for i in node.inputs]
+            args = [ctx.place(node.layer, values[id(i)]) for i in node.inputs]
             values[id(node)] = node.layer.forward(params, args if len(args) > 1 else args[0], ctx)
         return values[id(self.output)]
 

@@ -155,6 +155,17 @@ def activation(name):
 # ------------------------------------------------ layers' ops
 
 
+def to_device(a, gpu):
+    """`a` in GPU memory (`gpu` True: CuPy's current device) or host memory; its gradient goes back to
+    where `a` was. Layers on different devices meet through this op."""
+    if (xp_of(a.value) is not np) == gpu:
+        return a
+    import cupy
+    out = Tensor(cupy.asarray(a.value) if gpu else cupy.asnumpy(a.value), (a,))
+    out.backward_fn = lambda g: a.accumulate(cupy.asnumpy(g) if gpu else cupy.asarray(g))
+    return out
+
+
 def gather_rows(table, ids):
     """table[ids] (an embedding lookup). The gradient of the table is dense here; the worker
     turns it into row ids + values for sparse variables."""

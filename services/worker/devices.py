@@ -279,9 +279,53 @@ def place_model(spec, options=None, outer=None, log_prefix=""):
     options = options or DeviceOptions()
     spec = validate_spec(spec)
     if spec["type"] != "mlp":
-        log.info("model %s computes where it chooses: device flags apply to the built-in MLP", spec["type"])
-        return load_model(spec, backend=options.cpu_backend)
+        model = load_model(spec, backend=options.cpu_backend)
+        if hasattr(model, "use_gpu"):
+            tower = DeviceSpec.from_string(str(outer)) if outer else DeviceSpec()
+            if tower.device_type == "GPU":
+                raise InvalidArgumentError("towers on GPUs take the built-in MLP; a layer model runs on one GPU "
+                                           "per worker (towers of it run on CPU threads)")
+            return place_layer_model(model, options)
+        log.info("model %s computes where it chooses: device flags apply to zmqflow's layers", spec["type"])
+        return model
     return PlacedModel(spec, place_layers(mlp_layers(spec), options, outer, log_prefix), options)
+
+
+def place_layer_model(model, options):
+    """A layer model (models/layer_model.py) with its layers on devices: each layer's device string
+    over --device over the default (/gpu:0 when a GPU is visible). The job and task of a device
+    string say which worker runs the layer (a pipeline stage), the device type and index where.
+    A GPU that does not exist is an error naming the layer, or with --allow-soft-placement the
+    CPU. The layers of one worker use at most one GPU."""
+    gpus = options.gpus()
+    outer = DeviceSpec.from_string(options.device) if isinstance(options.device, str) else DeviceSpec()
+    default = DeviceSpec.from_string("/gpu:0" if gpus else "/cpu:0").make_merged_spec(outer)
+    on_gpu, indices = [], set()
+    for layer in model.network.layers:
+        requested = DeviceSpec.from_string(layer.device) if layer.device else DeviceSpec()
+        device = default.make_merged_spec(requested)
+        index = device.device_index or 0
+        if device.device_type == "GPU" and index >= gpus:
+            asked = requested.device_type is not None or outer.device_type is not None
+            if asked and not options.allow_soft_placement:
+                raise InvalidArgumentError(
+                    f"layer {layer.name} is on {device}, which does not exist: this worker sees {gpus} GPU(s)"
+                    f"{'' if gpus else ' (CuPy missing, no CUDA device, or CUDA_VISIBLE_DEVICES hides them)'}. "
+                    "Pass --allow-soft-placement to run it on the CPU")
+            device = device.replace(device_type="CPU", device_index=0)
+        if device.device_type == "GPU":
+            on_gpu.append(layer.name)
+            indices.add(index)
+        if options.log_device_placement:
+            log.info("%s (%s): %s", layer.name, layer.kind, device)
+    if len(indices) > 1:
+        raise InvalidArgumentError(f"the layers use GPUs {sorted(indices)}: one worker runs a layer model on one GPU "
+                                   "(--towers splits batches over several)")
+    if on_gpu:
+        import cupy
+        cupy.cuda.Device(indices.pop()).use()
+        model.use_gpu(on_gpu)
+    return model
 
 
 class PlacedModel:

@@ -355,3 +355,49 @@ def test_real_gpu_listing_and_memory_fraction(real_gpu):
     import cupy
     assert cupy.get_default_memory_pool().get_limit() > 0
     cupy.get_default_memory_pool().set_limit(size=0)  # no limit again, for the other tests
+
+
+# --- layer models (models/layer_model.py) on devices --------------------------------------
+
+def _cnn(device=None):
+    from zmqflow.models.layer_model import LayerModel
+    from zmqflow.models.layers import Conv2D, Dense, Flatten, MaxPool2D, Reshape
+    from zmqflow.models.network import Sequential
+    layers = [Reshape((28, 28, 1)), Conv2D(4, 5, padding="same", activation="relu", device=device), MaxPool2D(),
+              Flatten(), Dense(10)]
+    return LayerModel(Sequential(layers, input_shape=(784,)), seed=0)
+
+
+def test_a_layer_on_a_gpu_that_does_not_exist_names_the_layer_or_runs_on_the_cpu_when_soft():
+    with pytest.raises(InvalidArgumentError, match=r"layer conv2d is on .*GPU:0, which does not exist: this worker "
+                                                   r"sees 0 GPU\(s\) .*--allow-soft-placement"):
+        D.place_layer_model(_cnn("/gpu:0"), D.DeviceOptions(num_gpus=0))
+    with pytest.raises(InvalidArgumentError, match=r"layer reshape is on /device:GPU:2, which does not exist: this worker sees 1 GPU"):
+        D.place_layer_model(_cnn(), D.DeviceOptions(device="/gpu:2", num_gpus=1))
+    soft = D.place_layer_model(_cnn("/gpu:1"), D.DeviceOptions(num_gpus=0, allow_soft_placement=True))
+    assert soft.gpu_layers == []                      # every layer on the CPU: it trains as before
+    loss, grads, _ = soft.step(soft.initial_values(), (np.zeros((2, 784), np.float32), np.array([1, 2])))
+    assert np.isfinite(loss) and set(grads) == {v.name for v in soft.variables()}
+
+
+def test_the_layers_of_one_worker_use_one_gpu():
+    with pytest.raises(InvalidArgumentError, match=r"the layers use GPUs \[0, 1\]: one worker runs a layer model on one"):
+        D.place_layer_model(_cnn("/gpu:1"), D.DeviceOptions(num_gpus=2))
+
+
+@pytest.mark.gpu
+def test_a_layer_model_on_the_gpu_matches_the_cpu():
+    pytest.importorskip("cupy", reason="CuPy is not installed (pip install 'zmqflow[gpu]')")
+    if gpu_count() == 0:
+        pytest.skip("no GPU is visible")
+    cpu, gpu = _cnn(), D.place_layer_model(_cnn(), D.DeviceOptions())
+    assert gpu.gpu_layers == ["conv2d", "dense", "flatten", "max_pooling2d", "reshape"]
+    x, y = np.random.default_rng(0).standard_normal((8, 784)).astype(np.float32), np.arange(8)
+    params = cpu.initial_values()
+    want_loss, want, _ = cpu.step(params, (x, y))
+    loss, grads, _ = gpu.step(params, (x, y))
+    assert loss == pytest.approx(want_loss, rel=1e-4)
+    for name, g in want.items():
+        assert isinstance(grads[name], np.ndarray)
+        np.testing.assert_allclose(grads[name], g, rtol=1e-3, atol=1e-5, err_msg=name)
+    np.testing.assert_allclose(gpu.predict(params, x), cpu.predict(params, x), rtol=1e-4, atol=1e-6)
