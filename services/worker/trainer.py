@@ -42,6 +42,7 @@ class Trainer:
                             else [])
         # left out of this worker's pulls: those tables, and a pipeline's later stages' variables
         self._not_pulled = self._row_tables + list(getattr(model, "remote_variables", list)())
+        self._inputs = list(input_signature(model))    # the batch components a step reads, besides `label`
 
     def resolved_config(self):
         return {"mode": self.mode, "batch_size": self.batch_size, "num_workers": self.num_workers, **self.config}
@@ -202,7 +203,7 @@ class Trainer:
         model of one input) and `label`; or a pair."""
         if not isinstance(value, dict):
             return value[0], value[1]
-        signature = list(input_signature(self.model))
+        signature = self._inputs
         names = [signature[0] if signature[0] in value else "image"] if len(signature) == 1 else signature
         missing = [n for n in names + ["label"] if n not in value]
         if missing:
