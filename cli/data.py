@@ -17,7 +17,7 @@ from zmqflow.inputs.datasets import RECORD_FORMAT, mnist_split, write_record_sha
 
 @click.group(name="data", context_settings={"show_default": True})
 def data():
-    """Write input files for the readers."""
+    """Data: inspect a data spec, write input files for the readers."""
 
 
 @data.command(name="mnist-shards")
@@ -42,3 +42,37 @@ def mnist_shards(out_dir, shards, seed):
         nbytes = os.path.getsize(path)
         click.echo(f"  {os.path.basename(path)}  {nbytes // size:,} rows  {nbytes:,} bytes")
     click.echo(f"read them with: zmqflow reader --preset mnist-shards --files '{os.path.join(out_dir, '*.bin')}'")
+
+
+@data.command(name="inspect")
+@click.argument("spec")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+def inspect_spec(spec, as_json):
+    """Read every split of a data spec (a YAML file, or `mnist`) and print its rows, features, input
+    signature and label balance. Bad input (a missing file or column, a malformed row, a label outside
+    the classes, a split with no rows) exits 1 naming the file, line and column."""
+    import json
+
+    from zmqflow.common.errors import OpError
+    from zmqflow.inputs.data_spec import inspect, load_spec
+    try:
+        report = inspect(load_spec(spec))
+    except OpError as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    click.echo(f"{report['name']}: {report['format']} data, {report['task']} label {report['label']['columns']}")
+    for split, info in report["splits"].items():
+        skipped = f", {info['skipped_bad_rows']} bad rows skipped" if info["skipped_bad_rows"] else ""
+        click.echo(f"  {split:<10} {info['rows']:>8,} rows from {info['files']} file(s){skipped}")
+    click.echo("features:")
+    for f in report["features"]:
+        extra = {k: v for k, v in f.items() if k not in ("name", "type")}
+        click.echo(f"  {f['name']:<16} {f['type']:<12} " + ", ".join(
+            f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in extra.items()))
+    signature = ", ".join(f"{name} {shape} {dtype}" for name, (shape, dtype) in report["input_signature"].items())
+    click.echo(f"model inputs: {signature}; outputs: {report['outputs']}")
+    for split, balance in report["label"]["per_split"].items():
+        click.echo(f"  label in {split:<10} " + ", ".join(
+            f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}" for k, v in balance.items()))
