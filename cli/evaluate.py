@@ -1,4 +1,4 @@
-"""`zmqflow evaluate`: score a checkpoint's model on the shipped MNIST split."""
+"""`zmqflow evaluate`: score a checkpoint's model on a split of a data spec (default: the shipped MNIST sample)."""
 
 import json
 
@@ -14,23 +14,30 @@ from zmqflow.common.errors import OpError
               help="The model to read it into. Default: the model the checkpoint records.")
 @click.option("--model-opt", "model_opts", multiple=True, metavar="KEY=VALUE",
               help="A model option (repeatable), with --model.")
-@click.option("--split", default="test", type=click.Choice(["test", "train"]),
-              help="Which split of the shipped MNIST sample.")
+@click.option("--data", "data_spec", default="mnist", show_default=True, metavar="SPEC",
+              help="A data spec (YAML) or `mnist`, the shipped sample; its statistics are fitted on its train split, "
+                   "as training did.")
+@click.option("--split", default="test", type=click.Choice(["test", "validation", "train"]),
+              help="Which split of the data.")
 @click.option("--backend", default="numpy", type=click.Choice(["numpy", "numba"]), help="Kernels of the model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-def command(checkpoint_dir, model_spec, model_opts, split, backend, as_json):
+def command(checkpoint_dir, model_spec, model_opts, data_spec, split, backend, as_json):
     """Load the checkpoint into its model and report accuracy and log-loss (classifiers) or RMSE, MAE
     and R² (one output) on a split. Exit 1 when the checkpoint cannot be read into the model."""
-    from zmqflow.inputs.datasets import mnist_split
+    from zmqflow.inputs.data_spec import fit, load_spec, load_tables, prepare
     from zmqflow.jobs.evaluate import evaluate_checkpoint
     from zmqflow.models.spec import resolve_model, with_options
     if model_opts and not model_spec:
         raise click.UsageError("--model-opt needs --model")
     try:
         spec = with_options(resolve_model(model_spec), model_opts) if model_spec else None
-        train, test = mnist_split()
-        x, y = test if split == "test" else train
-        result = evaluate_checkpoint(checkpoint_dir, x, y, model_spec=spec, backend=backend)
+        data = load_spec(data_spec)
+        tables = load_tables(data)
+        if split not in tables:
+            raise click.UsageError(f"the data has no {split} split (it has {', '.join(tables)})")
+        fit(data, tables["train"])
+        prepared = prepare(data, tables[split])
+        result = evaluate_checkpoint(checkpoint_dir, prepared.x, prepared.y, model_spec=spec, backend=backend)
     except OpError as exc:
         raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
     if as_json:

@@ -547,3 +547,38 @@ def inspect(spec):
             label[split] = {"min": float(y.min()), "mean": float(y.mean()), "max": float(y.max())}
     report["label"] = {"columns": spec.label.columns, "classes": stats["classes"], "per_split": label}
     return report
+
+
+# ------------------------------------------------ the model for the data
+
+def model_for_data(spec, model):
+    """`model` (a model spec) fitted to the data: a built-in gets its input width and classes from the
+    spec, a model file its input signature. InvalidArgument when the model cannot take the data or
+    its task (the built-in MLP and logistic model classify, `linear` regresses)."""
+    signature, task, outputs = input_signature(spec), spec.label.task, classes(spec)
+    kind = model.get("type")
+    single = list(signature) == ["input"]
+    if kind in ("mlp", "logistic", "cnn", "linear"):
+        if not single:
+            raise InvalidArgumentError(f"the built-in {kind} model takes one input; the data gives {list(signature)} "
+                                       "(categorical features with encode: ids need a model of your own with an "
+                                       "Embedding, or encode: one_hot)")
+        (shape, _), = signature.values()
+        if (kind == "linear") != (task == "regression"):
+            raise InvalidArgumentError(f"a {task} label needs {'the linear model or ' if task == 'regression' else ''}"
+                                       f"a model of your own{'' if task == 'regression' else ' or mlp, logistic, cnn'};"
+                                       f" {kind} {'regresses' if kind == 'linear' else 'classifies'}")
+        if task == "multi_label":
+            raise InvalidArgumentError("a multi-label task needs a model of your own with "
+                                       "loss='sigmoid_cross_entropy'")
+    if kind == "mlp":
+        if len(shape) != 1:
+            raise InvalidArgumentError(f"the built-in MLP takes flat rows; the data's input is {list(shape)}")
+        return {**model, "layers": [shape[0], *model["layers"][1:-1], outputs]}
+    if kind == "logistic":
+        return {**model, "inputs": shape[0] if len(shape) == 1 else int(np.prod(shape)), "classes": outputs}
+    if kind == "linear":
+        return {**model, "inputs": int(np.prod(shape)), "outputs": 1}
+    if kind == "cnn":
+        return {**model, "inputs": list(shape) if len(shape) > 1 else shape[0], "classes": outputs}
+    return {**model, "input_signature": {k: [list(s), d] for k, (s, d) in signature.items()}}

@@ -54,6 +54,8 @@ def evaluate_checkpoint(checkpoint_dir, x, y, model_spec=None, backend="numpy", 
     model = load_model(spec, backend=backend)
     params = checkpoint_params(model, path)
     started = time.perf_counter()
-    outputs = np.concatenate([model.predict(params, x[i:i + batch_size]) for i in range(0, len(y), batch_size)])
+    rows = (lambda i: {k: v[i:i + batch_size] for k, v in x.items()}) if isinstance(x, dict) else (
+        lambda i: x[i:i + batch_size])
+    outputs = np.concatenate([model.predict(params, rows(i)) for i in range(0, len(y), batch_size)])
     return {"metrics": metrics(outputs, y), "examples": int(len(y)), "step": Checkpoint(path).step,
             "model": spec, "checkpoint": path, "seconds": round(time.perf_counter() - started, 3)}

@@ -1,7 +1,8 @@
 """Built-in models by name, each a small spec over zmqflow's layers (the MLP has kernels of its own).
 
     {"type": "cnn"}        the TensorFlow tutorial's MNIST CNN: conv 5x5x32, pool, conv 5x5x64, pool,
-                           dense 1024 (relu), dense 10; flat 784-pixel rows reshaped to 28x28x1
+                           dense 1024 (relu), dense 10; flat 784-pixel rows (or `inputs` of any
+                           shape) reshaped to `image`, 28x28x1
     {"type": "logistic", "inputs": 784, "classes": 10}   softmax regression
     {"type": "linear", "inputs": 13, "outputs": 1, "loss": "mse"}   linear regression (or "huber")
 """
@@ -33,7 +34,12 @@ def cnn(spec):
     layers += [Flatten(), Dense(o["dense"], activation="relu")]
     layers += [Dropout(o["dropout"])] if o["dropout"] else []
     layers += [Dense(o["classes"])]
-    return LayerModel(Sequential(layers, input_shape=(o["inputs"],)), dtype=o["dtype"], seed=o["seed"])
+    return LayerModel(Sequential(layers, input_shape=_shape(o["inputs"])), dtype=o["dtype"], seed=o["seed"])
+
+
+def _shape(inputs):
+    """`inputs`: a width (flat rows) or a per-example shape such as [28, 28, 1]."""
+    return tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
 
 
 def logistic(spec):

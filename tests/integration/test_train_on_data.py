@@ -1,0 +1,67 @@
+"""`zmqflow train --data SPEC`: a CSV described by a data spec trains on real ps shards and workers,
+and the final checkpoint is scored on the spec's test split; bad data or a model that cannot take it
+fails before any process starts."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SPEC = """
+name: flowers
+files: flowers.csv
+split: {validation: 0.1, test: 0.2, seed: 0}
+features:
+  petal_len: numeric
+  petal_wid: numeric
+  colour: {type: categorical, vocabulary: [red, blue, white]}
+label: {column: kind, task: multiclass}
+"""
+
+
+def write_flowers(directory, rows=900, seed=0):
+    """Three kinds told apart by two measurements; the colour is noise. The label is the last column."""
+    rng = np.random.default_rng(seed)
+    lines = ["petal_len,petal_wid,colour,kind"]
+    for _ in range(rows):
+        kind = int(rng.integers(0, 3))
+        lines.append(f"{1 + 1.5 * kind + rng.normal(0, 0.3):.3f},{0.3 + 0.7 * kind + rng.normal(0, 0.2):.3f},"
+                     f"{['red', 'blue', 'white'][rng.integers(0, 3)]},{['setosa', 'versicolor', 'virginica'][kind]}")
+    (directory / "flowers.csv").write_text("\n".join(lines) + "\n")
+    (directory / "flowers.yaml").write_text(SPEC)
+    return str(directory / "flowers.yaml")
+
+
+def train(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "zmqflow", "train", "--json", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("model", ["mlp", "logistic"])
+def test_a_csv_trains_and_is_scored_on_its_test_split(tmp_path, model):
+    spec, checkpoint = write_flowers(tmp_path), str(tmp_path / "ckpt")
+    done = train("--data", spec, "--model", model, "--epochs", "8", "--learning-rate", "0.02",
+                 "--checkpoint-dir", checkpoint)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["worker_exit_codes"] == [0, 0] and summary["test_split"] == "test"
+    assert summary["test_metrics"]["accuracy"] > 0.9, summary          # the classes are well apart
+    assert summary["examples"] == 8 * 630                               # 70 % of 900 rows, 8 epochs
+    scored = subprocess.run([sys.executable, "-m", "zmqflow", "evaluate", "--checkpoint", checkpoint, "--data", spec,
+                             "--json"], capture_output=True, text=True, timeout=120)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    assert json.loads(scored.stdout)["metrics"] == pytest.approx(summary["test_metrics"])
+
+
+def test_bad_data_or_a_model_that_cannot_take_it_fails_before_anything_starts(tmp_path):
+    spec = write_flowers(tmp_path)
+    (tmp_path / "flowers.csv").write_text((tmp_path / "flowers.csv").read_text() + "1.0,0.2,red\n")
+    done = train("--data", spec, timeout=60)
+    assert done.returncode == 2 and "flowers.csv:902: malformed CSV line: expected 4 fields, got 3" in done.stderr
+    write_flowers(tmp_path)
+    done = train("--data", spec, "--model", "linear", timeout=60)
+    assert done.returncode == 2 and "a multiclass label needs a model of your own or mlp, logistic, cnn" in done.stderr
