@@ -19,6 +19,7 @@ COMMANDS = {
     "sweep": "zmqflow.cli.sweep:command",
     "ensemble": "zmqflow.cli.ensemble:command",
     "evaluate": "zmqflow.cli.evaluate:command",
+    "predict": "zmqflow.cli.predict:command",
     "loadtest": "zmqflow.loadtest.aggregator:command",
     "ping": "zmqflow.cli.ops:ping",
     "healthcheck": "zmqflow.cli.ops:healthcheck",

@@ -467,6 +467,11 @@ def classes(spec):
 def prepare(spec, table):
     """Prepared inputs and labels of `table`, with the statistics of `fit`; a label outside the classes
     names its file and line."""
+    return Prepared(model_inputs(spec, table), labels(spec, table), len(table))
+
+
+def model_inputs(spec, table):
+    """The model's inputs from a table's feature columns: {input: array}, or one array for one input."""
     if spec.stats is None:
         raise InvalidArgumentError("fit the spec on its train split first (or load its statistics)")
     n, parts, inputs = len(table), [], {}
@@ -493,8 +498,7 @@ def prepare(spec, table):
             inputs["input" if len(spec.features) == 1 else f.name] = image * np.float32(f.scale or 1.0)
     if parts:
         inputs["input"] = np.concatenate(parts, axis=1)
-    x = inputs["input"] if list(inputs) == ["input"] else inputs
-    return Prepared(x, labels(spec, table), n)
+    return inputs["input"] if list(inputs) == ["input"] else inputs
 
 
 def labels(spec, table):
@@ -582,3 +586,33 @@ def model_for_data(spec, model):
     if kind == "cnn":
         return {**model, "inputs": list(shape) if len(shape) > 1 else shape[0], "classes": outputs}
     return {**model, "input_signature": {k: [list(s), d] for k, (s, d) in signature.items()}}
+
+
+# ------------------------------------------------ with the checkpoint
+
+def to_config(spec):
+    """{"spec", "stats"}: what a checkpoint records so the data's inputs can be made again anywhere
+    (file paths made absolute; statistics of the train split)."""
+    if spec.stats is None:
+        raise InvalidArgumentError("fit the spec on its train split before recording it")
+    raw = dict(spec.raw)
+    if spec.format != "mnist":
+        raw["files"] = {split: [p if os.path.isabs(p) else os.path.join(spec.base_dir, p) for p in patterns]
+                        for split, patterns in spec.files.items()}
+    return {"spec": raw, "stats": spec.stats}
+
+
+def from_config(config):
+    """The DataSpec a checkpoint recorded, its statistics loaded (no file is read)."""
+    spec = DataSpec(config["spec"])
+    spec.stats = config["stats"]
+    return spec
+
+
+def read_features(spec, path):
+    """A Table of a file's feature columns (the label may be absent): the rows to predict."""
+    label, spec.label = spec.label, Label([], spec.label.task, spec.label.classes)
+    try:
+        return (read_csv if spec.format == "csv" else read_npz)(spec, path)
+    finally:
+        spec.label = label

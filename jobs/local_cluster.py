@@ -169,6 +169,10 @@ class LocalCluster:
         columns = dict(train.x) if isinstance(train.x, dict) else {"input": train.x}
         columns["label"] = train.y
         self.examples_per_epoch = train.rows
+        from zmqflow.inputs.data_spec import to_config
+        self.data_config = os.path.join(self.log_dir, "data-config.json")
+        with open(self.data_config, "w") as f:
+            json.dump(to_config(self.data), f)
         declaration = dict(dtypes=[str(v.dtype) for v in columns.values()],
                            shapes=[list(v.shape[1:]) for v in columns.values()], names=list(columns),
                            shared_name="train", broker=self.broker.endpoint)
@@ -227,7 +231,7 @@ class LocalCluster:
         if self.input == "ps":
             args += ["--preloaded", "train", "--epochs", str(self.epochs)]
         if index == 0:
-            args += ["--shutdown-ps"] + (["--evaluate"] if self.data is None else [])
+            args += ["--shutdown-ps"] + (["--evaluate"] if self.data is None else ["--data-config", self.data_config])
             if self.checkpoint_dir:
                 args += ["--checkpoint-dir", self.checkpoint_dir]
                 if self.checkpoint_every_steps:

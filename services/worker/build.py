@@ -147,7 +147,7 @@ def run(config):
                       is_chief=config.is_chief, batch_size=config.batch_size, mode=config.mode, hooks=hooks,
                       checkpoint_dir=config.checkpoint_dir, examples_per_epoch=config.examples_per_epoch,
                       dequeue_timeout=config.dequeue_timeout, container=config.container,
-                      config={"model": spec, "backend": config.backend})
+                      config={"model": spec, "backend": config.backend, **data_config(config)})
     try:
         summary = trainer.run()
     except OpError as exc:  # a peer we cannot do without is gone: say which, exit non-zero
@@ -168,6 +168,14 @@ def run(config):
     if config.result_file:
         write_summary(config.result_file, summary)
     return summary
+
+
+def data_config(config):
+    """{"data": {spec, stats}} from --data-config, for the checkpoints; {} without it."""
+    if not config.data_config:
+        return {}
+    with open(config.data_config) as f:
+        return {"data": json.load(f)}
 
 
 def evaluate_on_test_split(trainer, tensorboard, global_step):

@@ -45,6 +45,7 @@ class WorkerConfig:
     shutdown_ps: bool = False
     shutdown_broker: bool = False
     result_file: str = None
+    data_config: str = None
     examples_per_epoch: int = None
     log_level: str = "INFO"
     device: str = None

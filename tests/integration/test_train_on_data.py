@@ -65,3 +65,26 @@ def test_bad_data_or_a_model_that_cannot_take_it_fails_before_anything_starts(tm
     write_flowers(tmp_path)
     done = train("--data", spec, "--model", "linear", timeout=60)
     assert done.returncode == 2 and "a multiclass label needs a model of your own or mlp, logistic, cnn" in done.stderr
+
+
+def test_predict_writes_each_rows_class_and_probabilities_from_a_file_without_labels(tmp_path):
+    spec, checkpoint = write_flowers(tmp_path), str(tmp_path / "ckpt")
+    done = train("--data", spec, "--epochs", "8", "--learning-rate", "0.02", "--checkpoint-dir", checkpoint)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = (tmp_path / "flowers.csv").read_text().splitlines()
+    (tmp_path / "new.csv").write_text("\n".join(",".join(line.split(",")[:3]) for line in lines) + "\n")
+    out = tmp_path / "predictions.csv"
+    predicted = subprocess.run([sys.executable, "-m", "zmqflow", "predict", "--checkpoint", checkpoint, "--input",
+                                str(tmp_path / "new.csv"), "--out", str(out)], capture_output=True, text=True,
+                               timeout=120)
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    rows = out.read_text().splitlines()
+    assert rows[0] == "class,p_setosa,p_versicolor,p_virginica" and len(rows) == len(lines)
+    truth = [line.split(",")[3] for line in lines[1:]]
+    assert np.mean([r.split(",")[0] == t for r, t in zip(rows[1:], truth)]) > 0.9
+    assert all(abs(sum(map(float, r.split(",")[1:])) - 1) < 1e-4 for r in rows[1:])
+    mnist_checkpoint = str(tmp_path / "mnist")
+    assert train("--epochs", "1", "--checkpoint-dir", mnist_checkpoint).returncode == 0
+    refused = subprocess.run([sys.executable, "-m", "zmqflow", "predict", "--checkpoint", mnist_checkpoint, "--input",
+                              str(tmp_path / "new.csv")], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1 and "records no data spec (it was not trained with --data)" in refused.stderr

@@ -1,0 +1,34 @@
+"""`zmqflow predict`: predictions of a checkpoint's model for the rows of a file."""
+
+import sys
+
+import click
+
+from zmqflow.common.errors import OpError
+
+
+@click.command(name="predict", context_settings={"show_default": True})
+@click.option("--checkpoint", "checkpoint_dir", required=True, type=click.Path(file_okay=False, exists=True),
+              help="The latest checkpoint in this directory (trained with --data, which it records).")
+@click.option("--input", "input_path", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Rows to predict: a file in the data spec's format with its feature columns (the label may be "
+                   "absent).")
+@click.option("--out", "out_path", default="-", help="Where the predictions go ('-': standard output).")
+@click.option("--format", "fmt", default="csv", type=click.Choice(["csv", "jsonl"]),
+              help="CSV with a header, or JSON lines.")
+@click.option("--data", "data_spec", default=None, metavar="SPEC",
+              help="The data spec, when the checkpoint records none.")
+def command(checkpoint_dir, input_path, out_path, fmt, data_spec):
+    """Read the file's rows as the model's inputs (with the training split's statistics), run the model
+    and write, per row, the predicted class and each class's probability (or the regressed value)."""
+    from zmqflow.jobs.predict import predict_file, write_predictions
+    try:
+        columns, rows = predict_file(checkpoint_dir, input_path, data_spec)
+    except OpError as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    if out_path == "-":
+        write_predictions(columns, rows, sys.stdout, fmt)
+    else:
+        with open(out_path, "w", newline="") as out:
+            write_predictions(columns, rows, out, fmt)
+        click.echo(f"{len(rows):,} predictions written to {out_path}", err=True)

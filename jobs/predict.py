@@ -1,0 +1,58 @@
+"""`zmqflow predict`: a checkpoint's model over the rows of a file, written as CSV or JSON lines.
+
+The checkpoint records the model and, when it was trained with `--data`, the data spec and its
+train-split statistics: the file's feature columns become the model's inputs exactly as in
+training (the label column may be absent). Classifiers write the predicted class and each class's
+probability; a regression writes the value.
+"""
+
+import csv
+import json
+
+import numpy as np
+
+from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
+from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.inputs.data_spec import from_config, load_spec, model_inputs, read_features
+from zmqflow.jobs.evaluate import checkpoint_params
+from zmqflow.models.registry import checkpoint_model_spec, load_model
+
+
+def predict_file(checkpoint_dir, path, data_spec=None, batch_size=1000):
+    """(column names, rows) of predictions for every row of `path`."""
+    latest = latest_checkpoint(checkpoint_dir)
+    if latest is None:
+        raise NotFoundError(f"no committed checkpoint in {checkpoint_dir!r}")
+    recorded = Checkpoint(latest).config.get("data")
+    if data_spec is None and recorded is None:
+        raise InvalidArgumentError(f"the checkpoint in {checkpoint_dir} records no data spec (it was not trained "
+                                   "with --data): pass --data SPEC")
+    spec = from_config(recorded) if data_spec is None else load_spec(data_spec)
+    if spec.stats is None:
+        raise InvalidArgumentError("pass a checkpoint trained with --data: its statistics make the inputs")
+    model = load_model(checkpoint_model_spec(checkpoint_dir))
+    params = checkpoint_params(model, latest)
+    table = read_features(spec, path)
+    x = model_inputs(spec, table)
+    rows = len(table)
+    part = (lambda i: {k: v[i:i + batch_size] for k, v in x.items()}) if isinstance(x, dict) else (
+        lambda i: x[i:i + batch_size])
+    outputs = np.concatenate([model.predict(params, part(i)) for i in range(0, rows, batch_size)])
+    if spec.label.task == "regression":
+        return ["prediction"], [[float(v)] for v in outputs.reshape(rows)]
+    if spec.label.task == "multi_label":
+        return list(spec.label.columns), [[round(float(p), 6) for p in row] for row in outputs]
+    classes = spec.stats["classes"]
+    return ["class"] + [f"p_{c}" for c in classes], [
+        [classes[int(np.argmax(row))]] + [round(float(p), 6) for p in row] for row in outputs]
+
+
+def write_predictions(columns, rows, out, fmt):
+    """CSV with a header, or one JSON object per line."""
+    if fmt == "csv":
+        writer = csv.writer(out)
+        writer.writerow(columns)
+        writer.writerows(rows)
+        return
+    for row in rows:
+        out.write(json.dumps(dict(zip(columns, row))) + "\n")
