@@ -106,7 +106,7 @@ class LocalCluster:
         self.stages = self._pipeline_stages()   # a pipelined model is one replica over all the workers
         (train_x, train_y), _ = mnist_split()
         self.examples_per_epoch = len(train_y)
-        self.broker = self.supervisor.start_service("zmqflow.services.broker")
+        self.broker = self.supervisor.start_service("zmqflow.services.broker", name="broker")
         if self.data is not None:
             self._start_data_feeder()
         elif self.input == "preloaded":
@@ -243,10 +243,16 @@ class LocalCluster:
             return client.stats(timeout=timeout)
 
     def wait(self, progress=False, timeout=600):
-        """Wait for every worker to exit; return the job's summary."""
+        """Wait for every worker to exit; return the job's summary. When any task of the job fails (exits
+        non-zero), every other one is stopped and AbortedError names it, its exit code and its last log lines."""
         started = time.perf_counter()
-        _follow(self.shards[0].endpoint, self.workers, self.epochs * self.examples_per_epoch // self.batch_size,
-                progress)
+        try:
+            _follow(self.shards[0].endpoint, self.workers, self.epochs * self.examples_per_epoch // self.batch_size,
+                    progress, self._raise_on_failure, timeout)
+            self._raise_on_failure()
+        except AbortedError:
+            self.stop()
+            raise
         codes = [w.proc.wait(timeout=timeout) for w in self.workers]
         elapsed = time.perf_counter() - started
         if codes[0] != 0 or not os.path.exists(self.result_files[0]):
@@ -268,6 +274,22 @@ class LocalCluster:
         self._stop.set()
         self.supervisor.stop_all()
 
+    def _raise_on_failure(self):
+        """AbortedError naming the first task of the job that failed (exited non-zero), if one did. A task
+        restarted since (a ps shard brought back) does not count, nor do as many lost non-chief workers
+        as the job has spare replicas."""
+        self.supervisor.exits()
+        latest = {child.name: child for child in self.supervisor.children}   # a restart replaces its task
+        failed = [c for c in latest.values() if self.supervisor.codes.get(c)]
+        spares_lost = [c for c in failed if c in self.workers[1:]][:self.spare_replicas]
+        failed = [c for c in failed if c not in spares_lost]
+        if not failed:
+            return
+        child, code = failed[0], self.supervisor.codes[failed[0]]
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        tail = "\n".join(child.log().splitlines()[-12:])
+        raise AbortedError(f"task {child.name} {how}; the job stopped its other tasks. Its last log lines:\n{tail}")
+
 
 def run_training(progress=True, **options):
     """Run a whole job (see LocalCluster for the options); returns its summary."""
@@ -284,11 +306,16 @@ def _read_json(path):
         return None
 
 
-def _follow(ps0, workers, total_steps, progress):
-    """A progress bar on ps 0's version until every worker has exited."""
+def _follow(ps0, workers, total_steps, progress, check=lambda: None, timeout=600):
+    """A progress bar on ps 0's version until every worker has exited; `check()` raises when a task failed."""
     bar = tqdm(total=total_steps, desc="training", unit="step", disable=not progress)
+    deadline = time.monotonic() + timeout
     with PsShardClient(ps0, heartbeat_interval=2.0) as client:
         while any(w.alive() for w in workers):
+            check()
+            if time.monotonic() > deadline:
+                bar.close()
+                raise AbortedError(f"the job did not end within {timeout:.0f} s")
             try:
                 stats = client.stats(timeout=2.0)
                 bar.update(max(0, min(stats["version"], total_steps) - bar.n))
