@@ -41,10 +41,15 @@ from zmqflow.models.spec import resolve_model, with_options
               help="Train on your data: a data spec (YAML: files, features, label; see `zmqflow data inspect`) or "
                    "`mnist`. Its train split is fed from memory, the model is fitted to its inputs and classes, and "
                    "the final checkpoint is scored on its test split. Default: the shipped MNIST sample.")
+@click.option("--validate-every-steps", default=100, type=click.IntRange(min=0),
+              help="With --data that has a validation split: the chief scores it every N global steps (0: never) "
+                   "and keeps the best checkpoint in CHECKPOINT_DIR/best.")
+@click.option("--summary-out", default=None, type=click.Path(dir_okay=False),
+              help="Write the job's summary here as JSON: final metrics, steps, examples/s, wall time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learning_rate, optimizer_kind, backend,
             shuffle_queue, input_kind, bf16, checkpoint_dir, checkpoint_every_steps, model_spec, model_opts, data_spec,
-            as_json):
+            validate_every_steps, summary_out, as_json):
     """Train a model (default: the MNIST MLP) on the shipped MNIST sample with a broker, NUM_PS ps
     shards and NUM_WORKERS workers on this machine."""
     from zmqflow.models.pipeline import stage_count
@@ -76,9 +81,12 @@ def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learn
                                batch_size=batch_size, optimizer=optimizer, backend=backend, spare_replicas=spare_replicas,
                                shuffle_queue=shuffle_queue, checkpoint_dir=checkpoint_dir,
                                checkpoint_every_steps=checkpoint_every_steps, bf16=bf16, input=input_kind,
-                               model=model, data=data)
+                               model=model, data=data, validate_every_steps=validate_every_steps)
     except OpError as exc:
         raise click.ClickException(str(exc)) from None
+    if summary_out:
+        with open(summary_out, "w") as f:
+            json.dump(summary, f, indent=1)
     if as_json:
         click.echo(json.dumps(summary))
     else:

@@ -1,9 +1,8 @@
 """`zmqflow evaluate`: a checkpoint's model on a labelled split, in this process, no service running.
 
 The model is the one the checkpoint records (or `--model`); its variables are read from the
-checkpoint whatever the number of shards it was saved from. Metrics follow the output: a model
-with several outputs per example is a classifier (accuracy, log-loss of its probabilities); one
-output is a regression (RMSE, MAE, R²).
+checkpoint whatever the number of shards it was saved from. Metrics follow the task
+(inputs/metrics.py), guessed from the outputs when not given.
 """
 
 import time
@@ -12,6 +11,7 @@ import numpy as np
 
 from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
 from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.inputs.metrics import metrics
 from zmqflow.models.registry import checkpoint_model_spec, load_model
 
 
@@ -32,20 +32,7 @@ def checkpoint_params(model, path):
     return params
 
 
-def metrics(outputs, y):
-    """Task metrics of predictions `outputs` against labels `y`."""
-    outputs, y = np.asarray(outputs), np.asarray(y)
-    if outputs.ndim == 2 and outputs.shape[1] > 1:
-        probabilities = np.clip(outputs[np.arange(len(y)), y.astype(np.int64)], 1e-12, 1.0)
-        return {"accuracy": float(np.mean(np.argmax(outputs, axis=1) == y)),
-                "log_loss": float(-np.mean(np.log(probabilities)))}
-    error = outputs.reshape(len(y)) - y.astype(np.float64)
-    variance = float(np.var(y))
-    return {"rmse": float(np.sqrt(np.mean(error ** 2))), "mae": float(np.mean(np.abs(error))),
-            "r2": 1.0 - float(np.mean(error ** 2)) / variance if variance else float("nan")}
-
-
-def evaluate_checkpoint(checkpoint_dir, x, y, model_spec=None, backend="numpy", batch_size=1000):
+def evaluate_checkpoint(checkpoint_dir, x, y, model_spec=None, backend="numpy", batch_size=1000, task=None):
     """{"metrics", "examples", "step", "model", "checkpoint", "seconds"} of the latest checkpoint in `checkpoint_dir`."""
     path = latest_checkpoint(checkpoint_dir)
     if path is None:
@@ -57,5 +44,5 @@ def evaluate_checkpoint(checkpoint_dir, x, y, model_spec=None, backend="numpy", 
     rows = (lambda i: {k: v[i:i + batch_size] for k, v in x.items()}) if isinstance(x, dict) else (
         lambda i: x[i:i + batch_size])
     outputs = np.concatenate([model.predict(params, rows(i)) for i in range(0, len(y), batch_size)])
-    return {"metrics": metrics(outputs, y), "examples": int(len(y)), "step": Checkpoint(path).step,
+    return {"metrics": metrics(outputs, y, task), "examples": int(len(y)), "step": Checkpoint(path).step,
             "model": spec, "checkpoint": path, "seconds": round(time.perf_counter() - started, 3)}

@@ -68,7 +68,7 @@ class LocalCluster:
     def __init__(self, num_ps=1, num_workers=2, mode="async", epochs=10, batch_size=100, optimizer=None,
                  backend="numba", replicas_to_aggregate=None, spare_replicas=0, shuffle_queue=None,
                  checkpoint_dir=None, checkpoint_every_steps=None, bf16=False, log_dir=None, seed=0, model=None,
-                 input="readers", threads_per_worker=None, data=None):
+                 input="readers", threads_per_worker=None, data=None, validate_every_steps=100):
         self.num_ps, self.num_workers, self.mode, self.epochs = num_ps, num_workers, mode, epochs
         self.batch_size, self.backend, self.bf16, self.seed = batch_size, backend, bf16, seed
         self.optimizer = optimizer or dict(DEFAULT_OPTIMIZER)
@@ -84,6 +84,7 @@ class LocalCluster:
         self.input = input
         self.threads_per_worker = threads_per_worker   # default: the machine's cores shared out
         self.data = data      # a DataSpec (inputs/data_spec.py): its train split fed, its test split scored
+        self.validate_every_steps = validate_every_steps   # with a validation split: the chief scores it
         if data is not None and input != "preloaded":
             raise InvalidArgumentError("a data spec is fed from memory (input 'preloaded'); readers and ps-preloaded "
                                        "input take the MNIST sample only")
@@ -187,7 +188,8 @@ class LocalCluster:
         if split is None:
             return
         prepared = self.prepared[split]
-        result = evaluate_checkpoint(self.checkpoint_dir, prepared.x, prepared.y, model_spec=self.model)
+        result = evaluate_checkpoint(self.checkpoint_dir, prepared.x, prepared.y, model_spec=self.model,
+                                     task=self.data.label.task)
         summary.update(test_split=split, test_metrics=result["metrics"],
                        test_accuracy=result["metrics"].get("accuracy"))
 
@@ -232,6 +234,8 @@ class LocalCluster:
             args += ["--preloaded", "train", "--epochs", str(self.epochs)]
         if index == 0:
             args += ["--shutdown-ps"] + (["--evaluate"] if self.data is None else ["--data-config", self.data_config])
+            if self.data is not None and "validation" in self.prepared and self.validate_every_steps:
+                args += ["--validate-every-steps", str(self.validate_every_steps)]
             if self.checkpoint_dir:
                 args += ["--checkpoint-dir", self.checkpoint_dir]
                 if self.checkpoint_every_steps:
@@ -267,6 +271,8 @@ class LocalCluster:
                 "worker_exit_codes": codes, "num_ps": self.num_ps, "num_workers": self.num_workers,
                 "mode": self.mode, "optimizer": self.optimizer, "log_dir": self.log_dir}
         if self.data is not None:
+            summary.update({k: results[0][k] for k in ("validation", "best_validation", "validation_metric")
+                            if k in results[0]})
             self._score_test_split(summary)
         return summary
 

@@ -84,6 +84,12 @@ def training_hooks(config):
         from zmqflow.services.worker.tensorboard import TensorBoardHook
         tensorboard = TensorBoardHook(config.tensorboard_dir, config.summary_every_steps)
         hooks.append(tensorboard)
+    if config.is_chief and config.validate_every_steps:
+        if not config.data_config:
+            raise UsageError("--validate-every-steps needs --data-config (the data spec with a validation split)")
+        from zmqflow.services.worker.validation import ValidationHook
+        with open(config.data_config) as f:
+            hooks.append(ValidationHook(json.load(f), config.validate_every_steps, config.checkpoint_dir, tensorboard))
     return hooks, tensorboard
 
 
@@ -162,6 +168,8 @@ def run(config):
         model.finish()
     if config.is_chief and config.evaluate:
         summary["test_accuracy"] = evaluate_on_test_split(trainer, tensorboard, summary["global_step"])
+    for hook in hooks:
+        summary.update(getattr(hook, "summary", dict)())
     if tensorboard is not None:
         tensorboard.close()
     finish(config, ps)

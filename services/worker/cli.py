@@ -49,6 +49,9 @@ from zmqflow.services.worker.config import UsageError, WorkerConfig
 @click.option("--shutdown-broker", is_flag=True, help="Chief: tell the broker to exit when training ends "
               "(every worker is done by then), so the whole job completes with exit 0.")
 @click.option("--result-file", default=None, type=click.Path(dir_okay=False), help="Write the summary as JSON here.")
+@click.option("--validate-every-steps", default=None, type=click.IntRange(min=1),
+              help="Chief: score the data's validation split every N global steps (and at the end), log the task's "
+                   "metrics, keep the best checkpoint in CHECKPOINT_DIR/best. Needs --data-config.")
 @click.option("--data-config", default=None, type=click.Path(dir_okay=False, exists=True),
               help="Chief: a JSON file of the data spec and its train-split statistics, recorded in every checkpoint "
                    "so `zmqflow predict` and `evaluate` transform inputs as training did (zmqflow train writes it).")
@@ -82,7 +85,7 @@ from zmqflow.services.worker.config import UsageError, WorkerConfig
 def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task_index, num_workers, model_spec, placement_strategy,
             max_shard_bytes, backend, batch_size, dequeue_timeout, mode, bf16, max_steps, log_every, checkpoint_dir,
             checkpoint_every_steps, checkpoint_every_secs, keep_checkpoints, summaries, user_hooks, evaluate,
-            shutdown_ps, shutdown_broker, result_file, data_config, examples_per_epoch, log_level,
+            shutdown_ps, shutdown_broker, result_file, validate_every_steps, data_config, examples_per_epoch, log_level,
             device, placement_function, allow_soft_placement, log_device_placement, gpu_memory_fraction, towers,
             summary_dir, summary_every_steps, pipeline_next, micro_batches, pipeline_timeout, serve_checkpoint, bind,
             ready_file):

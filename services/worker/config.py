@@ -46,6 +46,7 @@ class WorkerConfig:
     shutdown_broker: bool = False
     result_file: str = None
     data_config: str = None
+    validate_every_steps: int = None
     examples_per_epoch: int = None
     log_level: str = "INFO"
     device: str = None

@@ -88,3 +88,22 @@ def test_predict_writes_each_rows_class_and_probabilities_from_a_file_without_la
     refused = subprocess.run([sys.executable, "-m", "zmqflow", "predict", "--checkpoint", mnist_checkpoint, "--input",
                               str(tmp_path / "new.csv")], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 1 and "records no data spec (it was not trained with --data)" in refused.stderr
+
+
+def test_validation_while_training_keeps_the_best_checkpoint_and_writes_the_summary(tmp_path):
+    write_flowers(tmp_path, rows=20000)
+    checkpoint, summary_file = tmp_path / "ckpt", tmp_path / "summary.json"
+    done = train("--data", str(tmp_path / "flowers.yaml"), "--epochs", "12", "--learning-rate", "0.01",
+                 "--checkpoint-dir", str(checkpoint), "--validate-every-steps", "100", "--summary-out", str(summary_file))
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(summary_file.read_text())
+    assert summary["validation_metric"] == "accuracy" and summary["best_validation"]["accuracy"] > 0.9
+    assert summary["validation"]["step"] == summary["global_step"]           # the final parameters, validated
+    assert set(summary["test_metrics"]) == {"accuracy", "log_loss", "macro_f1"}
+    assert {"examples_per_s", "wall_seconds", "global_step"} <= set(summary)
+    assert any(p.name.startswith("ckpt-") for p in (checkpoint / "best").iterdir())
+    scored = subprocess.run([sys.executable, "-m", "zmqflow", "evaluate", "--checkpoint", str(checkpoint / "best"),
+                             "--data", str(tmp_path / "flowers.yaml"), "--split", "validation", "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    assert json.loads(scored.stdout)["metrics"]["accuracy"] == pytest.approx(summary["best_validation"]["accuracy"])

@@ -1,0 +1,64 @@
+"""Task metrics of predictions against labels: what validation, `evaluate` and the job summaries report.
+
+multiclass: accuracy, log-loss, macro-F1; binary: the same and the ROC AUC; multi-label: mean
+per-label accuracy and log-loss; regression: RMSE, MAE, R². `task=None` guesses from the outputs
+(several per row: multiclass; one: regression). Plain numpy.
+"""
+
+import numpy as np
+
+PRIMARY = {"multiclass": ("accuracy", max), "binary": ("accuracy", max), "multi_label": ("accuracy", max),
+           "regression": ("rmse", min)}
+"""The metric a best checkpoint is chosen by, and whether higher or lower is better."""
+
+
+def metrics(outputs, y, task=None):
+    outputs, y = np.asarray(outputs), np.asarray(y)
+    if task is None:
+        task = "multiclass" if outputs.ndim == 2 and outputs.shape[1] > 1 else "regression"
+    if task == "regression":
+        error = outputs.reshape(len(y)) - y.astype(np.float64)
+        variance = float(np.var(y))
+        return {"rmse": float(np.sqrt(np.mean(error ** 2))), "mae": float(np.mean(np.abs(error))),
+                "r2": 1.0 - float(np.mean(error ** 2)) / variance if variance else float("nan")}
+    if task == "multi_label":
+        p = np.clip(outputs, 1e-12, 1 - 1e-12)
+        return {"accuracy": float(np.mean((p > 0.5) == (y > 0.5))),
+                "log_loss": float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))}
+    y = y.astype(np.int64)
+    predicted = np.argmax(outputs, axis=1)
+    result = {"accuracy": float(np.mean(predicted == y)),
+              "log_loss": float(-np.mean(np.log(np.clip(outputs[np.arange(len(y)), y], 1e-12, 1.0)))),
+              "macro_f1": macro_f1(predicted, y, outputs.shape[1])}
+    if task == "binary" and outputs.shape[1] == 2:
+        result["auc"] = roc_auc(outputs[:, 1], y)
+    return result
+
+
+def macro_f1(predicted, y, classes):
+    """The mean over classes of F1 (a class never predicted nor present counts as 0 only if present)."""
+    scores = []
+    for c in range(classes):
+        tp = np.sum((predicted == c) & (y == c))
+        fp, fn = np.sum((predicted == c) & (y != c)), np.sum((predicted != c) & (y == c))
+        if tp + fp + fn:
+            scores.append(2 * tp / (2 * tp + fp + fn))
+    return float(np.mean(scores)) if scores else 0.0
+
+
+def roc_auc(scores, y):
+    """The probability that a random positive scores above a random negative (ties count half)."""
+    positives, negatives = np.sum(y == 1), np.sum(y == 0)
+    if not positives or not negatives:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores))
+    sorted_scores = scores[order]
+    i = 0
+    while i < len(scores):                      # average ranks over ties
+        j = i
+        while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return float((ranks[y == 1].sum() - positives * (positives + 1) / 2) / (positives * negatives))

@@ -1,0 +1,102 @@
+"""The chief's validation while training: every N steps, the current parameters on the data spec's
+validation split, with the task's metrics logged (and to TensorBoard), and the best parameters
+kept as a checkpoint in CHECKPOINT_DIR/best beside the latest ones.
+
+The chief reads the validation split itself (from the data spec its --data-config records); a
+thread of its own follows the global step on ps 0, pulls the parameters and predicts, so nobody
+stops training for it, and validation keeps its schedule even when the chief gets few batches.
+"""
+
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+
+from zmqflow.common.errors import FailedPreconditionError
+from zmqflow.inputs.data_spec import from_config, load_tables, prepare
+from zmqflow.inputs.metrics import PRIMARY, metrics
+from zmqflow.services.worker.hooks import Hook
+
+log = logging.getLogger("worker")
+
+
+class ValidationHook(Hook):
+    def __init__(self, data_config, every_steps=100, checkpoint_dir=None, tensorboard=None, batch_size=1000):
+        spec = from_config(data_config)
+        tables = load_tables(spec)
+        if "validation" not in tables:
+            raise FailedPreconditionError("the data spec has no validation split: give files.validation or "
+                                          "split.validation")
+        self.validation = prepare(spec, tables["validation"])
+        self.task = spec.label.task
+        self.every_steps, self.checkpoint_dir, self.tensorboard = every_steps, checkpoint_dir, tensorboard
+        self.batch_size = batch_size
+        self.metric, self.better = PRIMARY[self.task]
+        self.history, self.best = [], None
+        self._last = 0
+
+    def begin(self, trainer):
+        """Follow the global step from a thread of its own, with its own ps client: validation runs on
+        schedule whether or not the chief itself is training (other workers may take every batch)."""
+        self._trainer, self._stop = trainer, threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="validation", daemon=True)
+        self._thread.start()
+
+    def _follow(self):
+        from zmqflow.common.ps_client import PsClient
+        ps = PsClient(self._trainer.ps.endpoints, self._trainer.ps.placement, name="validation")   # this thread's
+        try:
+            while not self._stop.wait(0.2):
+                try:
+                    step = ps.stats()[0]["version"]
+                    if step - self._last >= self.every_steps:
+                        self.validate(ps, self._trainer.model, step)
+                except Exception as exc:      # a shard restarting: try again at the next tick
+                    log.warning("validation skipped: %s: %s", type(exc).__name__, exc)
+            step = ps.stats()[0]["version"]
+            if not self.history or step != self._last:
+                self.validate(ps, self._trainer.model, step)     # the final parameters
+        finally:
+            ps.close()
+
+    def end(self, trainer):
+        self._stop.set()
+        self._thread.join(timeout=120)
+
+    def validate(self, ps, model, step, trainer=None):
+        self._last = step
+        started = time.perf_counter()
+        params = ps.pull()
+        x, rows = self.validation.x, self.validation.rows
+        part = (lambda i: {k: v[i:i + self.batch_size] for k, v in x.items()}) if isinstance(x, dict) else (
+            lambda i: x[i:i + self.batch_size])
+        outputs = np.concatenate([model.predict(params, part(i)) for i in range(0, rows, self.batch_size)])
+        result = metrics(outputs, self.validation.y, self.task)
+        self.history.append({"step": step, **result})
+        log.info("validation at step %d: %s (%.0f ms)", step, ", ".join(f"{k} {v:.4f}" for k, v in result.items()),
+                 (time.perf_counter() - started) * 1000)
+        if self.tensorboard is not None:
+            for name, value in result.items():
+                self.tensorboard.add_scalar(f"validation/{name}", value, step)
+        value = result[self.metric]
+        if self.best is None or self.better(value, self.best[self.metric]) != self.best[self.metric]:
+            self.best = {"step": step, **result}
+            self._save_best(params, step)
+
+    def _save_best(self, params, step):
+        """The very parameters just validated (training went on meanwhile), as a one-shard checkpoint
+        without optimizer slots: it serves, evaluates, and restores onto any number of shards."""
+        if not self.checkpoint_dir:
+            return
+        from zmqflow.common import checkpoint
+        directory = os.path.join(self.checkpoint_dir, "best")
+        pieces = {name: ({"variable": name, "row_start": 0, "row_end": value.shape[0] if value.ndim else 1}, value, {})
+                  for name, value in params.items()}
+        checkpoint.write_shard(directory, step, 0, pieces)
+        checkpoint.commit(directory, step, 1, self._trainer.resolved_config(), keep=1)
+
+    def summary(self):
+        return {"validation": self.history[-1] if self.history else None, "best_validation": self.best,
+                "validation_metric": self.metric}
