@@ -22,7 +22,7 @@ def metrics(outputs, y, task=None):
         return {"rmse": float(np.sqrt(np.mean(error ** 2))), "mae": float(np.mean(np.abs(error))),
                 "r2": 1.0 - float(np.mean(error ** 2)) / variance if variance else float("nan")}
     if task == "multi_label":
-        p = np.clip(outputs, 1e-12, 1 - 1e-12)
+        p = np.clip(outputs.astype(np.float64), 1e-12, 1 - 1e-12)
         return {"accuracy": float(np.mean((p > 0.5) == (y > 0.5))),
                 "log_loss": float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))}
     y = y.astype(np.int64)

@@ -15,6 +15,7 @@ progress bar follows the global step; at the end the chief's test accuracy and
 the examples per second are printed, and every process is stopped by PID.
 """
 
+import contextlib
 import json
 import os
 import tempfile
@@ -295,6 +296,34 @@ class LocalCluster:
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         tail = "\n".join(child.log().splitlines()[-12:])
         raise AbortedError(f"task {child.name} {how}; the job stopped its other tasks. Its last log lines:\n{tail}")
+
+
+@contextlib.contextmanager
+def local_cluster(ps=1, workers=2, data=None, model=None, model_options=None, **options):
+    """A training job of real processes on this machine, always stopped when the block ends:
+
+        with zmqflow.local_cluster(ps=1, workers=2, data="flowers.yaml", model="mlp", epochs=8) as job:
+            summary = job.wait()           # test metrics, steps, examples/s; AbortedError if a task failed
+
+    `data`: a data spec (a YAML path, a dict, or `mnist`; default the shipped MNIST sample); `model`:
+    a built-in name, `path.py:build`, a spec dict or file, fitted to the data's inputs and classes;
+    `model_options`: {option: value}; other options as LocalCluster's (mode, epochs, batch_size,
+    optimizer, checkpoint_dir, validate_every_steps, ...)."""
+    from zmqflow.models.spec import resolve_model
+    spec = resolve_model(model)
+    spec = {**spec, **(model_options or {})}
+    if data is not None:
+        from zmqflow.inputs.data_spec import fit, load_spec, load_tables, model_for_data
+        data = load_spec(data)
+        fit(data, load_tables(data)["train"])
+        spec = model_for_data(data, spec)
+        options.setdefault("input", "preloaded")
+    cluster = LocalCluster(num_ps=ps, num_workers=workers, model=spec, data=data, **options)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 def run_training(progress=True, **options):

@@ -123,6 +123,12 @@ class LayerModel:
         logits = self.network.forward(tensors, self._inputs(x), Context(training=False, gpu_layers=self._gpu_layers))
         return self._outputs(ops.to_device(logits, False))
 
+    def zero_labels(self, rows):
+        """Zero labels in the head's shape: class ids, or a value per output (multi-label, regression)."""
+        if self.loss_name == "softmax_cross_entropy":
+            return np.zeros(rows, dtype=np.int32)
+        return np.zeros((rows,) + tuple(self.output_shape()), dtype=self.dtype)
+
     # ------------------------------------------------ devices
 
     def use_gpu(self, layers):

@@ -69,6 +69,13 @@ def zero_inputs(model, rows):
     return next(iter(arrays.values())) if len(arrays) == 1 else arrays
 
 
+def zero_labels(model, rows):
+    """Labels of zeros for `rows` examples in the shape the model's loss takes (class ids by default;
+    a model may say otherwise with its own `zero_labels`): to compile kernels before training."""
+    method = getattr(model, "zero_labels", None)
+    return method(rows) if method is not None else np.zeros(rows, dtype=np.int32)
+
+
 def output_width(model):
     """The width of the model's output (classes for a classifier)."""
     method = getattr(model, "output_shape", None)

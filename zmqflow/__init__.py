@@ -12,3 +12,11 @@ The repository's folders are mapped into this one package (pyproject.toml, packa
 """
 
 __version__ = "0.2.0"
+
+
+def __getattr__(name):
+    """The Python API, imported on first use (so `import zmqflow` stays light)."""
+    if name == "local_cluster":
+        from zmqflow.jobs.local_cluster import local_cluster
+        return local_cluster
+    raise AttributeError(f"module 'zmqflow' has no attribute {name!r}")

@@ -15,7 +15,7 @@ import numpy as np
 
 from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError, OutOfRangeError, UnavailableError
 from zmqflow.common.input_pipeline import raise_if_failed
-from zmqflow.models.protocol import every_gradient, input_signature, zero_inputs
+from zmqflow.models.protocol import every_gradient, input_signature, zero_inputs, zero_labels
 from zmqflow.services.worker.hooks import StepContext
 
 log = logging.getLogger("worker")
@@ -69,7 +69,7 @@ class Trainer:
     def _warm_up(self):
         params = self.model.initial_values(self.seed)
         x = zero_inputs(self.model, self.batch_size)
-        self.model.loss_and_gradients(params, x, np.zeros(self.batch_size, dtype=np.int32))
+        self.model.loss_and_gradients(params, x, zero_labels(self.model, self.batch_size))
 
     # ------------------------------------------------ the loop
 

@@ -19,3 +19,9 @@ def test_metrics_follow_the_task():
     assert multi["accuracy"] == pytest.approx(0.75)
     regression = metrics(np.array([[1.0], [2.0], [4.0]]), np.array([1.0, 3.0, 3.0]))
     assert regression == pytest.approx({"rmse": np.sqrt(2 / 3), "mae": 2 / 3, "r2": 1 - (2 / 3) / np.var([1, 3, 3])})
+
+
+def test_float32_probabilities_of_one_keep_the_log_loss_finite():
+    outputs = np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32)
+    assert np.isfinite(metrics(outputs, np.array([[1, 0], [0, 1]]), task="multi_label")["log_loss"])
+    assert np.isfinite(metrics(outputs, np.array([0, 0]))["log_loss"])

@@ -3,6 +3,7 @@ and the final checkpoint is scored on the spec's test split; bad data or a model
 fails before any process starts."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -107,3 +108,17 @@ def test_validation_while_training_keeps_the_best_checkpoint_and_writes_the_summ
                             capture_output=True, text=True, timeout=120)
     assert scored.returncode == 0, scored.stderr[-3000:]
     assert json.loads(scored.stdout)["metrics"]["accuracy"] == pytest.approx(summary["best_validation"]["accuracy"])
+
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
+
+
+@pytest.mark.parametrize("example, expected", [
+    ("tabular_csv.py", "tabular_csv: test accuracy"),        # zmqflow.local_cluster, validation while training
+    ("regression_csv.py", "regression_csv: test RMSE"),      # a model file fitted to the data, a regression
+    ("multi_label.py", "multi_label: per-tag test accuracy"),  # sigmoid cross-entropy over label columns
+])
+def test_the_data_examples_run_from_python(example, expected):
+    done = subprocess.run([sys.executable, os.path.join(EXAMPLES, example)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and expected in done.stdout, done.stdout + done.stderr[-3000:]
