@@ -60,10 +60,13 @@ def _points(grid_text, space_file, random_runs, seed, epochs, batch_size):
                    "spec file or inline JSON). Default: the MLP the hidden and activation axes shape.")
 @click.option("--model-opt", "model_opts", multiple=True, metavar="KEY=VALUE",
               help="A model option of every run (repeatable); a model.KEY axis of the grid varies one.")
+@click.option("--data", "data_spec", default=None, metavar="SPEC",
+              help="Sweep on your data: a data spec (YAML; its validation split, or --validation-fraction of its "
+                   "train split, ranks the runs). Classification tasks. Default: the shipped MNIST sample.")
 @click.option("--dry-run", is_flag=True, help="List the runs the space gives and exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the leaderboard as JSON (no progress bar).")
 def command(grid_text, space_file, random_runs, seed, parallel, epochs, batch_size, out_dir, keep_best, input_kind,
-            validation_fraction, split_seed, backend, run_timeout, model_spec, model_opts, dry_run, as_json):
+            validation_fraction, split_seed, backend, run_timeout, model_spec, model_opts, data_spec, dry_run, as_json):
     """Train one small MNIST model per hyperparameter point, PARALLEL at once, each in its own container
     (its own ps task, its broker queues in container run-NNN); rank them by validation accuracy.
 
@@ -73,7 +76,8 @@ def command(grid_text, space_file, random_runs, seed, parallel, epochs, batch_si
     from zmqflow.jobs.sweep.sweep import run_sweep
 
     points = _points(grid_text, space_file, random_runs, seed, epochs, batch_size)
-    base_model = _base_model(model_spec, model_opts, grid_text or space_file, points)
+    data = _data(data_spec)
+    base_model = _base_model(model_spec, model_opts, grid_text or space_file, points, data)
     mlp = base_model is None or base_model.get("type") == "mlp"
     if dry_run:
         for i, point in enumerate(points):
@@ -84,7 +88,8 @@ def command(grid_text, space_file, random_runs, seed, parallel, epochs, batch_si
     try:
         summary = run_sweep(points, out_dir, parallel=parallel, keep_best=keep_best, input=input_kind,
                             backend=backend, run_timeout=run_timeout, validation_fraction=validation_fraction,
-                            split_seed=split_seed, progress=not as_json, info=info, base_model=base_model)
+                            split_seed=split_seed, progress=not as_json, info=info, base_model=base_model,
+                            data=data)
     finally:
         signal.signal(signal.SIGTERM, previous)
     if as_json:
@@ -107,18 +112,38 @@ def command(grid_text, space_file, random_runs, seed, parallel, epochs, batch_si
         click.echo(f"serve the best: zmqflow serve --checkpoint {best['checkpoint']} --model {best['model_file']}")
 
 
-def _base_model(model_spec, model_opts, space_text, points):
+def _data(data_spec):
+    """The data spec, fitted on its train split (bad data named before anything starts), or None."""
+    if data_spec is None:
+        return None
+    from zmqflow.common.errors import OpError
+    from zmqflow.inputs.data_spec import fit, load_spec, load_tables
+    try:
+        data = load_spec(data_spec)
+        fit(data, load_tables(data)["train"])
+    except OpError as exc:
+        raise click.BadParameter(str(exc), param_hint="--data") from None
+    if data.label.task not in ("multiclass", "binary"):
+        raise click.BadParameter(f"a sweep ranks runs by validation accuracy: a {data.label.task} label is not "
+                                 "supported yet", param_hint="--data")
+    return data
+
+
+def _base_model(model_spec, model_opts, space_text, points, data=None):
     """The spec every run starts from (None: the MLP of the points), after checking that every point's
     model builds: a bad option fails here, before any process starts."""
     from zmqflow.common.errors import OpError
     from zmqflow.jobs.sweep.runner import model_spec as point_model
     from zmqflow.models.registry import load_model
     from zmqflow.models.spec import resolve_model, with_options
-    if model_spec is None and not model_opts:
+    if model_spec is None and not model_opts and data is None:
         base = None
     else:
         try:
             base = with_options(resolve_model(model_spec or "mlp"), model_opts)
+            if data is not None:
+                from zmqflow.inputs.data_spec import model_for_data
+                base = model_for_data(data, base)
         except OpError as exc:
             raise click.BadParameter(str(exc), param_hint="--model") from None
     if base is not None and base.get("type") != "mlp":

@@ -25,7 +25,7 @@ from zmqflow.common.supervisor import Supervisor
 from zmqflow.common.rpc_client import default_pool
 from zmqflow.jobs.sweep.curve import CURVE_ENV, HOOK, read_curve
 from zmqflow.jobs.sweep.space import model_options
-from zmqflow.jobs.local_cluster import feed
+from zmqflow.jobs.local_cluster import feed_columns
 from zmqflow.common.ps_client import PsShardClient
 
 INPUTS = ("preloaded", "ps")
@@ -36,7 +36,8 @@ def model_spec(point, seed=1, base=None):
     """The model of a point: `base` (a spec, --model and its --model-opt) with the point's model.<option>
     values; without a base or for the MLP, 784, the point's hidden widths, 10 (the seeds' MNIST network)."""
     if base is None or base.get("type") == "mlp":
-        spec = {**(base or {}), "type": "mlp", "layers": [784, *point["hidden"], 10],
+        inputs, classes = (base["layers"][0], base["layers"][-1]) if base and "layers" in base else (784, 10)
+        spec = {**(base or {}), "type": "mlp", "layers": [inputs, *point["hidden"], classes],
                 "activation": point["activation"], "init": {"kind": "truncated_normal", "stddev": 0.1}, "seed": seed}
     else:
         spec = dict(base)
@@ -56,12 +57,13 @@ def run_id(index):
 
 class SweepRunner:
     def __init__(self, out_dir, train, validation, parallel=1, input="preloaded", backend="numba", timeout=300.0,
-                 model_seed=1, base_model=None):
+                 model_seed=1, base_model=None, data=None):
         if input not in INPUTS:
             raise ValueError(f"input must be one of {', '.join(INPUTS)}, got {input!r}")
         self.out_dir, self.train, self.validation = out_dir, train, validation
         self.parallel, self.input, self.backend, self.timeout = max(1, parallel), input, backend, timeout
         self.model_seed, self.base_model = model_seed, base_model
+        self.data = data        # a data spec: its inputs are named as the model's, not MNIST's `image`
         self.threads = max(1, (os.cpu_count() or 1) // self.parallel)
         self._stop = threading.Event()
         self.broker = None
@@ -130,7 +132,8 @@ class SweepRunner:
             args = ["--task-index", "0", "--num-workers", "1", "--ps", ps.endpoint, "--backend", self.backend,
                     "--batch-size", str(point["batch_size"]), "--model", json.dumps(entry["model"]),
                     "--examples-per-epoch", str(len(self.train[1])), "--result-file", result_file,
-                    "--checkpoint-dir", ckpt_dir, "--keep-checkpoints", "1", "--evaluate", "--shutdown-ps",
+                    "--checkpoint-dir", ckpt_dir, "--keep-checkpoints", "1", "--shutdown-ps",
+                    *(["--evaluate"] if self.data is None else []),   # MNIST's test split; a spec's stays unread
                     "--hook", HOOK, "--log-every", "1000", *input_args]
             worker = supervisor.start_process("zmqflow.services.worker", args, name="worker0",
                                               env={**compute_thread_env(self.threads), CURVE_ENV: curve_file})
@@ -150,16 +153,18 @@ class SweepRunner:
     def _start_input(self, container, ps_endpoint, epochs, stop):
         """Feed the run's data; returns the worker's input options."""
         x, y = self.train
+        columns = {**(dict(x) if isinstance(x, dict) else {"image" if self.data is None else "input": x}), "label": y}
         if self.input == "ps":  # held once on the run's own ps task, sliced by the worker
             with PsShardClient(ps_endpoint) as client:
-                client.preload(QUEUE, {"image": x, "label": y}, timeout=60)
+                client.preload(QUEUE, columns, timeout=60)
             return ["--preloaded", QUEUE, "--epochs", str(epochs)]
-        queue = queues.FIFOQueue(5_000, ["float32", "int32"], shapes=[[784], []], names=["image", "label"],
+        queue = queues.FIFOQueue(5_000, [str(v.dtype) for v in columns.values()],
+                                 shapes=[list(v.shape[1:]) for v in columns.values()], names=list(columns),
                                  shared_name=QUEUE, container=container, broker=self.broker.endpoint)
 
         def feeder():
             try:
-                feed(queue, x, y, epochs, 0, stop)
+                feed_columns(queue, columns, epochs, 0, stop)
             except Exception:
                 pass  # the run was stopped (its container reset): the worker's outcome tells what happened
             finally:
@@ -200,7 +205,9 @@ class SweepRunner:
         ckpt = Checkpoint(path)
         params = {v.name: ckpt.read(v.name)[0] for v in model.variables()}
         x, y = self.validation
-        return round(float(np.mean(np.argmax(model.predict(params, x), axis=1) == y)), 4)
+        rows = (lambda i: {k: v[i:i + 1000] for k, v in x.items()}) if isinstance(x, dict) else (lambda i: x[i:i + 1000])
+        outputs = np.concatenate([model.predict(params, rows(i)) for i in range(0, len(y), 1000)])
+        return round(float(np.mean(np.argmax(outputs, axis=1) == y)), 4)
 
 
 def _last_error(log, limit=400):

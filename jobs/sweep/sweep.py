@@ -12,12 +12,16 @@ from zmqflow.jobs.sweep.runner import SweepRunner
 
 
 def run_sweep(points, out_dir, parallel=1, keep_best=3, input="preloaded", backend="numba", run_timeout=300.0,
-              validation_fraction=0.1, split_seed=0, progress=True, info=None, base_model=None):
+              validation_fraction=0.1, split_seed=0, progress=True, info=None, base_model=None, data=None):
     """Train `points` (from zmqflow.jobs.sweep.space) and write the results to out_dir; returns a summary."""
     started = time.perf_counter()
-    train, validation = sweep_split(validation_fraction, split_seed)
+    if data is None:
+        train, validation = sweep_split(validation_fraction, split_seed)
+    else:
+        from zmqflow.jobs.sweep.data import data_spec_split
+        train, validation = data_spec_split(data, validation_fraction, split_seed)
     runner = SweepRunner(out_dir, train, validation, parallel=parallel, input=input, backend=backend,
-                         timeout=run_timeout, base_model=base_model)
+                         timeout=run_timeout, base_model=base_model, data=data)
     bar = tqdm(total=len(points), desc="sweep", unit="run", disable=not progress)
     best, failed = [None], [0]
 

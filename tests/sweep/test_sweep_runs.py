@@ -67,6 +67,16 @@ def test_a_sweep_over_a_cnns_own_options_trains_and_records_each_model(tmp_path)
     assert json.loads(open(best["model_file"]).read()) == best["model"]   # what serve --model reads
 
 
+def test_a_sweep_on_a_data_spec_fits_every_run_to_the_data(tmp_path):
+    from tests.integration.test_train_on_data import write_flowers
+    spec = write_flowers(tmp_path, rows=3000)
+    out = tmp_path / "sweep"
+    _sweep(["--data", spec, "--grid", "lr=0.01;hidden=8,32", "--epochs", "3", "--parallel", "2", "--out", str(out)])
+    runs = json.loads((out / "leaderboard.json").read_text())["runs"]
+    assert [r["status"] for r in runs] == ["ok", "ok"] and all(r["validation_accuracy"] > 0.85 for r in runs), runs
+    assert sorted(r["model"]["layers"] for r in runs) == [[6, 8, 3], [6, 32, 3]]   # 2 numeric + 4 colour slots
+
+
 def test_sweep_with_input_on_the_ps_and_a_failing_run(tmp_path):
     out = tmp_path / "sweep"
     _sweep(["--grid", "optimizer=sgd;lr=0.5", "--epochs", "1", "--input", "ps", "--parallel", "1", "--out", str(out),
