@@ -50,8 +50,9 @@ from zmqflow.models.spec import resolve_model, with_options
 def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learning_rate, optimizer_kind, backend,
             shuffle_queue, input_kind, bf16, checkpoint_dir, checkpoint_every_steps, model_spec, model_opts, data_spec,
             validate_every_steps, summary_out, as_json):
-    """Train a model (default: the MNIST MLP) on the shipped MNIST sample with a broker, NUM_PS ps
-    shards and NUM_WORKERS workers on this machine."""
+    """Train a model (default: the MNIST MLP) on the shipped MNIST sample, or on your data with --data,
+    with a broker, NUM_PS ps shards and NUM_WORKERS workers on this machine. If any task of the job
+    fails, the others are stopped and the command exits 1 naming it."""
     from zmqflow.models.pipeline import stage_count
     data = None
     if data_spec is not None:
