@@ -19,4 +19,7 @@ def __getattr__(name):
     if name == "local_cluster":
         from zmqflow.jobs.local_cluster import local_cluster
         return local_cluster
+    if name in ("Coordinator", "QueueRunner"):
+        from zmqflow.common import coordination
+        return getattr(coordination, name)
     raise AttributeError(f"module 'zmqflow' has no attribute {name!r}")
