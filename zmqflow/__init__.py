@@ -22,4 +22,13 @@ def __getattr__(name):
     if name in ("Coordinator", "QueueRunner"):
         from zmqflow.common import coordination
         return getattr(coordination, name)
+    if name == "ClusterSpec":
+        from zmqflow.common.cluster import ClusterSpec
+        return ClusterSpec
+    if name in ("Server", "MonitoredTrainingSession"):
+        from zmqflow.jobs import session
+        return getattr(session, name)
+    if name in ("StopAtStepHook", "CheckpointHook", "LoggingHook", "Hook"):
+        from zmqflow.services.worker import hooks
+        return getattr(hooks, name)
     raise AttributeError(f"module 'zmqflow' has no attribute {name!r}")

@@ -1,0 +1,80 @@
+"""The seeds' distributed MNIST script, written against zmqflow's Python API: one process per task.
+
+By hand, in four terminals (1 ps + 2 workers + nothing else; the chief shuts the ps down at the end):
+
+    python examples/distributed_mnist.py --job_name ps --task_index 0 --ps_hosts 127.0.0.1:2222 \\
+        --worker_hosts 127.0.0.1:2223,127.0.0.1:2224
+    python examples/distributed_mnist.py --job_name worker --task_index 0 ...   (the same hosts)
+    python examples/distributed_mnist.py --job_name worker --task_index 1 ...
+
+or all of them from one command: python examples/distributed_mnist.py --local
+Each worker draws its own batches from the shipped MNIST sample (as `mnist.train.next_batch`); the
+chief prints the test accuracy when training stops.
+"""
+
+import argparse
+import subprocess
+import sys
+
+import numpy as np
+
+import zmqflow
+from zmqflow.inputs.datasets import mnist_split
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job_name", choices=["ps", "worker"])
+    parser.add_argument("--task_index", type=int, default=0)
+    parser.add_argument("--ps_hosts", default="127.0.0.1:2222")
+    parser.add_argument("--worker_hosts", default="127.0.0.1:2223,127.0.0.1:2224")
+    parser.add_argument("--train_steps", type=int, default=1000, help="Global steps to train (StopAtStepHook).")
+    parser.add_argument("--batch_size", type=int, default=100)
+    parser.add_argument("--local", action="store_true", help="Start every task of the cluster as a process here.")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    flags = parse(argv)
+    if flags.local:
+        return run_locally(flags)
+    cluster = zmqflow.ClusterSpec({"ps": flags.ps_hosts.split(","), "worker": flags.worker_hosts.split(",")})
+    server = zmqflow.Server(cluster, job_name=flags.job_name, task_index=flags.task_index, model="mlp")
+    if flags.job_name == "ps":
+        server.join()
+        return 0
+    (train_x, train_y), (test_x, test_y) = mnist_split()
+    rng = np.random.default_rng(flags.task_index)
+    is_chief = flags.task_index == 0
+    with zmqflow.MonitoredTrainingSession(server, is_chief=is_chief,
+                                          hooks=[zmqflow.StopAtStepHook(last_step=flags.train_steps)]) as sess:
+        while not sess.should_stop():
+            batch = rng.integers(0, len(train_y), flags.batch_size)      # mnist.train.next_batch
+            sess.run(train_x[batch], train_y[batch])
+        if is_chief:
+            accuracy = sess.evaluate(test_x, test_y)
+    if is_chief:
+        print(f"distributed_mnist: test accuracy {accuracy:.4f} at global step {sess.global_step}")
+        return 0 if accuracy > 0.85 else 1
+    return 0
+
+
+def run_locally(flags):
+    """The ps first, then the workers, each a process of this script; every process waited for."""
+    common = ["--ps_hosts", flags.ps_hosts, "--worker_hosts", flags.worker_hosts, "--train_steps",
+              str(flags.train_steps)]
+    tasks = [("ps", i) for i in range(len(flags.ps_hosts.split(",")))]
+    tasks += [("worker", i) for i in range(len(flags.worker_hosts.split(",")))]
+    procs = [subprocess.Popen([sys.executable, __file__, "--job_name", job, "--task_index", str(i), *common])
+             for job, i in tasks]
+    try:
+        codes = [p.wait(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return 0 if codes == [0] * len(codes) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,134 @@
+"""TensorFlow 1.x's between-graph API over zmqflow's services: `Server` and `MonitoredTrainingSession`.
+
+    cluster = zmqflow.ClusterSpec({"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223", "127.0.0.1:2224"]})
+    server = zmqflow.Server(cluster, job_name, task_index, model="mlp")
+    if job_name == "ps":
+        server.join()                                  # serves its shard until the chief says the end
+    else:
+        with zmqflow.MonitoredTrainingSession(server, is_chief=task_index == 0,
+                                              hooks=[zmqflow.StopAtStepHook(last_step=1000)]) as sess:
+            while not sess.should_stop():
+                sess.run(*my_next_batch())             # one step: gradients pushed, parameters pulled
+
+Unlike TensorFlow, the model is named up front (every task derives the same variables and
+placement from it, so the ps knows its shard without a graph); the optimizer and the update mode
+are the ps tasks' (`Server(..., optimizer=, mode=)`). The chief initializes or restores the
+variables, checkpoints with `checkpoint_dir`, and at the end waits for the other workers and,
+with `shutdown_ps` (default), tells the ps tasks to exit so their `join()` returns.
+"""
+
+import time
+
+from zmqflow.common.cluster import ClusterSpec
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.placement import place
+from zmqflow.common.ps_client import PsClient
+from zmqflow.models.registry import load_model, model_variables
+from zmqflow.models.spec import resolve_model
+from zmqflow.services.worker import hooks as H
+from zmqflow.services.worker.hooks import StepContext
+from zmqflow.services.worker.trainer import Trainer
+
+DEFAULT_OPTIMIZER = {"kind": "adam", "learning_rate": 0.004}
+
+
+class Server:
+    """One task of a cluster (tf.train.Server). A ps task builds its shard's service, bound to its
+    address in the cluster; `join()` serves until shut down. A worker task keeps the cluster for its session."""
+
+    def __init__(self, cluster, job_name, task_index=0, model=None, optimizer=None, mode="async"):
+        self.cluster = ClusterSpec(cluster)
+        self.cluster.validate()
+        self.cluster.validate_task(job_name, task_index)
+        if "ps" not in self.cluster.jobs or "worker" not in self.cluster.jobs:
+            raise InvalidArgumentError("the cluster needs a ps job and a worker job")
+        self.job_name, self.task_index, self.mode = job_name, int(task_index), mode
+        self.model_spec = resolve_model(model)
+        self.num_ps, self.num_workers = self.cluster.num_tasks("ps"), self.cluster.num_tasks("worker")
+        self.service = None
+        if job_name == "ps":
+            from zmqflow.services.ps.server import PsService
+            placement = place(model_variables(self.model_spec), self.num_ps)
+            pieces = {p.key: p for p in placement.for_shard(self.task_index)}
+            options = {"optimizer": optimizer or dict(DEFAULT_OPTIMIZER), "mode": mode}
+            if mode == "sync":
+                options["replicas_to_aggregate"] = self.num_workers
+            self.service = PsService(f"tcp://{self.cluster.task_address('ps', self.task_index)}", self.task_index,
+                                     pieces, options)
+
+    @property
+    def ps_endpoints(self):
+        return [self.cluster.endpoint("ps", i) for i in self.cluster.task_indices("ps")]
+
+    def join(self):
+        """A ps task: serve until the chief shuts the ps down (or SIGTERM/SIGINT)."""
+        if self.service is None:
+            raise InvalidArgumentError(f"join() serves a ps task; this is /job:{self.job_name}/task:{self.task_index}")
+        self.service.run()
+
+
+class MonitoredTrainingSession:
+    """A worker's training session (tf.train.MonitoredTrainingSession): `run(x, y)` makes one step of
+    between-graph replication, hooks see every step, `should_stop()` says when to end."""
+
+    def __init__(self, server, is_chief=None, hooks=(), checkpoint_dir=None, save_checkpoint_steps=None,
+                 seed=0, shutdown_ps=True, backend="numba"):
+        if server.job_name == "ps":
+            raise InvalidArgumentError("a training session runs on a worker task, not on a ps task")
+        self.server, self.shutdown_ps = server, shutdown_ps
+        self.model = load_model(server.model_spec, backend=backend)
+        self.ps = PsClient(server.ps_endpoints, place(self.model.variables(), server.num_ps),
+                           name=f"worker{server.task_index}")
+        is_chief = server.task_index == 0 if is_chief is None else is_chief
+        hooks = list(hooks)
+        if is_chief and checkpoint_dir:
+            hooks.append(H.CheckpointHook(checkpoint_dir, every_steps=save_checkpoint_steps))
+        self.trainer = Trainer(self.model, self.ps, queue=None, replica=server.task_index,
+                               num_workers=server.num_workers, is_chief=is_chief, mode=server.mode, hooks=hooks,
+                               seed=seed, checkpoint_dir=checkpoint_dir, config={"model": server.model_spec})
+        self._params, self._stop, self._started = None, False, None
+
+    def __enter__(self):
+        self.trainer.start()
+        for hook in self.trainer.hooks:
+            hook.begin(self.trainer)
+        self._params = self.ps.pull(exclude=self.trainer._not_pulled)
+        self.trainer.global_step = self.ps.versions[0]
+        self._started = time.perf_counter()
+        return self
+
+    def run(self, x, y):
+        """One training step on the batch (x, y); returns its loss."""
+        trainer = self.trainer
+        loss, self._params = trainer._step(self._params, x, y)
+        trainer.steps += 1
+        trainer.examples += len(y)
+        trainer.losses.append(loss)
+        ctx = StepContext(trainer, trainer.steps, trainer.global_step, float(loss), trainer.examples, 0, len(y),
+                          time.perf_counter() - self._started)
+        if any([hook.after_step(ctx) for hook in trainer.hooks]):
+            self._stop = True
+        return loss
+
+    def should_stop(self):
+        return self._stop
+
+    @property
+    def global_step(self):
+        return self.trainer.global_step
+
+    def evaluate(self, x, y):
+        """Accuracy of the current parameters on (x, y)."""
+        return self.trainer.evaluate(x, y)
+
+    def __exit__(self, *exc):
+        trainer = self.trainer
+        try:
+            if exc[0] is None:
+                trainer._settle_push()
+                trainer.elapsed = time.perf_counter() - self._started
+                self.summary = trainer.finish()
+                if trainer.is_chief and self.shutdown_ps:
+                    self.ps.shutdown()
+        finally:
+            self.ps.close()
