@@ -7,7 +7,7 @@ By hand, in four terminals (1 ps + 2 workers + nothing else; the chief shuts the
     python examples/distributed_mnist.py --job_name worker --task_index 0 ...   (the same hosts)
     python examples/distributed_mnist.py --job_name worker --task_index 1 ...
 
-or all of them from one command: python examples/distributed_mnist.py --local
+or all of them from one command (free ports chosen): python examples/distributed_mnist.py
 Each worker draws its own batches from the shipped MNIST sample (as `mnist.train.next_batch`); the
 chief prints the test accuracy when training stops.
 """
@@ -26,8 +26,8 @@ def parse(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job_name", choices=["ps", "worker"])
     parser.add_argument("--task_index", type=int, default=0)
-    parser.add_argument("--ps_hosts", default="127.0.0.1:2222")
-    parser.add_argument("--worker_hosts", default="127.0.0.1:2223,127.0.0.1:2224")
+    parser.add_argument("--ps_hosts", default=None, help="host:port,... (default with --local: free loopback ports)")
+    parser.add_argument("--worker_hosts", default=None, help="host:port,... (default with --local: two workers)")
     parser.add_argument("--train_steps", type=int, default=1000, help="Global steps to train (StopAtStepHook).")
     parser.add_argument("--batch_size", type=int, default=100)
     parser.add_argument("--local", action="store_true", help="Start every task of the cluster as a process here.")
@@ -36,8 +36,10 @@ def parse(argv):
 
 def main(argv=None):
     flags = parse(argv)
-    if flags.local:
+    if flags.local or flags.job_name is None:     # no task named: the whole cluster here
         return run_locally(flags)
+    if not flags.ps_hosts or not flags.worker_hosts:
+        raise SystemExit("--ps_hosts and --worker_hosts name the cluster's tasks")
     cluster = zmqflow.ClusterSpec({"ps": flags.ps_hosts.split(","), "worker": flags.worker_hosts.split(",")})
     server = zmqflow.Server(cluster, job_name=flags.job_name, task_index=flags.task_index, model="mlp")
     if flags.job_name == "ps":
@@ -61,6 +63,8 @@ def main(argv=None):
 
 def run_locally(flags):
     """The ps first, then the workers, each a process of this script; every process waited for."""
+    flags.ps_hosts = flags.ps_hosts or free_addresses(1)
+    flags.worker_hosts = flags.worker_hosts or free_addresses(2)
     common = ["--ps_hosts", flags.ps_hosts, "--worker_hosts", flags.worker_hosts, "--train_steps",
               str(flags.train_steps)]
     tasks = [("ps", i) for i in range(len(flags.ps_hosts.split(",")))]
@@ -74,6 +78,17 @@ def run_locally(flags):
             if p.poll() is None:
                 p.kill()
     return 0 if codes == [0] * len(codes) else 1
+
+
+def free_addresses(n):
+    """n loopback addresses whose ports were free just now."""
+    import socket
+    ports = []
+    for _ in range(n):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    return ",".join(f"127.0.0.1:{port}" for port in ports)
 
 
 if __name__ == "__main__":
