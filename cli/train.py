@@ -44,12 +44,15 @@ from zmqflow.models.spec import resolve_model, with_options
 @click.option("--validate-every-steps", default=100, type=click.IntRange(min=0),
               help="With --data that has a validation split: the chief scores it every N global steps (0: never) "
                    "and keeps the best checkpoint in CHECKPOINT_DIR/best.")
+@click.option("--early-stop-patience", default=None, type=click.IntRange(min=1),
+              help="With validation: end training when the validation metric has not improved for this many "
+                   "validations; the best checkpoint is kept.")
 @click.option("--summary-out", default=None, type=click.Path(dir_okay=False),
               help="Write the job's summary here as JSON: final metrics, steps, examples/s, wall time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learning_rate, optimizer_kind, backend,
             shuffle_queue, input_kind, bf16, checkpoint_dir, checkpoint_every_steps, model_spec, model_opts, data_spec,
-            validate_every_steps, summary_out, as_json):
+            validate_every_steps, early_stop_patience, summary_out, as_json):
     """Train a model (default: the MNIST MLP) on the shipped MNIST sample, or on your data with --data,
     with a broker, NUM_PS ps shards and NUM_WORKERS workers on this machine. If any task of the job
     fails, the others are stopped and the command exits 1 naming it."""
@@ -82,7 +85,8 @@ def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learn
                                batch_size=batch_size, optimizer=optimizer, backend=backend, spare_replicas=spare_replicas,
                                shuffle_queue=shuffle_queue, checkpoint_dir=checkpoint_dir,
                                checkpoint_every_steps=checkpoint_every_steps, bf16=bf16, input=input_kind,
-                               model=model, data=data, validate_every_steps=validate_every_steps)
+                               model=model, data=data, validate_every_steps=validate_every_steps,
+                               early_stop_patience=early_stop_patience)
     except OpError as exc:
         raise click.ClickException(str(exc)) from None
     if summary_out:
@@ -92,8 +96,10 @@ def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learn
         click.echo(json.dumps(summary))
     else:
         if summary.get("test_metrics"):
+            when = (f"stopped early at step {summary['stopped_early_at']} (global step {summary['global_step']})"
+                    if summary.get("stopped_early_at") else f"after {epochs} epochs")
             click.echo(f"{summary['test_split']}: " + ", ".join(f"{k} {v:.4f}" for k, v in summary["test_metrics"].items())
-                       + f" after {epochs} epochs, {summary['examples_per_s']:,} examples/s while training "
+                       + f" {when}, {summary['examples_per_s']:,} examples/s while training "
                        f"(logs in {summary['log_dir']})")
             return
         click.echo(f"test accuracy {summary['test_accuracy']:.4f} after {epochs} epochs, "

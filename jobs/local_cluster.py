@@ -28,7 +28,7 @@ from tqdm import tqdm
 from zmqflow.inputs.datasets import mnist_split, write_record_shards
 from zmqflow.models.spec import MNIST_MLP
 from zmqflow.common.queues import FIFOQueue, RandomShuffleQueue
-from zmqflow.common.errors import AbortedError, InvalidArgumentError
+from zmqflow.common.errors import AbortedError, InvalidArgumentError, OpError
 from zmqflow.common.processes import compute_thread_env
 from zmqflow.common.ps_client import PsShardClient
 from zmqflow.common.supervisor import Supervisor
@@ -69,7 +69,8 @@ class LocalCluster:
     def __init__(self, num_ps=1, num_workers=2, mode="async", epochs=10, batch_size=100, optimizer=None,
                  backend="numba", replicas_to_aggregate=None, spare_replicas=0, shuffle_queue=None,
                  checkpoint_dir=None, checkpoint_every_steps=None, bf16=False, log_dir=None, seed=0, model=None,
-                 input="readers", threads_per_worker=None, data=None, validate_every_steps=100):
+                 input="readers", threads_per_worker=None, data=None, validate_every_steps=100,
+                 early_stop_patience=None):
         self.num_ps, self.num_workers, self.mode, self.epochs = num_ps, num_workers, mode, epochs
         self.batch_size, self.backend, self.bf16, self.seed = batch_size, backend, bf16, seed
         self.optimizer = optimizer or dict(DEFAULT_OPTIMIZER)
@@ -86,6 +87,7 @@ class LocalCluster:
         self.threads_per_worker = threads_per_worker   # default: the machine's cores shared out
         self.data = data      # a DataSpec (inputs/data_spec.py): its train split fed, its test split scored
         self.validate_every_steps = validate_every_steps   # with a validation split: the chief scores it
+        self.early_stop_patience = early_stop_patience
         if data is not None and input != "preloaded":
             raise InvalidArgumentError("a data spec is fed from memory (input 'preloaded'); readers and ps-preloaded "
                                        "input take the MNIST sample only")
@@ -179,8 +181,13 @@ class LocalCluster:
                            shapes=[list(v.shape[1:]) for v in columns.values()], names=list(columns),
                            shared_name="train", broker=self.broker.endpoint)
         queue = RandomShuffleQueue(20_000, min(2_000, train.rows // 2), seed=self.seed, **declaration)
-        threading.Thread(target=feed_columns, args=(queue, columns, self.epochs, self.seed, self._stop),
-                         daemon=True).start()
+        def feeder():
+            try:
+                feed_columns(queue, columns, self.epochs, self.seed, self._stop)
+            except OpError:
+                pass   # the queue was closed under it: an early stop, or the job's end
+
+        threading.Thread(target=feeder, daemon=True, name="feeder").start()
 
     def _score_test_split(self, summary):
         """The final checkpoint on the data's test split (or its validation split when it has no test)."""
@@ -237,6 +244,8 @@ class LocalCluster:
             args += ["--shutdown-ps"] + (["--evaluate"] if self.data is None else ["--data-config", self.data_config])
             if self.data is not None and "validation" in self.prepared and self.validate_every_steps:
                 args += ["--validate-every-steps", str(self.validate_every_steps)]
+                if self.early_stop_patience:
+                    args += ["--early-stop-patience", str(self.early_stop_patience)]
             if self.checkpoint_dir:
                 args += ["--checkpoint-dir", self.checkpoint_dir]
                 if self.checkpoint_every_steps:
@@ -272,8 +281,8 @@ class LocalCluster:
                 "worker_exit_codes": codes, "num_ps": self.num_ps, "num_workers": self.num_workers,
                 "mode": self.mode, "optimizer": self.optimizer, "log_dir": self.log_dir}
         if self.data is not None:
-            summary.update({k: results[0][k] for k in ("validation", "best_validation", "validation_metric")
-                            if k in results[0]})
+            summary.update({k: results[0][k] for k in ("validation", "best_validation", "validation_metric",
+                                                       "stopped_early_at") if k in results[0]})
             self._score_test_split(summary)
         return summary
 

@@ -89,7 +89,8 @@ def training_hooks(config):
             raise UsageError("--validate-every-steps needs --data-config (the data spec with a validation split)")
         from zmqflow.services.worker.validation import ValidationHook
         with open(config.data_config) as f:
-            hooks.append(ValidationHook(json.load(f), config.validate_every_steps, config.checkpoint_dir, tensorboard))
+            hooks.append(ValidationHook(json.load(f), config.validate_every_steps, config.checkpoint_dir, tensorboard,
+                                        early_stop_patience=config.early_stop_patience))
     return hooks, tensorboard
 
 

@@ -52,6 +52,9 @@ from zmqflow.services.worker.config import UsageError, WorkerConfig
 @click.option("--validate-every-steps", default=None, type=click.IntRange(min=1),
               help="Chief: score the data's validation split every N global steps (and at the end), log the task's "
                    "metrics, keep the best checkpoint in CHECKPOINT_DIR/best. Needs --data-config.")
+@click.option("--early-stop-patience", default=None, type=click.IntRange(min=1),
+              help="Chief, with validation: end the job when the validation metric has not improved for this many "
+                   "validations (the input queue is closed, every worker finishes as at the end of the data).")
 @click.option("--data-config", default=None, type=click.Path(dir_okay=False, exists=True),
               help="Chief: a JSON file of the data spec and its train-split statistics, recorded in every checkpoint "
                    "so `zmqflow predict` and `evaluate` transform inputs as training did (zmqflow train writes it).")
@@ -85,7 +88,8 @@ from zmqflow.services.worker.config import UsageError, WorkerConfig
 def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task_index, num_workers, model_spec, placement_strategy,
             max_shard_bytes, backend, batch_size, dequeue_timeout, mode, bf16, max_steps, log_every, checkpoint_dir,
             checkpoint_every_steps, checkpoint_every_secs, keep_checkpoints, summaries, user_hooks, evaluate,
-            shutdown_ps, shutdown_broker, result_file, validate_every_steps, data_config, examples_per_epoch, log_level,
+            shutdown_ps, shutdown_broker, result_file, validate_every_steps, early_stop_patience, data_config,
+            examples_per_epoch, log_level,
             device, placement_function, allow_soft_placement, log_device_placement, gpu_memory_fraction, towers,
             summary_dir, summary_every_steps, pipeline_next, micro_batches, pipeline_timeout, serve_checkpoint, bind,
             ready_file):

@@ -47,6 +47,7 @@ class WorkerConfig:
     result_file: str = None
     data_config: str = None
     validate_every_steps: int = None
+    early_stop_patience: int = None
     examples_per_epoch: int = None
     log_level: str = "INFO"
     device: str = None

@@ -23,7 +23,8 @@ log = logging.getLogger("worker")
 
 
 class ValidationHook(Hook):
-    def __init__(self, data_config, every_steps=100, checkpoint_dir=None, tensorboard=None, batch_size=1000):
+    def __init__(self, data_config, every_steps=100, checkpoint_dir=None, tensorboard=None, batch_size=1000,
+                 early_stop_patience=None):
         spec = from_config(data_config)
         tables = load_tables(spec)
         if "validation" not in tables:
@@ -35,6 +36,7 @@ class ValidationHook(Hook):
         self.batch_size = batch_size
         self.metric, self.better = PRIMARY[self.task]
         self.history, self.best = [], None
+        self.patience, self.stopped_early = early_stop_patience, None
         self._last = 0
 
     def begin(self, trainer):
@@ -84,6 +86,20 @@ class ValidationHook(Hook):
         if self.best is None or self.better(value, self.best[self.metric]) != self.best[self.metric]:
             self.best = {"step": step, **result}
             self._save_best(params, step)
+        elif self.patience and self.stopped_early is None and len(
+                [h for h in self.history if h["step"] > self.best["step"]]) >= self.patience:
+            self._stop_early(step)
+
+    def _stop_early(self, step):
+        """No better validation for `patience` validations: end the job as TF's coordinator would, by
+        closing the workers' input queue with cancel; every worker ends on OutOfRange and the chief
+        saves and finishes as at the end of the input."""
+        self.stopped_early = step
+        log.info("early stop at step %d: %s has not improved on %.4f (step %d) for %d validations", step,
+                 self.metric, self.best[self.metric], self.best["step"], self.patience)
+        queue = getattr(self._trainer, "queue", None)
+        if queue is not None and hasattr(queue, "close"):
+            queue.close(cancel_pending_enqueues=True, timeout=30.0)
 
     def _save_best(self, params, step):
         """The very parameters just validated (training went on meanwhile), as a one-shard checkpoint
@@ -99,4 +115,4 @@ class ValidationHook(Hook):
 
     def summary(self):
         return {"validation": self.history[-1] if self.history else None, "best_validation": self.best,
-                "validation_metric": self.metric}
+                "validation_metric": self.metric, "stopped_early_at": self.stopped_early}

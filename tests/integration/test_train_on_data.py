@@ -122,3 +122,16 @@ def test_the_data_examples_run_from_python(example, expected):
     done = subprocess.run([sys.executable, os.path.join(EXAMPLES, example)], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and expected in done.stdout, done.stdout + done.stderr[-3000:]
+
+
+def test_early_stopping_ends_every_worker_once_validation_stops_improving(tmp_path):
+    write_flowers(tmp_path, rows=20000)
+    summary_file = tmp_path / "summary.json"
+    done = train("--data", str(tmp_path / "flowers.yaml"), "--epochs", "60", "--learning-rate", "0.01",
+                 "--checkpoint-dir", str(tmp_path / "ckpt"), "--validate-every-steps", "50",
+                 "--early-stop-patience", "3", "--summary-out", str(summary_file))
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(summary_file.read_text())
+    assert summary["stopped_early_at"] is not None and summary["worker_exit_codes"] == [0, 0]
+    assert summary["global_step"] < 60 * 140 / 2              # far short of the 8,400 steps of 60 epochs
+    assert summary["best_validation"]["accuracy"] > 0.9 and summary["test_metrics"]["accuracy"] > 0.9
