@@ -42,6 +42,8 @@ class ValidationHook(Hook):
     def begin(self, trainer):
         """Follow the global step from a thread of its own, with its own ps client: validation runs on
         schedule whether or not the chief itself is training (other workers may take every batch)."""
+        from zmqflow.common import metrics as prometheus
+        prometheus.register(self.families)          # served with --metrics-port
         self._trainer, self._stop = trainer, threading.Event()
         self._thread = threading.Thread(target=self._follow, name="validation", daemon=True)
         self._thread.start()
@@ -112,6 +114,15 @@ class ValidationHook(Hook):
                   for name, value in params.items()}
         checkpoint.write_shard(directory, step, 0, pieces)
         checkpoint.commit(directory, step, 1, self._trainer.resolved_config(), keep=1)
+
+    def families(self, task="worker:0"):
+        """Prometheus gauges of the last validation: each metric, and the global step it was taken at."""
+        from zmqflow.common import metrics as prometheus
+        last = self.history[-1] if self.history else {}
+        yield prometheus.gauge_family("zmqflow_validation_metric", "The last validation's metrics, by name.",
+                                      {(task, k): v for k, v in last.items() if k != "step"}, ["task", "metric"])
+        yield prometheus.gauge_family("zmqflow_validation_global_step", "Global step of the last validation.",
+                                      {(task,): last.get("step", 0)}, ["task"])
 
     def summary(self):
         return {"validation": self.history[-1] if self.history else None, "best_validation": self.best,
