@@ -268,19 +268,20 @@ def _paths(spec, patterns, split):
     return paths
 
 
-def _needed(spec):
-    """{column: 'float32' | 'string'} of every column a feature or the label reads."""
+def _needed(spec, label=True):
+    """{column: 'float32' | 'string'} of every column a feature (and, with `label`, the label) reads."""
     kinds = {}
     for f in spec.features:
         for c in f.columns:
             kinds[c] = "string" if f.type == "categorical" else "float32"
-    for c in spec.label.columns:
+    for c in spec.label.columns if label else ():
         kinds[c] = "float32" if spec.label.task in ("regression", "multi_label") else "string"
     return kinds
 
 
-def read_csv(spec, path):
-    """A Table of one CSV file's needed columns; errors name the file, line and column."""
+def read_csv(spec, path, label=True):
+    """A Table of one CSV file's needed columns (without the label's unless `label`); errors name the
+    file, line and column."""
     from zmqflow.inputs.formats.csv_format import CsvFormat
     with open(path, "rb") as f:
         first = f.readline()
@@ -294,7 +295,7 @@ def read_csv(spec, path):
     else:
         names = list(range(first.decode("latin-1").count(spec.delimiter) + 1))
     index = {name: i for i, name in enumerate(names)}
-    kinds = _needed(spec)
+    kinds = _needed(spec, label)
     missing = [c for c in kinds if c not in index]
     if missing:
         raise InvalidArgumentError(f"{path}: column(s) {missing} named in the data spec are not in the file "
@@ -327,17 +328,17 @@ def _name_columns(message, names):
                   if int(m.group(1)) < len(names) else m.group(0), message)
 
 
-def read_npz(spec, path):
+def read_npz(spec, path, label=True):
     try:
         arrays = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise InvalidArgumentError(f"{path} is not a readable .npz/.npy file: {exc}") from None
     keys = set(getattr(arrays, "files", []))
-    missing = [c for c in _needed(spec) if c not in keys]
+    missing = [c for c in _needed(spec, label) if c not in keys]
     if missing:
         raise InvalidArgumentError(f"{path}: array(s) {missing} named in the data spec are not in the file "
                                    f"(it holds {', '.join(sorted(keys))})")
-    columns = {c: arrays[c] for c in _needed(spec)}
+    columns = {c: arrays[c] for c in _needed(spec, label)}
     rows = {len(v) for v in columns.values()}
     if len(rows) != 1:
         raise InvalidArgumentError(f"{path}: the arrays have different numbers of rows {sorted(rows)}")
@@ -611,8 +612,4 @@ def from_config(config):
 
 def read_features(spec, path):
     """A Table of a file's feature columns (the label may be absent): the rows to predict."""
-    label, spec.label = spec.label, Label([], spec.label.task, spec.label.classes)
-    try:
-        return (read_csv if spec.format == "csv" else read_npz)(spec, path)
-    finally:
-        spec.label = label
+    return (read_csv if spec.format == "csv" else read_npz)(spec, path, label=False)

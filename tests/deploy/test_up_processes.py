@@ -14,6 +14,7 @@ import pytest
 from zmqflow.common.errors import OpError
 from tests.deploy.conftest import COMPOSE, ROOT, compose_ports
 from tests.support import free_port_offset, wait_for
+from tests.support.processes import alive
 
 pytestmark = pytest.mark.integration
 
@@ -42,12 +43,6 @@ def gone(pid):
     return wait_for(lambda: not alive(pid), 5.0, f"pid {pid} to exit")
 
 
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_shipped_compose_file_trains_to_completion(project, tmp_path):

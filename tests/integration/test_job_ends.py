@@ -7,19 +7,12 @@ import time
 
 import pytest
 
+from tests.support.processes import alive
 from tests.support.waiting import wait_for
 from zmqflow.common.errors import AbortedError
 from zmqflow.jobs.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.faults
-
-
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.mark.parametrize("role", ["broker", "ps0", "worker0", "worker1", "reader0"])

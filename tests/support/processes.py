@@ -6,6 +6,7 @@ to wait for). The fixtures `processes` (per test) and `module_processes` (per mo
 tests/conftest.py own one each.
 """
 
+import os
 import signal
 
 from zmqflow.common.supervisor import Supervisor
@@ -28,3 +29,12 @@ class Processes(Supervisor):
         for child in self.running():
             child.signal_group(signal.SIGCONT)   # a paused process would sit out SIGTERM's grace
         return super().stop_all(timeout, report)
+
+
+def alive(pid):
+    """Whether a process `pid` exists (a zombie counts until reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
