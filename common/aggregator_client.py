@@ -6,27 +6,31 @@ what arrived) and as the RPC deadline, so the client waits no longer than it mus
 Like RpcClient, one client belongs to one thread.
 """
 
-import numpy as np
 
 from zmqflow.common.protocol import AggregatorOps
 from zmqflow.common.rpc_client import OpClient
-from zmqflow.common.serve_client import PendingPredict
+from zmqflow.common.serve_client import PendingPredict, records_args, request_tensors
 
 
 class AggregatorClient(OpClient):
     def __init__(self, address, timeout=30.0, name="aggregator-client", **rpc_options):
         super().__init__(address, timeout, name, **rpc_options)
 
-    def predict_async(self, x, deadline_ms=None, min_members=None, combine=None, mode=None):
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        args = {k: v for k, v in (("deadline_ms", deadline_ms), ("min_members", min_members), ("combine", combine),
-                                  ("mode", mode)) if v is not None}
+    def predict_async(self, x, deadline_ms=None, min_members=None, combine=None, mode=None, records=None):
+        """`x`: one array or {input name: array}; or `records` {column: [values]} instead (x None)."""
+        args, tensors = ({"records": records_args(records)}, []) if records is not None else request_tensors(x)
+        args.update({k: v for k, v in (("deadline_ms", deadline_ms), ("min_members", min_members),
+                                       ("combine", combine), ("mode", mode)) if v is not None})
         timeout = self.rpc.default_timeout if deadline_ms is None else deadline_ms / 1000.0
-        return PendingPredict(self.rpc.submit(AggregatorOps.PREDICT, args, [x], timeout=timeout))
+        return PendingPredict(self.rpc.submit(AggregatorOps.PREDICT, args, tensors, timeout=timeout))
 
     def predict(self, x, deadline_ms=None, min_members=None, combine=None, mode=None):
         """(probabilities [n, classes] float32, info); DeadlineExceededError when too few members answered."""
         return self.predict_async(x, deadline_ms, min_members, combine, mode).result()
+
+    def predict_records(self, records, deadline_ms=None, min_members=None, combine=None, mode=None):
+        """(outputs, info) for raw feature columns {column: [values]} (members trained with --data)."""
+        return self.predict_async(None, deadline_ms, min_members, combine, mode, records).result()
 
     def members(self, timeout=5.0):
         """One dict per member: address, weight, healthy, outstanding, requests, answers, timeouts, errors, ..."""

@@ -117,6 +117,15 @@ def commit(ckpt_dir, step, num_shards, config, keep=5):
     return final
 
 
+def save_params(ckpt_dir, step, params, config, keep=5):
+    """Write whole variables {name: array} as a one-shard checkpoint of `step` and commit it (a model
+    kept outside the ps: the best one seen in validation, a model trained in one process)."""
+    pieces = {name: ({"variable": name, "row_start": 0, "row_end": value.shape[0] if value.ndim else 1}, value, {})
+              for name, value in params.items()}
+    write_shard(ckpt_dir, step, 0, pieces)
+    return commit(ckpt_dir, step, 1, config, keep=keep)
+
+
 def _write_manifest(staging, step, num_shards, config):
     try:
         config_json = json.loads(json.dumps(config))

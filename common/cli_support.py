@@ -132,7 +132,10 @@ def run_service_instance(build, task, ready_file, log_level, max_message_bytes):
     """Set up the process, build the service with `build(limits)`, announce it, serve until SIGTERM."""
     setup_logging(log_level, task)
     keep_freed_memory()
-    service = build(dataclasses.replace(DEFAULT_LIMITS, max_message_bytes=max_message_bytes))
+    try:
+        service = build(dataclasses.replace(DEFAULT_LIMITS, max_message_bytes=max_message_bytes))
+    except InvalidArgumentError as exc:   # a bad option value: exit 2, as a usage error
+        raise click.UsageError(str(exc)) from None
     from zmqflow.common import metrics
     if metrics.requested():  # --metrics-port: time requests per op, export the service's gauges
         metrics.export_service(service, task)

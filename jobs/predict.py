@@ -14,6 +14,7 @@ import numpy as np
 from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
 from zmqflow.common.errors import InvalidArgumentError, NotFoundError
 from zmqflow.inputs.data_spec import from_config, load_spec, model_inputs, read_features
+from zmqflow.inputs.predictions import labels_of, predicted
 from zmqflow.jobs.evaluate import checkpoint_params
 from zmqflow.models.registry import checkpoint_model_spec, load_model
 
@@ -38,13 +39,14 @@ def predict_file(checkpoint_dir, path, data_spec=None, batch_size=1000):
     part = (lambda i: {k: v[i:i + batch_size] for k, v in x.items()}) if isinstance(x, dict) else (
         lambda i: x[i:i + batch_size])
     outputs = np.concatenate([model.predict(params, part(i)) for i in range(0, rows, batch_size)])
-    if spec.label.task == "regression":
-        return ["prediction"], [[float(v)] for v in outputs.reshape(rows)]
     if spec.label.task == "multi_label":
         return list(spec.label.columns), [[round(float(p), 6) for p in row] for row in outputs]
-    classes = spec.stats["classes"]
-    return ["class"] + [f"p_{c}" for c in classes], [
-        [classes[int(np.argmax(row))]] + [round(float(p), 6) for p in row] for row in outputs]
+    labels = labels_of(spec)
+    answers = predicted(outputs, labels["task"], labels["classes"], labels["columns"])
+    if spec.label.task == "regression":
+        return ["prediction"], [[value] for value in answers]
+    return ["class"] + [f"p_{c}" for c in labels["classes"]], [
+        [name] + [round(float(p), 6) for p in row] for name, row in zip(answers, outputs)]
 
 
 def write_predictions(columns, rows, out, fmt):

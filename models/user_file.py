@@ -22,7 +22,7 @@ DEFAULT_SIGNATURE = {"input": ((784,), "float32")}   # the MNIST rows the shippe
 def build_from_file(spec):
     """The model that `spec["type"]` (`path.py:function`) builds from the rest of the spec."""
     path, _, function = spec["type"].rpartition(":")
-    builder = _load(path, function)
+    builder = load_function(path, function)
     signature = _signature(spec.get("input_signature"))
     options = {k: v for k, v in spec.items() if k not in ("type", "input_signature")}
     try:
@@ -40,10 +40,12 @@ def build_from_file(spec):
     return model
 
 
-def _load(path, function):
+def load_function(path, function, what="model file"):
+    """The function `function` of the Python file at `path`, imported once per process by path;
+    errors name `what` the file is (a model file, a combine function's file)."""
     full = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(full):
-        raise InvalidArgumentError(f"model file {path!r} does not exist (looked for {full})")
+        raise InvalidArgumentError(f"{what} {path!r} does not exist (looked for {full})")
     name = "zmqflow_user_model_" + hashlib.sha1(full.encode()).hexdigest()[:12]
     module = sys.modules.get(name)
     if module is None:
@@ -52,11 +54,11 @@ def _load(path, function):
         try:
             spec.loader.exec_module(module)
         except Exception as exc:
-            raise InvalidArgumentError(f"model file {path!r} failed to import: {type(exc).__name__}: {exc}") from exc
+            raise InvalidArgumentError(f"{what} {path!r} failed to import: {type(exc).__name__}: {exc}") from exc
         sys.modules[name] = module
     builder = getattr(module, function, None)
     if not callable(builder):
-        raise InvalidArgumentError(f"model file {path!r} has no function {function!r}")
+        raise InvalidArgumentError(f"{what} {path!r} has no function {function!r}")
     return builder
 
 

@@ -29,8 +29,10 @@ def parse_member(text):
               help="Deadline of a predict request that names none.")
 @click.option("--min-members", default=1, type=click.IntRange(min=1),
               help="Answers a request needs by its deadline (ensemble), unless it names its own.")
-@click.option("--combine", default="mean", type=click.Choice(["mean", "vote", "weighted"]),
-              help="How answers are combined, unless a request names its own.")
+@click.option("--combine", default="mean", metavar="mean|vote|weighted|median|FILE.py:FUNCTION",
+              help="How answers are combined, unless a request names its own: mean (probabilities, or values of a "
+                   "regression), majority vote, weighted mean, median, or a function of yours "
+                   "`function(answers, weights) -> [n, outputs]` (FILE.py:FUNCTION or MODULE:FUNCTION).")
 @click.option("--unhealthy-after", default=3, type=click.IntRange(min=1),
               help="Failures in a row (timeouts, errors) that mark a member unhealthy.")
 @click.option("--probe-ms", default=500, type=click.IntRange(min=1),

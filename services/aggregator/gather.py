@@ -7,15 +7,17 @@ answered for the error.
 """
 
 from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError, UnavailableError, error_from_code
+from zmqflow.inputs.predictions import predicted
 from zmqflow.services.aggregator.combine import combine, same_shape
 
 
 class Gather:
-    __slots__ = ("call", "mode", "combine", "min_members", "pending", "answers", "weights", "failures", "codes",
-                 "started", "shape", "rid")
+    __slots__ = ("call", "mode", "combine", "custom", "min_members", "pending", "answers", "weights", "failures",
+                 "codes", "started", "shape", "rid", "labels")
 
-    def __init__(self, call, mode, combine_name, min_members, started):
+    def __init__(self, call, mode, combine_name, min_members, started, custom=None):
         self.call, self.mode, self.combine, self.min_members = call, mode, combine_name, min_members
+        self.custom = custom  # the aggregator's own combine function, if it has one
         self.pending = {}    # address -> the member-side request id still awaited
         self.answers = {}    # address -> probabilities, in arrival order
         self.weights = {}    # address -> weight of an answer (weighted combine)
@@ -24,6 +26,7 @@ class Gather:
         self.started = started
         self.shape = None    # the input's shape; an answer must have as many rows
         self.rid = None      # the member-side id of its latest request (a replica retry gets a new one)
+        self.labels = None   # a records request: the task and classes a member reported, to name predictions
 
     def asked(self, address, rid):
         self.pending[address] = rid
@@ -58,7 +61,11 @@ class Gather:
             if same_shape(answers) is None:
                 raise InvalidArgumentError("members answered with different shapes: " + ", ".join(
                     f"{a} {list(p.shape)}" for a, p in self.answers.items()))
-            return combine(self.combine, answers, [self.weights[a] for a in self.answers]), info
+            combined = combine(self.combine, answers, [self.weights[a] for a in self.answers], self.custom)
+            if self.labels is not None:
+                info["predicted"] = predicted(combined, self.labels.get("task"), self.labels.get("classes"),
+                                              self.labels.get("columns"))
+            return combined, info
         raise self._shortfall()
 
     def _shortfall(self):

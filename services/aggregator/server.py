@@ -23,7 +23,7 @@ from zmqflow.common import curve, wire
 from zmqflow.common.errors import InvalidArgumentError, OpError
 from zmqflow.common.rpc_service import PARKED, Service
 from zmqflow.common.sockets import dealer_socket
-from zmqflow.services.aggregator.combine import check_combine
+from zmqflow.services.aggregator.combine import COMBINERS, CustomCombine, check_combine
 from zmqflow.services.aggregator.fanout import FanOut, Probe
 from zmqflow.services.aggregator.gather import Gather
 from zmqflow.services.aggregator.stats import AggregatorStats
@@ -84,12 +84,13 @@ class Aggregator(Service):
         self.mode = _check_mode(mode)
         self.deadline_ms = _check_int("deadline_ms", deadline_ms, 1)
         self.min_members = _check_int("min_members", min_members, 1)
-        self.combine = check_combine(combine)
+        self.custom = CustomCombine(combine) if combine not in COMBINERS else None
+        self.combine = check_combine(combine, self.custom)
         self.fanout = FanOut(unhealthy_after, probe_ms / 1000.0, wake=self._schedule_wake)
         self.members = self.fanout.members  # read-only here: listing, stats, metrics
         self.links = {}
         self.agg_stats = AggregatorStats()
-        self._features = None  # input width of the last request a member answered: probes send one such row
+        self._probe_request = None  # (args, one row of zeros per input) like the last request members answered
         self._timer_at = None
         for address, weight in members:
             self._add(address, weight)
@@ -136,11 +137,10 @@ class Aggregator(Service):
     # ------------------------------------------------ predict
 
     def _predict(self, call):
-        x = _check_input(call.tensors)
-        call.tensors = [x]
+        rows = _check_request(call)
         args = call.args
         mode = _check_mode(args.get("mode") or self.mode)
-        combine = check_combine(args.get("combine") or self.combine)
+        combine = check_combine(args.get("combine") or self.combine, self.custom)
         deadline_ms = args.get("deadline_ms")
         deadline_ms = self.deadline_ms if deadline_ms is None else _check_int("deadline_ms", deadline_ms, 1)
         min_members = args.get("min_members")
@@ -149,8 +149,9 @@ class Aggregator(Service):
         deadline = call.received + deadline_ms / 1000.0
         call.deadline = deadline if call.deadline is None else min(deadline, call.deadline)
         self.agg_stats.counters["requests"] += 1
-        gather = call.state = Gather(call, mode, combine, 1 if mode == "replica" else min_members, call.received)
-        gather.shape = x.shape
+        gather = call.state = Gather(call, mode, combine, 1 if mode == "replica" else min_members, call.received,
+                                     self.custom)
+        gather.shape = (rows,)
         targets = self.fanout.ask(gather)
         if targets:
             frames = self._request(gather, now)  # encoded once, however many members are asked
@@ -163,7 +164,7 @@ class Aggregator(Service):
 
     def _request(self, gather, now):
         """The frames of `gather`'s predict to members, under its current member-side id and the time left."""
-        return wire.request_frames("predict", gather.rid, {}, gather.call.tensors,
+        return wire.request_frames("predict", gather.rid, _member_args(gather.call.args), gather.call.tensors,
                                    max(1, int((gather.call.deadline - now) * 1000)))
 
     def _send_to(self, member, gather, frames, now):
@@ -198,6 +199,9 @@ class Aggregator(Service):
         if isinstance(probs, str):
             self._go_on(gather, self.fanout.bad_answer(member, gather, probs, now), now)
             return
+        labels = (header.get("result") or {}).get("labels")
+        if isinstance(labels, dict) and gather.labels is None:
+            gather.labels = labels
         self.fanout.answered(member, gather, probs)
         self._advance(gather, now)
 
@@ -249,7 +253,8 @@ class Aggregator(Service):
             self.agg_stats.record(time.monotonic() - call.received, ok=False)
             self.fail(call, exc)
             return
-        self._features = gather.shape[1]
+        if call.tensors:
+            self._probe_request = (_member_args(call.args), [np.zeros((1,) + t.shape[1:], t.dtype) for t in call.tensors])
         info["latency_ms"] = round((time.monotonic() - call.received) * 1000.0, 3)
         self.agg_stats.record(time.monotonic() - call.received, ok=True, partial=bool(info["missing"]))
         self.reply(call, info, [probs])
@@ -279,9 +284,9 @@ class Aggregator(Service):
     def _probe(self, member, now):
         timeout_ms = max(1, int(min(self.deadline_ms, self.fanout.probe_s * 1000)))
         rid = self.fanout.probe(member, now, timeout_ms / 1000.0)
-        if self._features:
-            tensors = [np.zeros((1, self._features), np.float32)]
-            frames = wire.request_frames("predict", rid, {}, tensors, timeout_ms)
+        if self._probe_request is not None:
+            args, tensors = self._probe_request
+            frames = wire.request_frames("predict", rid, args, tensors, timeout_ms)
         else:
             frames = wire.request_frames("ping", rid, {"ids": []}, (), timeout_ms)
         self.agg_stats.counters["probes"] += 1
@@ -360,11 +365,31 @@ def _check_int(name, value, low):
     return value
 
 
-def _check_input(tensors):
-    if len(tensors) != 1:
-        raise InvalidArgumentError(f"predict takes one tensor x [n, features], got {len(tensors)}")
-    x = tensors[0]
-    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0 or x.dtype.kind not in "fiu":
-        raise InvalidArgumentError(f"predict input must be numbers of shape [n >= 1, features >= 1], "
-                                   f"got {x.dtype} {list(x.shape)}")
-    return np.ascontiguousarray(x, dtype=np.float32)
+def _check_request(call):
+    """The request's rows: its tensors (one per model input, n >= 1 rows each; floats become float32)
+    or its records ({column: [values]}, checked by the members, which know the columns)."""
+    records = call.args.get("records")
+    if records is not None:
+        if call.tensors or not isinstance(records, dict) or not records or \
+                not all(isinstance(v, list) for v in records.values()):
+            raise InvalidArgumentError("records is a mapping {column: [values, ...]} sent without tensors")
+        lengths = {len(v) for v in records.values()}
+        if len(lengths) != 1 or 0 in lengths:
+            raise InvalidArgumentError(f"records need one non-zero number of values per column, got {sorted(lengths)}")
+        return lengths.pop()
+    if not call.tensors:
+        raise InvalidArgumentError("predict takes the model's input tensors x [n, ...] (or records)")
+    for i, x in enumerate(call.tensors):
+        if x.ndim < 2 or x.shape[0] == 0 or 0 in x.shape[1:] or x.dtype.kind not in "fiu":
+            raise InvalidArgumentError(f"predict input {i} must be numbers of shape [n >= 1, features >= 1, ...], "
+                                       f"got {x.dtype} {list(x.shape)}")
+    rows = {len(x) for x in call.tensors}
+    if len(rows) != 1:
+        raise InvalidArgumentError(f"every input needs the same number of rows, got {sorted(rows)}")
+    call.tensors = [np.ascontiguousarray(x, dtype=np.float32 if x.dtype.kind == "f" else None) for x in call.tensors]
+    return rows.pop()
+
+
+def _member_args(args):
+    """What of a client's predict args the members get: the input names or the records."""
+    return {key: args[key] for key in ("inputs", "records") if args.get(key) is not None}

@@ -3,7 +3,9 @@
 Why: one matrix product over 64 rows costs little more than over one, so a server that
 runs requests together answers many more per second. A batch runs when it holds
 `max_batch` rows or when its oldest request has waited `max_delay` seconds, whichever
-comes first. Plain code with no sockets or threads: the service loop drives it.
+comes first. A request's inputs are one array [n, ...] or, for a model of several inputs, a list
+of arrays of n rows each (joined position by position). Plain code with no sockets or threads:
+the service loop drives it.
 """
 
 import collections
@@ -23,15 +25,15 @@ class Batcher:
         return len(self._queue)
 
     def add(self, item, x, now):
-        """Queue `item` (any hashable, e.g. a parked call) with its inputs `x` [n, features]."""
+        """Queue `item` (any hashable, e.g. a parked call) with its inputs `x` ([n, ...] or a list of them)."""
         self._queue[item] = (x, now)
-        self.rows += len(x)
+        self.rows += _rows(x)
 
     def remove(self, item):
         """Withdraw a queued item (deadline passed, cancelled); True if it was queued."""
         entry = self._queue.pop(item, None)
         if entry is not None:
-            self.rows -= len(entry[0])
+            self.rows -= _rows(entry[0])
         return entry is not None
 
     def due(self):
@@ -48,14 +50,18 @@ class Batcher:
         items, parts = [], []
         while self._queue:
             item, (x, _) = next(iter(self._queue.items()))
-            if items and sum(map(len, parts)) + len(x) > self.max_batch:
+            if items and sum(map(_rows, parts)) + _rows(x) > self.max_batch:
                 break
             del self._queue[item]
             items.append(item)
             parts.append(x)
-        sizes = [len(x) for x in parts]
+        sizes = [_rows(x) for x in parts]
         self.rows -= sum(sizes)
-        return items, sizes, (parts[0] if len(parts) == 1 else np.concatenate(parts))
+        if len(parts) == 1:
+            return items, sizes, parts[0]
+        if isinstance(parts[0], list):
+            return items, sizes, [np.concatenate(column) for column in zip(*parts)]
+        return items, sizes, np.concatenate(parts)
 
     @staticmethod
     def split(output, sizes):
@@ -71,3 +77,7 @@ class Batcher:
         """Take one batch, compute `fn(x)` on it once, return [(item, its rows of the output)]."""
         items, sizes, x = self.take()
         return list(zip(items, self.split(fn(x), sizes)))
+
+
+def _rows(x):
+    return len(x[0]) if isinstance(x, list) else len(x)

@@ -19,9 +19,16 @@ from zmqflow.common.task_options import model_options
 @click.option("--max-batch", default=256, help="Most rows run together in one batch.")
 @click.option("--max-delay-ms", default=2.0, help="Longest a request waits for others to join its batch.")
 @click.option("--name", "model_name", default=None, help="Model name in replies (default: the checkpoint directory's).")
+@click.option("--data", "data_spec", default=None,
+              help="A data spec (YAML) whose raw feature columns requests may send as records, made into inputs with "
+                   "its train split's statistics. Default: the spec the checkpoint records (trained with --data).")
 def command(bind, ready_file, log_level, client_timeout, max_message_bytes, checkpoint_dir, follow_ps, refresh_secs,
-            model_spec, placement_strategy, max_shard_bytes, backend, max_batch, max_delay_ms, model_name):
-    """Answer predict requests from a checkpoint or the live ps shards, batching concurrent requests."""
+            model_spec, placement_strategy, max_shard_bytes, backend, max_batch, max_delay_ms, model_name, data_spec):
+    """Answer predict requests from a checkpoint or the live ps shards, batching concurrent requests.
+
+    A request sends the model's inputs as tensors (their names, shapes and dtypes are the model's
+    input signature, reported by model_info) or, for a model trained with --data, the raw feature
+    columns as records; its answer then names the predicted classes."""
     from zmqflow.services.serve.server import ModelServer, default_model_name
 
     endpoints = [e for item in follow_ps for e in item.split(",") if e]
@@ -31,13 +38,20 @@ def command(bind, ready_file, log_level, client_timeout, max_message_bytes, chec
         refresh_secs = 5.0
     from zmqflow.models.registry import checkpoint_model_spec
     spec = checkpoint_model_spec(checkpoint_dir, model_spec)
+    data_config = None
+    if data_spec:
+        from zmqflow.inputs.data_spec import fit, load_spec, load_tables, to_config
+        data = load_spec(data_spec)
+        fit(data, load_tables(data)["train"])
+        data_config = to_config(data)
 
     def build(limits):
         return ModelServer(bind, spec, backend=backend, max_batch=max_batch, max_delay_ms=max_delay_ms,
                            model_name=model_name or default_model_name(checkpoint_dir, endpoints),
                            checkpoint_dir=checkpoint_dir, ps_endpoints=endpoints,
                            placement_strategy=placement_strategy, max_shard_bytes=max_shard_bytes,
-                           refresh_secs=refresh_secs, limits=limits, client_timeout=client_timeout)
+                           refresh_secs=refresh_secs, data_config=data_config, limits=limits,
+                           client_timeout=client_timeout)
 
     run_service_instance(build, "serve", ready_file, log_level, max_message_bytes)
 

@@ -5,6 +5,8 @@ parked in the batcher and answered when its batch runs, either when `max_batch` 
 queued or when the oldest has waited `max_delay`. The wake-up for that timer rides on the
 service's deadline heap (`wake_at`); `_expire` is extended to run the due batches. A request whose
 deadline passes before its batch runs is withdrawn with DEADLINE_EXCEEDED, as any parked call.
+What a request may send (tensors by the model's input signature, or raw records when the
+checkpoint records a data spec) is the request schema's (schema.py), reported by model_info.
 """
 
 import logging
@@ -14,10 +16,11 @@ import time
 import numpy as np
 
 from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError, NotFoundError
-from zmqflow.models.protocol import input_signature, output_width, zero_inputs
+from zmqflow.models.protocol import zero_inputs
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.common.rpc_service import PARKED, Service
 from zmqflow.services.serve.batcher import Batcher
+from zmqflow.services.serve.schema import RequestSchema
 from zmqflow.common.protocol import ServeOps
 
 log = logging.getLogger(__name__)
@@ -28,17 +31,13 @@ class ModelServer(Service):
 
     def __init__(self, bind, spec, backend="numpy", max_batch=256, max_delay_ms=2.0, model_name="model",
                  checkpoint_dir=None, ps_endpoints=(), placement_strategy="round_robin", max_shard_bytes=None,
-                 refresh_secs=None, **service_options):
+                 refresh_secs=None, data_config=None, **service_options):
         super().__init__(bind, **service_options)
         if not checkpoint_dir and not ps_endpoints:
             raise InvalidArgumentError("a model server needs a checkpoint directory or ps endpoints to follow")
         self.spec, self.backend, self.model_name = spec, backend, model_name
         self.model = load_model(spec, backend=backend)
-        signature = input_signature(self.model)
-        if len(signature) != 1:
-            raise InvalidArgumentError(f"a model server serves models of one input; this one has {list(signature)}")
-        self.input_shape = next(iter(signature.values()))[0]      # per example, e.g. (784,)
-        self.inputs, self.classes = int(np.prod(self.input_shape)), output_width(self.model)
+        self.schema = RequestSchema(self.model, data_config or recorded_data_config(checkpoint_dir))
         self.batcher = Batcher(max_batch, max_delay_ms / 1000.0)
         self.checkpoint_dir, self.refresh_secs = checkpoint_dir, refresh_secs
         self.ps = None
@@ -85,26 +84,20 @@ class ModelServer(Service):
     # ------------------------------------------------ ops
 
     def _predict(self, call):
-        if len(call.tensors) != 1:
-            raise InvalidArgumentError(f"predict takes one tensor x {self._shape_text()}, got {len(call.tensors)}")
-        x = call.tensors[0]
-        if x.shape[1:] != self.input_shape or x.shape[0] == 0 or x.dtype.kind not in "fiu":
-            raise InvalidArgumentError(
-                f"predict input must be numbers of shape {self._shape_text()}, got {x.dtype} {list(x.shape)}")
+        inputs = self.schema.inputs(call.tensors, call.args)
         now = time.monotonic()
         if call.deadline is not None and call.deadline <= now:
             raise DeadlineExceededError("the request's deadline passed before it could be batched")
         self.park(call)
-        self.batcher.add(call, x.astype(np.float32, copy=False), call.received)
+        self.batcher.add(call, inputs, call.received)
         self._run_due(now)
         return PARKED
 
-    def _shape_text(self):
-        return "[n >= 1, " + ", ".join(str(n) for n in self.input_shape) + "]"
-
     def _model_info(self, call):
-        return {"model": self.model_name, "version": self.version, "spec": self.spec, "inputs": self.inputs,
-                "classes": self.classes, "backend": self.backend, "source": self.source,
+        first_shape = self.schema.describe()["inputs"][0]["shape"]
+        return {"model": self.model_name, "version": self.version, "spec": self.spec,
+                "inputs": int(np.prod(first_shape)), "classes": self.schema.width, "schema": self.schema.describe(),
+                "backend": self.backend, "source": self.source,
                 "max_batch": self.batcher.max_batch, "max_delay_ms": self.batcher.max_delay * 1000.0,
                 "stats": dict(self.stats)}
 
@@ -135,23 +128,24 @@ class ModelServer(Service):
             self.wake_at(due)
 
     def _run_batch(self):
-        items, sizes, x = self.batcher.take()
+        items, sizes, inputs = self.batcher.take()
         try:
-            output = np.asarray(self.model.predict(self.params, x), np.float32)
+            output = np.asarray(self.model.predict(self.params, self.schema.model_input(inputs)), np.float32)
             parts = Batcher.split(output, sizes)
         except Exception as exc:  # a model error fails this batch, not the server
-            log.exception("predict failed on a batch of %d rows", len(x))
+            log.exception("predict failed on a batch of %d rows", sum(sizes))
             error = exc if hasattr(exc, "code") else InvalidArgumentError(f"predict failed: {exc!r}")
             for call in items:
                 self.fail(call, error)
             return
-        result = {"model": self.model_name, "version": self.version, "batch_rows": len(x)}
+        result = {"model": self.model_name, "version": self.version, "batch_rows": sum(sizes)}
         for call, rows in zip(items, parts):
-            self.reply(call, result, [rows])
+            answer = {**result, **self.schema.answer(rows)} if call.args.get("records") else result
+            self.reply(call, answer, [rows])
         self.stats["predictions"] += len(items)
         self.stats["batches"] += 1
-        self.stats["batched_rows"] += len(x)
-        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(x))
+        self.stats["batched_rows"] += sum(sizes)
+        self.stats["largest_batch"] = max(self.stats["largest_batch"], sum(sizes))
 
     def _expire(self, now):
         super()._expire(now)  # requests past their deadline leave the batcher first (on_deadline)
@@ -172,6 +166,15 @@ class ModelServer(Service):
         if self.ps is not None:
             self.ps.close()
         super().close()
+
+
+def recorded_data_config(checkpoint_dir):
+    """The data spec and statistics the latest checkpoint records (trained with --data), or None."""
+    if not checkpoint_dir:
+        return None
+    from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
+    path = latest_checkpoint(checkpoint_dir)
+    return Checkpoint(path).config.get("data") if path else None
 
 
 def default_model_name(checkpoint_dir, ps_endpoints):

@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from zmqflow.common.errors import FailedPreconditionError
-from zmqflow.inputs.data_spec import from_config, load_tables, prepare
+from zmqflow.inputs.data_spec import fit, from_config, load_spec, load_tables, prepare
 from zmqflow.inputs.metrics import PRIMARY, metrics
 from zmqflow.services.worker.hooks import Hook
 
@@ -23,9 +23,13 @@ log = logging.getLogger("worker")
 
 
 class ValidationHook(Hook):
-    def __init__(self, data_config, every_steps=100, checkpoint_dir=None, tensorboard=None, batch_size=1000,
-                 early_stop_patience=None):
-        spec = from_config(data_config)
+    """`data`: a data spec with a validation split (a YAML path, a dict or a DataSpec, fitted on its train
+    split here if it is not yet), or the config a job records (inputs/data_spec.py's to_config);
+    `summaries`: a SummaryHook that gets each validation as a record."""
+
+    def __init__(self, data, every_steps=100, checkpoint_dir=None, tensorboard=None, batch_size=1000,
+                 early_stop_patience=None, summaries=None):
+        spec = _fitted_spec(data)
         tables = load_tables(spec)
         if "validation" not in tables:
             raise FailedPreconditionError("the data spec has no validation split: give files.validation or "
@@ -33,6 +37,7 @@ class ValidationHook(Hook):
         self.validation = prepare(spec, tables["validation"])
         self.task = spec.label.task
         self.every_steps, self.checkpoint_dir, self.tensorboard = every_steps, checkpoint_dir, tensorboard
+        self.summaries = summaries
         self.batch_size = batch_size
         self.metric, self.better = PRIMARY[self.task]
         self.history, self.best = [], None
@@ -84,6 +89,8 @@ class ValidationHook(Hook):
         if self.tensorboard is not None:
             for name, value in result.items():
                 self.tensorboard.add_scalar(f"validation/{name}", value, step)
+        if self.summaries is not None:
+            self.summaries.record({"step": step, "validation": result})
         value = result[self.metric]
         if self.best is None or self.better(value, self.best[self.metric]) != self.best[self.metric]:
             self.best = {"step": step, **result}
@@ -110,10 +117,7 @@ class ValidationHook(Hook):
             return
         from zmqflow.common import checkpoint
         directory = os.path.join(self.checkpoint_dir, "best")
-        pieces = {name: ({"variable": name, "row_start": 0, "row_end": value.shape[0] if value.ndim else 1}, value, {})
-                  for name, value in params.items()}
-        checkpoint.write_shard(directory, step, 0, pieces)
-        checkpoint.commit(directory, step, 1, self._trainer.resolved_config(), keep=1)
+        checkpoint.save_params(directory, step, params, self._trainer.resolved_config(), keep=1)
 
     def families(self, task="worker:0"):
         """Prometheus gauges of the last validation: each metric, and the global step it was taken at."""
@@ -127,3 +131,13 @@ class ValidationHook(Hook):
     def summary(self):
         return {"validation": self.history[-1] if self.history else None, "best_validation": self.best,
                 "validation_metric": self.metric, "stopped_early_at": self.stopped_early}
+
+
+def _fitted_spec(data):
+    """A DataSpec with its train-split statistics, from a recorded config or any spec `load_spec` takes."""
+    if isinstance(data, dict) and set(data) == {"spec", "stats"}:
+        return from_config(data)
+    spec = load_spec(data)
+    if spec.stats is None:
+        fit(spec, load_tables(spec)["train"])
+    return spec

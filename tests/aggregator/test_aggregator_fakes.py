@@ -156,7 +156,7 @@ def test_bad_requests_are_invalid_argument(fakes, aggregator):
     with pytest.raises(InvalidArgumentError, match="shape"):
         client.predict(np.zeros(4, np.float32))
     with pytest.raises(InvalidArgumentError, match="combine"):
-        client.predict(x_of(1.0), combine="median")
+        client.predict(x_of(1.0), combine="mode")
     with pytest.raises(InvalidArgumentError, match="mode"):
         client.predict(x_of(1.0), mode="all")
     with pytest.raises(InvalidArgumentError, match="min_members"):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.services.aggregator.combine import combine, same_shape
+from zmqflow.services.aggregator.combine import CustomCombine, combine, same_shape
 
 pytestmark = pytest.mark.unit
 
@@ -31,8 +31,8 @@ def test_weighted_mean_uses_normalised_weights():
 
 
 def test_bad_combines_are_invalid_argument():
-    with pytest.raises(InvalidArgumentError, match="mean, vote, weighted"):
-        combine("median", [A])
+    with pytest.raises(InvalidArgumentError, match="mean, vote, weighted, median"):
+        combine("mode", [A])
     with pytest.raises(InvalidArgumentError, match="no member"):
         combine("mean", [])
     with pytest.raises(InvalidArgumentError, match="weight"):
@@ -44,3 +44,35 @@ def test_bad_combines_are_invalid_argument():
 def test_same_shape():
     assert same_shape([A, B]) == (2, 3)
     assert same_shape([A, A[:1]]) is None
+
+
+R1, R2, R3 = (np.array([[1.0], [4.0]], np.float32), np.array([[2.0], [5.0]], np.float32),
+              np.array([[9.0], [5.5]], np.float32))
+
+
+def test_a_regression_is_combined_by_mean_or_median_and_vote_is_refused():
+    np.testing.assert_allclose(combine("mean", [R1, R2, R3]), [[4.0], [14.5 / 3]], rtol=1e-6)
+    np.testing.assert_allclose(combine("median", [R1, R2, R3]), [[2.0], [5.0]])
+    with pytest.raises(InvalidArgumentError, match=r"vote needs class probabilities; these answers have one output "
+                                                   r"\(a regression\)"):
+        combine("vote", [R1, R2])
+
+
+def test_a_function_of_the_users_combines_with_the_weights(tmp_path):
+    (tmp_path / "mine.py").write_text("import numpy as np\n"
+                                      "def most_sure(answers, weights):\n"
+                                      "    return np.max(np.stack(answers), axis=0) * weights[0]\n"
+                                      "def wrong(answers, weights):\n"
+                                      "    return answers[0][:1]\n")
+    custom = CustomCombine(f"{tmp_path}/mine.py:most_sure")
+    np.testing.assert_allclose(combine(custom.name, [A, B], [2.0, 1.0], custom), np.maximum(A, B) * 2)
+    with pytest.raises(InvalidArgumentError, match=r"must return an array \[2, outputs\], got \[1, 3\]"):
+        wrong = CustomCombine(f"{tmp_path}/mine.py:wrong")
+        combine(wrong.name, [A], None, wrong)
+    with pytest.raises(InvalidArgumentError, match="has no function 'absent'"):
+        CustomCombine(f"{tmp_path}/mine.py:absent")
+    with pytest.raises(InvalidArgumentError, match="FILE.py:FUNCTION or MODULE:FUNCTION"):
+        CustomCombine("no-colon")
+    custom = CustomCombine("numpy:maximum")   # a module's function: maximum(answers, weights) is not one
+    with pytest.raises(InvalidArgumentError, match="combine function numpy:maximum failed"):
+        combine(custom.name, [A, B], [1.0, 1.0], custom)

@@ -46,3 +46,15 @@ def test_an_oversized_request_runs_alone_and_removed_items_never_run():
 def test_split_checks_the_row_count():
     with pytest.raises(ValueError):
         Batcher.split(np.zeros((3, 2)), [1, 1])
+
+
+def test_inputs_of_several_arrays_join_position_by_position():
+    b = Batcher(max_batch=8, max_delay=0.0)
+    b.add("a", [rows(2, 0), np.array([[1], [2]], np.int64)], 0.0)
+    b.add("b", [rows(1, 2), np.array([[3]], np.int64)], 0.0)
+    assert b.rows == 3
+    items, sizes, x = b.take()
+    assert items == ["a", "b"] and sizes == [2, 1]
+    np.testing.assert_array_equal(x[0], rows(3))
+    np.testing.assert_array_equal(x[1], [[1], [2], [3]])
+    assert x[1].dtype == np.int64 and b.rows == 0

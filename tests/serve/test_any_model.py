@@ -1,0 +1,174 @@
+"""Serving any model: the request schema comes from the checkpoint (inputs, and raw records for a
+model trained on a data spec), the aggregator forwards several inputs or records and combines by
+the task, and names the combined prediction. Real server and aggregator processes."""
+
+import numpy as np
+import pytest
+
+from zmqflow.common.aggregator_client import AggregatorClient
+from zmqflow.common.checkpoint import save_params
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.serve_client import ModelClient
+from zmqflow.inputs.data_spec import fit, load_spec, load_tables, model_for_data, model_inputs, to_config
+from zmqflow.models.registry import load_model
+from zmqflow.models.spec import resolve_model
+
+pytestmark = pytest.mark.service
+
+CITIES = ["paris", "rome", "oslo"]
+
+
+def write_csv(path, rows, seed):
+    rng = np.random.default_rng(seed)
+    with open(path, "w") as f:
+        f.write("age,city,size,species\n")
+        for _ in range(rows):
+            age, city = rng.normal(40, 10), CITIES[rng.integers(3)]
+            f.write(f"{age:.1f},{city},{rng.normal():.3f},{'cat' if age > 40 else 'dog'}\n")
+
+
+def spec_dict(path, encode="one_hot", task="multiclass"):
+    return {"files": {"train": str(path)},
+            "features": {"age": "numeric", "size": "numeric",
+                         "city": {"type": "categorical", "vocabulary": CITIES, "encode": encode}},
+            "label": {"column": "size" if task == "regression" else "species", "task": task}} | (
+        {"features": {"age": "numeric", "city": {"type": "categorical", "vocabulary": CITIES}}}
+        if task == "regression" else {})
+
+
+def checkpoint(directory, spec, model_spec, seed):
+    """A checkpoint of `model_spec` fitted to `spec`, with random parameters, recording the data."""
+    fit(spec, load_tables(spec)["train"])
+    model_spec = model_for_data(spec, resolve_model(model_spec))
+    model = load_model(model_spec)
+    params = model.initial_values(seed)
+    save_params(str(directory), 1, params, {"model": model_spec, "data": to_config(spec)})
+    return model, params
+
+
+EMBEDDING_MODEL = '''
+from zmqflow.models.layer_model import LayerModel
+from zmqflow.models.layers import Concatenate, Dense, Embedding, Flatten, Input
+from zmqflow.models.network import Network
+
+def build(input_signature):
+    numeric, city = Input(input_signature["input"][0], name="input"), Input((1,), dtype="int64", name="city")
+    hidden = Concatenate()([numeric, Flatten()(Embedding(4, 3)(city))])
+    return LayerModel(Network([numeric, city], Dense(2, activation="softmax")(hidden)), seed=0)
+'''
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, module_processes):
+    root = tmp_path_factory.mktemp("any-model")
+    write_csv(root / "train.csv", 120, seed=0)
+    (root / "embedding_model.py").write_text(EMBEDDING_MODEL)
+    out = {}
+    for name, encode, model_spec, task in (
+            ("mlp", "one_hot", "mlp", "multiclass"),
+            ("mlp2", "one_hot", "logistic", "multiclass"),
+            ("embedding", "ids", f"{root}/embedding_model.py:build", "multiclass"),
+            ("linear1", "one_hot", "linear", "regression"),
+            ("linear2", "one_hot", "linear", "regression")):
+        spec = load_spec(spec_dict(root / "train.csv", encode, task))
+        model, params = checkpoint(root / name, spec, model_spec, seed=len(out) + 1)
+        proc = module_processes.service("zmqflow.services.serve", ["--checkpoint", str(root / name), "--backend",
+                                                                   "numpy", "--max-delay-ms", "1", "--name", name])
+        out[name] = (proc, spec, model, params)
+    return out
+
+
+RECORDS = {"age": [55.0, 25.5, 40.0], "size": [0.1, -1.0, 2.0], "city": ["rome", "oslo", "lisbon"]}
+
+
+def table_of(spec, records):
+    from zmqflow.inputs.data_spec import Table
+    columns = {"age": np.array(records["age"], np.float32), "size": np.array(records["size"], np.float32),
+               "city": np.array([c.encode() for c in records["city"]], dtype=object)}
+    return Table(columns, ["t"], np.zeros((3, 2), np.int64))
+
+
+def test_the_schema_comes_from_the_checkpoint(served):
+    proc, spec, _, _ = served["embedding"]
+    with ModelClient(proc.endpoint, timeout=10) as client:
+        schema = client.model_info()["schema"]
+    assert schema["inputs"] == [{"name": "input", "shape": [2], "dtype": "float32"},
+                                {"name": "city", "shape": [1], "dtype": "int64"}]
+    assert schema["output"] == {"width": 2, "task": "multiclass", "classes": ["cat", "dog"]}
+    assert [f["name"] for f in schema["features"]] == ["age", "size", "city"]
+
+
+def test_records_are_made_into_inputs_as_in_training_and_name_the_class(served):
+    proc, spec, model, params = served["mlp"]
+    expected = model.predict(params, model_inputs(spec, table_of(spec, RECORDS)))
+    with ModelClient(proc.endpoint, timeout=10) as client:
+        probs, info = client.predict_records(RECORDS)
+    np.testing.assert_allclose(probs, expected, rtol=1e-5, atol=1e-6)
+    assert info["predicted"] == [["cat", "dog"][i] for i in np.argmax(expected, axis=1)]
+
+
+def test_a_model_of_two_inputs_takes_named_or_ordered_tensors_and_records(served):
+    proc, spec, model, params = served["embedding"]
+    x = model_inputs(spec, table_of(spec, RECORDS))
+    assert set(x) == {"input", "city"}
+    expected = model.predict(params, x)
+    with ModelClient(proc.endpoint, timeout=10) as client:
+        np.testing.assert_allclose(client.predict({"city": x["city"], "input": x["input"]})[0], expected, rtol=1e-5)
+        np.testing.assert_allclose(client.predict_records(RECORDS)[0], expected, rtol=1e-5)
+        with pytest.raises(InvalidArgumentError, match=r"input 'city' must be integers of shape \[n >= 1, 1\], "
+                                                       r"got float32 \[3, 1\]"):
+            client.predict({"input": x["input"], "city": x["city"].astype(np.float32)})
+        with pytest.raises(InvalidArgumentError, match=r"predict takes 2 tensor\(s\): input \[n, 2\] float32, "
+                                                       r"city \[n, 1\] int64; got 1 unnamed tensor\(s\)"):
+            client.predict(x["input"])
+        with pytest.raises(InvalidArgumentError, match=r"records lack column 'size' \(feature 'size'\)"):
+            client.predict_records({"age": [1.0], "city": ["rome"]})
+        with pytest.raises(InvalidArgumentError, match=r"column 'age' \(feature 'age'\) holds 'old', not a number"):
+            client.predict_records({**RECORDS, "age": [1.0, "old", 2.0]})
+
+
+def test_the_aggregator_forwards_records_and_names_the_combined_class(served, module_processes):
+    members = [served["mlp"][0], served["mlp2"][0]]
+    agg = module_processes.service("zmqflow.services.aggregator",
+                                   [arg for p in members for arg in ("--member", p.endpoint)])
+    outputs = []
+    for name in ("mlp", "mlp2"):
+        _, spec, model, params = served[name]
+        outputs.append(model.predict(params, model_inputs(spec, table_of(spec, RECORDS))))
+    with AggregatorClient(agg.endpoint, timeout=10) as client:
+        probs, info = client.predict_records(RECORDS, deadline_ms=5000, min_members=2)
+        np.testing.assert_allclose(probs, np.mean(outputs, axis=0), rtol=1e-5, atol=1e-6)
+        assert info["predicted"] == [["cat", "dog"][i] for i in np.argmax(np.mean(outputs, axis=0), axis=1)]
+        assert sorted(info["answered"]) == sorted(p.endpoint for p in members)
+
+
+def test_the_aggregator_forwards_several_inputs(served, module_processes):
+    proc, spec, model, params = served["embedding"]
+    agg = module_processes.service("zmqflow.services.aggregator", ["--member", proc.endpoint])
+    x = model_inputs(spec, table_of(spec, RECORDS))
+    with AggregatorClient(agg.endpoint, timeout=10) as client:
+        np.testing.assert_allclose(client.predict(x, deadline_ms=5000)[0], model.predict(params, x), rtol=1e-5)
+
+
+def test_a_regression_ensemble_is_the_mean_or_median_of_its_members_and_refuses_vote(served, module_processes,
+                                                                                      tmp_path):
+    members = [served["linear1"][0], served["linear2"][0]]
+    (tmp_path / "combine.py").write_text("import numpy as np\n"
+                                         "def lowest(answers, weights):\n"
+                                         "    return np.min(np.stack(answers), axis=0)\n")
+    agg = module_processes.service("zmqflow.services.aggregator", [
+        *[arg for p in members for arg in ("--member", p.endpoint)], "--combine", f"{tmp_path}/combine.py:lowest"])
+    outputs = []
+    for name in ("linear1", "linear2"):
+        _, spec, model, params = served[name]
+        outputs.append(model.predict(params, model_inputs(spec, table_of(spec, RECORDS))))
+    with AggregatorClient(agg.endpoint, timeout=10) as client:
+        lowest, info = client.predict_records(RECORDS, deadline_ms=5000, min_members=2)
+        np.testing.assert_allclose(lowest, np.min(outputs, axis=0), rtol=1e-5)
+        assert info["combine"].endswith("combine.py:lowest")
+        assert info["predicted"] == pytest.approx(np.min(outputs, axis=0)[:, 0].tolist(), rel=1e-5)
+        mean, _ = client.predict_records(RECORDS, deadline_ms=5000, min_members=2, combine="mean")
+        np.testing.assert_allclose(mean, np.mean(outputs, axis=0), rtol=1e-5)
+        with pytest.raises(InvalidArgumentError, match=r"vote needs class probabilities; these answers have one "
+                                                       r"output \(a regression\)"):
+            client.predict_records(RECORDS, deadline_ms=5000, min_members=2, combine="vote")
