@@ -6,6 +6,10 @@ pausing one member half-way, then a table (and JSON) of failures and latency per
 
 Killing or pausing a member sends it a signal by the PID its `info` op reports, so it works
 when the member runs on this host (as under `zmqflow up` or the demo).
+
+Requests carry rows of a data file (`--data SPEC --split test`: the split's rows made into the
+model's inputs as in training) or, by default, random rows in the input signature the first
+member reports (its model_info schema), so any model can be load-tested.
 """
 
 import json
@@ -19,6 +23,7 @@ import numpy as np
 
 from zmqflow.common.aggregator_client import AggregatorClient
 from zmqflow.common.cli_support import curve_option
+from zmqflow.common.errors import OpError
 from zmqflow.common.probe import probe
 from zmqflow.common.serve_client import ModelClient
 from zmqflow.loadtest.open_loop import run_open_loop
@@ -48,19 +53,69 @@ class MemberFault:
             self.state = "done"
 
 
-def load_test(address, rate, duration, deadline_ms, min_members=None, rows=1, fault=None, seed=0):
-    """Run the load; returns the report dict (overall, and before / after the fault)."""
-    x = np.random.default_rng(seed).random((rows, 784), dtype=np.float32)
+class DataRequests:
+    """Consecutive blocks of `rows` rows of a data spec's split, made into the model's inputs (cycling)."""
+
+    def __init__(self, spec, split, rows):
+        from zmqflow.inputs.data_spec import fit, load_spec, load_tables, model_inputs
+        spec = load_spec(spec)
+        tables = load_tables(spec)
+        if split not in tables:
+            raise click.BadParameter(f"the data spec has no {split!r} split (it has {', '.join(tables)})")
+        fit(spec, tables["train"])
+        self.x, self.total, self.rows, self.at = model_inputs(spec, tables[split]), len(tables[split]), rows, 0
+        self.source = f"{split} split of {spec.name} ({self.total} rows)"
+
+    def __call__(self):
+        index = (self.at + np.arange(self.rows)) % self.total
+        self.at = (self.at + self.rows) % self.total
+        return {k: v[index] for k, v in self.x.items()} if isinstance(self.x, dict) else self.x[index]
+
+
+class RandomRequests:
+    """The same `rows` random rows every time, in the input signature of the aggregator's first member
+    (784 floats, the shipped MNIST's, when no member says: none answers yet, or none is listed)."""
+
+    def __init__(self, address, rows, seed=0):
+        inputs = _member_inputs(address) or [{"name": "input", "shape": [784], "dtype": "float32"}]
+        rng = np.random.default_rng(seed)
+        arrays = {i["name"]: (rng.random((rows, *i["shape"]), dtype=np.float32) if i["dtype"].startswith("float")
+                              else np.zeros((rows, *i["shape"]), dtype=i["dtype"])) for i in inputs}
+        self.x = next(iter(arrays.values())) if len(arrays) == 1 else arrays
+        self.source = "random rows of " + ", ".join(f"{i['name']} {i['shape']} {i['dtype']}" for i in inputs)
+
+    def __call__(self):
+        return self.x
+
+
+def _member_inputs(address):
+    """The input signature the aggregator's first member reports, or None (said on stderr) if none does."""
+    try:
+        with AggregatorClient(address, timeout=5.0, name="loadtest-schema") as agg:
+            members = agg.members()
+        if not members:
+            raise LookupError("the aggregator has no members")
+        with ModelClient(members[0]["address"], timeout=2.0, name="loadtest-schema") as member:
+            return member.model_info()["schema"]["inputs"]
+    except (OpError, LookupError, KeyError) as exc:
+        click.echo(f"loadtest: no member told its inputs ({exc}); sending rows of 784 floats", err=True)
+        return None
+
+
+def load_test(address, rate, duration, deadline_ms, min_members=None, rows=1, fault=None, seed=0, requests=None):
+    """Run the load; returns the report dict (overall, and before / after the fault). `requests()` gives
+    each request's inputs (default: RandomRequests in the first member's input signature)."""
+    requests = requests or RandomRequests(address, rows, seed)
     client = AggregatorClient(address, name="loadtest")
     try:
-        run = run_open_loop(lambda: client.predict_async(x, deadline_ms=deadline_ms, min_members=min_members),
+        run = run_open_loop(lambda: client.predict_async(requests(), deadline_ms=deadline_ms, min_members=min_members),
                             client.rpc.poll, rate, duration, on_tick=fault)
     finally:
         if fault is not None:
             fault.resume()
         client.close()
     report = {"address": address, "rate": rate, "duration_s": duration, "deadline_ms": deadline_ms,
-              "rows_per_request": rows, "overall": run.summary(), "events": run.events,
+              "rows_per_request": rows, "requests_from": requests.source, "overall": run.summary(), "events": run.events,
               "partial_answers": sum(1 for o in run.outcomes if o.info and o.info.get("missing"))}
     if fault is not None:
         report["before_fault"] = run.summary(0.0, fault.at_s)
@@ -78,7 +133,7 @@ def print_table(report):
                    f"{_ms(s['p50_ms']):>8} {_ms(s['p99_ms']):>8} {_ms(s['p999_ms']):>9}")
     for at, what in report["events"]:
         click.echo(f"  at {at:.2f} s: {what}")
-    click.echo(f"answers without every member: {report['partial_answers']}")
+    click.echo(f"answers without every member: {report['partial_answers']}; requests: {report['requests_from']}")
 
 
 def _ms(value):
@@ -105,8 +160,12 @@ def _ms(value):
               help="First wait up to this long for the aggregator to answer (e.g. while a deployment starts).")
 @click.option("--max-failures", type=click.IntRange(0), default=None,
               help="Exit 1 when more requests than this failed (e.g. 0 in CI). Default: always exit 0.")
+@click.option("--data", "data_spec", default=None,
+              help="Send the rows of this data spec's --split (made into the model's inputs as in training) instead "
+                   "of random rows in the first member's input signature.")
+@click.option("--split", default="test", show_default=True, help="The split of --data whose rows are sent.")
 def command(address, rate, duration, deadline_ms, min_members, rows, kill_member, pause_member, at_fraction,
-            pause_secs, json_out, wait_secs, max_failures):
+            pause_secs, json_out, wait_secs, max_failures, data_spec, split):
     """Open-loop load against a running aggregator: failures and latency p50/p99/p99.9."""
     if kill_member and pause_member:
         raise click.UsageError("--kill-member and --pause-member are exclusive")
@@ -117,7 +176,8 @@ def command(address, rate, duration, deadline_ms, min_members, rows, kill_member
     if target is not None:
         fault = MemberFault(_member_address(address, target), "kill" if kill_member else "pause",
                             at_fraction * duration, pause_secs)
-    report = load_test(address, rate, duration, deadline_ms, min_members, rows, fault)
+    requests = DataRequests(data_spec, split, rows) if data_spec else None
+    report = load_test(address, rate, duration, deadline_ms, min_members, rows, fault, requests=requests)
     print_table(report)
     if json_out:
         with open(json_out, "w") as f:

@@ -172,3 +172,24 @@ def test_a_regression_ensemble_is_the_mean_or_median_of_its_members_and_refuses_
         with pytest.raises(InvalidArgumentError, match=r"vote needs class probabilities; these answers have one "
                                                        r"output \(a regression\)"):
             client.predict_records(RECORDS, deadline_ms=5000, min_members=2, combine="vote")
+
+
+def test_the_load_tester_sends_the_rows_of_a_data_file_or_random_rows_in_the_members_schema(
+        served, module_processes, tmp_path):
+    import json
+    import subprocess
+    import sys
+    import yaml
+    proc, spec, _, _ = served["embedding"]
+    agg = module_processes.service("zmqflow.services.aggregator", ["--member", proc.endpoint])
+    (tmp_path / "data.yaml").write_text(yaml.safe_dump(spec.raw))
+    for extra, source in ((["--data", str(tmp_path / "data.yaml"), "--split", "train"], "train split of data (120 rows)"),
+                          ([], "random rows of input [2] float32, city [1] int64")):
+        out = tmp_path / "load.json"
+        result = subprocess.run([sys.executable, "-m", "zmqflow", "loadtest", "--address", agg.endpoint, "--rate", "50",
+                                 "--duration", "1", "--rows", "4", "--deadline-ms", "2000", "--max-failures", "0",
+                                 "--json-out", str(out), *extra], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stdout + result.stderr
+        report = json.loads(out.read_text())
+        assert report["requests_from"] == source
+        assert report["overall"]["requests"] == 50 and report["overall"]["failed"] == 0
