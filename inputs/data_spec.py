@@ -1,6 +1,6 @@
 """Data specs: what a user's data is, in one small YAML file (or the same dict from Python).
 
-    source: {format: csv, header: true, delimiter: ","}     # csv (header or `columns:`), npz
+    source: {format: csv, header: true, delimiter: ","}     # csv, npz, npy, tfrecord, fixed_length, parquet
     files: {train: data/train.csv, test: data/test.csv}      # globs or lists per split; or one file and
     split: {validation: 0.1, test: 0.1, seed: 0}             #   a seeded split by fraction
     features:
@@ -17,11 +17,11 @@ one float vector `input`; a categorical with `encode: ids` is its own int64 inpu
 image is its own input of its shape (`input` when it is the only feature). Normalisation
 statistics come from the train split and travel with the checkpoint (`stats`), so serving and
 evaluation transform inputs as training did. Every bad input is InvalidArgumentError (or
-NotFoundError for a missing file) naming the file, line and column.
+NotFoundError for a missing file) naming the file, line and column (or record, or row).
+The files of each format are read in inputs/data_sources.py.
 """
 
 import dataclasses
-import glob
 import os
 import re
 from collections.abc import Mapping
@@ -30,11 +30,13 @@ import numpy as np
 import yaml
 
 from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.inputs.data_sources import (SOURCES, Table, check_columns, check_source, concat, paths, read_csv,  # noqa: F401
+                                         read_file, read_mnist, read_npz)   # Table and the readers: re-exported
 
 TASKS = ("multiclass", "binary", "multi_label", "regression")
 FEATURE_TYPES = ("numeric", "categorical", "image")
 SPLITS = ("train", "validation", "test")
-FORMATS = ("csv", "npz", "mnist")
+FORMATS = tuple(SOURCES)
 MNIST = {"name": "mnist", "source": {"format": "mnist"}, "files": {"train": "shipped", "test": "shipped"},
          "features": {"image": {"type": "image", "columns": "p0..p783", "shape": [784]}},
          "label": {"column": "label", "task": "multiclass", "classes": list(range(10))}, "normalize": False}
@@ -88,13 +90,10 @@ class DataSpec:
         self.name = raw.get("name", "data")
         source = dict(raw.get("source") or {"format": "csv"})
         self.format = source.pop("format", "csv")
-        if self.format not in FORMATS:
-            raise InvalidArgumentError(f"data spec source.format {self.format!r} is not one of {', '.join(FORMATS)}")
-        self.header = bool(source.pop("header", True))
-        self.delimiter = source.pop("delimiter", ",")
-        self.column_names = source.pop("columns", None)
-        if source:
-            raise InvalidArgumentError(f"data spec source: unknown field(s) {sorted(source)}")
+        self.source = check_source(self.format, source)     # the format's options (data_sources.SOURCES)
+        self.header = bool(self.source.get("header", True))
+        self.delimiter = self.source.get("delimiter", ",")
+        self.column_names = self.source.get("columns")
         self.files = self._files(raw.get("files"))
         self.split = self._split(raw.get("split"))
         self.features = [self._feature(name, value) for name, value in (raw.get("features") or {}).items()]
@@ -237,140 +236,13 @@ def load_spec(source):
 
 # ------------------------------------------------ reading the data
 
-@dataclasses.dataclass
-class Table:
-    """Rows of one split: {column: array} as read, and where each row came from (for errors)."""
-
-    columns: dict
-    files: list
-    origins: np.ndarray      # [rows, 2]: index into files, line number
-    skipped: int = 0
-
-    def __len__(self):
-        return len(self.origins)
-
-    def where(self, row):
-        file, line = self.origins[row]
-        return f"{self.files[file]}:{line}"
-
-    def take(self, rows):
-        return Table({k: v[rows] for k, v in self.columns.items()}, self.files, self.origins[rows], self.skipped)
-
-
-def _paths(spec, patterns, split):
-    paths = []
-    for pattern in patterns:
-        full = pattern if os.path.isabs(pattern) else os.path.join(spec.base_dir, pattern)
-        found = sorted(glob.glob(full))
-        if not found:
-            raise NotFoundError(f"data spec files.{split}: {pattern!r} matches no file (looked for {full})")
-        paths += found
-    return paths
-
-
-def _needed(spec, label=True):
-    """{column: 'float32' | 'string'} of every column a feature (and, with `label`, the label) reads."""
-    kinds = {}
-    for f in spec.features:
-        for c in f.columns:
-            kinds[c] = "string" if f.type == "categorical" else "float32"
-    for c in spec.label.columns if label else ():
-        kinds[c] = "float32" if spec.label.task in ("regression", "multi_label") else "string"
-    return kinds
-
-
-def read_csv(spec, path, label=True):
-    """A Table of one CSV file's needed columns (without the label's unless `label`); errors name the
-    file, line and column."""
-    from zmqflow.inputs.formats.csv_format import CsvFormat
-    with open(path, "rb") as f:
-        first = f.readline()
-    if not first.strip():
-        raise InvalidArgumentError(f"{path} is empty")
-    if spec.header:
-        import csv
-        names = next(csv.reader([first.decode("utf-8", "replace").strip("\r\n")], delimiter=spec.delimiter))
-    elif spec.column_names:
-        names = list(spec.column_names)
-    else:
-        names = list(range(first.decode("latin-1").count(spec.delimiter) + 1))
-    index = {name: i for i, name in enumerate(names)}
-    kinds = _needed(spec, label)
-    missing = [c for c in kinds if c not in index]
-    if missing:
-        raise InvalidArgumentError(f"{path}: column(s) {missing} named in the data spec are not in the file "
-                                   f"(its columns: {', '.join(map(str, names[:20]))}{' ...' if len(names) > 20 else ''})")
-    defaults = {f.columns[0]: f.default for f in spec.features if f.default is not None}
-    record_defaults = ["string"] * len(names)
-    for column, kind in kinds.items():
-        record_defaults[index[column]] = [defaults[column]] if column in defaults else kind
-    fmt = CsvFormat(record_defaults, columns={str(c): index[c] for c in kinds}, field_delim=spec.delimiter,
-                    skip_header_lines=1 if spec.header else 0, skip_malformed=spec.skip_bad_rows, chunk_size=4096)
-    parts, lines = [], []
-    try:
-        for chunk in fmt.read(path):
-            parts.append(chunk.features)
-            lines.append(chunk.start + np.arange(chunk.count))
-    except InvalidArgumentError as exc:
-        raise InvalidArgumentError(_name_columns(str(exc), names)) from None
-    if not parts:
-        raise InvalidArgumentError(f"{path} has no rows{' after its header' if spec.header else ''}")
-    columns = {c: np.concatenate([p[str(c)] for p in parts]) for c in kinds}
-    # line numbers of kept rows: CsvFormat counts instances, so bad rows skipped shift them; count from 1
-    line = np.concatenate(lines) + 1 + (1 if spec.header else 0)
-    return Table(columns, [path], np.stack([np.zeros(len(line), np.int64), line], axis=1),
-                 fmt.counters.malformed_skipped)
-
-
-def _name_columns(message, names):
-    """'column 3: ...' -> 'column 3 (age): ...' so an error says which column by name."""
-    return re.sub(r"column (\d+)", lambda m: f"column {m.group(1)} ({names[int(m.group(1))]})"
-                  if int(m.group(1)) < len(names) else m.group(0), message)
-
-
-def read_npz(spec, path, label=True):
-    try:
-        arrays = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise InvalidArgumentError(f"{path} is not a readable .npz/.npy file: {exc}") from None
-    keys = set(getattr(arrays, "files", []))
-    missing = [c for c in _needed(spec, label) if c not in keys]
-    if missing:
-        raise InvalidArgumentError(f"{path}: array(s) {missing} named in the data spec are not in the file "
-                                   f"(it holds {', '.join(sorted(keys))})")
-    columns = {c: arrays[c] for c in _needed(spec, label)}
-    rows = {len(v) for v in columns.values()}
-    if len(rows) != 1:
-        raise InvalidArgumentError(f"{path}: the arrays have different numbers of rows {sorted(rows)}")
-    n = rows.pop()
-    if n == 0:
-        raise InvalidArgumentError(f"{path} has no rows")
-    return Table(columns, [path], np.stack([np.zeros(n, np.int64), np.arange(n) + 1], axis=1))
-
-
-def _concat(tables):
-    files = [f for t in tables for f in t.files]
-    offsets = np.cumsum([0] + [len(t.files) for t in tables[:-1]])
-    origins = np.concatenate([t.origins + [o, 0] for t, o in zip(tables, offsets)])
-    columns = {k: np.concatenate([t.columns[k] for t in tables]) for k in tables[0].columns}
-    return Table(columns, files, origins, sum(t.skipped for t in tables))
-
-
-def read_mnist(split):
-    from zmqflow.inputs.datasets import MNIST_CSV, mnist_split
-    x, y = mnist_split()[0 if split == "train" else 1]
-    columns = {f"p{i}": x[:, i] for i in range(x.shape[1])}
-    columns["label"] = y.astype(np.float32)
-    return Table(columns, [MNIST_CSV], np.stack([np.zeros(len(y), np.int64), np.arange(len(y)) + 1], axis=1))
-
-
 def load_tables(spec):
     """{split: Table} of every split the spec has (the fraction split drawn with its seed)."""
     if spec.format == "mnist":
         tables = {split: read_mnist(split) for split in spec.files}
     else:
-        reader = read_csv if spec.format == "csv" else read_npz
-        tables = {split: _concat([reader(spec, p) for p in _paths(spec, patterns, split)])
+        check_columns(spec)
+        tables = {split: concat([read_file(spec, p) for p in paths(spec, patterns, split)])
                   for split, patterns in spec.files.items()}
     if spec.split:
         train = tables["train"]
@@ -612,4 +484,5 @@ def from_config(config):
 
 def read_features(spec, path):
     """A Table of a file's feature columns (the label may be absent): the rows to predict."""
-    return (read_csv if spec.format == "csv" else read_npz)(spec, path, label=False)
+    check_columns(spec, label=False)
+    return read_file(spec, path, label=False)
