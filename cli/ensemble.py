@@ -8,7 +8,8 @@ import time
 import click
 
 from zmqflow.common.cli_support import launcher_curve_option
-from zmqflow.inputs.datasets import mnist_split
+from zmqflow.common.errors import OpError
+from zmqflow.jobs.evaluate import labelled_split
 from zmqflow.jobs.ensemble.score import print_report, score
 from zmqflow.jobs.ensemble.launch import Ensemble, best_runs, checkpoint_members
 
@@ -29,17 +30,26 @@ from zmqflow.jobs.ensemble.launch import Ensemble, best_runs, checkpoint_members
 @click.option("--keep-serving", is_flag=True,
               help="After scoring, keep the servers and the aggregator up until Ctrl-C.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
-def command(leaderboard, top, checkpoints, deadline_ms, log_dir, keep_serving, as_json):
+@click.option("--data", "data_spec", default=None, metavar="SPEC",
+              help="Score on this data spec's test split (a YAML file or `mnist`). Default: the spec the first "
+                   "member's checkpoint records (trained with --data), else the shipped MNIST sample.")
+@click.option("--split", default="test", show_default=True, type=click.Choice(["test", "validation", "train"]),
+              help="Which split of the data to score on.")
+def command(leaderboard, top, checkpoints, deadline_ms, log_dir, keep_serving, as_json, data_spec, split):
     """Start model servers for the best TOP runs of a sweep (and any --checkpoint) and an aggregator
-    over them, then report each member's test accuracy next to the ensemble's (mean of
-    probabilities and majority vote): does the ensemble beat its members?"""
+    over them, then report each member's test metrics next to the ensemble's (mean of probabilities
+    and majority vote for classifiers, mean and median for a regression): does the ensemble beat
+    its members?"""
     runs = best_runs(leaderboard, top) if leaderboard or not checkpoints else []
     runs += checkpoint_members(checkpoints, taken={run["run_id"] for run in runs})
-    _, (x, y) = mnist_split()
+    try:
+        data, prepared = labelled_split(data_spec, split, runs[0]["checkpoint"])
+    except OpError as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
     log_dir = log_dir or tempfile.mkdtemp(prefix="zmqflow-ensemble-")
     os.makedirs(log_dir, exist_ok=True)
     with Ensemble(runs, log_dir=log_dir) as ensemble:
-        report = score(ensemble, x, y, deadline_ms)
+        report = score(ensemble, prepared.x, prepared.y, deadline_ms, task=data.label.task)
         if as_json:
             click.echo(json.dumps(report))
         else:

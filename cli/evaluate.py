@@ -14,9 +14,9 @@ from zmqflow.common.errors import OpError
               help="The model to read it into. Default: the model the checkpoint records.")
 @click.option("--model-opt", "model_opts", multiple=True, metavar="KEY=VALUE",
               help="A model option (repeatable), with --model.")
-@click.option("--data", "data_spec", default="mnist", show_default=True, metavar="SPEC",
+@click.option("--data", "data_spec", default=None, metavar="SPEC",
               help="A data spec (YAML) or `mnist`, the shipped sample; its statistics are fitted on its train split, "
-                   "as training did.")
+                   "as training did. Default: the spec the checkpoint records (trained with --data), else mnist.")
 @click.option("--split", default="test", type=click.Choice(["test", "validation", "train"]),
               help="Which split of the data.")
 @click.option("--backend", default="numpy", type=click.Choice(["numpy", "numba"]), help="Kernels of the model.")
@@ -24,20 +24,15 @@ from zmqflow.common.errors import OpError
 def command(checkpoint_dir, model_spec, model_opts, data_spec, split, backend, as_json):
     """Load the checkpoint into its model and report accuracy and log-loss (classifiers) or RMSE, MAE
     and R² (one output) on a split. Exit 1 when the checkpoint cannot be read into the model."""
-    from zmqflow.inputs.data_spec import fit, load_spec, load_tables, prepare
-    from zmqflow.jobs.evaluate import evaluate_checkpoint
+    from zmqflow.jobs.evaluate import evaluate_checkpoint, labelled_split
     from zmqflow.models.spec import resolve_model, with_options
     if model_opts and not model_spec:
         raise click.UsageError("--model-opt needs --model")
     try:
         spec = with_options(resolve_model(model_spec), model_opts) if model_spec else None
-        data = load_spec(data_spec)
-        tables = load_tables(data)
-        if split not in tables:
-            raise click.UsageError(f"the data has no {split} split (it has {', '.join(tables)})")
-        fit(data, tables["train"])
-        prepared = prepare(data, tables[split])
-        result = evaluate_checkpoint(checkpoint_dir, prepared.x, prepared.y, model_spec=spec, backend=backend)
+        data, prepared = labelled_split(data_spec, split, checkpoint_dir)
+        result = evaluate_checkpoint(checkpoint_dir, prepared.x, prepared.y, model_spec=spec, backend=backend,
+                                     task=data.label.task)
     except OpError as exc:
         raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
     if as_json:

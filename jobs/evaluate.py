@@ -46,3 +46,20 @@ def evaluate_checkpoint(checkpoint_dir, x, y, model_spec=None, backend="numpy", 
     outputs = np.concatenate([model.predict(params, rows(i)) for i in range(0, len(y), batch_size)])
     return {"metrics": metrics(outputs, y, task), "examples": int(len(y)), "step": Checkpoint(path).step,
             "model": spec, "checkpoint": path, "seconds": round(time.perf_counter() - started, 3)}
+
+
+def labelled_split(data_spec=None, split="test", checkpoint_dir=None):
+    """(spec, Prepared) of `split`: of `data_spec` (a YAML path, a dict, `mnist`), else of the spec the
+    checkpoint records (trained with --data), else of the shipped MNIST sample; statistics fitted on
+    the train split, as training did. InvalidArgument when the data has no such split."""
+    from zmqflow.inputs.data_spec import fit, load_spec, load_tables, prepare
+    if data_spec is None and checkpoint_dir:
+        path = latest_checkpoint(checkpoint_dir)
+        recorded = Checkpoint(path).config.get("data") if path else None
+        data_spec = recorded["spec"] if recorded else None
+    data = load_spec(data_spec if data_spec is not None else "mnist")
+    tables = load_tables(data)
+    if split not in tables:
+        raise InvalidArgumentError(f"the data has no {split} split (it has {', '.join(tables)})")
+    fit(data, tables["train"])
+    return data, prepare(data, tables[split])

@@ -64,3 +64,34 @@ def test_accuracy_and_verdict():
     x, y = np.eye(3, dtype=np.float32), np.array([0, 1, 1])
     assert accuracy(lambda b: b, x, y, batch=2) == pytest.approx(2 / 3)
     assert "beats" in verdict(0.9, [0.8, 0.85]) and "ties" in verdict(0.9, [0.9]) and "trails" in verdict(0.8, [0.9])
+    assert verdict(0.9, [0.8, 0.85]) == "the ensemble beats its best member by 5.00 points of accuracy"
+    assert verdict(0.2, [0.25, 0.3], "rmse", higher_is_better=False) == \
+        "the ensemble beats its best member by 0.0500 of rmse"
+    assert "trails" in verdict(0.4, [0.25, 0.3], "rmse", higher_is_better=False)
+    two_inputs = {"a": np.eye(3, dtype=np.float32), "b": np.zeros((3, 1))}
+    assert accuracy(lambda b: b["a"], two_inputs, y, batch=2) == pytest.approx(2 / 3)
+
+
+def test_an_ensemble_of_regressions_is_scored_on_the_data_its_checkpoints_record(tmp_path):
+    from zmqflow.inputs.data_spec import load_spec, load_tables, model_inputs, labels
+    from zmqflow.inputs.metrics import metrics
+    from tests.support.tabular import checkpoint, spec_dict, write_csv
+    write_csv(tmp_path / "data.csv", 300, seed=3)
+    outputs = []
+    for name, seed in (("lin-a", 1), ("lin-b", 2)):
+        spec = load_spec(spec_dict(tmp_path / "data.csv", task="regression", split={"test": 0.2, "seed": 0}))
+        model, params = checkpoint(tmp_path / name, spec, "linear", seed)
+        test = load_tables(spec)["test"]
+        outputs.append(model.predict(params, model_inputs(spec, test)))
+    y = labels(spec, test)
+    result = subprocess.run([*ZMQFLOW, "ensemble", "--checkpoint", str(tmp_path / "lin-a"), "--checkpoint",
+                             str(tmp_path / "lin-b"), "--json", "--log-dir", str(tmp_path / "logs")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["task"] == "regression" and report["metric"] == "rmse"
+    assert set(report["ensemble"]) == {"mean", "median"}
+    assert report["members"][0]["test_score"] == pytest.approx(metrics(outputs[0], y, "regression")["rmse"], rel=1e-4)
+    assert report["ensemble"]["mean"] == pytest.approx(metrics(np.mean(outputs, axis=0), y, "regression")["rmse"],
+                                                       rel=1e-4)
+    assert "of rmse" in report["verdict"] or "ties" in report["verdict"]

@@ -6,45 +6,12 @@ import numpy as np
 import pytest
 
 from zmqflow.common.aggregator_client import AggregatorClient
-from zmqflow.common.checkpoint import save_params
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.serve_client import ModelClient
-from zmqflow.inputs.data_spec import fit, load_spec, load_tables, model_for_data, model_inputs, to_config
-from zmqflow.models.registry import load_model
-from zmqflow.models.spec import resolve_model
+from zmqflow.inputs.data_spec import load_spec, model_inputs
+from tests.support.tabular import checkpoint, spec_dict, write_csv
 
 pytestmark = pytest.mark.service
-
-CITIES = ["paris", "rome", "oslo"]
-
-
-def write_csv(path, rows, seed):
-    rng = np.random.default_rng(seed)
-    with open(path, "w") as f:
-        f.write("age,city,size,species\n")
-        for _ in range(rows):
-            age, city = rng.normal(40, 10), CITIES[rng.integers(3)]
-            f.write(f"{age:.1f},{city},{rng.normal():.3f},{'cat' if age > 40 else 'dog'}\n")
-
-
-def spec_dict(path, encode="one_hot", task="multiclass"):
-    return {"files": {"train": str(path)},
-            "features": {"age": "numeric", "size": "numeric",
-                         "city": {"type": "categorical", "vocabulary": CITIES, "encode": encode}},
-            "label": {"column": "size" if task == "regression" else "species", "task": task}} | (
-        {"features": {"age": "numeric", "city": {"type": "categorical", "vocabulary": CITIES}}}
-        if task == "regression" else {})
-
-
-def checkpoint(directory, spec, model_spec, seed):
-    """A checkpoint of `model_spec` fitted to `spec`, with random parameters, recording the data."""
-    fit(spec, load_tables(spec)["train"])
-    model_spec = model_for_data(spec, resolve_model(model_spec))
-    model = load_model(model_spec)
-    params = model.initial_values(seed)
-    save_params(str(directory), 1, params, {"model": model_spec, "data": to_config(spec)})
-    return model, params
-
 
 EMBEDDING_MODEL = '''
 from zmqflow.models.layer_model import LayerModel
