@@ -8,8 +8,11 @@ from zmqflow.common.errors import OpError
 
 
 @click.command(name="predict", context_settings={"show_default": True})
-@click.option("--checkpoint", "checkpoint_dir", required=True, type=click.Path(file_okay=False, exists=True),
+@click.option("--checkpoint", "checkpoint_dir", default=None, type=click.Path(file_okay=False, exists=True),
               help="The latest checkpoint in this directory (trained with --data, which it records).")
+@click.option("--server", "address", default=None, metavar="ENDPOINT",
+              help="Instead, ask a running model server or aggregator (e.g. tcp://127.0.0.1:5700) whose model was "
+                   "trained with --data.")
 @click.option("--input", "input_path", required=True, type=click.Path(dir_okay=False, exists=True),
               help="Rows to predict: a file in the data spec's format with its feature columns (the label may be "
                    "absent).")
@@ -18,12 +21,18 @@ from zmqflow.common.errors import OpError
               help="CSV with a header, or JSON lines.")
 @click.option("--data", "data_spec", default=None, metavar="SPEC",
               help="The data spec, when the checkpoint records none.")
-def command(checkpoint_dir, input_path, out_path, fmt, data_spec):
+def command(checkpoint_dir, address, input_path, out_path, fmt, data_spec):
     """Read the file's rows as the model's inputs (with the training split's statistics), run the model
-    and write, per row, the predicted class and each class's probability (or the regressed value)."""
-    from zmqflow.jobs.predict import predict_file, write_predictions
+    (of a checkpoint, here; or of a running server) and write, per row, the predicted class and each
+    class's probability (or the regressed value)."""
+    from zmqflow.jobs.predict import predict_file, predict_served, write_predictions
+    if (checkpoint_dir is None) == (address is None):
+        raise click.UsageError("give --checkpoint DIR or --server ENDPOINT (one of them)")
+    if address and data_spec:
+        raise click.UsageError("--data goes with --checkpoint; a server uses the spec its checkpoint records")
     try:
-        columns, rows = predict_file(checkpoint_dir, input_path, data_spec)
+        columns, rows = (predict_served(address, input_path) if address
+                         else predict_file(checkpoint_dir, input_path, data_spec))
     except OpError as exc:
         raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
     if out_path == "-":

@@ -39,6 +39,11 @@ def predict_file(checkpoint_dir, path, data_spec=None, batch_size=1000):
     part = (lambda i: {k: v[i:i + batch_size] for k, v in x.items()}) if isinstance(x, dict) else (
         lambda i: x[i:i + batch_size])
     outputs = np.concatenate([model.predict(params, part(i)) for i in range(0, rows, batch_size)])
+    return prediction_rows(spec, outputs)
+
+
+def prediction_rows(spec, outputs):
+    """(column names, rows): the class and each class's probability, the labels' probabilities, or the value."""
     if spec.label.task == "multi_label":
         return list(spec.label.columns), [[round(float(p), 6) for p in row] for row in outputs]
     labels = labels_of(spec)
@@ -47,6 +52,45 @@ def predict_file(checkpoint_dir, path, data_spec=None, batch_size=1000):
         return ["prediction"], [[value] for value in answers]
     return ["class"] + [f"p_{c}" for c in labels["classes"]], [
         [name] + [round(float(p), 6) for p in row] for name, row in zip(answers, outputs)]
+
+
+def predict_served(address, path, batch_size=500, timeout=30.0):
+    """(column names, rows) of predictions for every row of `path`, asked of a running model server or
+    aggregator: the file is read with the data spec the (first) member's checkpoint records and its
+    feature columns are sent as records, made into inputs by the server."""
+    from zmqflow.common.aggregator_client import AggregatorClient
+    from zmqflow.common.serve_client import ModelClient
+    with ModelClient(address, timeout=timeout, name="predict") as probe:
+        service = probe.info()["service"]
+        if service == "serve":
+            schema = probe.model_info()["schema"]
+    if service == "aggregator":
+        with AggregatorClient(address, timeout=timeout, name="predict") as agg:
+            members = agg.members()
+        if not members:
+            raise InvalidArgumentError(f"the aggregator at {address} has no members")
+        with ModelClient(members[0]["address"], timeout=timeout, name="predict") as member:
+            schema = member.model_info()["schema"]
+    elif service != "serve":
+        raise InvalidArgumentError(f"{address} is a {service}, not a model server or an aggregator")
+    if not schema.get("data"):
+        raise InvalidArgumentError(f"the model at {address} was not trained with --data: it takes tensors "
+                                   f"({schema['inputs']}), not the rows of a file")
+    spec = from_config(schema["data"])
+    table = read_features(spec, path)
+    client = AggregatorClient(address, timeout=timeout) if service == "aggregator" else ModelClient(address, timeout)
+    outputs = []
+    with client:
+        for start in range(0, len(table), batch_size):
+            records = {str(c): [_plain(v) for v in values[start:start + batch_size]]
+                       for c, values in table.columns.items()}
+            outputs.append(client.predict_records(records)[0])
+    return prediction_rows(spec, np.concatenate(outputs))
+
+
+def _plain(value):
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value.item() if hasattr(value, "item") \
+        else value
 
 
 def write_predictions(columns, rows, out, fmt):

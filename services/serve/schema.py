@@ -22,6 +22,7 @@ class RequestSchema:
         self.signature = input_signature(model)       # {name: (shape, dtype)}, in the model's order
         self.names = list(self.signature)
         self.width = output_width(model)
+        self.data_config = data_config
         self.data = from_config(data_config) if data_config else None
         self.labels = labels_of(self.data) if self.data is not None else {"task": None, "classes": None,
                                                                           "columns": None}
@@ -35,7 +36,8 @@ class RequestSchema:
                 "output": {"width": self.width, "task": self.task, "classes": self.classes},
                 "features": None if self.data is None else [
                     {"name": f.name, "type": f.type, "columns": [str(c) for c in f.columns]}
-                    for f in self.data.features]}
+                    for f in self.data.features],
+                "data": self.data_config}
 
     def shape_text(self):
         return ", ".join(f"{name} [n, {', '.join(map(str, shape))}] {dtype}"

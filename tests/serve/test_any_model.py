@@ -2,6 +2,8 @@
 model trained on a data spec), the aggregator forwards several inputs or records and combines by
 the task, and names the combined prediction. Real server and aggregator processes."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -160,3 +162,23 @@ def test_the_load_tester_sends_the_rows_of_a_data_file_or_random_rows_in_the_mem
         report = json.loads(out.read_text())
         assert report["requests_from"] == source
         assert report["overall"]["requests"] == 50 and report["overall"]["failed"] == 0
+
+
+def test_predict_asks_a_running_server_or_aggregator_what_the_checkpoint_answers(served, module_processes, tmp_path):
+    import subprocess
+    import sys
+    proc, spec, _, _ = served["mlp"]
+    csv_path = spec.raw["files"]["train"]
+    agg = module_processes.service("zmqflow.services.aggregator", ["--member", proc.endpoint])
+    runs = {}
+    for name, where in (("server", ["--server", proc.endpoint]), ("aggregator", ["--server", agg.endpoint]),
+                        ("checkpoint", ["--checkpoint", str(Path(csv_path).parent / "mlp")])):
+        result = subprocess.run([sys.executable, "-m", "zmqflow", "predict", *where, "--input", csv_path],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        runs[name] = result.stdout.splitlines()
+    assert runs["server"][0] == "class,p_cat,p_dog" and len(runs["server"]) == 121
+    assert runs["server"] == runs["checkpoint"] == runs["aggregator"]
+    refused = subprocess.run([sys.executable, "-m", "zmqflow", "predict", "--input", csv_path],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "give --checkpoint DIR or --server ENDPOINT" in refused.stderr
