@@ -250,6 +250,11 @@ def device_scope(device):
         _SCOPES.reset(token)
 
 
+def scope_entries():
+    """The enclosing scopes, outermost first (strings as DeviceSpecs; device functions as given)."""
+    return _SCOPES.get()
+
+
 def current_device(op=None):
     """The merged spec the enclosing `device_scope`s give `op` (empty spec outside any)."""
     return _resolve(_SCOPES.get(), op)

@@ -7,18 +7,26 @@ By hand, in four terminals (1 ps + 2 workers + nothing else; the chief shuts the
     python examples/distributed_mnist.py --job_name worker --task_index 0 ...   (the same hosts)
     python examples/distributed_mnist.py --job_name worker --task_index 1 ...
 
+or, as Kubeflow's TFJob starts each task, with no flags and TF_CONFIG naming the cluster and the task
+(a "chief" job is worker 0, the worker job's tasks follow it):
+
+    TF_CONFIG='{"cluster": {"ps": ["127.0.0.1:2222"], "chief": ["127.0.0.1:2223"], "worker": ["127.0.0.1:2224"]},
+                "task": {"type": "chief", "index": 0}}' python examples/distributed_mnist.py
+
 or all of them from one command (free ports chosen): python examples/distributed_mnist.py
 Each worker draws its own batches from the shipped MNIST sample (as `mnist.train.next_batch`); the
 chief prints the test accuracy when training stops.
 """
 
 import argparse
+import os
 import subprocess
 import sys
 
 import numpy as np
 
 import zmqflow
+from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.inputs.datasets import mnist_split
 
 
@@ -36,18 +44,19 @@ def parse(argv):
 
 def main(argv=None):
     flags = parse(argv)
-    if flags.local or flags.job_name is None:     # no task named: the whole cluster here
+    from_env = flags.job_name is None and not flags.local and os.environ.get("TF_CONFIG", "").strip() not in ("", "{}")
+    if not from_env and (flags.local or flags.job_name is None):     # no task named: the whole cluster here
         return run_locally(flags)
-    if not flags.ps_hosts or not flags.worker_hosts:
-        raise SystemExit("--ps_hosts and --worker_hosts name the cluster's tasks")
-    cluster = zmqflow.ClusterSpec({"ps": flags.ps_hosts.split(","), "worker": flags.worker_hosts.split(",")})
-    server = zmqflow.Server(cluster, job_name=flags.job_name, task_index=flags.task_index, model="mlp")
-    if flags.job_name == "ps":
+    try:
+        server = server_from_tf_config() if from_env else server_from_flags(flags)
+    except InvalidArgumentError as e:
+        raise SystemExit(f"distributed_mnist: {e}") from None
+    if server.job_name == "ps":
         server.join()
         return 0
     (train_x, train_y), (test_x, test_y) = mnist_split()
-    rng = np.random.default_rng(flags.task_index)
-    is_chief = flags.task_index == 0
+    rng = np.random.default_rng(server.replica)
+    is_chief = server.is_chief
     with zmqflow.MonitoredTrainingSession(server, is_chief=is_chief,
                                           hooks=[zmqflow.StopAtStepHook(last_step=flags.train_steps)]) as sess:
         while not sess.should_stop():
@@ -59,6 +68,18 @@ def main(argv=None):
         print(f"distributed_mnist: test accuracy {accuracy:.4f} at global step {sess.global_step}")
         return 0 if accuracy > 0.85 else 1
     return 0
+
+
+def server_from_flags(flags):
+    if not flags.ps_hosts or not flags.worker_hosts:
+        raise SystemExit("--ps_hosts and --worker_hosts name the cluster's tasks (or set TF_CONFIG)")
+    cluster = zmqflow.ClusterSpec({"ps": flags.ps_hosts.split(","), "worker": flags.worker_hosts.split(",")})
+    return zmqflow.Server(cluster, job_name=flags.job_name, task_index=flags.task_index, model="mlp")
+
+
+def server_from_tf_config():
+    """This task as TF_CONFIG names it: {"cluster": {...}, "task": {"type": ..., "index": ...}}."""
+    return zmqflow.Server.from_tf_config(model="mlp")
 
 
 def run_locally(flags):

@@ -15,7 +15,6 @@ progress bar follows the global step; at the end the chief's test accuracy and
 the examples per second are printed, and every process is stopped by PID.
 """
 
-import contextlib
 import json
 import os
 import tempfile
@@ -70,7 +69,7 @@ class LocalCluster:
                  backend="numba", replicas_to_aggregate=None, spare_replicas=0, shuffle_queue=None,
                  checkpoint_dir=None, checkpoint_every_steps=None, bf16=False, log_dir=None, seed=0, model=None,
                  input="readers", threads_per_worker=None, data=None, validate_every_steps=100,
-                 early_stop_patience=None):
+                 early_stop_patience=None, summary_every_steps=10):
         self.num_ps, self.num_workers, self.mode, self.epochs = num_ps, num_workers, mode, epochs
         self.batch_size, self.backend, self.bf16, self.seed = batch_size, backend, bf16, seed
         self.optimizer = optimizer or dict(DEFAULT_OPTIMIZER)
@@ -88,6 +87,10 @@ class LocalCluster:
         self.data = data      # a DataSpec (inputs/data_spec.py): its train split fed, its test split scored
         self.validate_every_steps = validate_every_steps   # with a validation split: the chief scores it
         self.early_stop_patience = early_stop_patience
+        # each worker's steps and losses, and the chief's validations, as JSON lines: what Job.metrics() streams
+        self.summaries_files = [os.path.join(self.log_dir, f"worker{i}-summaries.jsonl")
+                                for i in range(self.total_workers)]
+        self.summary_every_steps = summary_every_steps
         if data is not None and input != "preloaded":
             raise InvalidArgumentError("a data spec is fed from memory (input 'preloaded'); readers and ps-preloaded "
                                        "input take the MNIST sample only")
@@ -236,6 +239,7 @@ class LocalCluster:
                 str(self.examples_per_epoch), "--result-file", self.result_files[index]]
         for shard in self.shards:
             args += ["--ps", shard.endpoint]
+        args += ["--summaries", self.summaries_files[index], "--summary-every-steps", str(self.summary_every_steps)]
         if self.bf16:
             args.append("--bf16")
         if self.input == "ps":
@@ -305,34 +309,6 @@ class LocalCluster:
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         tail = "\n".join(child.log().splitlines()[-12:])
         raise AbortedError(f"task {child.name} {how}; the job stopped its other tasks. Its last log lines:\n{tail}")
-
-
-@contextlib.contextmanager
-def local_cluster(ps=1, workers=2, data=None, model=None, model_options=None, **options):
-    """A training job of real processes on this machine, always stopped when the block ends:
-
-        with zmqflow.local_cluster(ps=1, workers=2, data="flowers.yaml", model="mlp", epochs=8) as job:
-            summary = job.wait()           # test metrics, steps, examples/s; AbortedError if a task failed
-
-    `data`: a data spec (a YAML path, a dict, or `mnist`; default the shipped MNIST sample); `model`:
-    a built-in name, `path.py:build`, a spec dict or file, fitted to the data's inputs and classes;
-    `model_options`: {option: value}; other options as LocalCluster's (mode, epochs, batch_size,
-    optimizer, checkpoint_dir, validate_every_steps, ...)."""
-    from zmqflow.models.spec import resolve_model
-    spec = resolve_model(model)
-    spec = {**spec, **(model_options or {})}
-    if data is not None:
-        from zmqflow.inputs.data_spec import fit, load_spec, load_tables, model_for_data
-        data = load_spec(data)
-        fit(data, load_tables(data)["train"])
-        spec = model_for_data(data, spec)
-        options.setdefault("input", "preloaded")
-    cluster = LocalCluster(num_ps=ps, num_workers=workers, model=spec, data=data, **options)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def run_training(progress=True, **options):

@@ -17,11 +17,12 @@ variables, checkpoints with `checkpoint_dir`, and at the end waits for the other
 with `shutdown_ps` (default), tells the ps tasks to exit so their `join()` returns.
 """
 
+import threading
 import time
 
-from zmqflow.common.cluster import ClusterSpec
+from zmqflow.common.cluster import CHIEF_JOBS, ClusterSpec
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.common.placement import place
+from zmqflow.common.replica_device_setter import active_setter, replica_device_setter
 from zmqflow.common.ps_client import PsClient
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.models.spec import resolve_model
@@ -34,37 +35,81 @@ DEFAULT_OPTIMIZER = {"kind": "adam", "learning_rate": 0.004}
 
 class Server:
     """One task of a cluster (tf.train.Server). A ps task builds its shard's service, bound to its
-    address in the cluster; `join()` serves until shut down. A worker task keeps the cluster for its session."""
+    address in the cluster; `join()` serves until shut down. A worker (or chief) task keeps the cluster
+    for its session. The placement of the model's variables is the `device_setter`'s (or that of the
+    `replica_device_setter` whose device scope encloses the constructor; else round-robin)."""
 
-    def __init__(self, cluster, job_name, task_index=0, model=None, optimizer=None, mode="async"):
+    def __init__(self, cluster, job_name, task_index=0, model=None, optimizer=None, mode="async",
+                 device_setter=None):
         self.cluster = ClusterSpec(cluster)
         self.cluster.validate()
         self.cluster.validate_task(job_name, task_index)
-        if "ps" not in self.cluster.jobs or "worker" not in self.cluster.jobs:
+        chiefs = [job for job in CHIEF_JOBS if job in self.cluster.jobs]
+        if "ps" not in self.cluster.jobs or not ("worker" in self.cluster.jobs or chiefs):
             raise InvalidArgumentError("the cluster needs a ps job and a worker job")
+        if job_name not in ("ps", "worker", *chiefs):
+            raise InvalidArgumentError(f"job {job_name!r} has no part in training: a task is ps, worker or chief")
         self.job_name, self.task_index, self.mode = job_name, int(task_index), mode
         self.model_spec = resolve_model(model)
-        self.num_ps, self.num_workers = self.cluster.num_tasks("ps"), self.cluster.num_tasks("worker")
+        self.num_ps = self.cluster.num_tasks("ps")
+        self._chiefs = self.cluster.num_tasks(chiefs[0]) if chiefs else 0
+        self.num_workers = self._chiefs + (self.cluster.num_tasks("worker") if "worker" in self.cluster.jobs else 0)
+        self.device_setter = device_setter or active_setter() or replica_device_setter(self.num_ps)
+        if self.device_setter.num_ps != self.num_ps:
+            raise InvalidArgumentError(f"the device setter places variables on {self.device_setter.num_ps} ps tasks; "
+                                       f"the cluster has {self.num_ps}")
         self.service = None
         if job_name == "ps":
             from zmqflow.services.ps.server import PsService
-            placement = place(model_variables(self.model_spec), self.num_ps)
-            pieces = {p.key: p for p in placement.for_shard(self.task_index)}
+            pieces = {p.key: p for p in self.placement(model_variables(self.model_spec)).for_shard(self.task_index)}
             options = {"optimizer": optimizer or dict(DEFAULT_OPTIMIZER), "mode": mode}
             if mode == "sync":
                 options["replicas_to_aggregate"] = self.num_workers
             self.service = PsService(f"tcp://{self.cluster.task_address('ps', self.task_index)}", self.task_index,
                                      pieces, options)
 
+    @classmethod
+    def from_tf_config(cls, model=None, optimizer=None, mode="async", device_setter=None, env=None):
+        """The task the TF_CONFIG environment variable names (as Kubeflow's TFJob sets it):
+        {"cluster": {"ps": [...], "worker": [...], "chief": [...]}, "task": {"type": "worker", "index": 0}}."""
+        task = ClusterSpec.from_tf_config(env)
+        if task is None:
+            raise InvalidArgumentError('TF_CONFIG is not set (or is "{}"): it names the cluster and this task, e.g. '
+                                       '{"cluster": {"ps": ["host:2222"], "worker": ["host:2223"]}, '
+                                       '"task": {"type": "worker", "index": 0}}')
+        if task.task_type is None:
+            raise InvalidArgumentError("TF_CONFIG has a cluster but no task type: set \"task\": "
+                                       "{\"type\": \"worker\", \"index\": 0}")
+        try:
+            return cls(task.cluster, task.task_type, task.task_index, model=model, optimizer=optimizer, mode=mode,
+                       device_setter=device_setter)
+        except InvalidArgumentError as e:
+            raise InvalidArgumentError(f"TF_CONFIG: {e}") from None
+
+    def placement(self, variables):
+        """Which ps task holds each of `variables` (every task computes the same)."""
+        return self.device_setter.placement(variables)
+
+    @property
+    def replica(self):
+        """This worker's replica index: the chief job's tasks first, then the worker job's."""
+        if self.job_name == "ps":
+            raise InvalidArgumentError(f"a ps task is no replica (/job:ps/task:{self.task_index})")
+        return self.task_index + (self._chiefs if self.job_name == "worker" else 0)
+
+    @property
+    def is_chief(self):
+        return self.job_name != "ps" and self.replica == 0
+
     @property
     def ps_endpoints(self):
         return [self.cluster.endpoint("ps", i) for i in self.cluster.task_indices("ps")]
 
     def join(self):
-        """A ps task: serve until the chief shuts the ps down (or SIGTERM/SIGINT)."""
+        """A ps task: serve until the chief shuts the ps down (or SIGTERM/SIGINT in the main thread)."""
         if self.service is None:
             raise InvalidArgumentError(f"join() serves a ps task; this is /job:{self.job_name}/task:{self.task_index}")
-        self.service.run()
+        self.service.run(install_signals=threading.current_thread() is threading.main_thread())
 
 
 class MonitoredTrainingSession:
@@ -77,13 +122,13 @@ class MonitoredTrainingSession:
             raise InvalidArgumentError("a training session runs on a worker task, not on a ps task")
         self.server, self.shutdown_ps = server, shutdown_ps
         self.model = load_model(server.model_spec, backend=backend)
-        self.ps = PsClient(server.ps_endpoints, place(self.model.variables(), server.num_ps),
-                           name=f"worker{server.task_index}")
-        is_chief = server.task_index == 0 if is_chief is None else is_chief
+        self.ps = PsClient(server.ps_endpoints, server.placement(self.model.variables()),
+                           name=f"worker{server.replica}")
+        is_chief = server.is_chief if is_chief is None else is_chief
         hooks = list(hooks)
         if is_chief and checkpoint_dir:
             hooks.append(H.CheckpointHook(checkpoint_dir, every_steps=save_checkpoint_steps))
-        self.trainer = Trainer(self.model, self.ps, queue=None, replica=server.task_index,
+        self.trainer = Trainer(self.model, self.ps, queue=None, replica=server.replica,
                                num_workers=server.num_workers, is_chief=is_chief, mode=server.mode, hooks=hooks,
                                seed=seed, checkpoint_dir=checkpoint_dir, config={"model": server.model_spec})
         self._params, self._stop, self._started = None, False, None
@@ -131,4 +176,7 @@ class MonitoredTrainingSession:
                 if trainer.is_chief and self.shutdown_ps:
                     self.ps.shutdown()
         finally:
+            for hook in trainer.hooks:        # after every hook's end: one may still report to another
+                if callable(getattr(hook, "close", None)):
+                    hook.close()
             self.ps.close()

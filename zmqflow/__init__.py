@@ -17,8 +17,23 @@ __version__ = "0.2.0"
 def __getattr__(name):
     """The Python API, imported on first use (so `import zmqflow` stays light)."""
     if name == "local_cluster":
-        from zmqflow.jobs.local_cluster import local_cluster
+        from zmqflow.jobs.job import local_cluster
         return local_cluster
+    if name == "Job":
+        from zmqflow.jobs.job import Job
+        return Job
+    if name == "replica_device_setter":
+        from zmqflow.common.replica_device_setter import replica_device_setter
+        return replica_device_setter
+    if name == "device":
+        from zmqflow.common.device import device_scope
+        return device_scope
+    if name == "SummaryHook":
+        from zmqflow.services.worker.summary_hook import SummaryHook
+        return SummaryHook
+    if name == "ValidationHook":
+        from zmqflow.services.worker.validation import ValidationHook
+        return ValidationHook
     if name in ("Coordinator", "QueueRunner"):
         from zmqflow.common import coordination
         return getattr(coordination, name)
@@ -28,7 +43,7 @@ def __getattr__(name):
     if name in ("Server", "MonitoredTrainingSession"):
         from zmqflow.jobs import session
         return getattr(session, name)
-    if name in ("StopAtStepHook", "CheckpointHook", "LoggingHook", "Hook"):
+    if name in ("StopAtStepHook", "CheckpointHook", "LoggingHook", "Hook", "StepContext"):
         from zmqflow.services.worker import hooks
         return getattr(hooks, name)
     raise AttributeError(f"module 'zmqflow' has no attribute {name!r}")

@@ -72,8 +72,11 @@ def training_hooks(config):
     if config.is_chief and config.checkpoint_dir:
         hooks.append(H.CheckpointHook(config.checkpoint_dir, config.checkpoint_every_steps,
                                       config.checkpoint_every_secs, config.keep_checkpoints))
-    if config.is_chief and config.summaries:
-        hooks.append(H.SummaryHook(config.summaries))
+    summaries = None
+    if config.summaries:
+        from zmqflow.services.worker.summary_hook import SummaryHook
+        summaries = SummaryHook(config.summaries, config.summary_every_steps)
+        hooks.append(summaries)
     hooks += [H.load_hook(h) for h in config.user_hooks]
     from zmqflow.common import metrics
     if metrics.serve_requested():  # --metrics-port
@@ -90,7 +93,7 @@ def training_hooks(config):
         from zmqflow.services.worker.validation import ValidationHook
         with open(config.data_config) as f:
             hooks.append(ValidationHook(json.load(f), config.validate_every_steps, config.checkpoint_dir, tensorboard,
-                                        early_stop_patience=config.early_stop_patience))
+                                        early_stop_patience=config.early_stop_patience, summaries=summaries))
     return hooks, tensorboard
 
 

@@ -38,7 +38,8 @@ from zmqflow.services.worker.config import UsageError, WorkerConfig
 @click.option("--checkpoint-every-steps", default=None, type=int)
 @click.option("--checkpoint-every-secs", default=None, type=float)
 @click.option("--keep-checkpoints", default=5)
-@click.option("--summaries", default=None, type=click.Path(dir_okay=False), help="Chief: JSON-lines summaries file.")
+@click.option("--summaries", default=None, type=click.Path(dir_okay=False), help="JSON lines here: step, loss, examples/s "
+              "(every --summary-every-steps steps), and the chief's validations.")
 @click.option("--summary-dir", default=None, type=click.Path(file_okay=False),
               help="Chief: TensorBoard event files here (loss, examples/s, staleness, accuracy). "
                    "Default: CHECKPOINT_DIR/train with --checkpoint-dir, else none; 'off' for none.")

@@ -5,7 +5,6 @@ Users add their own with `--hook module:Class` (constructed with no arguments).
 """
 
 import importlib
-import json
 import logging
 import time
 
@@ -90,29 +89,6 @@ class CheckpointHook(Hook):
 
     def end(self, trainer):
         self.save(trainer)
-
-
-class SummaryHook(Hook):
-    """Every N steps one JSON line (step, loss, examples/s) into a summaries file."""
-
-    def __init__(self, path, every_n_steps=50):
-        self.path, self.every = path, every_n_steps
-        self._file = None
-
-    def begin(self, trainer):
-        self._file = open(self.path, "a")
-
-    def after_step(self, ctx):
-        if ctx.step % self.every == 0:
-            rate = ctx.examples / ctx.elapsed if ctx.elapsed else 0.0
-            self._file.write(json.dumps({"step": ctx.global_step, "loss": ctx.loss, "examples_per_s": rate,
-                                         "time": time.time()}) + "\n")
-            self._file.flush()
-        return False
-
-    def end(self, trainer):
-        if self._file:
-            self._file.close()
 
 
 def load_hook(path):
