@@ -10,17 +10,40 @@ import json
 import os
 import shutil
 
+from zmqflow.inputs.metrics import PRIMARY
 from zmqflow.jobs.sweep.space import DEFAULTS
 
-CSV_COLUMNS = ["rank", "run_id", "status", *DEFAULTS, "validation_accuracy", "test_accuracy", "final_loss",
-               "examples_per_s", "seconds", "checkpoint", "error"]
+CSV_COLUMNS = ["rank", "run_id", "status", *DEFAULTS, "validation_metric", "validation_score", "validation_accuracy",
+               "test_accuracy", "final_loss", "examples_per_s", "seconds", "checkpoint", "error"]
+
+
+def score(entry):
+    """(metric, value, higher is better) a run is ranked by: its validation score (accuracy, or RMSE
+    for a regression), or the validation accuracy of an entry that has no score."""
+    metric = entry.get("validation_metric", "accuracy")
+    value = entry.get("validation_score", entry.get("validation_accuracy"))
+    return metric, value, PRIMARY.get(_task_of(metric), ("accuracy", max))[1] is max
+
+
+def better(a, b):
+    """True when run `a` scores better than run `b` on validation."""
+    _, value_a, higher = score(a)
+    value_b = score(b)[1]
+    return value_a > value_b if higher else value_a < value_b
+
+
+def _task_of(metric):
+    return next((task for task, (name, _) in PRIMARY.items() if name == metric), "multiclass")
 
 
 def rank(entries):
-    """Finished runs by validation accuracy (then lower final loss, then run id), numbered from 1;
-    failed runs follow without a rank."""
-    ok = sorted((e for e in entries if e["status"] == "ok"),
-                key=lambda e: (-e["validation_accuracy"], _loss(e), e["run_id"]))
+    """Finished runs by validation score, best first (higher accuracy, lower RMSE; then lower final
+    loss, then run id), numbered from 1; failed runs follow without a rank."""
+    def key(e):
+        _, value, higher = score(e)
+        return (-value if higher else value, _loss(e), e["run_id"])
+
+    ok = sorted((e for e in entries if e["status"] == "ok"), key=key)
     failed = sorted((e for e in entries if e["status"] != "ok"), key=lambda e: e["run_id"])
     for i, entry in enumerate(ok):
         entry["rank"] = i + 1
@@ -56,7 +79,8 @@ def write(out_dir, ranked, sweep_info):
     document = {"sweep": sweep_info, "runs": ranked,
                 "best": [{"rank": e["rank"], "run_id": e["run_id"], "checkpoint": e["checkpoint"],
                           "model_file": e["model_file"], "model": e["model"],
-                          "validation_accuracy": e["validation_accuracy"]} for e in kept]}
+                          "validation_accuracy": e["validation_accuracy"], "validation_metric": score(e)[0],
+                          "validation_score": score(e)[1]} for e in kept]}
     json_path, csv_path = os.path.join(out_dir, "leaderboard.json"), os.path.join(out_dir, "leaderboard.csv")
     _atomic(json_path, json.dumps(document, indent=1))
     with open(csv_path + ".tmp", "w", newline="") as f:

@@ -1,4 +1,4 @@
-"""sweep.png: validation accuracy per run (bars, in rank order) beside the learning curves.
+"""sweep.png: the validation score (accuracy, or RMSE) per run (bars, in rank order) beside the learning curves.
 
 matplotlib is an optional extra (`pip install 'zmqflow[plot]'`): without it the sweep
 still runs and `plot` returns None, so the caller can say the PNG was skipped.
@@ -7,6 +7,7 @@ still runs and `plot` returns None, so the caller can say the PNG was skipped.
 import os
 
 from zmqflow.jobs.sweep.curve import read_curve
+from zmqflow.jobs.sweep.leaderboard import score
 
 
 def plot(out_dir, ranked):
@@ -20,11 +21,12 @@ def plot(out_dir, ranked):
     fig, (bars, curves) = plt.subplots(1, 2, figsize=(12, 4.5))
     ok = [e for e in ranked if e["status"] == "ok"]
     colors = ["tab:green" if e.get("kept") else "tab:blue" for e in ok]
-    bars.bar([e["run_id"] for e in ok], [e["validation_accuracy"] for e in ok], color=colors)
-    if ok:
-        low = min(e["validation_accuracy"] for e in ok)
+    metric = score(ok[0])[0] if ok else "accuracy"
+    bars.bar([e["run_id"] for e in ok], [score(e)[1] for e in ok], color=colors)
+    if ok and metric == "accuracy":
+        low = min(score(e)[1] for e in ok)
         bars.set_ylim(max(0.0, low - 0.05), 1.0)
-    bars.set_title("validation accuracy (green: checkpoint kept)")
+    bars.set_title(f"validation {metric} (green: checkpoint kept)")
     bars.tick_params(axis="x", labelrotation=60)
     for entry in ranked:
         points = read_curve(entry.get("curve_file") or "")

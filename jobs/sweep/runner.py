@@ -19,6 +19,7 @@ import numpy as np
 
 from zmqflow.common import queues
 from zmqflow.common.errors import DeadlineExceededError
+from zmqflow.inputs.metrics import PRIMARY, metrics
 from zmqflow.models.registry import load_model
 from zmqflow.common.processes import compute_thread_env, start_service
 from zmqflow.common.supervisor import Supervisor
@@ -75,6 +76,12 @@ class SweepRunner:
         os.makedirs(self.out_dir, exist_ok=True)
         log_dir = os.path.join(self.out_dir, "logs")
         os.makedirs(log_dir, exist_ok=True)
+        self.data_config = None
+        if self.data is not None:   # every checkpoint records the data, so serve, predict and ensemble read it
+            from zmqflow.inputs.data_spec import to_config
+            self.data_config = os.path.join(self.out_dir, "data-config.json")
+            with open(self.data_config, "w") as f:
+                json.dump(to_config(self.data), f)
         self.broker = start_service("zmqflow.services.broker", log_dir=log_dir)
         entries = [None] * len(points)
         try:
@@ -133,7 +140,7 @@ class SweepRunner:
                     "--batch-size", str(point["batch_size"]), "--model", json.dumps(entry["model"]),
                     "--examples-per-epoch", str(len(self.train[1])), "--result-file", result_file,
                     "--checkpoint-dir", ckpt_dir, "--keep-checkpoints", "1", "--shutdown-ps",
-                    *(["--evaluate"] if self.data is None else []),   # MNIST's test split; a spec's stays unread
+                    *(["--evaluate"] if self.data is None else ["--data-config", self.data_config]),
                     "--hook", HOOK, "--log-every", "1000", *input_args]
             worker = supervisor.start_process("zmqflow.services.worker", args, name="worker0",
                                               env={**compute_thread_env(self.threads), CURVE_ENV: curve_file})
@@ -144,7 +151,11 @@ class SweepRunner:
             self._free_container(name)
         with open(result_file) as f:
             result = json.load(f)
-        return {"validation_accuracy": self.validate(ckpt_dir, entry["model"]),
+        validation = self.validate(ckpt_dir, entry["model"])
+        metric = PRIMARY[self.task][0]
+        return {"validation_metric": metric, "validation_score": round(validation[metric], 4),
+                "validation_metrics": {k: round(v, 4) for k, v in validation.items()},
+                "validation_accuracy": round(validation["accuracy"], 4) if "accuracy" in validation else None,
                 "test_accuracy": result.get("test_accuracy"), "final_loss": result.get("final_loss"),
                 "examples_per_s": round(result["examples_per_s"]), "global_step": result["global_step"],
                 "checkpoint": ckpt_dir, "model_file": model_file, "curve_file": curve_file,
@@ -195,8 +206,12 @@ class SweepRunner:
         except Exception:
             pass  # the broker is gone: nothing left to free
 
+    @property
+    def task(self):
+        return self.data.label.task if self.data is not None else "multiclass"
+
     def validate(self, ckpt_dir, spec):
-        """Accuracy on the validation split, from the run's last checkpoint (what a server would load)."""
+        """The task's metrics on the validation split, from the run's last checkpoint (what a server would load)."""
         from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
         path = latest_checkpoint(ckpt_dir)
         if path is None:
@@ -207,7 +222,7 @@ class SweepRunner:
         x, y = self.validation
         rows = (lambda i: {k: v[i:i + 1000] for k, v in x.items()}) if isinstance(x, dict) else (lambda i: x[i:i + 1000])
         outputs = np.concatenate([model.predict(params, rows(i)) for i in range(0, len(y), 1000)])
-        return round(float(np.mean(np.argmax(outputs, axis=1) == y)), 4)
+        return metrics(outputs, y, self.task)
 
 
 def _last_error(log, limit=400):

@@ -28,9 +28,10 @@ def run_sweep(points, out_dir, parallel=1, keep_best=3, input="preloaded", backe
     def on_done(entry):
         if entry["status"] != "ok":
             failed[0] += 1
-        elif best[0] is None or entry["validation_accuracy"] > best[0]["validation_accuracy"]:
+        elif best[0] is None or leaderboard.better(entry, best[0]):
             best[0] = entry
-        bar.set_postfix_str((f"best {best[0]['run_id']} {best[0]['validation_accuracy']:.4f}" if best[0] else
+        metric, value, _ = leaderboard.score(best[0]) if best[0] else (None, None, None)
+        bar.set_postfix_str((f"best {best[0]['run_id']} {metric} {value:.4f}" if best[0] else
                              "no run done yet") + (f", {failed[0]} failed" if failed[0] else ""))
         bar.update(1)
 

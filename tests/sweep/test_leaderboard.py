@@ -55,3 +55,11 @@ def test_plot_is_skipped_without_matplotlib(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if it were not installed
     assert plot(str(tmp_path), leaderboard.rank(_entries(tmp_path))) is None
     assert not (tmp_path / "sweep.png").exists()
+
+
+def test_runs_of_a_regression_rank_by_lower_rmse():
+    entries = [{"run_id": f"run-00{i}", "status": "ok", "validation_metric": "rmse", "validation_score": score,
+                "validation_accuracy": None, "final_loss": 1.0} for i, score in ((1, 0.5), (2, 0.2), (3, 0.9))]
+    ranked = leaderboard.rank(entries)
+    assert [e["run_id"] for e in ranked] == ["run-002", "run-001", "run-003"] and ranked[0]["rank"] == 1
+    assert leaderboard.better(entries[1], entries[0]) and not leaderboard.better(entries[2], entries[0])

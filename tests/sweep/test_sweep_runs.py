@@ -89,3 +89,27 @@ def test_sweep_with_input_on_the_ps_and_a_failing_run(tmp_path):
     assert run["status"] == "failed" and "did not finish within 0.3 s" in run["error"] and run["rank"] is None
     assert document["best"] == [] and "FAILED" in output
     assert not os.listdir(out / "checkpoints")
+
+
+def test_a_regression_sweep_ranks_by_rmse_and_its_best_runs_serve_as_an_ensemble(tmp_path):
+    import subprocess
+    import sys
+    import yaml
+    from tests.support.tabular import spec_dict, write_csv
+    write_csv(tmp_path / "data.csv", 600, seed=4)
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec_dict(
+        tmp_path / "data.csv", task="regression", split={"validation": 0.2, "test": 0.2, "seed": 0})))
+    out = tmp_path / "sweep"
+    _sweep(["--data", str(tmp_path / "spec.yaml"), "--model", "linear", "--grid", "lr=0.0001,0.05",
+            "--epochs", "3", "--parallel", "2", "--keep-best", "2", "--out", str(out)])
+    document = json.loads((out / "leaderboard.json").read_text())
+    runs = document["runs"]
+    assert [r["status"] for r in runs] == ["ok", "ok"], runs
+    assert all(r["validation_metric"] == "rmse" and r["validation_accuracy"] is None for r in runs)
+    assert runs[0]["validation_score"] < runs[1]["validation_score"]       # lower RMSE ranks first
+    assert runs[0]["hyperparameters"]["learning_rate"] == 0.05            # 0.0001 barely moves in 3 epochs
+    report = subprocess.run([sys.executable, "-m", "zmqflow", "ensemble", "--sweep", str(out), "--json",
+                             "--log-dir", str(tmp_path / "logs")], capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    scored = json.loads(report.stdout)
+    assert scored["task"] == "regression" and set(scored["ensemble"]) == {"mean", "median"}
