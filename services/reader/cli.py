@@ -3,11 +3,14 @@
     zmqflow reader --broker tcp://127.0.0.1:5555 --preset mnist-csv --num-epochs 2 --readers 2
     zmqflow reader --broker ... --files 'shards/*.csv' --format csv \\
         --format-options '{"record_defaults": [[0.0], [0.0], [0]], "skip_header_lines": 1}' --queue train
+    zmqflow reader --broker ... --data-config data-config.json --split train --queue train --num-epochs 5
 
 Presets (PRESETS) describe the files shipped in data/ so that every format ends
 in the same instance queue the workers expect: `image` float32 [784] in [0, 1]
-and `label` int32. `start_readers` starts reader processes for launchers (zmqflow
-train), benchmarks and tests:
+and `label` int32. `--data-config` (a data spec and its train-split statistics, as
+data_spec.to_config writes them) streams the spec's files as the model's prepared inputs
+and `label` (inputs/spec_stream.py), into the queue the workers of `zmqflow train --data` read.
+`start_readers` starts reader processes for launchers (zmqflow train), benchmarks and tests:
 
     procs = start_readers(broker, processes=2, log_dir=d, files=["shards/*.csv"], preset="mnist-csv",
                           queue="train", queue_kind="shuffle", capacity=20_000, min_after_dequeue=2_000,
@@ -31,7 +34,7 @@ from zmqflow.common.memory import keep_freed_memory
 from zmqflow.common.processes import start_process
 from zmqflow.common.input_pipeline import DEFAULT_LEASE_S, DEFAULT_TOKEN_WAIT_S
 from zmqflow.inputs.formats import FORMATS
-from zmqflow.services.reader.pipeline import DEFAULT_ENQUEUE_TIMEOUT, QUEUE_KINDS
+from zmqflow.services.reader.pipeline import DATA_SPEC, DEFAULT_ENQUEUE_TIMEOUT, QUEUE_KINDS
 
 _MNIST = {"features": ["image", "label"]}
 PRESETS = {
@@ -77,6 +80,25 @@ def resolve_input(preset=None, format_kind=None, format_options=None, files=(), 
             {**base.get("cast", {}), **(cast or {})})
 
 
+def resolve_data_spec(data_config, split="train", chunk_size=None):
+    """(format kind, options, files) of a data spec's split from its --data-config file (spec + statistics);
+    a split drawn by fractions is drawn here, once, so every reader thread keeps the same rows."""
+    from zmqflow.common.errors import InvalidArgumentError
+    from zmqflow.inputs.data_spec import from_config
+    from zmqflow.inputs.spec_stream import split_files, split_rows
+    try:
+        with open(data_config, encoding="utf-8") as f:
+            config = json.load(f)
+        spec = from_config(config)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InvalidArgumentError(f"--data-config {data_config}: not a data spec with its statistics "
+                                   f"(the JSON data_spec.to_config writes): {exc}") from None
+    options = {"config": config, "split": split, "rows": split_rows(spec, split)}
+    if chunk_size is not None:
+        options["chunk_size"] = chunk_size
+    return DATA_SPEC, options, split_files(spec, split)
+
+
 def _parse_cast(values):
     cast = {}
     for item in values:
@@ -114,6 +136,12 @@ def _tf_config_task():
 @click.option("--format-options", default=None, metavar="JSON",
               help='Options of the format as JSON, merged over the preset\'s, e.g. \'{"skip_header_lines": 1}\' '
                    "(see services/reader/formats).")
+@click.option("--data-config", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Stream a data spec instead: its spec and train-split statistics as JSON (what `zmqflow train "
+                   "--data` records). Instances are the model's prepared inputs and `label`; CSV specs only; bad "
+                   "rows fail or are skipped as the spec's skip_bad_rows says.")
+@click.option("--split", default="train", type=click.Choice(["train", "validation", "test"]),
+              help="With --data-config: the split to stream.")
 @click.option("--features", multiple=True, metavar="NAME",
               help="Features to enqueue, in queue order (repeat). Default: the preset's, else every feature.")
 @click.option("--cast", "cast_values", multiple=True, metavar="NAME=DTYPE", help="Cast a feature before enqueueing.")
@@ -128,7 +156,8 @@ def _tf_config_task():
               help="RandomShuffleQueue, FIFOQueue, or PaddingFIFOQueue (variable-length features).")
 @click.option("--capacity", default=10_000, help="Capacity of the instance queue.")
 @click.option("--min-after-dequeue", default=None, type=int, help="Shuffle queue: default capacity / 2.")
-@click.option("--chunk-size", default=None, type=int, help="Instances per enqueue_many (the format's default: 256).")
+@click.option("--chunk-size", default=None, type=int,
+              help="Instances per enqueue_many (the format's default: 256; 1024 with --data-config).")
 @click.option("--in-flight", default=2, help="enqueue_many requests a reader thread keeps outstanding while it "
                                              "parses the next chunk.")
 @click.option("--skip-malformed", is_flag=True, help="CSV: skip and count malformed lines instead of failing.")
@@ -146,8 +175,8 @@ def _tf_config_task():
                                            "from TF_CONFIG); the host and pid are appended.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 @ops_options
-def command(broker, file_patterns, preset, format_kind, format_options, features, cast_values, num_epochs,
-            shuffle_files, seed, readers, queue_name, queue_kind, capacity, min_after_dequeue, chunk_size,
+def command(broker, file_patterns, preset, format_kind, format_options, data_config, split, features, cast_values,
+            num_epochs, shuffle_files, seed, readers, queue_name, queue_kind, capacity, min_after_dequeue, chunk_size,
             in_flight, skip_malformed, container, lease_s, token_wait_s, enqueue_timeout, progress_every, stats_file,
             name, log_level):
     """Read files into the broker's instance queue: one reader process of an input pipeline.
@@ -161,9 +190,15 @@ def command(broker, file_patterns, preset, format_kind, format_options, features
     pipeline: its queues are closed with cancel and the error is recorded for
     consumers (see common/input_pipeline.py).
 
+    With --data-config the files, format and components come from a data spec:
+    each chunk of rows is made into the model's inputs and `label` with the
+    recorded statistics; a bad row (or a label outside the classes) fails the
+    pipeline naming its file, line and column, unless the spec skips bad rows.
+
     Exits 0 when the pipeline closed or this reader was stopped (SIGTERM or
     SIGINT: between files it leaves quietly, mid-file it fails the pipeline with
-    CancelledError), 3 when the broker was lost, 1 when the pipeline failed otherwise. TF_CONFIG: task type 'reader' names the
+    CancelledError), 3 when the broker was lost, 1 when the pipeline failed otherwise
+    (a bad row included). TF_CONFIG: task type 'reader' names the
     member reader:<index>; a 'broker' job gives the broker's address.
     """
     from zmqflow.services.reader.pipeline import ReaderPipeline
@@ -180,12 +215,20 @@ def command(broker, file_patterns, preset, format_kind, format_options, features
             options = json.loads(format_options)
         except json.JSONDecodeError as exc:
             raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--format-options") from None
-    kind, options, files, features, cast = resolve_input(preset, format_kind, options, file_patterns, features,
-                                                         _parse_cast(cast_values), chunk_size, skip_malformed)
+    if data_config and (preset or format_kind or options or file_patterns or features or cast_values
+                        or skip_malformed):
+        raise click.UsageError("--data-config gives the files, format and features: drop --preset, --format, "
+                               "--format-options, --files, --features, --cast and --skip-malformed (the spec's "
+                               "skip_bad_rows decides)")
+    if not data_config:
+        kind, options, files, features, cast = resolve_input(preset, format_kind, options, file_patterns, features,
+                                                             _parse_cast(cast_values), chunk_size, skip_malformed)
     name = name or tf_name
     setup_logging(log_level, name)
     keep_freed_memory()
     try:
+        if data_config:
+            (kind, options, files), features, cast = resolve_data_spec(data_config, split, chunk_size), None, {}
         pipeline = ReaderPipeline(broker, files, kind, options, queue=queue_name, container=container,
                                   queue_kind=queue_kind, capacity=capacity, min_after_dequeue=min_after_dequeue,
                                   seed=seed, num_epochs=num_epochs or None, shuffle_files=shuffle_files,

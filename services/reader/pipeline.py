@@ -43,11 +43,13 @@ from zmqflow.common.rpc_client import default_pool
 from zmqflow.common.input_pipeline import (DEFAULT_LEASE_S, DEFAULT_TOKEN_WAIT_S, FILENAMES_SUFFIX, Coordinator,
                                           PipelineRegister, member_id)
 from zmqflow.inputs.formats import open_format
+from zmqflow.inputs.spec_stream import SpecStream
 from zmqflow.services.reader.producer import DEFAULT_CAPACITY, expand_globs, filename_queue, string_input_producer
 
 log = logging.getLogger("reader")
 
 QUEUE_KINDS = ("shuffle", "fifo", "padding")
+DATA_SPEC = SpecStream.kind  # the format kind of `--data-config`: a data spec's prepared rows
 POLL_S = 1.0
 DEFAULT_ENQUEUE_TIMEOUT = 3600.0
 
@@ -70,6 +72,11 @@ def queue_components(spec, features=None, cast=None):
             dtype = np.dtype(cast[name]).name
         components.append((name, dtype, list(shape)))
     return components
+
+
+def open_reader_format(kind, options):
+    """A reader thread's format object: one of inputs/formats, or a data spec's stream (DATA_SPEC)."""
+    return SpecStream(**options) if kind == DATA_SPEC else open_format(kind, **options)
 
 
 def open_instance_queue(broker, shared_name, components, kind="shuffle", capacity=10_000, min_after_dequeue=None,
@@ -148,7 +155,7 @@ class ReaderPipeline:
                 raise InvalidArgumentError(f"{what} must be an int >= 1, got {value!r}")
         self.broker, self.queue_name, self.container = broker, queue, container
         self.format_kind, self.format_options = format_kind, dict(format_options or {})
-        spec = open_format(format_kind, **self.format_options).spec  # bad options fail here, before joining
+        spec = open_reader_format(format_kind, self.format_options).spec  # bad options fail here, before joining
         self.components = queue_components(spec, features, cast)
         self.cast = {n: np.dtype(d) for n, d in (cast or {}).items()}
         self.ragged = any(None in s for _, _, s in self.components)
@@ -292,7 +299,7 @@ class ReaderPipeline:
             self._producer_done.set()
 
     def _read_files(self, index):
-        fmt = self.counters.formats[index] = open_format(self.format_kind, **self.format_options)
+        fmt = self.counters.formats[index] = open_reader_format(self.format_kind, self.format_options)
         while not self._halt.is_set():
             try:
                 name = self.filename_queue.dequeue(timeout=POLL_S)
