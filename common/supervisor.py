@@ -81,15 +81,15 @@ class Supervisor:
     # ------------------------------------------------ stopping
 
     def stop_all(self, timeout=None, report=None):
-        """SIGTERM every running child's group (the last started first), SIGKILL what is left after `timeout` s.
-        `report(child, code, killed)` hears each one that was running; returns {child: code} of every child."""
+        """Stop every running child's group in order, the last started first, as Compose does: SIGTERM,
+        then SIGKILL after `timeout` s, before the next. Dependents go before what they depend on, so a
+        reader still reaches the broker to close its queues, a worker its ps. `report(child, code, killed)`
+        hears each one that was running; returns {child: code} of every child."""
         timeout = self.stop_timeout if timeout is None else timeout
         live = [child for child in reversed(self.children) if child.alive()]
         for child in live:
             child.terminate()
-        deadline = time.monotonic() + timeout
-        for child in live:
-            code, killed = child.wait_stopped(deadline - time.monotonic())
+            code, killed = child.wait_stopped(timeout)
             self.codes[child] = code
             if report:
                 report(child, code, killed)

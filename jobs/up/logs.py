@@ -1,5 +1,6 @@
 """Output of many processes in one stream, each line prefixed `name  | ` as docker compose does."""
 
+import collections
 import threading
 
 COLORS = (36, 33, 32, 35, 34, 96, 93, 92, 95, 94)   # cyan, yellow, green, magenta, blue, then bright
@@ -12,6 +13,7 @@ class Prefixer:
         self.width = max((len(n) for n in names), default=0)
         self.out, self.color = out, color
         self.colors = {name: COLORS[i % len(COLORS)] for i, name in enumerate(names)}
+        self.tails = {name: collections.deque(maxlen=12) for name in names}   # each service's last lines
         self.lock = threading.Lock()
 
     def prefix(self, name):
@@ -19,9 +21,16 @@ class Prefixer:
         return f"\x1b[{self.colors.get(name, 0)}m{text}\x1b[0m" if self.color else text
 
     def line(self, name, text):
+        text = text.rstrip("\r\n")
         with self.lock:
-            self.out.write(self.prefix(name) + text.rstrip("\r\n") + "\n")
+            self.tails.setdefault(name, collections.deque(maxlen=12)).append(text)
+            self.out.write(self.prefix(name) + text + "\n")
             self.out.flush()
+
+    def tail(self, name):
+        """The last lines `name` wrote (at most 12), for the message that says why the run ended."""
+        with self.lock:
+            return list(self.tails.get(name, ()))
 
     def note(self, text):
         """A message of `zmqflow up` itself."""

@@ -100,6 +100,7 @@ class Runner:
             self.procs[name], self.codes[name] = None, 127
             return
         self.procs[name] = proc
+        self.out.note(f"zmqflow up: started {name} (pid {proc.pid})")
         self.pumps.append(self.out.follow(name, proc.proc.stdout))
         if service.health:
             self.health[name] = HealthWatch(service, self.cwd, env, proc.alive, self.health_limit).start()
@@ -111,17 +112,25 @@ class Runner:
                 continue
             code = self.codes[name] = proc.returncode
             self.out.note(f"zmqflow up: {name} exited with code {code}")
+            if code != 0 and (self.abort_on_failure or name == self.exit_code_from):
+                return self._failed(name, code)
             if name == self.exit_code_from:
                 self._let_others_finish()
                 self.out.note(f"zmqflow up: {name} is done, stopping every service")
-                return code
-            if code != 0 and self.abort_on_failure:
-                self.out.note(f"zmqflow up: {name} failed, stopping every service")
                 return code
         for name, code in self.codes.items():
             if self.procs[name] is None and name == self.exit_code_from:
                 return code
         return None
+
+    def _failed(self, name, code):
+        """Say which service failed, how, and its last lines; the run's exit code (128 + N for signal N)."""
+        time.sleep(0.2)   # the last lines it wrote reach its log pump
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        tail = "".join(f"\n  {line}" for line in self.out.tail(name))
+        self.out.note(f"zmqflow up: {name} failed: it {how}; stopping every service. "
+                      f"Its last log lines:{tail or ' (none)'}")
+        return code if code > 0 else 128 - code
 
     # ------------------------------------------------ stopping
 

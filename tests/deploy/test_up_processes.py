@@ -182,3 +182,45 @@ def test_bad_file_and_options_are_reported(tmp_path):
     assert code == 1 and "does not exist" in out
     code, out = up(["-f", COMPOSE, "--exit-code-from", "nope", "--dry-run"])
     assert code == 2 and "'nope' is not among the services run" in out
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("role", ["broker", "ps0", "reader", "worker0", "worker1"])
+def test_a_killed_task_ends_the_job_naming_it_and_no_process_survives(project, tmp_path, role):
+    """The job-ends-always rule under zmqflow up: SIGKILL one task mid-training; the run stops every
+    other service, exits 137 (128 + SIGKILL) naming the task and its last lines, and leaves no process."""
+    import queue
+    import threading
+    offset = free_port_offset(compose_ports(project))
+    proc = subprocess.Popen([ZMQFLOW, "up", "-f", COMPOSE, "--port-offset", str(offset), "--workdir", str(tmp_path),
+                             "--abort-on-failure", "--services", ",".join(TRAINING)], cwd=ROOT,
+                            env={**os.environ, "EPOCHS": "200"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    lines, out = queue.Queue(), []
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    pids = {}
+    try:
+        deadline = time.monotonic() + 60
+        while not (set(pids) >= set(TRAINING) - {"data"} and any("Step:" in line for line in out)):
+            assert time.monotonic() < deadline, "training did not start within 60 s:\n" + "".join(out[-40:])
+            try:
+                line = lines.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            out.append(line)
+            started = re.match(r"zmqflow up: started (\S+) \(pid (\d+)\)", line)
+            if started:
+                pids[started.group(1)] = int(started.group(2))
+        os.kill(pids[role], signal.SIGKILL)
+        code = proc.wait(timeout=40)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=20)
+    time.sleep(0.5)
+    while not lines.empty():
+        out.append(lines.get())
+    text = "".join(out)
+    assert code == 137, text[-3000:]
+    assert f"zmqflow up: {role} failed: it was killed by signal 9; stopping every service. Its last log lines:" in text
+    assert all(gone(pid) for pid in pids.values())
