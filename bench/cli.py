@@ -48,11 +48,18 @@ def train(as_json, epochs):
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON result line.")
 @click.option("--epochs", default=8, show_default=True, help="Passes over the 5,000 MNIST rows per phase.")
 @click.option("--repeats", default=3, show_default=True, help="Runs of each phase; medians are reported.")
-def reader(as_json, epochs, repeats):
-    """Reader: MNIST rows/s from CSV and TFRecord shards into the broker vs parsing alone."""
+@click.option("--rows", "tabular_rows", default=60_000, show_default=True,
+              help="Rows of the tabular CSV (40 numeric columns, a categorical, a label) of the data-spec part.")
+@click.option("--tabular-epochs", default=2, show_default=True, help="Passes over the tabular CSV per phase.")
+@click.option("--train-epochs", "tabular_train_epochs", default=3, show_default=True,
+              help="Epochs of the 1 ps + 2 workers training job on the tabular data spec.")
+def reader(as_json, epochs, repeats, tabular_rows, tabular_epochs, tabular_train_epochs):
+    """Reader: MNIST rows/s from CSV and TFRecord shards into the broker vs parsing alone; a data spec's
+    tabular CSV parsed into model inputs vs through the broker, and trained on (under "tabular")."""
     from zmqflow.bench.reader import run
 
-    result = run(epochs=epochs, repeats=repeats, progress=None if as_json else click.echo)
+    result = run(epochs=epochs, repeats=repeats, progress=None if as_json else click.echo, tabular_rows=tabular_rows,
+                 tabular_epochs=tabular_epochs, tabular_train_epochs=tabular_train_epochs)
     click.echo(json.dumps(result))
 
 

@@ -1,4 +1,5 @@
-"""`zmqflow bench reader`: MNIST rows from files into the broker's instance queue, against parsing alone.
+"""`zmqflow bench reader`: MNIST rows from files into the broker's instance queue, against parsing alone;
+and a data spec's tabular CSV the same way, plus a training job on it (bench/reader_tabular.py, "tabular").
 
 Cuts data/mnist_5k.csv.gz into 8 temporary CSV shards (and the same rows into 8
 TFRecord shards), starts a broker, and for each phase starts reader processes
@@ -73,11 +74,12 @@ def numpy_loadtxt(pattern):
     return count / (time.perf_counter() - start)
 
 
-def through_broker(broker, pattern, preset, readers, epochs, queue, log_dir):
-    """Instances/s from `readers` reader processes into a FIFO queue drained here; checks the count."""
-    procs = start_readers(broker, processes=readers, log_dir=log_dir, env=compute_thread_env(1), files=[pattern],
-                          preset=preset, queue=queue, queue_kind="fifo", capacity=20_000, num_epochs=epochs,
-                          progress_every=0)
+def through_broker(broker, pattern, preset, readers, epochs, queue, log_dir, **source):
+    """Instances/s from `readers` reader processes into a FIFO queue drained here; checks the count.
+    `source`: other reader options instead of the files and preset (data_config=...)."""
+    source = source or {"files": [pattern], "preset": preset}
+    procs = start_readers(broker, processes=readers, log_dir=log_dir, env=compute_thread_env(1), queue=queue,
+                          queue_kind="fifo", capacity=20_000, num_epochs=epochs, progress_every=0, **source)
     try:
         q = attach(queue, broker=broker, timeout=60)
         first = q.dequeue_up_to(DRAIN, timeout=60)
@@ -99,7 +101,9 @@ def through_broker(broker, pattern, preset, readers, epochs, queue, log_dir):
             p.stop()
 
 
-def run(epochs=8, repeats=3, progress=None):
+def run(epochs=8, repeats=3, progress=None, tabular_rows=60_000, tabular_epochs=2, tabular_train_epochs=3):
+    """The MNIST result, with the tabular part (bench/reader_tabular.py) under "tabular"."""
+    from zmqflow.bench import reader_tabular
     say = progress or (lambda *_: None)
     work = tempfile.mkdtemp(prefix="zmqflow-bench-reader-")
     broker = None
@@ -121,6 +125,8 @@ def run(epochs=8, repeats=3, progress=None):
                     raise RuntimeError(f"{key}: {total} instances delivered, expected {rows * epochs}")
                 samples[key].append(rate)
             say(f"repeat {rep + 1}/{repeats}: " + ", ".join(f"{k} {v[-1]:,.0f}/s" for k, v in samples.items()))
+        tabular = reader_tabular.run(work, broker.endpoint, through_broker, rows=tabular_rows, epochs=tabular_epochs,
+                                     repeats=repeats, train_epochs=tabular_train_epochs, say=say)
     finally:
         if broker is not None:
             broker.stop()
@@ -134,4 +140,4 @@ def run(epochs=8, repeats=3, progress=None):
             "parse_unscaled_instances_per_s": round(median["parse_unscaled"]),
             "parse_vs_numpy_loadtxt": round(median["parse_unscaled"] / median["numpy_loadtxt"], 3),
             "rows": rows, "epochs": epochs, "shards": SHARDS, "repeats": repeats, "cpus": os.cpu_count(),
-            "samples": {k: [round(x) for x in v] for k, v in samples.items()}}
+            "samples": {k: [round(x) for x in v] for k, v in samples.items()}, "tabular": tabular}
