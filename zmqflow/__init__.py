@@ -19,6 +19,12 @@ def __getattr__(name):
     if name == "local_cluster":
         from zmqflow.jobs.job import local_cluster
         return local_cluster
+    if name == "serve":
+        from zmqflow.jobs.serving import serve
+        return serve
+    if name in ("ModelClient", "AggregatorClient"):
+        from zmqflow.common import aggregator_client, serve_client
+        return getattr(serve_client if name == "ModelClient" else aggregator_client, name)
     if name == "Job":
         from zmqflow.jobs.job import Job
         return Job

@@ -114,7 +114,7 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.
 
 
 @pytest.mark.parametrize("example, expected", [
-    ("tabular_csv.py", "tabular_csv: test accuracy"),        # zmqflow.local_cluster, validation while training
+    ("tabular_csv.py", "two new wines graded ['high', 'low']"),   # local_cluster, validation, zmqflow.serve
     ("regression_csv.py", "regression_csv: test RMSE"),      # a model file fitted to the data, a regression
     ("multi_label.py", "multi_label: per-tag test accuracy"),  # sigmoid cross-entropy over label columns
 ])

@@ -1,0 +1,52 @@
+"""`zmqflow.serve(checkpoint)`: a model server process for a checkpoint, from Python, always stopped.
+
+    with zmqflow.serve("ckpt") as model:            # a real `zmqflow serve` process on a free port
+        probabilities, info = model.predict_records({"age": [41], "city": ["rome"]})
+        info["predicted"]                           # ['cat']: the class names, for a model trained with --data
+        model.predict(x)                            # or the model's input tensors; model.schema says which
+
+The handle is a ModelClient (common/serve_client.py) on the server's endpoint, with the process's
+`endpoint` and `pid`; leaving the block (or `stop()`) stops the process by PID.
+"""
+
+import contextlib
+import json
+
+from zmqflow.common.processes import start_service
+from zmqflow.common.serve_client import ModelClient
+
+
+class ServedModel(ModelClient):
+    """A client of the served checkpoint that owns the server process."""
+
+    def __init__(self, process, timeout):
+        super().__init__(process.endpoint, timeout=timeout, name="served-model")
+        self.process, self.endpoint, self.pid = process, process.endpoint, process.pid
+
+    @property
+    def schema(self):
+        """What the model takes and answers (inputs, output, raw feature columns): model_info's schema."""
+        return self.model_info()["schema"]
+
+    def stop(self):
+        self.close()
+        self.process.stop()
+
+
+@contextlib.contextmanager
+def serve(checkpoint_dir, model=None, backend="numpy", bind="tcp://127.0.0.1:*", timeout=30.0, log_dir=None,
+          **options):
+    """Serve the latest checkpoint in `checkpoint_dir` (the model it records, or `model`, a --model value)
+    in its own process while the block runs. Other options are `zmqflow serve`'s (max_batch, max_delay_ms,
+    name, data), given as keywords."""
+    args = ["--checkpoint", str(checkpoint_dir), "--backend", backend]
+    if model is not None:
+        args += ["--model", model if isinstance(model, str) else json.dumps(model)]
+    for key, value in options.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    process = start_service("zmqflow.services.serve", args, bind=bind, log_dir=log_dir, name="serve")
+    served = ServedModel(process, timeout)
+    try:
+        yield served
+    finally:
+        served.stop()
