@@ -57,6 +57,15 @@ def table_of(spec, records):
     return Table(columns, ["t"], np.zeros((3, 2), np.int64))
 
 
+def local_outputs(served, *names):
+    """What each named member's model answers for RECORDS, computed here."""
+    outputs = []
+    for name in names:
+        _, spec, model, params = served[name]
+        outputs.append(model.predict(params, model_inputs(spec, table_of(spec, RECORDS))))
+    return outputs
+
+
 def test_the_schema_comes_from_the_checkpoint(served):
     proc, spec, _, _ = served["embedding"]
     with ModelClient(proc.endpoint, timeout=10) as client:
@@ -100,10 +109,7 @@ def test_the_aggregator_forwards_records_and_names_the_combined_class(served, mo
     members = [served["mlp"][0], served["mlp2"][0]]
     agg = module_processes.service("zmqflow.services.aggregator",
                                    [arg for p in members for arg in ("--member", p.endpoint)])
-    outputs = []
-    for name in ("mlp", "mlp2"):
-        _, spec, model, params = served[name]
-        outputs.append(model.predict(params, model_inputs(spec, table_of(spec, RECORDS))))
+    outputs = local_outputs(served, "mlp", "mlp2")
     with AggregatorClient(agg.endpoint, timeout=10) as client:
         probs, info = client.predict_records(RECORDS, deadline_ms=5000, min_members=2)
         np.testing.assert_allclose(probs, np.mean(outputs, axis=0), rtol=1e-5, atol=1e-6)
@@ -127,10 +133,7 @@ def test_a_regression_ensemble_is_the_mean_or_median_of_its_members_and_refuses_
                                          "    return np.min(np.stack(answers), axis=0)\n")
     agg = module_processes.service("zmqflow.services.aggregator", [
         *[arg for p in members for arg in ("--member", p.endpoint)], "--combine", f"{tmp_path}/combine.py:lowest"])
-    outputs = []
-    for name in ("linear1", "linear2"):
-        _, spec, model, params = served[name]
-        outputs.append(model.predict(params, model_inputs(spec, table_of(spec, RECORDS))))
+    outputs = local_outputs(served, "linear1", "linear2")
     with AggregatorClient(agg.endpoint, timeout=10) as client:
         lowest, info = client.predict_records(RECORDS, deadline_ms=5000, min_members=2)
         np.testing.assert_allclose(lowest, np.min(outputs, axis=0), rtol=1e-5)
