@@ -249,9 +249,11 @@ def _missing(path, columns, available, what="column"):
 
 # ------------------------------------------------ the readers
 
-def read_csv(spec, path, label=True):
-    """A Table of one CSV file's needed columns (without the label's unless `label`); errors name the
-    file, line and column."""
+def csv_format(spec, path, label=True, chunk_size=None):
+    """(column names, CsvFormat) of one CSV file as the spec reads it: the header (or the spec's
+    columns) names the columns, the needed ones are parsed (numbers as float32, categories and class
+    labels as text), an empty field takes its feature's default. Shared by read_csv and the readers'
+    stream (spec_stream.py), so both parse a file alike."""
     from zmqflow.inputs.formats.base import open_input, resolve_compression
     from zmqflow.inputs.formats.csv_format import CsvFormat
     with open_input(path, resolve_compression(path, None)) as f:      # a .csv.gz is read decompressed
@@ -270,19 +272,31 @@ def read_csv(spec, path, label=True):
     if missing:
         raise InvalidArgumentError(f"{path}: column(s) {_few(missing)} named in the data spec are not in the file "
                                    f"(its columns: {', '.join(map(str, names[:20]))}{' ...' if len(names) > 20 else ''})")
-    defaults = {f.columns[0]: f.default for f in spec.features if f.default is not None}
+    # a default of a numeric feature is a float whatever it was written as: `default: 0` must not make the
+    # column int32 and refuse 3.25
+    defaults = {f.columns[0]: (float(f.default) if f.type == "numeric" else f.default)
+                for f in spec.features if f.default is not None}
     record_defaults = ["string"] * len(names)
     for column, kind in kinds.items():
         record_defaults[index[column]] = [defaults[column]] if column in defaults else kind
     fmt = CsvFormat(record_defaults, columns={str(c): index[c] for c in kinds}, field_delim=spec.delimiter,
-                    skip_header_lines=1 if spec.header else 0, skip_malformed=spec.skip_bad_rows, chunk_size=_CHUNK)
+                    skip_header_lines=1 if spec.header else 0, skip_malformed=spec.skip_bad_rows,
+                    chunk_size=chunk_size or _CHUNK)
+    return names, fmt
+
+
+def read_csv(spec, path, label=True):
+    """A Table of one CSV file's needed columns (without the label's unless `label`); errors name the
+    file, line and column."""
+    names, fmt = csv_format(spec, path, label)
+    kinds = needed(spec, label)
     parts, lines = [], []
     try:
         for chunk in fmt.read(path):
             parts.append(chunk.features)
             lines.append(chunk.start + np.arange(chunk.count))
     except InvalidArgumentError as exc:
-        raise InvalidArgumentError(_name_columns(str(exc), names)) from None
+        raise InvalidArgumentError(name_columns(str(exc), names)) from None
     if not parts:
         raise InvalidArgumentError(f"{path} has no rows{' after its header' if spec.header else ''}")
     columns = {c: np.concatenate([p[str(c)] for p in parts]) for c in kinds}
@@ -292,7 +306,7 @@ def read_csv(spec, path, label=True):
                  fmt.counters.malformed_skipped)
 
 
-def _name_columns(message, names):
+def name_columns(message, names):
     """'column 3: ...' -> 'column 3 (age): ...' so an error says which column by name."""
     return re.sub(r"column (\d+)", lambda m: f"column {m.group(1)} ({names[int(m.group(1))]})"
                   if int(m.group(1)) < len(names) else m.group(0), message)

@@ -21,16 +21,14 @@ A split drawn by seeded fractions (`split: {validation: 0.1}`) has no files of i
 that split's rows of each file, parsing every epoch like any other.
 """
 
-import csv
 import os
-import re
 
 import numpy as np
 
-from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.inputs.data_sources import csv_format, name_columns, needed
 from zmqflow.inputs.data_spec import Table, from_config, input_signature, labels, load_tables, model_inputs
 from zmqflow.inputs.formats.base import Chunk, Counters
-from zmqflow.inputs.formats.csv_format import CsvFormat
 
 STREAMED_FORMATS = ("csv",)
 DEFAULT_CHUNK_SIZE = 1024
@@ -114,13 +112,15 @@ class SpecStream:
     def read(self, path):
         """Chunks of at most `chunk_size` prepared rows of `path` (only the split's, with `rows`)."""
         path = os.fspath(path)
-        names, fmt = self._csv_format(path)
+        names, fmt = csv_format(self.data, path, chunk_size=self.chunk_size)
+        fmt.counters = self.counters   # one tally over every file this stream reads
+        kinds = needed(self.data)
         wanted = None if self.rows is None else self.rows.get(os.path.realpath(path), np.empty(0, np.int64))
         header = 1 if self.data.header else 0
         try:
             for chunk in fmt.read(path):
                 index = chunk.start + np.arange(chunk.count)
-                columns = {c: chunk.features[str(c)] for c in self._kinds}
+                columns = {c: chunk.features[str(c)] for c in kinds}
                 if wanted is not None:
                     keep = np.isin(index, wanted, assume_unique=True)
                     if not keep.all():
@@ -134,54 +134,4 @@ class SpecStream:
                 features["label"] = labels(self.data, table)
                 yield Chunk(features, len(index), path, int(index[0]))
         except InvalidArgumentError as exc:
-            raise InvalidArgumentError(_name_columns(str(exc), names)) from None
-
-    @property
-    def _kinds(self):
-        """{column: 'float32' | 'string'} of every column a feature or the label reads."""
-        kinds = {}
-        for f in self.data.features:
-            for c in f.columns:
-                kinds[c] = "string" if f.type == "categorical" else "float32"
-        task = self.data.label.task
-        for c in self.data.label.columns:
-            kinds[c] = "float32" if task in ("regression", "multi_label") else "string"
-        return kinds
-
-    def _csv_format(self, path):
-        """(column names, CsvFormat) of one file: its header (or the spec's columns) gives the names."""
-        spec = self.data
-        try:
-            with open(path, "rb") as f:
-                first = f.readline()
-        except FileNotFoundError:
-            raise NotFoundError(f"{path}: no such file") from None
-        if not first.strip():
-            raise InvalidArgumentError(f"{path} is empty")
-        if spec.header:
-            names = next(csv.reader([first.decode("utf-8", "replace").strip("\r\n")], delimiter=spec.delimiter))
-        elif spec.column_names:
-            names = list(spec.column_names)
-        else:
-            names = list(range(first.decode("latin-1").count(spec.delimiter) + 1))
-        index = {name: i for i, name in enumerate(names)}
-        kinds = self._kinds
-        missing = [c for c in kinds if c not in index]
-        if missing:
-            raise InvalidArgumentError(f"{path}: column(s) {missing} named in the data spec are not in the file "
-                                       f"(its columns: {', '.join(map(str, names[:20]))})")
-        defaults = {f.columns[0]: f.default for f in spec.features if f.default is not None}
-        record_defaults = ["string"] * len(names)
-        for column, kind in kinds.items():
-            record_defaults[index[column]] = [defaults[column]] if column in defaults else kind
-        fmt = CsvFormat(record_defaults, columns={str(c): index[c] for c in kinds}, field_delim=spec.delimiter,
-                        skip_header_lines=1 if spec.header else 0, skip_malformed=spec.skip_bad_rows,
-                        chunk_size=self.chunk_size)
-        fmt.counters = self.counters   # one tally over every file this stream reads
-        return names, fmt
-
-
-def _name_columns(message, names):
-    """'column 3: ...' -> 'column 3 (age): ...' so an error names the column."""
-    return re.sub(r"column (\d+)", lambda m: f"column {m.group(1)} ({names[int(m.group(1))]})"
-                  if int(m.group(1)) < len(names) else m.group(0), message)
+            raise InvalidArgumentError(name_columns(str(exc), names)) from None

@@ -309,3 +309,11 @@ def test_every_source_example_in_the_docs_is_a_valid_spec():
         blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", f.read(), re.S)]
     formats = {DataSpec(b).format for b in blocks if "source" in b}
     assert formats == {"csv", "npz", "npy", "tfrecord", "fixed_length", "parquet"}, json.dumps(blocks)[:500]
+
+
+def test_an_integer_default_keeps_a_numeric_column_float(tmp_path):
+    from zmqflow.inputs.data_spec import load_spec, load_tables
+    (tmp_path / "d.csv").write_text("age,kind\n3.25,a\n,b\n7,a\n")
+    spec = load_spec({"files": str(tmp_path / "d.csv"), "features": {"age": {"type": "numeric", "default": 0}},
+                      "label": "kind"})
+    assert load_tables(spec)["train"].columns["age"].tolist() == [3.25, 0.0, 7.0]
