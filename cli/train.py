@@ -44,15 +44,22 @@ from zmqflow.models.spec import resolve_model, with_options
 @click.option("--validate-every-steps", default=100, type=click.IntRange(min=0),
               help="With --data that has a validation split: the chief scores it every N global steps (0: never) "
                    "and keeps the best checkpoint in CHECKPOINT_DIR/best.")
+@click.option("--validate-every-secs", default=None, type=click.FloatRange(min=0, min_open=True),
+              help="Also validate when this many seconds passed since the last validation (whichever of steps and "
+                   "seconds comes first).")
 @click.option("--early-stop-patience", default=None, type=click.IntRange(min=1),
               help="With validation: end training when the validation metric has not improved for this many "
                    "validations; the best checkpoint is kept.")
+@click.option("--early-stop-metric", default=None,
+              type=click.Choice(["accuracy", "log_loss", "macro_f1", "auc", "rmse", "mae", "r2"]),
+              help="The validation metric the best checkpoint and early stopping follow (lower is better for "
+                   "log_loss, rmse and mae). Default: accuracy, or rmse for a regression.")
 @click.option("--summary-out", default=None, type=click.Path(dir_okay=False),
               help="Write the job's summary here as JSON: final metrics, steps, examples/s, wall time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learning_rate, optimizer_kind, backend,
             shuffle_queue, input_kind, bf16, checkpoint_dir, checkpoint_every_steps, model_spec, model_opts, data_spec,
-            validate_every_steps, early_stop_patience, summary_out, as_json):
+            validate_every_steps, validate_every_secs, early_stop_patience, early_stop_metric, summary_out, as_json):
     """Train a model (default: the MNIST MLP) on the shipped MNIST sample, or on your data with --data,
     with a broker, NUM_PS ps shards and NUM_WORKERS workers on this machine. If any task of the job
     fails, the others are stopped and the command exits 1 naming it."""
@@ -65,6 +72,12 @@ def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learn
             fit(data, load_tables(data)["train"])     # bad data fails here, naming the file, line and column
         except OpError as exc:
             raise click.BadParameter(str(exc), param_hint="--data") from None
+        if early_stop_metric:
+            from zmqflow.inputs.metrics import monitored
+            try:
+                monitored(data.label.task, early_stop_metric)     # a metric the task reports
+            except OpError as exc:
+                raise click.BadParameter(str(exc), param_hint="--early-stop-metric") from None
         input_kind = "preloaded"
     try:
         model = with_options(resolve_model(model_spec), model_opts)
@@ -86,7 +99,8 @@ def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learn
                                shuffle_queue=shuffle_queue, checkpoint_dir=checkpoint_dir,
                                checkpoint_every_steps=checkpoint_every_steps, bf16=bf16, input=input_kind,
                                model=model, data=data, validate_every_steps=validate_every_steps,
-                               early_stop_patience=early_stop_patience)
+                               early_stop_patience=early_stop_patience, validate_every_secs=validate_every_secs,
+                               early_stop_metric=early_stop_metric)
     except OpError as exc:
         raise click.ClickException(str(exc)) from None
     if summary_out:

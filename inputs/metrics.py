@@ -11,6 +11,24 @@ PRIMARY = {"multiclass": ("accuracy", max), "binary": ("accuracy", max), "multi_
            "regression": ("rmse", min)}
 """The metric a best checkpoint is chosen by, and whether higher or lower is better."""
 
+BETTER = {"accuracy": max, "log_loss": min, "macro_f1": max, "auc": max, "rmse": min, "mae": min, "r2": max}
+"""Whether a higher (max) or lower (min) value of each metric is better."""
+
+TASK_METRICS = {"multiclass": ("accuracy", "log_loss", "macro_f1"), "binary": ("accuracy", "log_loss", "macro_f1", "auc"),
+                "multi_label": ("accuracy", "log_loss"), "regression": ("rmse", "mae", "r2")}
+
+
+def monitored(task, metric=None):
+    """(metric, max | min) that early stopping and the best checkpoint follow: `metric` (checked
+    against the task's metrics) or the task's primary one."""
+    if metric is None:
+        return PRIMARY[task]
+    if metric not in TASK_METRICS[task]:
+        from zmqflow.common.errors import InvalidArgumentError
+        raise InvalidArgumentError(f"a {task} task reports {', '.join(TASK_METRICS[task])}; there is no {metric!r} "
+                                   "to monitor")
+    return metric, BETTER[metric]
+
 
 def metrics(outputs, y, task=None):
     outputs, y = np.asarray(outputs), np.asarray(y)

@@ -69,7 +69,7 @@ class LocalCluster:
                  backend="numba", replicas_to_aggregate=None, spare_replicas=0, shuffle_queue=None,
                  checkpoint_dir=None, checkpoint_every_steps=None, bf16=False, log_dir=None, seed=0, model=None,
                  input="readers", threads_per_worker=None, data=None, validate_every_steps=100,
-                 early_stop_patience=None, summary_every_steps=10):
+                 early_stop_patience=None, summary_every_steps=10, validate_every_secs=None, early_stop_metric=None):
         self.num_ps, self.num_workers, self.mode, self.epochs = num_ps, num_workers, mode, epochs
         self.batch_size, self.backend, self.bf16, self.seed = batch_size, backend, bf16, seed
         self.optimizer = optimizer or dict(DEFAULT_OPTIMIZER)
@@ -87,6 +87,7 @@ class LocalCluster:
         self.data = data      # a DataSpec (inputs/data_spec.py): its train split fed, its test split scored
         self.validate_every_steps = validate_every_steps   # with a validation split: the chief scores it
         self.early_stop_patience = early_stop_patience
+        self.validate_every_secs, self.early_stop_metric = validate_every_secs, early_stop_metric
         # each worker's steps and losses, and the chief's validations, as JSON lines: what Job.metrics() streams
         self.summaries_files = [os.path.join(self.log_dir, f"worker{i}-summaries.jsonl")
                                 for i in range(self.total_workers)]
@@ -269,10 +270,14 @@ class LocalCluster:
             args += ["--preloaded", "train", "--epochs", str(self.epochs)]
         if index == 0:
             args += ["--shutdown-ps"] + (["--evaluate"] if self.data is None else ["--data-config", self.data_config])
-            if self.data is not None and "validation" in self.prepared and self.validate_every_steps:
-                args += ["--validate-every-steps", str(self.validate_every_steps)]
-                if self.early_stop_patience:
-                    args += ["--early-stop-patience", str(self.early_stop_patience)]
+            if self.data is not None and "validation" in self.prepared and (self.validate_every_steps or
+                                                                            self.validate_every_secs):
+                for flag, value in (("--validate-every-steps", self.validate_every_steps),
+                                    ("--validate-every-secs", self.validate_every_secs),
+                                    ("--early-stop-patience", self.early_stop_patience),
+                                    ("--early-stop-metric", self.early_stop_metric)):
+                    if value:
+                        args += [flag, str(value)]
             if self.checkpoint_dir:
                 args += ["--checkpoint-dir", self.checkpoint_dir]
                 if self.checkpoint_every_steps:

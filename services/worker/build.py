@@ -87,13 +87,14 @@ def training_hooks(config):
         from zmqflow.services.worker.tensorboard import TensorBoardHook
         tensorboard = TensorBoardHook(config.tensorboard_dir, config.summary_every_steps)
         hooks.append(tensorboard)
-    if config.is_chief and config.validate_every_steps:
+    if config.is_chief and (config.validate_every_steps or config.validate_every_secs):
         if not config.data_config:
-            raise UsageError("--validate-every-steps needs --data-config (the data spec with a validation split)")
+            raise UsageError("--validate-every-steps/-secs need --data-config (the data spec with a validation split)")
         from zmqflow.services.worker.validation import ValidationHook
         with open(config.data_config) as f:
             hooks.append(ValidationHook(json.load(f), config.validate_every_steps, config.checkpoint_dir, tensorboard,
-                                        early_stop_patience=config.early_stop_patience, summaries=summaries))
+                                        early_stop_patience=config.early_stop_patience, summaries=summaries,
+                                        every_secs=config.validate_every_secs, monitor=config.early_stop_metric))
     return hooks, tensorboard
 
 

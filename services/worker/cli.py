@@ -56,6 +56,13 @@ from zmqflow.services.worker.config import UsageError, WorkerConfig
 @click.option("--early-stop-patience", default=None, type=click.IntRange(min=1),
               help="Chief, with validation: end the job when the validation metric has not improved for this many "
                    "validations (the input queue is closed, every worker finishes as at the end of the data).")
+@click.option("--validate-every-secs", default=None, type=click.FloatRange(min=0, min_open=True),
+              help="Chief: also validate when this many seconds passed since the last validation (whichever of "
+                   "steps and seconds comes first).")
+@click.option("--early-stop-metric", default=None,
+              type=click.Choice(["accuracy", "log_loss", "macro_f1", "auc", "rmse", "mae", "r2"]),
+              help="Chief: the validation metric the best checkpoint and early stopping follow (lower is better for "
+                   "log_loss, rmse, mae). Default: accuracy, or rmse for a regression.")
 @click.option("--data-config", default=None, type=click.Path(dir_okay=False, exists=True),
               help="Chief: a JSON file of the data spec and its train-split statistics, recorded in every checkpoint "
                    "so `zmqflow predict` and `evaluate` transform inputs as training did (zmqflow train writes it).")
@@ -89,7 +96,8 @@ from zmqflow.services.worker.config import UsageError, WorkerConfig
 def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task_index, num_workers, model_spec, placement_strategy,
             max_shard_bytes, backend, batch_size, dequeue_timeout, mode, bf16, max_steps, log_every, checkpoint_dir,
             checkpoint_every_steps, checkpoint_every_secs, keep_checkpoints, summaries, user_hooks, evaluate,
-            shutdown_ps, shutdown_broker, result_file, validate_every_steps, early_stop_patience, data_config,
+            shutdown_ps, shutdown_broker, result_file, validate_every_steps, validate_every_secs, early_stop_metric,
+            early_stop_patience, data_config,
             examples_per_epoch, log_level,
             device, placement_function, allow_soft_placement, log_device_placement, gpu_memory_fraction, towers,
             summary_dir, summary_every_steps, pipeline_next, micro_batches, pipeline_timeout, serve_checkpoint, bind,

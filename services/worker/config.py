@@ -47,6 +47,8 @@ class WorkerConfig:
     result_file: str = None
     data_config: str = None
     validate_every_steps: int = None
+    validate_every_secs: float = None
+    early_stop_metric: str = None
     early_stop_patience: int = None
     examples_per_epoch: int = None
     log_level: str = "INFO"

@@ -16,7 +16,7 @@ import numpy as np
 
 from zmqflow.common.errors import FailedPreconditionError
 from zmqflow.inputs.data_spec import fit, from_config, load_spec, load_tables, prepare
-from zmqflow.inputs.metrics import PRIMARY, metrics
+from zmqflow.inputs.metrics import metrics, monitored
 from zmqflow.services.worker.hooks import Hook
 
 log = logging.getLogger("worker")
@@ -28,7 +28,7 @@ class ValidationHook(Hook):
     `summaries`: a SummaryHook that gets each validation as a record."""
 
     def __init__(self, data, every_steps=100, checkpoint_dir=None, tensorboard=None, batch_size=1000,
-                 early_stop_patience=None, summaries=None):
+                 early_stop_patience=None, summaries=None, every_secs=None, monitor=None):
         spec = _fitted_spec(data)
         tables = load_tables(spec)
         if "validation" not in tables:
@@ -36,13 +36,14 @@ class ValidationHook(Hook):
                                           "split.validation")
         self.validation = prepare(spec, tables["validation"])
         self.task = spec.label.task
-        self.every_steps, self.checkpoint_dir, self.tensorboard = every_steps, checkpoint_dir, tensorboard
+        self.every_steps, self.every_secs = every_steps, every_secs   # whichever comes first (None: not by it)
+        self.checkpoint_dir, self.tensorboard = checkpoint_dir, tensorboard
         self.summaries = summaries
         self.batch_size = batch_size
-        self.metric, self.better = PRIMARY[self.task]
+        self.metric, self.better = monitored(self.task, monitor)
         self.history, self.best = [], None
         self.patience, self.stopped_early = early_stop_patience, None
-        self._last = 0
+        self._last, self._last_at = 0, time.monotonic()
 
     def begin(self, trainer):
         """Follow the global step from a thread of its own, with its own ps client: validation runs on
@@ -60,7 +61,7 @@ class ValidationHook(Hook):
             while not self._stop.wait(0.2):
                 try:
                     step = ps.stats()[0]["version"]
-                    if step - self._last >= self.every_steps:
+                    if self._due(step):
                         self.validate(ps, self._trainer.model, step)
                 except Exception as exc:      # a shard restarting: try again at the next tick
                     log.warning("validation skipped: %s: %s", type(exc).__name__, exc)
@@ -70,12 +71,20 @@ class ValidationHook(Hook):
         finally:
             ps.close()
 
+    def _due(self, step):
+        """A validation is due every `every_steps` global steps or `every_secs` seconds, whichever first
+        (never twice at one step)."""
+        if step == self._last:
+            return False
+        by_steps = self.every_steps is not None and step - self._last >= self.every_steps
+        return by_steps or (self.every_secs is not None and time.monotonic() - self._last_at >= self.every_secs)
+
     def end(self, trainer):
         self._stop.set()
         self._thread.join(timeout=120)
 
     def validate(self, ps, model, step, trainer=None):
-        self._last = step
+        self._last, self._last_at = step, time.monotonic()
         started = time.perf_counter()
         params = ps.pull()
         x, rows = self.validation.x, self.validation.rows
