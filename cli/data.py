@@ -1,6 +1,8 @@
 """`zmqflow data`: write input files for the readers, so deployments train on the training split only.
 
     zmqflow data mnist-shards --out /data/mnist        # then: zmqflow reader --preset mnist-shards --files '/data/mnist/*.bin'
+    zmqflow data prepare --data my.yaml --model mlp --out /data/prepared
+                                                       # then: zmqflow reader --data-config /data/prepared/data-config.json
 
 The compose file runs it as a one-shot service before the reader (a Kubernetes
 initContainer in deploy/k8s/reader.yaml): the 4,500 training rows of
@@ -42,6 +44,41 @@ def mnist_shards(out_dir, shards, seed):
         nbytes = os.path.getsize(path)
         click.echo(f"  {os.path.basename(path)}  {nbytes // size:,} rows  {nbytes:,} bytes")
     click.echo(f"read them with: zmqflow reader --preset mnist-shards --files '{os.path.join(out_dir, '*.bin')}'")
+
+
+@data.command(name="prepare")
+@click.option("--data", "data_spec", default="mnist", metavar="SPEC",
+              help="A data spec (YAML) or `mnist`, the shipped sample.")
+@click.option("--model", "model_spec", default="mlp", metavar="MODEL",
+              help="The model to fit to the data's inputs and classes: a built-in name, a spec file or inline JSON, "
+                   "or path.py:build.")
+@click.option("--model-opt", "model_opts", multiple=True, metavar="KEY=VALUE", help="A model option (repeatable).")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Directory of data-config.json, model.json and the shards (created; replaced on a rerun).")
+@click.option("--shards", default=8, type=click.IntRange(1, 1000), help="Number of record files.")
+@click.option("--seed", default=0, help="Seed of the row order (every file holds every class).")
+def prepare_command(data_spec, model_spec, model_opts, out_dir, shards, seed):
+    """A deployment's one-shot data task: fit the spec's statistics on its train split, fit the model
+    to its inputs and classes, and write the train split, prepared as the model's inputs and label, as
+    fixed-length record shards. Then: `zmqflow reader --data-config OUT/data-config.json`, `zmqflow ps
+    --model OUT/model.json`, `zmqflow worker --model OUT/model.json --data-config OUT/data-config.json
+    --evaluate` (the chief scores the test split at the end). Bad data exits 1 naming the file, line and
+    column."""
+    from zmqflow.common.errors import OpError
+    from zmqflow.inputs.prepared_shards import prepare_for_readers
+    from zmqflow.models.spec import resolve_model, with_options
+    try:
+        model = with_options(resolve_model(model_spec), model_opts)
+        done = prepare_for_readers(data_spec, out_dir, model, shards=shards, seed=seed)
+    except OpError as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot write to {out_dir}: {exc}") from None
+    splits = ", ".join(f"{split} {rows:,}" for split, rows in done["splits"].items())
+    click.echo(f"prepared {done['name']} ({done['task']}; rows: {splits}): {done['rows']:,} train rows of "
+               f"{done['record_bytes']:,} bytes in {len(done['shards'])} shards, model {done['model']}, in "
+               f"{done['directory']}")
+    click.echo(f"read them with: zmqflow reader --data-config {os.path.join(done['directory'], 'data-config.json')}")
 
 
 @data.command(name="inspect")

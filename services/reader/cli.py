@@ -81,8 +81,10 @@ def resolve_input(preset=None, format_kind=None, format_options=None, files=(), 
 
 
 def resolve_data_spec(data_config, split="train", chunk_size=None):
-    """(format kind, options, files) of a data spec's split from its --data-config file (spec + statistics);
-    a split drawn by fractions is drawn here, once, so every reader thread keeps the same rows."""
+    """(format kind, options, files, features) of a data spec's split from its --data-config file (spec +
+    statistics); a split drawn by fractions is drawn here, once, so every reader thread keeps the same
+    rows. A config `zmqflow data prepare` wrote names its prepared shards: the train split is read from
+    them (fixed-length records of the model's inputs and label), with no parsing."""
     from zmqflow.common.errors import InvalidArgumentError
     from zmqflow.inputs.data_spec import from_config
     from zmqflow.inputs.spec_stream import split_files, split_rows
@@ -93,10 +95,14 @@ def resolve_data_spec(data_config, split="train", chunk_size=None):
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InvalidArgumentError(f"--data-config {data_config}: not a data spec with its statistics "
                                    f"(the JSON data_spec.to_config writes): {exc}") from None
+    shards = config.get("shards")
+    if shards and split == "train":
+        options = {**shards["options"], **({"chunk_size": chunk_size} if chunk_size is not None else {})}
+        return shards["format"], options, [shards["files"]], [field[0] for field in shards["options"]["fields"]]
     options = {"config": config, "split": split, "rows": split_rows(spec, split)}
     if chunk_size is not None:
         options["chunk_size"] = chunk_size
-    return DATA_SPEC, options, split_files(spec, split)
+    return DATA_SPEC, options, split_files(spec, split), None
 
 
 def _parse_cast(values):
@@ -228,7 +234,7 @@ def command(broker, file_patterns, preset, format_kind, format_options, data_con
     keep_freed_memory()
     try:
         if data_config:
-            (kind, options, files), features, cast = resolve_data_spec(data_config, split, chunk_size), None, {}
+            (kind, options, files, features), cast = resolve_data_spec(data_config, split, chunk_size), {}
         pipeline = ReaderPipeline(broker, files, kind, options, queue=queue_name, container=container,
                                   queue_kind=queue_kind, capacity=capacity, min_after_dequeue=min_after_dequeue,
                                   seed=seed, num_epochs=num_epochs or None, shuffle_files=shuffle_files,

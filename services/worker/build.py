@@ -156,7 +156,8 @@ def run(config):
     hooks, tensorboard = training_hooks(config)
     trainer = Trainer(model, ps, queue, replica=config.task_index, num_workers=1 if stages else config.num_workers,
                       is_chief=config.is_chief, batch_size=config.batch_size, mode=config.mode, hooks=hooks,
-                      checkpoint_dir=config.checkpoint_dir, examples_per_epoch=config.examples_per_epoch,
+                      checkpoint_dir=config.checkpoint_dir,
+                      examples_per_epoch=config.examples_per_epoch or recorded(config).get("train_rows"),
                       dequeue_timeout=config.dequeue_timeout, container=config.container,
                       config={"model": spec, "backend": config.backend, **data_config(config)})
     try:
@@ -172,7 +173,10 @@ def run(config):
     if stages:
         model.finish()
     if config.is_chief and config.evaluate:
-        summary["test_accuracy"] = evaluate_on_test_split(trainer, tensorboard, summary["global_step"])
+        if config.data_config:
+            summary.update(evaluate_on_data(trainer, recorded(config), tensorboard, summary["global_step"]))
+        else:
+            summary["test_accuracy"] = evaluate_on_test_split(trainer, tensorboard, summary["global_step"])
     for hook in hooks:
         summary.update(getattr(hook, "summary", dict)())
     if tensorboard is not None:
@@ -183,12 +187,40 @@ def run(config):
     return summary
 
 
-def data_config(config):
-    """{"data": {spec, stats}} from --data-config, for the checkpoints; {} without it."""
+def recorded(config):
+    """The --data-config file's JSON (spec, stats; train_rows and shards from `zmqflow data prepare`), or {}."""
     if not config.data_config:
         return {}
     with open(config.data_config) as f:
-        return {"data": json.load(f)}
+        return json.load(f)
+
+
+def data_config(config):
+    """{"data": {spec, stats}} from --data-config, for the checkpoints; {} without it."""
+    data = recorded(config)
+    return {"data": {"spec": data["spec"], "stats": data["stats"]}} if data else {}
+
+
+def evaluate_on_data(trainer, data, tensorboard, global_step):
+    """The chief's metrics on the data spec's test split (its validation split when it has no test):
+    what a deployment without a launcher reports at the end (logged, and to TensorBoard)."""
+    from zmqflow.inputs.data_spec import from_config, load_tables, prepare
+    from zmqflow.inputs.metrics import metrics
+    spec = from_config(data)
+    tables = load_tables(spec)
+    split = "test" if "test" in tables else "validation" if "validation" in tables else None
+    if split is None:
+        log.info("no test or validation split to evaluate on")
+        return {}
+    prepared = prepare(spec, tables[split])
+    outputs = trainer.model.predict(trainer.ps.pull(), prepared.x)
+    result = metrics(outputs, prepared.y, spec.label.task)
+    log.info("%s metrics: %s", split, ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
+    if tensorboard is not None:
+        for name, value in result.items():
+            tensorboard.add_scalar(f"{split}/{name}", value, global_step)
+    return {"test_split": split, "test_metrics": result,
+            **({"test_accuracy": result["accuracy"]} if "accuracy" in result else {})}
 
 
 def evaluate_on_test_split(trainer, tensorboard, global_step):

@@ -144,7 +144,7 @@ class ValidationHook(Hook):
 
 def _fitted_spec(data):
     """A DataSpec with its train-split statistics, from a recorded config or any spec `load_spec` takes."""
-    if isinstance(data, dict) and set(data) == {"spec", "stats"}:
+    if isinstance(data, dict) and "spec" in data and "stats" in data:
         return from_config(data)
     spec = load_spec(data)
     if spec.stats is None:

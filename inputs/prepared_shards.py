@@ -1,0 +1,92 @@
+"""A data spec's train split, prepared once and written as fixed-length record shards for the readers.
+
+Why: a deployment (docker compose, Kubernetes) has no launcher to read the user's files, fit the
+statistics and feed the rows. `zmqflow data prepare` does it once, as a one-shot task:
+
+    prepare_for_readers("my.yaml", "/data/prepared", model="mlp")
+    # /data/prepared/data-config.json   the spec and its train-split statistics (+ "shards": where and how)
+    # /data/prepared/model.json         the model fitted to the data's inputs and classes
+    # /data/prepared/train-00-of-08.bin ...   records of the model's inputs and label, little-endian
+
+Every record holds the queue's components in order (inputs/spec_stream.py's queue_components):
+each input's float32 / int64 values, then the label (int32 class id, or float32 values). Readers
+stream them with the fixed_length format and no parsing (`zmqflow reader --data-config ...`);
+the rows are in a seeded random order, so every shard holds every class.
+"""
+
+import glob
+import json
+import os
+
+import numpy as np
+
+from zmqflow.inputs.data_spec import fit, load_spec, load_tables, model_for_data, prepare, to_config
+from zmqflow.inputs.spec_stream import queue_components
+
+SHARD_PATTERN = "train-*-of-*.bin"
+
+
+def record_dtype(spec):
+    """The packed little-endian record of one prepared row: every component of the spec's queue."""
+    return np.dtype([(name, np.dtype(dtype).newbyteorder("<"), tuple(shape))
+                     for name, dtype, shape in queue_components(spec)])
+
+
+def record_layout(spec):
+    """The fixed_length format's options that read `record_dtype`'s records back."""
+    dtype = record_dtype(spec)
+    return {"record_bytes": dtype.itemsize,
+            "fields": [[name, dtype.fields[name][0].base.str, dtype.fields[name][1], list(dtype.fields[name][0].shape)]
+                       for name in dtype.names]}
+
+
+def write_prepared_shards(spec, prepared, directory, shards=8, seed=0):
+    """The prepared rows as `shards` record files in a seeded order; each replaced atomically, stale
+    shards of another count removed. Returns the paths."""
+    os.makedirs(directory, exist_ok=True)
+    dtype = record_dtype(spec)
+    columns = dict(prepared.x) if isinstance(prepared.x, dict) else {"input": prepared.x}
+    columns["label"] = prepared.y
+    records = np.empty(prepared.rows, dtype)
+    for name in dtype.names:
+        records[name] = columns[name].reshape(records[name].shape)
+    records = records[np.random.default_rng(seed).permutation(prepared.rows)]
+    paths = []
+    for i, part in enumerate(np.array_split(records, shards)):
+        path = os.path.join(directory, f"train-{i:02d}-of-{shards:02d}.bin")
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(part.tobytes())
+        os.replace(tmp, path)
+        paths.append(path)
+    for stale in set(glob.glob(os.path.join(directory, SHARD_PATTERN))) - set(paths):
+        os.remove(stale)
+    return paths
+
+
+def prepare_for_readers(data, directory, model="mlp", shards=8, seed=0):
+    """Fit the spec on its train split, write the prepared shards, data-config.json and model.json into
+    `directory`; returns a summary (rows, record bytes, paths, the model's type)."""
+    from zmqflow.models.spec import resolve_model
+    spec = load_spec(data)
+    tables = load_tables(spec)
+    fit(spec, tables["train"])
+    fitted = model_for_data(spec, resolve_model(model) if not isinstance(model, dict) else model)
+    prepared = prepare(spec, tables["train"])
+    paths = write_prepared_shards(spec, prepared, directory, shards, seed)
+    config = {**to_config(spec), "train_rows": prepared.rows,
+              "shards": {"files": os.path.join(os.path.abspath(directory), SHARD_PATTERN),
+                         "format": "fixed_length", "options": record_layout(spec)}}
+    _write_json(os.path.join(directory, "data-config.json"), config)
+    _write_json(os.path.join(directory, "model.json"), fitted)
+    return {"name": spec.name, "task": spec.label.task, "rows": prepared.rows, "splits": {s: len(t) for s, t in
+                                                                                           tables.items()},
+            "record_bytes": record_layout(spec)["record_bytes"], "shards": paths, "model": fitted["type"],
+            "directory": os.path.abspath(directory)}
+
+
+def _write_json(path, value):
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=1)
+    os.replace(tmp, path)
