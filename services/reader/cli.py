@@ -142,7 +142,7 @@ def _tf_config_task():
 @click.option("--format-options", default=None, metavar="JSON",
               help='Options of the format as JSON, merged over the preset\'s, e.g. \'{"skip_header_lines": 1}\' '
                    "(see services/reader/formats).")
-@click.option("--data-config", default=None, type=click.Path(dir_okay=False, exists=True),
+@click.option("--data-config", default=None, type=click.Path(dir_okay=False),
               help="Stream a data spec instead: its spec and train-split statistics as JSON (what `zmqflow train "
                    "--data` records). Instances are the model's prepared inputs and `label`; CSV specs only; bad "
                    "rows fail or are skipped as the spec's skip_bad_rows says.")

@@ -91,10 +91,9 @@ def training_hooks(config):
         if not config.data_config:
             raise UsageError("--validate-every-steps/-secs need --data-config (the data spec with a validation split)")
         from zmqflow.services.worker.validation import ValidationHook
-        with open(config.data_config) as f:
-            hooks.append(ValidationHook(json.load(f), config.validate_every_steps, config.checkpoint_dir, tensorboard,
-                                        early_stop_patience=config.early_stop_patience, summaries=summaries,
-                                        every_secs=config.validate_every_secs, monitor=config.early_stop_metric))
+        hooks.append(ValidationHook(recorded(config), config.validate_every_steps, config.checkpoint_dir, tensorboard,
+                                    early_stop_patience=config.early_stop_patience, summaries=summaries,
+                                    every_secs=config.validate_every_secs, monitor=config.early_stop_metric))
     return hooks, tensorboard
 
 
@@ -191,8 +190,12 @@ def recorded(config):
     """The --data-config file's JSON (spec, stats; train_rows and shards from `zmqflow data prepare`), or {}."""
     if not config.data_config:
         return {}
-    with open(config.data_config) as f:
-        return json.load(f)
+    try:
+        with open(config.data_config) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"--data-config {config.data_config} does not exist (`zmqflow data prepare` or "
+                         "`zmqflow train` writes it)") from None
 
 
 def data_config(config):

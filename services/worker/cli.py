@@ -64,7 +64,7 @@ from zmqflow.services.worker.config import UsageError, WorkerConfig
               type=click.Choice(["accuracy", "log_loss", "macro_f1", "auc", "rmse", "mae", "r2"]),
               help="Chief: the validation metric the best checkpoint and early stopping follow (lower is better for "
                    "log_loss, rmse, mae). Default: accuracy, or rmse for a regression.")
-@click.option("--data-config", default=None, type=click.Path(dir_okay=False, exists=True),
+@click.option("--data-config", default=None, type=click.Path(dir_okay=False),
               help="Chief: a JSON file of the data spec and its train-split statistics, recorded in every checkpoint "
                    "so `zmqflow predict` and `evaluate` transform inputs as training did (zmqflow train writes it).")
 @click.option("--examples-per-epoch", default=None, type=int, help="For the epoch column of the log.")

@@ -69,7 +69,8 @@ def test_every_service_has_command_healthcheck_and_valid_dependencies(project):
                 continue
             assert condition == "service_healthy", (name, dep)
             assert project.services[dep].healthcheck is not None
-    assert not project.services["broker"].depends_on and not project.services["ps0"].depends_on
+    assert not project.services["broker"].depends_on
+    assert project.services["ps0"].depends_on == {"data": "service_completed_successfully"}   # its model.json
     assert set(project.services["worker0"].depends_on) == {"broker", "ps0", "ps1"}
 
 
@@ -129,16 +130,33 @@ def test_commands_parse_with_the_real_clis(project):
     assert chief["shutdown_ps"] and chief["shutdown_broker"] and chief["checkpoint_dir"] == "/data/ckpt"
 
 
-def test_reader_streams_the_training_shards_the_data_service_writes(project):
-    """The chief evaluates on mnist_split's test rows: the reader must not read the whole CSV."""
+def test_every_training_task_uses_what_the_data_service_prepares(project):
+    """The data spec's train split, prepared once: the reader streams it (never the test rows the chief
+    scores), the ps shards and the workers hold the model fitted to it."""
     data = parse_zmqflow(project.services["data"].command)
+    assert project.services["data"].command[1:3] == ["data", "prepare"]   # after the entrypoint
+    assert (data["data_spec"], data["model_spec"]) == ("mnist", "mlp")   # ZMQFLOW_DATA, ZMQFLOW_MODEL unset
+    prepared = data["out_dir"]
+    assert prepared.startswith("/data/")                                  # the shared volume
     reader = parse_zmqflow(project.services["reader"].command)
-    assert project.services["data"].command[1:3] == ["data", "mnist-shards"]   # after the entrypoint
-    assert reader["preset"] == "mnist-shards" and reader["file_patterns"] == (f"{data['out_dir']}/*.bin",)
-    assert project.services["reader"].depends_on["data"] == "service_completed_successfully"
-    assert data["out_dir"].startswith("/data/")                  # the shared volume
-    workers = {parse_zmqflow(project.services[w].command)["examples_per_epoch"] for w in ("worker0", "worker1")}
-    assert workers == {4500}                                     # the training split, not the 5,000-row sample
+    assert reader["data_config"] == f"{prepared}/data-config.json" and not reader["preset"]
+    for name in ("ps0", "ps1", "worker0", "worker1"):
+        assert parse_zmqflow(project.services[name].command)["model_spec"] == f"{prepared}/model.json", name
+    for name in ("ps0", "ps1", "reader"):
+        assert project.services[name].depends_on["data"] == "service_completed_successfully", name
+    for name in ("worker0", "worker1"):
+        worker = parse_zmqflow(project.services[name].command)
+        assert worker["data_config"] == f"{prepared}/data-config.json" and worker["evaluate"]
+        assert worker["examples_per_epoch"] is None                       # the prepared train rows, recorded
+
+
+def test_data_and_model_variables_are_read():
+    from zmqflow.jobs.up.compose import load
+    project = load(COMPOSE, env={"ZMQFLOW_DATA": "/user/wine.yaml", "ZMQFLOW_MODEL": "/user/net.py:build",
+                                 "ZMQFLOW_NAME": "wine"})
+    data = parse_zmqflow(project.services["data"].command)
+    assert (data["data_spec"], data["model_spec"]) == ("/user/wine.yaml", "/user/net.py:build")
+    assert parse_zmqflow(project.services["serve0"].command)["model_name"] == "wine"
 
 
 def test_healthcheck_commands_parse(project):

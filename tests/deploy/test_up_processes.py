@@ -53,14 +53,35 @@ def test_shipped_compose_file_trains_to_completion(project, tmp_path):
     for name in TRAINING:   # every service ends by itself, with 0: the job is complete
         assert f"zmqflow up: {name} exited with code 0" in out, out[-5000:]
     assert "worker0 is done" in out and "stopping every service" in out
-    assert re.search(r"^worker0  \| .*test accuracy: 0\.\d+", out, re.M)
+    assert re.search(r"^worker0  \| .*test metrics: accuracy 0\.\d+", out, re.M)
     assert f"listening on tcp://127.0.0.1:{5555 + offset}" in out and f"127.0.0.1:{5601 + offset}" in out
     assert os.listdir(tmp_path / "zmqflow-data" / "ckpt"), "the chief's checkpoints are in the local volume"
-    assert "wrote 8 shards of the MNIST training split (4,500 rows" in out   # the one-shot data service
-    assert len(os.listdir(tmp_path / "zmqflow-data" / "mnist")) == 8
+    assert "prepared mnist (multiclass; rows: train 4,500, test 500): 4,500 train rows" in out   # the data service
+    assert len([f for f in os.listdir(tmp_path / "zmqflow-data" / "prepared") if f.endswith(".bin")]) == 8
     assert out.index("data exited with code 0") < re.search(r"^reader +\| ", out, re.M).start()   # reader after it
     pids = [int(p) for p in re.findall(r"listening on \S+ \(pid (\d+)\)", out)]
     assert len(pids) == 3 and all(gone(pid) for pid in pids)
+
+
+def test_shipped_compose_file_trains_on_your_own_data_and_model(project, tmp_path):
+    """ZMQFLOW_DATA and ZMQFLOW_MODEL: a CSV and its spec in the user directory (mounted at /user), the
+    same services; the chief scores the spec's test split."""
+    import yaml
+    from tests.support.tabular import spec_dict, write_csv
+    user = tmp_path / "user"
+    user.mkdir()
+    write_csv(user / "pets.csv", 1500, seed=2)
+    spec = spec_dict("pets.csv", split={"test": 0.2, "seed": 0})          # relative to the spec file
+    (user / "pets.yaml").write_text(yaml.safe_dump(spec))
+    offset = free_port_offset(compose_ports(project))
+    code, out = up(["-f", COMPOSE, "--port-offset", str(offset), "--workdir", str(tmp_path), "--abort-on-failure",
+                    "--services", ",".join(TRAINING)],
+                   env={"EPOCHS": "8", "ZMQFLOW_USER_DIR": str(user), "ZMQFLOW_DATA": "/user/pets.yaml",
+                        "ZMQFLOW_MODEL": "logistic"})
+    assert code == 0, out[-5000:]
+    assert "prepared data (multiclass; rows: train 1,200, test 300): 1,200 train rows of 28 bytes" in out, out[-3000:]
+    accuracy = float(re.search(r"^worker0  \| .*test metrics: accuracy (0\.\d+)", out, re.M).group(1))
+    assert accuracy > 0.8, out[-3000:]
 
 
 @pytest.mark.timeout(300)
