@@ -24,6 +24,17 @@ def k8s():
               help="Epochs the reader streams (its --num-epochs).")
 @click.option("--image", default=k8s_render.DEFAULT_IMAGE,
               help="The zmqflow image (ENTRYPOINT zmqflow) every container runs.")
+@click.option("--data", "data_spec", default=k8s_render.DEFAULT_DATA, metavar="SPEC",
+              help="The data spec to train on: `mnist` (the shipped sample) or a spec file inside the image (an "
+                   "image built FROM zmqflow's holding the spec and its data files, with --image). Every ps, worker "
+                   "and reader pod runs `zmqflow data prepare` on it in an initContainer.")
+@click.option("--model", "model_spec", default=k8s_render.DEFAULT_MODEL, metavar="MODEL",
+              help="The model fitted to the data: a built-in name, inline JSON, or a spec file or path.py:build "
+                   "inside the image.")
+@click.option("--model-opt", "model_opts", multiple=True, metavar="KEY=VALUE",
+              help="A model option for `data prepare` (repeatable).")
+@click.option("--model-name", default=k8s_render.DEFAULT_MODEL_NAME,
+              help="The name the model servers serve the model under (their --name).")
 @click.option("--namespace", default=None, help="Namespace of every object. Default: none (kubectl's current one).")
 @click.option("--curve", is_flag=True,
               help="Generate fresh CURVE keys into a Secret zmqflow-curve, mounted read-only in every pod with "
@@ -35,19 +46,23 @@ def k8s():
 @click.option("--out", "out", default=None, type=click.Path(file_okay=False),
               help="Write one file per component into this directory (cluster.yaml, broker.yaml, ps.yaml, ...). "
                    "Default: one multi-document YAML on stdout.")
-def render(ps, workers, serve, epochs, image, namespace, curve, tfjob, out):
+def render(ps, workers, serve, epochs, image, data_spec, model_spec, model_opts, model_name, namespace, curve, tfjob,
+           out):
     """Print the manifests: ConfigMap zmqflow-cluster (cluster.json, the TF_CONFIG entry snippet), the
     zmqflow-data claim (ReadWriteMany, checkpoints in /data), headless Services and StatefulSets for the ps
     shards and workers (or a TFJob with --tfjob), and Deployments with Services for the broker, the reader,
-    the model servers and the aggregator.
+    the model servers and the aggregator. The ps, worker and reader pods prepare the data and fit the model
+    in an initContainer (`zmqflow data prepare`), each into its own emptyDir at /prepared.
 
     \b
       zmqflow k8s render --ps 4 --workers 8 | kubectl apply -f -
+      zmqflow k8s render --image my-zmqflow --data /app/pets.yaml --model cnn | kubectl apply -f -
       zmqflow k8s render --ps 2 --workers 2 --out deploy/k8s
     """
     try:
         options = k8s_render.Options(ps=ps, workers=workers, serve=serve, epochs=epochs, image=image,
-                                     namespace=namespace, curve=curve, tfjob=tfjob)
+                                     namespace=namespace, curve=curve, tfjob=tfjob, data=data_spec,
+                                     model=model_spec, model_opts=tuple(model_opts), model_name=model_name)
     except InvalidArgumentError as exc:
         raise click.UsageError(str(exc)) from None
     files = k8s_render.generate_curve_files() if curve else None

@@ -6,14 +6,21 @@ into YAML text (one file per component, or one multi-document stream). Nothing h
 disk except `generate_curve_files`, which runs the project's own key generation in a temporary
 directory and returns the files' bytes.
 
-What every pod gets: the same commands as docker-compose.yml (modulo host names), a readiness and a
-liveness probe, resource requests (cpu, memory) and a memory limit, a non-root security context
-(uid 10001, the image's user), Prometheus annotations and a `metrics` port (its ZeroMQ port + 1000).
+What every pod gets: the same commands as docker-compose.yml (modulo host names and the prepared
+directory), a readiness and a liveness probe, resource requests (cpu, memory) and a memory limit, a
+non-root security context (uid 10001, the image's user), Prometheus annotations and a `metrics` port
+(its ZeroMQ port + 1000).
 
 Commands: the image's ENTRYPOINT is ["zmqflow"] (CMD ["--help"]), but no container here relies on
 it. Every container sets `command:` -- the program: ["zmqflow"], or, where TF_CONFIG comes from the
 pod name, the entry snippet followed by "zmqflow" -- and `args:` is always the zmqflow subcommand
 with its options: the service's docker-compose command without a leading "zmqflow".
+
+Data and model: every pod that needs them (ps, workers, reader) runs compose's one-shot `data` command,
+`zmqflow data prepare --data SPEC --model MODEL`, as an initContainer into an emptyDir of its own at
+/prepared (compose writes /data/prepared once). The command is deterministic, so every pod holds the
+same model.json, data-config.json and shards with no ordering between pods, and a pod that restarts
+never rewrites files another pod is reading.
 """
 
 import base64
@@ -31,10 +38,14 @@ import yaml
 from zmqflow.common import curve
 from zmqflow.common.cluster import ClusterSpec
 from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.models.spec import with_options
 
 DEFAULT_IMAGE = "zmqflow:latest"
 DEFAULT_SERVE = 3
 DEFAULT_EPOCHS = 5
+DEFAULT_DATA = "mnist"         # the shipped sample's built-in data spec
+DEFAULT_MODEL = "mlp"
+DEFAULT_MODEL_NAME = "model"   # the model servers' --name
 
 BROKER_PORT, PS_PORT, WORKER_PORT, SERVE_PORT, AGGREGATOR_PORT = 5555, 5600, 5610, 5700, 5800
 READER_METRICS_PORT = 6620
@@ -46,25 +57,26 @@ APP = "zmqflow"
 CLUSTER_CONFIG_MAP = "zmqflow-cluster"
 DATA_CLAIM = "zmqflow-data"
 CURVE_SECRET = "zmqflow-curve"
-TFJOB_NAME = "zmqflow-mnist"
+TFJOB_NAME = "zmqflow-train"
 CONFIG_DIR = "/etc/zmqflow"
 CURVE_DIR = "/etc/zmqflow-curve"   # ZMQFLOW_CURVE_DIR in every container with --curve
 DATA_DIR = "/data"
 CHECKPOINTS = "/data/ckpt"
-SHARDS = "/data/mnist"
+PREPARED = "/prepared"        # each pod's own emptyDir: `zmqflow data prepare --out` of its initContainer
+MODEL_JSON = f"{PREPARED}/model.json"
+DATA_CONFIG = f"{PREPARED}/data-config.json"
 
 ZMQFLOW = ["zmqflow"]
 ENTRY = ["sh", f"{CONFIG_DIR}/entrypoint.sh"]
 OPTIMIZER = '{"kind": "adam", "learning_rate": 0.004}'
 CHECKPOINT_EVERY_STEPS = "50"
-EXAMPLES_PER_EPOCH = "4500"
 
 # (cpu request, memory request, memory limit) per container; no cpu limit (no throttling mid-step).
 RESOURCES = {
     "broker": ("250m", "256Mi", "1Gi"),      # holds the queue: 20,000 MNIST rows are ~63 MB
     "ps": ("500m", "512Mi", "2Gi"),
     "worker": ("1", "1Gi", "2Gi"),
-    "data": ("100m", "256Mi", "512Mi"),
+    "data": ("100m", "256Mi", "512Mi"),     # `data prepare` of MNIST peaks at ~125 MB
     "reader": ("250m", "256Mi", "1Gi"),
     "serve": ("250m", "256Mi", "1Gi"),
     "aggregator": ("100m", "128Mi", "512Mi"),
@@ -96,6 +108,10 @@ class Options:
     namespace: Optional[str] = None
     curve: bool = False
     tfjob: bool = False
+    data: str = DEFAULT_DATA
+    model: str = DEFAULT_MODEL
+    model_opts: tuple = ()
+    model_name: str = DEFAULT_MODEL_NAME
 
     def __post_init__(self):
         for name, base in (("ps", PS_PORT), ("workers", WORKER_PORT), ("serve", SERVE_PORT)):
@@ -112,6 +128,13 @@ class Options:
         if self.namespace is not None and not _DNS_LABEL.match(self.namespace):
             raise InvalidArgumentError(f"namespace {self.namespace!r} is not a DNS label "
                                        "(lower case letters, digits and '-', at most 63)")
+        for name in ("data", "model", "model_name"):   # read inside the image: only their form is checked here
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise InvalidArgumentError(f"{name} must be a non-empty string, not {value!r}")
+        if not isinstance(self.model_opts, tuple):
+            raise InvalidArgumentError(f"model_opts must be a tuple of key=value strings, not {self.model_opts!r}")
+        with_options({}, self.model_opts)   # key=value, the value YAML, as `data prepare --model-opt` reads it
 
     def command_line(self, out=None):
         """The `zmqflow k8s render` command that renders these options (the files' header)."""
@@ -124,6 +147,14 @@ class Options:
             argv += ["--image", self.image]
         if self.namespace:
             argv += ["--namespace", self.namespace]
+        if self.data != DEFAULT_DATA:
+            argv += ["--data", self.data]
+        if self.model != DEFAULT_MODEL:
+            argv += ["--model", self.model]
+        for option in self.model_opts:
+            argv += ["--model-opt", option]
+        if self.model_name != DEFAULT_MODEL_NAME:
+            argv += ["--model-name", self.model_name]
         argv += ["--curve"] * self.curve + ["--tfjob"] * self.tfjob
         if out is not None:
             argv += ["--out", out]
@@ -150,7 +181,8 @@ def cluster_spec(options):
 
 
 # ------------------------------------------------------------------ the services' command lines
-# (docker-compose.yml's commands without "zmqflow"; hosts are the Kubernetes Service names)
+# (docker-compose.yml's commands without "zmqflow"; hosts are the Kubernetes Service names, and the
+# prepared files are in the pod's own /prepared where compose has /data/prepared)
 
 
 def _metrics(port):
@@ -164,32 +196,36 @@ def broker_args():
 
 def ps_args():
     # every ps pod serves its metrics on 6600 (its own IP); its ZeroMQ port comes from TF_CONFIG
-    return ["ps", "--optimizer", OPTIMIZER, "--restore-from", CHECKPOINTS,
+    return ["ps", "--model", MODEL_JSON, "--optimizer", OPTIMIZER, "--restore-from", CHECKPOINTS,
             "--metrics-port", _metrics(PS_PORT + METRICS_OFFSET)]
 
 
 def worker_args():
     # metrics from ZMQFLOW_METRICS_PORT (as in docker-compose.yml, where the workers share this command)
+    # the epoch length comes from the data config (the prepared train rows); the chief scores the test split
     return ["worker", "--broker", f"tcp://broker:{BROKER_PORT}", "--queue", "train", "--evaluate",
+            "--model", MODEL_JSON, "--data-config", DATA_CONFIG,
             "--shutdown-ps", "--shutdown-broker", "--checkpoint-dir", CHECKPOINTS,
-            "--checkpoint-every-steps", CHECKPOINT_EVERY_STEPS, "--examples-per-epoch", EXAMPLES_PER_EPOCH]
+            "--checkpoint-every-steps", CHECKPOINT_EVERY_STEPS]
 
 
-def data_args():
-    return ["data", "mnist-shards", "--out", SHARDS]
+def data_args(options):
+    argv = ["data", "prepare", "--data", options.data, "--model", options.model]
+    for option in options.model_opts:
+        argv += ["--model-opt", option]
+    return argv + ["--out", PREPARED]
 
 
 def reader_args(epochs):
-    return ["reader", "--broker", f"tcp://broker:{BROKER_PORT}", "--preset", "mnist-shards",
-            "--files", f"{SHARDS}/*.bin", "--queue", "train",
+    return ["reader", "--broker", f"tcp://broker:{BROKER_PORT}", "--data-config", DATA_CONFIG, "--queue", "train",
             "--num-epochs", str(epochs), "--capacity", "20000", "--min-after-dequeue", "2000", "--seed", "0",
             "--metrics-port", _metrics(READER_METRICS_PORT)]
 
 
-def serve_args(i):
+def serve_args(i, name=DEFAULT_MODEL_NAME):
     port = SERVE_PORT + i
     return ["serve", "--checkpoint", CHECKPOINTS, "--bind", f"tcp://0.0.0.0:{port}", "--refresh-secs", "5",
-            "--name", "mnist", "--metrics-port", _metrics(port + METRICS_OFFSET)]
+            "--name", name, "--metrics-port", _metrics(port + METRICS_OFFSET)]
 
 
 def aggregator_args(members):
@@ -310,6 +346,20 @@ def _volume_data():
 
 def _volume_cluster():
     return {"name": "cluster", "configMap": {"name": CLUSTER_CONFIG_MAP}}
+
+
+def _volume_prepared():
+    return {"name": "prepared", "emptyDir": {}}
+
+
+def _mount_prepared(read_only=True):
+    return {"name": "prepared", "mountPath": PREPARED, **({"readOnly": True} if read_only else {})}
+
+
+def _data_init(options):
+    """The initContainer that writes this pod's /prepared: compose's one-shot `data` command."""
+    return _container(options, "data", "data", data_args(options), mounts=[_mount_prepared(read_only=False)],
+                      init=True)
 
 
 POD_NAME_ENV = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
@@ -439,13 +489,16 @@ def ps_component(options):
     metrics = PS_PORT + METRICS_OFFSET
     main = _container(options, "ps", "ps", ps_args(), command=ENTRY + ZMQFLOW, ports=[_port("metrics", metrics)],
                       env=[POD_NAME_ENV], mounts=[{"name": "cluster", "mountPath": CONFIG_DIR},
-                                                  {"name": "data", "mountPath": DATA_DIR}],
+                                                  {"name": "data", "mountPath": DATA_DIR}, _mount_prepared()],
                       readiness=ready_when(_ordinal_ping(PS_PORT)),
                       liveness=alive_while(_ordinal_ping(PS_PORT, timeout=5)))
-    template = _pod_template(options, labels, metrics, [main], [_volume_cluster(), _volume_data()])
+    template = _pod_template(options, labels, metrics, [main], [_volume_cluster(), _volume_data(), _volume_prepared()],
+                             init_containers=[_data_init(options)])
     return Component("ps", [
         (f"ps shards: {options.ps} pods with the stable names ps-0.ps, ps-1.ps, ... from the headless Service;\n"
-         f"shard i listens on {PS_PORT} + i (the port of its task in cluster.json).",
+         f"shard i listens on {PS_PORT} + i (the port of its task in cluster.json). Each pod's initContainer\n"
+         f"fits the model to the data ({MODEL_JSON}) as the reader's prepares its shards: the same bytes\n"
+         "in every pod.",
          _service(options, "ps", labels, _task_ports("ps", PS_PORT, options.ps), headless=True)),
         ("", _stateful_set(options, "ps", options.ps, template)),
     ])
@@ -460,15 +513,18 @@ def worker_component(options):
     metrics = WORKER_PORT + METRICS_OFFSET
     main = _container(options, "worker", "worker", worker_args(), command=ENTRY + ZMQFLOW,
                       ports=[_port("metrics", metrics)], env=[POD_NAME_ENV] + _worker_env(metrics),
-                      mounts=[{"name": "cluster", "mountPath": CONFIG_DIR}, {"name": "data", "mountPath": DATA_DIR}],
+                      mounts=[{"name": "cluster", "mountPath": CONFIG_DIR}, {"name": "data", "mountPath": DATA_DIR},
+                              _mount_prepared()],
                       readiness=ready_when(ENTRY + ["zmqflow", "cluster", "check"], period=10, timeout=10),
                       liveness=alive_while_metrics_answer(), startup=started_when_metrics_answer())
-    template = _pod_template(options, labels, metrics, [main], [_volume_cluster(), _volume_data()])
+    template = _pod_template(options, labels, metrics, [main], [_volume_cluster(), _volume_data(), _volume_prepared()],
+                             init_containers=[_data_init(options)])
     return Component("worker", [
         (f"Workers: {options.workers} pods, worker-0 the chief (TF_CONFIG without a chief job). They dial out only;\n"
          "the headless Service gives them the stable names of the cluster spec (worker-0.worker, ...). A worker\n"
          "is ready while every server of its cluster answers (`zmqflow cluster check`), alive while its metrics\n"
-         "endpoint answers (its own thread: a long step does not count).",
+         "endpoint answers (its own thread: a long step does not count). The initContainer writes the model and\n"
+         f"the data config ({PREPARED}): the chief scores the data's test split at the end.",
          _service(options, "worker", labels, _task_ports("worker", WORKER_PORT, options.workers), headless=True)),
         ("", _stateful_set(options, "worker", options.workers, template)),
     ])
@@ -479,9 +535,10 @@ def tfjob_component(options):
         metrics = port + METRICS_OFFSET
         main = _container(options, "tensorflow", job, args,   # the container the operator gives TF_CONFIG
                           ports=[_port("tfjob-port", port), _port("metrics", metrics)],
-                          mounts=[{"name": "data", "mountPath": DATA_DIR}], **main_kwargs)
-        return {"replicas": count, "restartPolicy": "OnFailure",
-                "template": _pod_template(options, _labels(job), metrics, [main], [_volume_data()])}
+                          mounts=[{"name": "data", "mountPath": DATA_DIR}, _mount_prepared()], **main_kwargs)
+        template = _pod_template(options, _labels(job), metrics, [main], [_volume_data(), _volume_prepared()],
+                                 init_containers=[_data_init(options)])
+        return {"replicas": count, "restartPolicy": "OnFailure", "template": template}
 
     ps = replica("ps", options.ps, PS_PORT, ps_args(),
                  dict(readiness=ready_when(_ping(PS_PORT)), liveness=alive_while(_ping(PS_PORT) + ["--timeout", "5"])))
@@ -498,7 +555,8 @@ def tfjob_component(options):
         (f"The same training job under Kubeflow's training operator, instead of ps.yaml and worker.yaml: the\n"
          f"operator creates the {options.ps} ps and {options.workers} worker pods and sets TF_CONFIG in each "
          f"(services {TFJOB_NAME}-ps-0, ...\n"
-         "on the port named tfjob-port), so the commands are those of docker-compose.yml with no entry snippet.\n"
+         "on the port named tfjob-port), so the commands are those of docker-compose.yml with no entry snippet;\n"
+         f"each pod's initContainer prepares the model and the data in {PREPARED}, as in the StatefulSets.\n"
          "The broker, the reader and the model servers come from the other files:\n"
          f"  kubectl apply -f cluster.yaml{curve_file} -f broker.yaml -f reader.yaml -f tfjob.yaml "
          "-f serve.yaml -f aggregator.yaml\n"
@@ -509,19 +567,18 @@ def tfjob_component(options):
 
 def reader_component(options):
     labels = _labels("reader")
-    mounts = [{"name": "mnist", "mountPath": SHARDS}]
-    init = _container(options, "data", "data", data_args(), mounts=mounts, init=True)
     main = _container(options, "reader", "reader", reader_args(options.epochs),
-                      ports=[_port("metrics", READER_METRICS_PORT)], mounts=mounts,
+                      ports=[_port("metrics", READER_METRICS_PORT)], mounts=[_mount_prepared()],
                       readiness=ready_when(["sh", "-c", f"zmqflow queues tcp://broker:{BROKER_PORT} | grep -q train"],
                                            period=10, timeout=10),
                       liveness=alive_while_metrics_answer(), startup=started_when_metrics_answer())
-    template = _pod_template(options, labels, READER_METRICS_PORT, [main], [{"name": "mnist", "emptyDir": {}}],
-                             init_containers=[init])
+    template = _pod_template(options, labels, READER_METRICS_PORT, [main], [_volume_prepared()],
+                             init_containers=[_data_init(options)])
     return Component("reader", [
         ("Readers: more replicas join the same pipeline (--queue train); the last to finish closes it.\n"
-         "The initContainer writes the training split (never the chief's test rows) to the pod's own emptyDir,\n"
-         "as the compose file's one-shot `data` service does; every replica writes the same bytes (seed 0).",
+         f"The initContainer prepares the train split of `{options.data}` (never the chief's test rows) in the\n"
+         f"pod's own emptyDir at {PREPARED}, as the compose file's one-shot `data` service does; every pod that\n"
+         "runs it (readers, ps shards, workers) writes the same bytes (seed 0).",
          _deployment(options, "reader", labels, template)),
     ])
 
@@ -531,7 +588,8 @@ def serve_component(options):
     for i in range(options.serve):
         name, port = f"serve{i}", SERVE_PORT + i
         labels = _labels("serve", member=str(i))
-        main = _container(options, "serve", "serve", serve_args(i), ports=_zmq_container_ports(port),
+        main = _container(options, "serve", "serve", serve_args(i, options.model_name),
+                          ports=_zmq_container_ports(port),
                           mounts=[{"name": "data", "mountPath": DATA_DIR, "readOnly": True}],
                           readiness=ready_when(_ping(port)), liveness=alive_while(_ping(port) + ["--timeout", "5"]))
         template = _pod_template(options, labels, port + METRICS_OFFSET, [main], [_volume_data()])

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.unit
 # Kubernetes host -> compose service name
 HOSTS = {"ps-0.ps": "ps0", "ps-1.ps": "ps1", "worker-0.worker": "worker0", "worker-1.worker": "worker1"}
 ENTRY = ["sh", "/etc/zmqflow/entrypoint.sh"]
+PREPARED = {"/prepared": "/data/prepared"}   # each pod's own emptyDir -> compose's one directory in the volume
 OUT = "deploy/k8s"   # as the files' header says
 
 
@@ -56,9 +57,10 @@ def compose_argv(service):
 
 
 def compose_hosts(argv):
-    """argv with Kubernetes host names renamed to the compose ones."""
+    """argv with Kubernetes host names and the prepared directory renamed to the compose ones."""
     pattern = re.compile("|".join(re.escape(h) for h in HOSTS))
-    return [pattern.sub(lambda m: HOSTS[m.group(0)], arg) for arg in argv]
+    paths = re.compile("^(" + "|".join(re.escape(p) for p in PREPARED) + ")(?=/|$)")
+    return [paths.sub(lambda m: PREPARED[m.group(0)], pattern.sub(lambda m: HOSTS[m.group(0)], arg)) for arg in argv]
 
 
 def test_deploy_k8s_is_the_renderers_output_for_two_ps_and_two_workers():
@@ -84,7 +86,7 @@ def test_manifests_are_the_expected_objects():
     for kind, name in [("StatefulSet", "ps"), ("StatefulSet", "worker"), ("Service", "ps"), ("Service", "worker"),
                        ("Deployment", "broker"), ("Deployment", "reader"), ("Deployment", "aggregator"),
                        ("Deployment", "serve0"), ("Deployment", "serve2"), ("ConfigMap", "zmqflow-cluster"),
-                       ("PersistentVolumeClaim", "zmqflow-data"), ("TFJob", "zmqflow-mnist")]:
+                       ("PersistentVolumeClaim", "zmqflow-data"), ("TFJob", "zmqflow-train")]:
         assert (kind, name) in docs, (kind, name)
     assert ("Secret", "zmqflow-curve") not in docs   # no private keys in the repository
     for (kind, name), doc in docs.items():
@@ -135,24 +137,34 @@ def test_every_container_sets_its_command_and_args_never_repeat_the_entrypoint()
             assert c["args"][0] != "zmqflow", (name, c["name"])
 
 
-def test_reader_init_container_writes_the_shards_it_reads(project):
-    spec = documents()[("Deployment", "reader")]["spec"]["template"]["spec"]
-    init = spec["initContainers"][0]
-    assert k8s_argv(init) == compose_argv(project.services["data"])
-    out = init["args"][init["args"].index("--out") + 1]
-    mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
-    assert {m["name"]: m["mountPath"] for m in spec["containers"][0]["volumeMounts"]} == mounts
-    assert out in mounts.values() and f"{out}/*.bin" in container({"spec": {"template": {"spec": spec}}})["args"]
-    assert {v["name"] for v in spec["volumes"]} == set(mounts)
+def test_every_pod_that_reads_the_prepared_files_writes_them_first(project):
+    """The reader, the ps shards and the workers (StatefulSets and TFJob) run compose's one-shot `data`
+    command as an initContainer into an emptyDir of their own, and read what it wrote from there."""
+    templates = dict(pod_templates(documents()))
+    names = ["reader", "ps", "worker", "zmqflow-train/PS", "zmqflow-train/Worker"]
+    assert sorted(name for name, t in templates.items() if t["spec"].get("initContainers")) == sorted(names)
+    for name in names:
+        spec = templates[name]["spec"]
+        [init], main = spec["initContainers"], spec["containers"][0]
+        assert compose_hosts(k8s_argv(init)) == compose_argv(project.services["data"]), name
+        out = init["args"][init["args"].index("--out") + 1]
+        [written] = [m for m in init["volumeMounts"] if m["mountPath"] == out]
+        [read] = [m for m in main["volumeMounts"] if m["name"] == written["name"]]
+        assert read["mountPath"] == out and read.get("readOnly") is True, name
+        assert {"name": written["name"], "emptyDir": {}} in spec["volumes"], name   # the pod's own, no ordering
+        for flag in ("--model", "--data-config"):
+            if flag in main["args"]:
+                assert main["args"][main["args"].index(flag) + 1].startswith(out + "/"), (name, flag)
+        assert {"--model", "--data-config"} & set(main["args"]), name
 
 
 def test_tfjob_runs_the_compose_commands(project):
-    spec = documents()[("TFJob", "zmqflow-mnist")]["spec"]["tfReplicaSpecs"]
+    spec = documents()[("TFJob", "zmqflow-train")]["spec"]["tfReplicaSpecs"]
     for replica, name in (("PS", "ps0"), ("Worker", "worker0")):
         main = spec[replica]["template"]["spec"]["containers"][0]
         assert main["name"] == "tensorflow"                # the container the operator gives TF_CONFIG
         assert main["command"] == ["zmqflow"]              # no entry snippet: the operator sets TF_CONFIG
-        assert k8s_argv(main) == compose_argv(project.services[name])
+        assert compose_hosts(k8s_argv(main)) == compose_argv(project.services[name])
         assert main["ports"][0]["name"] == "tfjob-port"
         assert spec[replica]["replicas"] == 2
         assert spec[replica]["restartPolicy"] == "OnFailure"
