@@ -4,10 +4,10 @@
     zmqflow data prepare --data my.yaml --model mlp --out /data/prepared
                                                        # then: zmqflow reader --data-config /data/prepared/data-config.json
 
-The compose file runs it as a one-shot service before the reader (a Kubernetes
-initContainer in deploy/k8s/reader.yaml): the 4,500 training rows of
-inputs/datasets.py's mnist_split, the same shards `zmqflow train` writes, none
-of the 500 rows the chief evaluates on.
+`mnist-shards` writes the 4,500 training rows of inputs/datasets.py's mnist_split, the same
+shards `zmqflow train` writes, none of the 500 rows the chief evaluates on. `prepare` is the
+deployments' one-shot data task for any data spec (the compose file's `data` service, an
+initContainer of every reader, ps and worker pod in deploy/k8s/).
 """
 
 import os

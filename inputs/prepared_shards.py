@@ -3,7 +3,7 @@
 Why: a deployment (docker compose, Kubernetes) has no launcher to read the user's files, fit the
 statistics and feed the rows. `zmqflow data prepare` does it once, as a one-shot task:
 
-    prepare_for_readers("my.yaml", "/data/prepared", model="mlp")
+    prepare_for_readers("my.yaml", "/data/prepared", model={"type": "mlp", ...})   # a resolved model spec
     # /data/prepared/data-config.json   the spec and its train-split statistics (+ "shards": where and how)
     # /data/prepared/model.json         the model fitted to the data's inputs and classes
     # /data/prepared/train-00-of-08.bin ...   records of the model's inputs and label, little-endian
@@ -64,14 +64,14 @@ def write_prepared_shards(spec, prepared, directory, shards=8, seed=0):
     return paths
 
 
-def prepare_for_readers(data, directory, model="mlp", shards=8, seed=0):
-    """Fit the spec on its train split, write the prepared shards, data-config.json and model.json into
-    `directory`; returns a summary (rows, record bytes, paths, the model's type)."""
-    from zmqflow.models.spec import resolve_model
+def prepare_for_readers(data, directory, model, shards=8, seed=0):
+    """Fit the spec on its train split, write the prepared shards, data-config.json and model.json (`model`,
+    a resolved model spec, fitted to the data) into `directory`; returns a summary (rows, record bytes,
+    paths, the model's type)."""
     spec = load_spec(data)
     tables = load_tables(spec)
     fit(spec, tables["train"])
-    fitted = model_for_data(spec, resolve_model(model) if not isinstance(model, dict) else model)
+    fitted = model_for_data(spec, model)
     prepared = prepare(spec, tables["train"])
     paths = write_prepared_shards(spec, prepared, directory, shards, seed)
     config = {**to_config(spec), "train_rows": prepared.rows,
