@@ -15,6 +15,7 @@ import time
 
 from zmqflow.common.errors import AbortedError, OpError
 from zmqflow.common.ps_client import PsShardClient
+from zmqflow.jobs.local_cluster import read_json
 
 
 class JsonLinesTail:
@@ -59,6 +60,10 @@ def stream(cluster, interval=0.5, check=lambda: None):
                 point["examples"] = stats["pushes_applied"] * cluster.batch_size
             except OpError:
                 pass          # ps 0 exits at the end (the chief shuts it down): keep its last figures
+            if not running:   # the final step is the chief's (its result file): ps 0 may be gone already
+                final = read_json(cluster.result_files[0])
+                if final and isinstance(final.get("global_step"), int):
+                    point["global_step"] = final["global_step"]
             if previous is not None and now > previous[0]:
                 point["examples_per_s"] = round((point["examples"] - previous[1]) / (now - previous[0]), 1)
             previous = (now, point["examples"])

@@ -303,7 +303,7 @@ class LocalCluster:
         elapsed = time.perf_counter() - started
         if codes[0] != 0 or not os.path.exists(self.result_files[0]):
             raise AbortedError(f"the chief failed (exit {codes[0]}):\n{self.workers[0].log()[-3000:]}")
-        results = [_read_json(f) for f in self.result_files]
+        results = [read_json(f) for f in self.result_files]
         done = [r for r in results if r]
         examples = sum(r["examples"] for r in done)
         training_seconds = max(r["seconds"] for r in done)
@@ -346,7 +346,8 @@ def run_training(progress=True, **options):
         return cluster.wait(progress)
 
 
-def _read_json(path):
+def read_json(path):
+    """A JSON file's value, or None while it is missing or half written."""
     try:
         with open(path) as f:
             return json.load(f)
