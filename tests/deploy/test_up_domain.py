@@ -84,7 +84,7 @@ def test_localize_hosts_ports_tf_config_and_volumes(project, tmp_path):
 
 
 def test_selection_adds_dependencies_and_finds_the_chief(project):
-    assert select(project, ["worker1"]) == ["broker", "ps0", "ps1", "worker1"]
+    assert select(project, ["worker1"]) == ["broker", "data", "ps0", "ps1", "worker1"]   # data: the ps shards' model
     assert select(project, ["worker1"], with_deps=False) == ["worker1"]
     assert select(project, [])[-1] == "aggregator"
     with pytest.raises(ComposeError, match="no such service: nope"):
