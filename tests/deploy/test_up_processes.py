@@ -214,7 +214,7 @@ def test_a_killed_task_ends_the_job_naming_it_and_no_process_survives(project, t
     import threading
     offset = free_port_offset(compose_ports(project))
     proc = subprocess.Popen([ZMQFLOW, "up", "-f", COMPOSE, "--port-offset", str(offset), "--workdir", str(tmp_path),
-                             "--abort-on-failure", "--services", ",".join(TRAINING)], cwd=ROOT,
+                             "--abort-on-failure", "--timeout", "4", "--services", ",".join(TRAINING)], cwd=ROOT,
                             env={**os.environ, "EPOCHS": "200"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     lines, out = queue.Queue(), []
