@@ -24,11 +24,15 @@ from zmqflow.common.task_options import model_options, parse_json_option, task_f
 @click.option("--staleness-bound", default=None, type=int, help="Async: drop pushes staler than this.")
 @click.option("--staleness-scaling", is_flag=True, help="Async: scale gradients by 1/(1+staleness).")
 @click.option("--warmup-steps", default=0, help="Async: accept pushes from one replica only for these steps.")
+@click.option("--nonfinite", default="skip", type=click.Choice(["skip", "refuse"]),
+              help="A push holding NaN or Inf never reaches the variables: skip it (counted in "
+                   "zmqflow_ps_pushes_dropped{reason=\"nonfinite\"}; sync steps go on without it) or refuse it "
+                   "with INVALID_ARGUMENT, failing the worker that sent it.")
 @click.option("--restore-from", default=None, type=click.Path(file_okay=False),
               help="Restore this shard's share of the latest checkpoint here at start (a restarted shard).")
 def command(bind, ready_file, log_level, client_timeout, max_message_bytes, task_index, num_ps, model_spec,
             placement_strategy, max_shard_bytes, optimizer, mode, replicas_to_aggregate, total_num_replicas,
-            staleness_bound, staleness_scaling, warmup_steps, restore_from):
+            staleness_bound, staleness_scaling, warmup_steps, nonfinite, restore_from):
     """Hold a share of the model's variables and apply the workers' gradients.
 
     The placement is computed from the model's variable list, the same on every
@@ -49,7 +53,7 @@ def command(bind, ready_file, log_level, client_timeout, max_message_bytes, task
     state_options = {"optimizer": parse_json_option(optimizer, "--optimizer"), "mode": mode,
                      "replicas_to_aggregate": replicas_to_aggregate, "total_num_replicas": total_num_replicas,
                      "staleness_bound": staleness_bound, "staleness_scaling": staleness_scaling,
-                     "warmup_steps": warmup_steps}
+                     "warmup_steps": warmup_steps, "nonfinite": nonfinite}
 
     def build(limits):
         service = PsService(bind, task_index, pieces, state_options, limits=limits, client_timeout=client_timeout)

@@ -15,6 +15,9 @@ Update rules, as in TensorFlow 1.x's distributed training:
   the version grows by one. A push tagged with an older version is stale and dropped,
   so with spare replicas (total_num_replicas > replicas_to_aggregate) the late ones never
   block a step; a replica's second push for the same step is dropped as a duplicate.
+- non-finite gradients (NaN, Inf) never reach the variables: by `nonfinite` policy a push holding
+  one is skipped and counted (reason 'nonfinite'; in sync it counts as its replica's contribution
+  of nothing, so the step still completes) or refused with InvalidArgument naming the piece.
 
 Sparse gradients (rows of a piece, indices local to it: an embedding table a batch
 touched a few rows of) come alone (`push_sparse`, one piece) or inside a dense push
@@ -46,6 +49,8 @@ from zmqflow.services.ps.optimizers import Optimizer, make_optimizer
 MODES = ("async", "sync")
 _ALIGN = 64  # bytes between pieces in a snapshot buffer, so every view is aligned
 DIRECT_APPLY_BYTES = 4 * 1024 * 1024  # above this, async pushes skip the copy into the flat layout
+NONFINITE_POLICIES = ("skip", "refuse")
+"""What a shard does with a push holding NaN or Inf: skip it (counted), or refuse it with an error."""
 
 
 @dataclasses.dataclass
@@ -63,8 +68,12 @@ class PushResult:
 
 class ShardState:
     def __init__(self, pieces, optimizer, mode="async", replicas_to_aggregate=None, total_num_replicas=None,
-                 staleness_bound=None, staleness_scaling=False, warmup_steps=0, warmup_replica=0):
+                 staleness_bound=None, staleness_scaling=False, warmup_steps=0, warmup_replica=0,
+                 nonfinite="skip"):
         self.specs = _check_pieces(pieces)
+        if nonfinite not in NONFINITE_POLICIES:
+            raise InvalidArgumentError(f"nonfinite must be one of {', '.join(NONFINITE_POLICIES)}, got {nonfinite!r}")
+        self.nonfinite = nonfinite
         self.optimizer = optimizer if isinstance(optimizer, Optimizer) else make_optimizer(optimizer)
         self.mode = mode
         self.replicas_to_aggregate, self.total_num_replicas = replicas_to_aggregate, total_num_replicas
@@ -99,6 +108,7 @@ class ShardState:
         self._sparse = {name: [] for name in self.specs}  # (indices, rows) copies
         self._contributors = {name: set() for name in self.specs}
         self._complete = set()  # replicas that covered every piece
+        self._contributors_nonfinite = set()  # (piece, replica) whose push was skipped as non-finite
         self._pending = 0  # pushes accumulated, not yet applied
 
         self.initialized = False
@@ -266,7 +276,10 @@ class ShardState:
         nbytes += sum(i.nbytes + r.nbytes for i, r in sparse.values())
         if self._from_the_future(version):
             return self._drop("future", 0)
+        bad = _nonfinite_piece({**grads, **{name: rows for name, (_, rows) in sparse.items()}})
         staleness = self._receive(version, replica, nbytes)
+        if bad is not None:
+            return self._nonfinite_push(bad, staleness, replica)
         if self.mode == "async":
             reason = self._async_drop_reason(staleness, replica)
             if reason:
@@ -343,6 +356,8 @@ class ShardState:
         if self._from_the_future(version):
             return self._drop("future", 0)
         staleness = self._receive(version, replica, indices.nbytes + rows.nbytes)
+        if _nonfinite_piece({name: rows}) is not None:
+            return self._nonfinite_push(name, staleness, replica, pieces=(name,))
         if self.mode == "async":
             reason = self._async_drop_reason(staleness, replica)
             if reason:
@@ -392,6 +407,25 @@ class ShardState:
 
     def _scale(self, staleness):
         return np.float64(1.0 / (1 + staleness)) if self.staleness_scaling and staleness else None
+
+    def _nonfinite_push(self, piece, staleness, replica, pieces=None):
+        """A push with a NaN or Inf in `piece`: refused (policy 'refuse'), or skipped and counted. In
+        sync a skipped push still completes its replica's share of the step (with nothing in it), so
+        the step is applied from the finite contributions and never waits for this one."""
+        if self.nonfinite == "refuse":
+            self._dropped["nonfinite"] += 1
+            raise InvalidArgumentError(f"gradient of {piece!r} holds NaN or Inf: refused, the variables are "
+                                       "unchanged (the ps runs with nonfinite=refuse)")
+        if self.mode == "sync" and not staleness and replica not in self._complete:
+            for name in pieces or self.specs:
+                self._contributors_nonfinite.add((name, replica))
+            if all(replica in self._contributors[n] or (n, replica) in self._contributors_nonfinite
+                   for n in self.specs):
+                self._complete.add(replica)
+            self._dropped["nonfinite"] += 1
+            result = self._accumulated(staleness)
+            return result if result.applied else dataclasses.replace(result, dropped=True, reason="nonfinite")
+        return self._drop("nonfinite", staleness)
 
     def _drop(self, reason, staleness):
         self._dropped[reason] += 1
@@ -444,6 +478,7 @@ class ShardState:
             self._sparse[name].clear()
             self._contributors[name].clear()
         self._complete.clear()
+        self._contributors_nonfinite.clear()
         self._pending = 0
 
     # ------------------------------------------------------------------ reports and checkpoints
@@ -516,6 +551,18 @@ def _check_pieces(pieces):
                                        f"got {list(shape)} {dtype}")
         specs[name] = (shape, dtype)
     return specs
+
+
+def _nonfinite_piece(arrays):
+    """The name of the first float array holding a NaN or an Inf, else None. One reduction per array
+    (its sum is NaN or Inf exactly when an element is, short of values near the dtype's maximum):
+    cheaper than an elementwise isfinite with its boolean temporary."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        for name, array in arrays.items():
+            if array.dtype.kind == "f" and array.size and not np.isfinite(np.add.reduce(array, axis=None)):
+                if not np.isfinite(array).all():     # a sum can overflow with finite values: confirm
+                    return name
+    return None
 
 
 def _check_arrays(arrays, specs, what):

@@ -405,3 +405,52 @@ def test_assign_sets_values_without_the_optimizer_or_a_new_version():
         state.assign({"layer/biases": np.zeros(5)})
     with pytest.raises(FailedPreconditionError):
         shard(init=False).assign({"layer/biases": new_biases})
+
+
+# --- non-finite gradients ----------------------------------------------------------------------
+
+def poisoned(seed, value=np.nan):
+    grads = values(seed)
+    grads["layer/weights"][1, 2] = value
+    return grads
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_async_skips_a_non_finite_push_and_counts_it(bad):
+    state = shard()
+    before = current(state)
+    result = state.push(poisoned(1, bad), 0, replica=0)
+    assert (result.applied, result.dropped, result.reason) == (False, True, "nonfinite") and state.version == 0
+    for name, value in current(state).items():
+        np.testing.assert_array_equal(value, before[name])          # untouched, and finite
+    assert state.push(values(2), 0, replica=0).applied and all(np.isfinite(v).all() for v in current(state).values())
+    assert state.stats()["dropped"] == {"nonfinite": 1}
+
+
+def test_sync_step_completes_from_the_finite_pushes_only():
+    state = shard(mode="sync", replicas_to_aggregate=2)
+    assert not state.push(poisoned(1), 0, replica=0).applied
+    assert state.push(values(2), 0, replica=1).applied and state.version == 1   # no wait for the skipped replica
+    expected = values(0)
+    for name, value in current(state).items():       # the mean of the one finite push: values(2) itself
+        np.testing.assert_allclose(value, expected[name] - 0.1 * values(2)[name], rtol=1e-12)
+    assert state.stats()["dropped"] == {"nonfinite": 1}
+    everyone_bad = shard(mode="sync", replicas_to_aggregate=2)
+    everyone_bad.push(poisoned(1), 0, replica=0)
+    assert everyone_bad.push(poisoned(2, np.inf), 0, replica=1).applied and everyone_bad.version == 1
+    np.testing.assert_array_equal(current(everyone_bad)["layer/weights"], values(0)["layer/weights"])
+
+
+def test_refuse_policy_fails_the_push_naming_the_piece_and_sparse_rows_are_checked_too():
+    state = shard(nonfinite="refuse")
+    with pytest.raises(InvalidArgumentError, match="gradient of 'layer/weights' holds NaN or Inf: refused"):
+        state.push(poisoned(1), 0, replica=0)
+    assert state.version == 0 and state.stats()["dropped"] == {"nonfinite": 1}
+    skipping = shard()
+    rows = np.array([[0.1, np.nan, 0.0, 0.0]])
+    assert skipping.push_sparse("layer/weights", np.array([1]), rows, 0, replica=0).reason == "nonfinite"
+    assert np.isfinite(current(skipping)["layer/weights"]).all()
+    big = np.full((3, 4), np.finfo(np.float64).max / 2)          # a sum overflows, every value is finite
+    assert shard().push({"layer/weights": big, "layer/biases": np.zeros(4)}, 0, replica=0).applied
+    with pytest.raises(InvalidArgumentError, match="nonfinite must be one of skip, refuse"):
+        shard(nonfinite="ignore")
