@@ -554,14 +554,11 @@ def _check_pieces(pieces):
 
 
 def _nonfinite_piece(arrays):
-    """The name of the first float array holding a NaN or an Inf, else None. One reduction per array
-    (its sum is NaN or Inf exactly when an element is, short of values near the dtype's maximum):
-    cheaper than an elementwise isfinite with its boolean temporary."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        for name, array in arrays.items():
-            if array.dtype.kind == "f" and array.size and not np.isfinite(np.add.reduce(array, axis=None)):
-                if not np.isfinite(array).all():     # a sum can overflow with finite values: confirm
-                    return name
+    """The name of the first float array holding a NaN or an Inf, else None. `isfinite().all()` took
+    17 us for the MNIST MLP's gradients, a sum (which would also flag an overflow) 43 us."""
+    for name, array in arrays.items():
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            return name
     return None
 
 
