@@ -18,6 +18,16 @@ MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # glibc's upper bound on 64-bit
 TRIM_THRESHOLD = 1024 * 1024 * 1024
 
 
+def release_freed_memory():
+    """Give the freed heap back to the kernel now (glibc's malloc_trim): after refusing an oversized
+    message, whose tens of MB keep_freed_memory would otherwise keep in the process. True when done."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
 def keep_freed_memory():
     """Tune glibc malloc for large, repeated tensor buffers; True when applied."""
     try:

@@ -27,6 +27,7 @@ import zmq
 from zmqflow.common import curve, health, wire
 from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError)
 from zmqflow.common.limits import DEFAULT_LIMITS
+from zmqflow.common.memory import release_freed_memory
 from zmqflow.common.protocol import Ops
 
 log = logging.getLogger(__name__)
@@ -190,9 +191,15 @@ class Service:
         self._last_seen[identity] = now
         self.stats["requests"] += 1
         rid = header.get("id") if header is not None and type(header.get("id")) is int else 0
+        if error is not None:
+            # answered without raising it: a raised exception's traceback would hold this frame, and the
+            # frame the exception, a cycle that kept refused frames alive until a collection (about 900 MB
+            # after 50 refused 24 MiB frames)
+            self._refuse(identity, header, rid, error, now)
+            if "max_message_bytes" in error.message:
+                release_freed_memory()
+            return
         try:
-            if error is not None:
-                raise error
             op, rid, deadline_ms, args = wire.check_request(header, self.limits)
             handler = self.handlers.get(op)
             if handler is None:
@@ -207,18 +214,22 @@ class Service:
                 result, tensors = answer if isinstance(answer, tuple) else (answer, ())
                 self.reply(call, result, tensors)
         except OpError as exc:
-            if isinstance(exc, InvalidArgumentError):
-                self.stats["bad_requests"] += 1
-            self.stats["errors"] += 1
-            if self.op_stats is not None:
-                self.op_stats.observe(self._op_label(header), now, exc.code, False)
-            self._send(identity, wire.reply_frames(rid, exc.code, exc.message))
+            self._refuse(identity, header, rid, exc, now)
         except Exception as exc:  # a bug in a handler must not kill the loop
             log.exception("internal error handling %r", header)
             self.stats["errors"] += 1
             if self.op_stats is not None:
                 self.op_stats.observe(self._op_label(header), now, InternalError.code, False)
             self._send(identity, wire.reply_frames(rid, InternalError.code, f"internal error: {exc!r}"))
+
+    def _refuse(self, identity, header, rid, error, now):
+        """Answer a request with its error (an OpError), counted."""
+        if isinstance(error, InvalidArgumentError):
+            self.stats["bad_requests"] += 1
+        self.stats["errors"] += 1
+        if self.op_stats is not None:
+            self.op_stats.observe(self._op_label(header), now, error.code, False)
+        self._send(identity, wire.reply_frames(rid, error.code, error.message))
 
     def _op_label(self, header):
         """The op of a refused request for metrics: a known op's name, else 'unknown' (bounded labels)."""

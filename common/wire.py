@@ -196,6 +196,8 @@ def recv_message(sock, expect_identity, limits=DEFAULT_LIMITS):
     if error is None and total > limits.max_message_bytes:
         error = InvalidArgumentError(f"message of {total} bytes exceeds the limit of {limits.max_message_bytes} "
                                      "bytes (max_message_bytes)")
+    if error is not None:
+        frames = []        # a refused message's frames are not needed: let them go now
     return identity, header, frames, error
 
 
