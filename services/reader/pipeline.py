@@ -266,7 +266,9 @@ class ReaderPipeline:
             outcome = "already-closed" if self.role == "closed" else "stopped" if self._stop_reason else None
             error = None
         return {"member": self.member, "queue": self.queue_name, "role": self.role, "outcome": outcome,
-                "error": error, "stopped": self._stop_reason, "closed_by": record.doc["closed_by"] if record else None,
+                "error": error, "stopped": self._stop_reason,
+                "peer_lost": isinstance(self._local_error, UnavailableError),
+                "closed_by": record.doc["closed_by"] if record else None,
                 "names_pushed": self.names_pushed, **self.counters.snapshot()}
 
     # ------------------------------------------------ threads
@@ -406,8 +408,14 @@ class ReaderPipeline:
             log.info("%s stopping (%s) between files", self.member, self._stop_reason)
 
     def _fail(self, error):
-        """Fail the pipeline with `error` (a no-op if it is already over) and stop this member's work."""
+        """Fail the pipeline with `error` (a no-op if it is already over) and stop this member's work.
+        The broker unreachable (UnavailableError): nothing can be recorded or closed there, so this
+        member ends at once as a lost peer instead of waiting out a timeout per cleanup call."""
         self._halt.set()
+        if isinstance(error, UnavailableError):
+            self._local_error = self._local_error or error
+            log.error("%s lost the broker: %s", self.member, error)
+            return
         self.coordinator.fail(error)
         try:
             self._note(self.coordinator.register.read())
