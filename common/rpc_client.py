@@ -5,8 +5,11 @@ submit + result. Waiting pumps the socket: replies are matched by id (a reply
 nobody waits for any more is dropped), and while a reply is due the client
 pings the service every `heartbeat_interval` seconds. A service silent for
 `heartbeat_liveness` intervals is reported as UnavailableError naming its
-address, the socket is replaced, and the next attempt waits a back-off of 1 s
-doubling to 32 s (the zguide's Paranoid Pirate).
+address, the socket is replaced, and the next attempt waits a back-off of
+0.25 s doubling to 2 s (the zguide's Paranoid Pirate, with a cap short enough
+that a service back after a long outage is used within 2 s); a service that
+announces itself sooner (the new socket completes its handshake: the socket's
+monitor says so) is retried at once.
 
 Deadlines are the service's to enforce: the client sends `timeout` as the
 request's deadline and waits a grace period longer for the answer, so an
@@ -33,7 +36,7 @@ from zmqflow.common.protocol import Ops
 log = logging.getLogger(__name__)
 
 USE_DEFAULT = object()
-BACKOFF_START, BACKOFF_MAX = 1.0, 32.0
+BACKOFF_START, BACKOFF_MAX = 0.25, 2.0
 
 
 def grace_for(timeout):
@@ -82,12 +85,14 @@ class RpcClient:
         self._pings = set()
         self._backoff = BACKOFF_START
         self._retry_at = 0.0
-        self.socket = None
+        self.socket = self._monitor = None
         self._connect()
 
     def _connect(self):
         self.socket = dealer_socket(self.context, self.limits, self.name, self._curve, hwm=100_000,
                                     send_timeout_ms=int(self.heartbeat_interval * self.heartbeat_liveness * 1000))
+        # the service announcing itself: a completed handshake ends a back-off at once
+        self._monitor = self.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self.socket.connect(self.address)
         self._poller = zmq.Poller()
         self._poller.register(self.socket, zmq.POLLIN)
@@ -134,7 +139,14 @@ class RpcClient:
                                             "args": {}, "tensors": []}), zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
-        self.socket.close(linger=100)
+        self._close_socket(linger=100)
+
+    def _close_socket(self, linger=0):
+        if self._monitor is not None:
+            self.socket.disable_monitor()
+            self._monitor.close(0)
+            self._monitor = None
+        self.socket.close(linger=linger)
         self.socket = None
 
     def __enter__(self):
@@ -146,12 +158,17 @@ class RpcClient:
     # ------------------------------------------------ internals
 
     def _respect_backoff(self, timeout):
+        """Wait out the back-off, unless the service announces itself first (then retry now)."""
         wait = self._retry_at - time.monotonic()
         if wait <= 0:
             return
+        if self._monitor.poll(int(1000 * (wait if timeout is None else min(wait, timeout)))):
+            while self._monitor.poll(0):
+                self._monitor.recv_multipart()
+            self._retry_at, self._backoff = 0.0, BACKOFF_START
+            return
         if timeout is not None and wait > timeout:
             raise UnavailableError(f"service at {self.address} is unavailable; next attempt in {wait:.1f} s")
-        time.sleep(wait)
 
     def _send(self, op, args, tensors, timeout, track):
         rid = next(self._ids)
@@ -264,7 +281,7 @@ class RpcClient:
             pending.done, pending.error = True, error
         self._pending.clear()
         self._pings.clear()
-        self.socket.close(0)
+        self._close_socket()
         self._connect()
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, BACKOFF_MAX)
@@ -278,7 +295,7 @@ class RpcClient:
                                              f"(during {pending.op}, request {rid})")
         self._pending.clear()
         self._pings.clear()
-        self.socket.close(0)
+        self._close_socket()
         self._connect()
         self._retry_at = now + self._backoff
         self._backoff = min(self._backoff * 2, BACKOFF_MAX)
