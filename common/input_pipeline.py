@@ -72,7 +72,7 @@ log = logging.getLogger(__name__)
 
 RECORD_SUFFIX = ".pipeline"
 FILENAMES_SUFFIX = ".filenames"
-DEFAULT_LEASE_S = 10.0
+DEFAULT_LEASE_S = 4.0   # a member silent this long is dead: consumers and members notice within ~5 s
 DEFAULT_TOKEN_WAIT_S = 10.0
 
 

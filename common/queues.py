@@ -40,6 +40,10 @@ class QueueFuture:
     def result(self):
         return self._convert(*self._pending.result())
 
+    def wait(self, timeout):
+        """True once the answer is in (then `result()` does not block); waits up to `timeout` s."""
+        return self._pending.wait(timeout)
+
     def cancel(self):
         self._pending.cancel()
 

@@ -61,6 +61,12 @@ class PendingCall:
             raise self.error
         return self.value
 
+    def wait(self, timeout):
+        """Wait up to `timeout` s for the reply (pumping the socket); True once it is in."""
+        if not self.done:
+            self.client._wait(self, until=time.monotonic() + timeout)
+        return self.done
+
     def cancel(self):
         """Ask the service to withdraw this request; a late success still arrives."""
         if not self.done:
@@ -191,9 +197,11 @@ class RpcClient:
         self._pending[rid] = pending
         return pending
 
-    def _wait(self, pending):
+    def _wait(self, pending, until=None):
         while not pending.done:
             now = time.monotonic()
+            if until is not None and now >= until:
+                return
             if pending.deadline is not None and now >= pending.deadline:
                 self._give_up(pending)
                 return
@@ -211,7 +219,8 @@ class RpcClient:
                 self._last_ping = now
                 if self._unanswered_since is None:
                     self._unanswered_since = now
-            limit = min(self.heartbeat_interval, (pending.deadline - now) if pending.deadline else 1e9)
+            limit = min(self.heartbeat_interval, (pending.deadline - now) if pending.deadline else 1e9,
+                        (until - now) if until is not None else 1e9)
             if wire.readable(self.socket) or self._poller.poll(max(1, int(limit * 1000))):
                 self._receive_all()
 

@@ -21,6 +21,9 @@ from zmqflow.services.worker.hooks import StepContext
 log = logging.getLogger("worker")
 
 
+PIPELINE_WATCH_S = 1.0
+"""How often a worker waiting for a batch looks at the reader pipeline's beats."""
+
 class Trainer:
     def __init__(self, model, ps, queue, replica=0, num_workers=1, is_chief=True, batch_size=100, mode="async",
                  hooks=(), seed=None, checkpoint_dir=None, examples_per_epoch=None, sync_timeout=30.0,
@@ -30,6 +33,7 @@ class Trainer:
         self.batch_size, self.mode, self.hooks, self.seed = batch_size, mode, list(hooks), seed
         self.checkpoint_dir, self.examples_per_epoch = checkpoint_dir, examples_per_epoch
         self.sync_timeout, self.end_timeout, self.dequeue_timeout = sync_timeout, end_timeout, dequeue_timeout
+        self._pipeline = None  # the PipelineWatch of a reader-fed queue, made on the first wait
         self.config = config or {}
         self.container = container
         self.global_step = 0
@@ -85,7 +89,7 @@ class Trainer:
         try:
             while True:
                 try:
-                    x, y = self._batch(next_batch.result())
+                    x, y = self._batch(self._arrived(next_batch))
                 except OutOfRangeError:
                     if getattr(self.queue, "broker", None):  # a failed reader pipeline is no end of data
                         raise_if_failed(self.queue, self.container)
@@ -115,6 +119,18 @@ class Trainer:
 
     def _dequeue(self):
         return self.queue.dequeue_up_to_async(self.batch_size, timeout=self.dequeue_timeout)
+
+    def _arrived(self, pending):
+        """The dequeued batch. While it is awaited, the reader pipeline feeding the queue is watched
+        as its members watch each other (common/input_pipeline.py's PipelineWatch): readers that
+        stopped beating fail it, its queues are closed with cancel, and its error is raised here,
+        within the pipeline's lease, instead of after the dequeue timeout."""
+        if self._pipeline is None and getattr(self.queue, "broker", None):
+            from zmqflow.common.input_pipeline import PipelineWatch
+            self._pipeline = PipelineWatch(self.queue, self.container)
+        while self._pipeline is not None and not pending.wait(PIPELINE_WATCH_S):
+            self._pipeline.check()
+        return pending.result()
 
     def _step(self, params, x, y):
         """One step: (loss, the parameters for the next step)."""
