@@ -28,11 +28,17 @@ from zmqflow.common.task_options import model_options, parse_json_option, task_f
               help="A push holding NaN or Inf never reaches the variables: skip it (counted in "
                    "zmqflow_ps_pushes_dropped{reason=\"nonfinite\"}; sync steps go on without it) or refuse it "
                    "with INVALID_ARGUMENT, failing the worker that sent it.")
+@click.option("--lost-after", default=5.0, type=click.FloatRange(min=0),
+              help="Sync: a replica the current step misses that has said nothing (no push, request or heartbeat) "
+                   "for this many seconds is lost (0: never).")
+@click.option("--lost-policy", default="continue", type=click.Choice(["continue", "abort"]),
+              help="Sync, a lost replica: go on without it (steps need one replica fewer; it rejoins when heard "
+                   "from) or fail every waiting pull with ABORTED naming it, ending the workers.")
 @click.option("--restore-from", default=None, type=click.Path(file_okay=False),
               help="Restore this shard's share of the latest checkpoint here at start (a restarted shard).")
 def command(bind, ready_file, log_level, client_timeout, max_message_bytes, task_index, num_ps, model_spec,
             placement_strategy, max_shard_bytes, optimizer, mode, replicas_to_aggregate, total_num_replicas,
-            staleness_bound, staleness_scaling, warmup_steps, nonfinite, restore_from):
+            staleness_bound, staleness_scaling, warmup_steps, nonfinite, lost_after, lost_policy, restore_from):
     """Hold a share of the model's variables and apply the workers' gradients.
 
     The placement is computed from the model's variable list, the same on every
@@ -56,7 +62,8 @@ def command(bind, ready_file, log_level, client_timeout, max_message_bytes, task
                      "warmup_steps": warmup_steps, "nonfinite": nonfinite}
 
     def build(limits):
-        service = PsService(bind, task_index, pieces, state_options, limits=limits, client_timeout=client_timeout)
+        service = PsService(bind, task_index, pieces, state_options, lost_after=lost_after or None,
+                            lost_policy=lost_policy, limits=limits, client_timeout=client_timeout)
         log = logging.getLogger("ps-shard")
         log.info("ps:%d of %d, %s mode, placement:\n%s", task_index, num_ps, mode, placement.table())
         if restore_from:

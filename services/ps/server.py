@@ -17,6 +17,11 @@ Ops (all tensors travel in the order of `names`):
              longer complete
   stats, shutdown
 `bf16: true` on pull/push sends values as bfloat16 (half the bytes).
+
+Lost replicas (sync): while pulls wait for a step, a replica the step misses that has said nothing
+for `lost_after` seconds (no push, no request, no heartbeat of its client) is lost. By `lost_policy`
+the shard goes on without it (`continue`: steps need one replica fewer, and it rejoins when heard
+from again) or fails every waiting pull with ABORTED naming it (`abort`), so no worker hangs.
 """
 
 import logging
@@ -25,7 +30,8 @@ import time
 import ml_dtypes
 import numpy as np
 
-from zmqflow.common.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError, NotFoundError
+from zmqflow.common.errors import (AbortedError, DeadlineExceededError, FailedPreconditionError, InvalidArgumentError,
+                                   NotFoundError)
 from zmqflow.common.rpc_service import Service
 from zmqflow.common import checkpoint
 from zmqflow.services.ps.replica_sync import PARK, RELEASE, ReplicaSync
@@ -34,13 +40,22 @@ from zmqflow.common.protocol import PsOps
 
 log = logging.getLogger(__name__)
 BF16 = np.dtype(ml_dtypes.bfloat16)
+LOST_POLICIES = ("continue", "abort")
+LOST_CHECK_S = 0.5   # how often waiting pulls make the shard look for lost replicas
 
 
 class PsService(Service):
     name = "ps-shard"
 
-    def __init__(self, bind, shard_index, pieces, state_options, **service_options):
+    def __init__(self, bind, shard_index, pieces, state_options, lost_after=5.0, lost_policy="continue",
+                 **service_options):
         super().__init__(bind, **service_options)
+        if lost_policy not in LOST_POLICIES:
+            raise InvalidArgumentError(f"lost_policy must be one of {', '.join(LOST_POLICIES)}, got {lost_policy!r}")
+        self.lost_after, self.lost_policy = lost_after, lost_policy
+        self._identity_of = {}     # replica -> the routing id of its last push (whose heartbeats say it lives)
+        self._aborted = None       # lost_policy abort: why every pull now fails
+        self._lost_check_at = None
         self.shard_index = shard_index
         self.pieces = pieces  # {key: Piece} of this shard, in placement order
         self.state = ShardState({k: (p.shape, p.dtype) for k, p in pieces.items()}, **state_options)
@@ -97,9 +112,12 @@ class PsService(Service):
     def _pull(self, call):
         self._require_ready()
         min_version = call.args.get("min_version")
+        if self._aborted is not None and min_version is not None:
+            raise AbortedError(self._aborted)
         decision = self.sync.on_pull(None if min_version is None else _int(min_version, "min_version"))
         if decision == PARK:
             self.sync.park(call, min_version)
+            self._schedule_lost_check()
             return self.park(call)
         return self._pull_answer(call, released=decision == RELEASE)
 
@@ -117,6 +135,57 @@ class PsService(Service):
         if call.args.get("bf16"):
             tensors = [t.astype(BF16) for t in tensors]
         return {**result, "names": names}, tensors
+
+    # ------------------------------------------------ lost replicas (sync)
+
+    def _heard_from(self, replica, identity):
+        self.sync.pushed(replica, time.monotonic())
+        self._identity_of[replica] = identity
+        if replica in self.state.lost:
+            self.state.regain_replica(replica)
+            log.warning("ps:%d: replica %d is back: steps wait for it again", self.shard_index, replica)
+
+    def _schedule_lost_check(self):
+        if self.lost_after is None or self.state.mode != "sync":
+            return
+        now = time.monotonic()
+        if self._lost_check_at is None or self._lost_check_at <= now:
+            self._lost_check_at = now + LOST_CHECK_S
+            self.wake_at(self._lost_check_at)
+
+    def _expire(self, now):
+        super()._expire(now)
+        if self._lost_check_at is not None and now >= self._lost_check_at:
+            self._lost_check_at = None
+            self._check_lost(now)
+            if self.sync.parked:
+                self._schedule_lost_check()
+
+    def _check_lost(self, now):
+        """A replica the current step misses, silent past `lost_after`: lost, by the policy."""
+        if not self.sync.parked or self._aborted is not None:
+            return
+        for replica in self.state.waiting_for()["missing"]:
+            identity = self._identity_of.get(replica)
+            if identity is None or replica in self.state.lost or replica in self.sync.done_workers:
+                continue          # never heard from (not started: a spare, a late worker), or already handled
+            heard = max(self._last_seen.get(identity, 0.0), self.sync.last_push.get(replica, 0.0))
+            if now - heard > self.lost_after:
+                self._lose(replica, now - heard)
+
+    def _lose(self, replica, silent):
+        if self.lost_policy == "abort":
+            self._aborted = (f"ps:{self.shard_index}: replica {replica} was lost (silent for {silent:.1f} s) and "
+                             "this sync job cannot go on without it (lost_policy abort)")
+            log.error("%s", self._aborted)
+            for call in self.sync.release_all():
+                self.fail(call, AbortedError(self._aborted))
+            return
+        result = self.state.lose_replica(replica)
+        log.warning("ps:%d: replica %d silent for %.1f s: lost; steps go on with %d replicas", self.shard_index,
+                    replica, silent, self.state.needed())
+        if result is not None:
+            self._wake_versions()
 
     def _wake_versions(self):
         for call in self.sync.due():
@@ -152,7 +221,7 @@ class PsService(Service):
             indices, rows = call.tensors[dense_count + 2 * k:dense_count + 2 * k + 2]
             sparse[_str(name, "sparse[]")] = (indices, rows.astype(np.float32) if rows.dtype == BF16 else rows)
         replica = _int(call.args.get("replica", 0), "replica")
-        self.sync.pushed(replica, time.monotonic())
+        self._heard_from(replica, call.identity)
         result = self.state.push(grads, _int(call.args.get("version"), "version"), replica, sparse)
         self._wake_versions()
         return vars(result)
@@ -163,9 +232,10 @@ class PsService(Service):
             raise InvalidArgumentError("push_sparse takes two tensors: indices and rows")
         indices, rows = call.tensors
         rows = rows.astype(np.float32) if rows.dtype == BF16 else rows
+        replica = _int(call.args.get("replica", 0), "replica")
+        self._heard_from(replica, call.identity)
         result = self.state.push_sparse(_str(call.args.get("name"), "name"), indices, rows,
-                                        _int(call.args.get("version"), "version"),
-                                        _int(call.args.get("replica", 0), "replica"))
+                                        _int(call.args.get("version"), "version"), replica)
         self._wake_versions()
         return vars(result)
 

@@ -109,6 +109,7 @@ class ShardState:
         self._contributors = {name: set() for name in self.specs}
         self._complete = set()  # replicas that covered every piece
         self._contributors_nonfinite = set()  # (piece, replica) whose push was skipped as non-finite
+        self.lost = set()  # sync: replicas the ps found silent past its limit; steps go on without them
         self._pending = 0  # pushes accumulated, not yet applied
 
         self.initialized = False
@@ -431,10 +432,28 @@ class ShardState:
         self._dropped[reason] += 1
         return PushResult(False, True, reason, staleness, self.version)
 
-    def _accumulated(self, staleness):
+    def needed(self):
+        """Sync: complete replicas a step needs: replicas_to_aggregate, or fewer when replicas were lost
+        (never more than are left, at least one)."""
+        left = self.total_num_replicas - len(self.lost)
+        return max(1, min(self.replicas_to_aggregate, left))
+
+    def lose_replica(self, replica):
+        """Sync: go on without a replica found dead. Returns a PushResult when the step it held back
+        now has enough replicas and was applied, else None."""
+        self.lost.add(replica)
+        if self._complete and len(self._complete) >= self.needed():
+            return self._accumulated(0, counted=False)
+        return None
+
+    def regain_replica(self, replica):
+        """A lost replica is heard from again: steps wait for it once more."""
+        self.lost.discard(replica)
+
+    def _accumulated(self, staleness, counted=True):
         """A sync push was added to the step; apply the step when enough replicas are in."""
-        self._pending += 1
-        if len(self._complete) < self.replicas_to_aggregate:
+        self._pending += 1 if counted else 0
+        if len(self._complete) < self.needed():
             return PushResult(False, False, None, staleness, self.version)
         counts = {len(c) for c in self._contributors.values()}
         if self._flat_dtype is not None and not any(self._sparse.values()) and len(counts) == 1 and 0 not in counts:
@@ -489,7 +508,7 @@ class ShardState:
         if self.mode == "async":
             return {"mode": "async", "step": self.version, "contributed": [], "missing": []}
         partial = set().union(*self._contributors.values()) - self._complete
-        return {"mode": "sync", "step": self.version, "needed": self.replicas_to_aggregate,
+        return {"mode": "sync", "step": self.version, "needed": self.needed(), "lost": sorted(self.lost),
                 "contributed": sorted(self._complete), "partial": sorted(partial),
                 "missing": [r for r in range(self.total_num_replicas) if r not in self._complete]}
 

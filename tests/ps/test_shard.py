@@ -170,7 +170,7 @@ def test_sync_drops_stale_and_duplicate_pushes():
 
 def test_spare_replica_never_blocks_a_step():
     state = shard(mode="sync", replicas_to_aggregate=2, total_num_replicas=3)
-    assert state.waiting_for() == {"mode": "sync", "step": 0, "needed": 2, "contributed": [], "partial": [],
+    assert state.waiting_for() == {"mode": "sync", "step": 0, "needed": 2, "lost": [], "contributed": [], "partial": [],
                                    "missing": [0, 1, 2]}
     state.push(values(1), 0, replica=2)
     assert state.waiting_for()["contributed"] == [2] and state.waiting_for()["missing"] == [0, 1]
@@ -454,3 +454,14 @@ def test_refuse_policy_fails_the_push_naming_the_piece_and_sparse_rows_are_check
     assert shard().push({"layer/weights": big, "layer/biases": np.zeros(4)}, 0, replica=0).reason is None
     with pytest.raises(InvalidArgumentError, match="nonfinite must be one of skip, refuse"):
         shard(nonfinite="ignore")
+
+
+def test_a_lost_replica_lets_the_step_go_on_with_fewer_and_rejoins_when_heard_from():
+    state = shard(mode="sync", replicas_to_aggregate=2)
+    assert not state.push(values(1), 0, replica=0).applied and state.needed() == 2
+    assert state.lose_replica(1).applied and state.version == 1 and state.needed() == 1   # the waiting step is applied
+    np.testing.assert_allclose(current(state)["layer/biases"], values(0)["layer/biases"] - 0.1 * values(1)["layer/biases"])
+    assert state.push(values(2), 1, replica=0).applied and state.version == 2          # one replica per step now
+    assert state.waiting_for()["lost"] == [1]
+    state.regain_replica(1)
+    assert state.needed() == 2 and not state.push(values(3), 2, replica=0).applied
