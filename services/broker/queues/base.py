@@ -21,7 +21,7 @@ import numpy as np
 from zmqflow.common import dtypes as wire_dtypes
 from zmqflow.common.errors import CancelledError, InvalidArgumentError, OutOfRangeError, ResourceExhaustedError
 from zmqflow.services.broker.queues.declaration import format_shape
-from zmqflow.services.broker.queues.quota import Quota, fixed_row_bytes, nbytes
+from zmqflow.services.broker.queues.quota import Quota, element_overhead, fixed_row_bytes, nbytes
 from zmqflow.services.broker.queues.ticket import BATCH_DEQUEUE_OPS, ENQUEUE_OPS, OPS
 
 COMPLETE, PROGRESS, NO_PROGRESS = 2, 1, 0
@@ -398,17 +398,18 @@ class QueueBase:
 
     def _request_bytes(self, t):
         """Bytes of what an enqueue has not inserted yet (all of it for `enqueue`)."""
+        overhead = element_overhead(len(self._dtypes))
         if t.op == "enqueue":
-            return self._row_bytes if self._row_bytes is not None else sum(map(nbytes, t.components))
+            return self._row_bytes if self._row_bytes is not None else sum(map(nbytes, t.components)) + overhead
         rest = t._batch - t._next
         if self._row_bytes is not None or not rest:
             return rest * (self._row_bytes or 0)
-        return sum(nbytes(c[t._next:]) for c in t.components)
+        return sum(nbytes(c[t._next:]) for c in t.components) + rest * overhead
 
     def _elements_bytes(self, elements):
         if self._row_bytes is not None:
             return len(elements) * self._row_bytes
-        return sum(nbytes(c) for e in elements for c in e)
+        return sum(nbytes(c) for e in elements for c in e) + len(elements) * element_overhead(len(self._dtypes))
 
     def _release(self, n):
         if n:
