@@ -13,11 +13,12 @@ import pytest
 
 from zmqflow.common.errors import CancelledError, DeadlineExceededError, ResourceExhaustedError
 from zmqflow.services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
-from zmqflow.services.broker.queues.quota import BrokerLimits
+from zmqflow.services.broker.queues.quota import BrokerLimits, element_overhead
 
 pytestmark = pytest.mark.unit
 
-ROW = 100 * 4  # one int32[100] element
+OVERHEAD = element_overhead(1)   # the element's tuple and array object, charged with its data
+ROW = 100 * 4 + OVERHEAD  # one int32[100] element
 
 
 def registry(**limits):
@@ -55,9 +56,9 @@ def test_enqueue_over_max_container_bytes_is_resource_exhausted_naming_the_limit
     r = registry(max_container_bytes=2 * ROW)
     q = open_queue(r)
     go(q, "enqueue", row()), go(q, "enqueue", row())
-    with pytest.raises(ResourceExhaustedError, match=r"max_container_bytes limit \(800\)") as e:
+    with pytest.raises(ResourceExhaustedError, match=rf"max_container_bytes limit \({2 * ROW}\)") as e:
         go(q, "enqueue", row())
-    assert "400 more bytes" in str(e.value) and "hold 1200 bytes" in str(e.value)
+    assert f"{ROW} more bytes" in str(e.value) and f"hold {3 * ROW} bytes" in str(e.value)
     assert q.size() == 2 and held(r) == 2 * ROW
 
 
@@ -65,7 +66,7 @@ def test_enqueue_over_max_total_bytes_counts_every_container():
     r = registry(max_total_bytes=3 * ROW)
     a, b = open_queue(r, container="a"), open_queue(r, container="b")
     go(a, "enqueue", row()), go(a, "enqueue", row()), go(b, "enqueue", row())
-    with pytest.raises(ResourceExhaustedError, match=r"max_total_bytes limit \(1200\)"):
+    with pytest.raises(ResourceExhaustedError, match=rf"max_total_bytes limit \({3 * ROW}\)"):
         go(b, "enqueue", row())
     assert r.quota.container_bytes == {"a": 2 * ROW, "b": ROW}
 
@@ -80,7 +81,7 @@ def test_containers_have_separate_byte_budgets():
 def test_enqueue_many_over_the_limit_is_refused_whole():
     r = registry(max_container_bytes=5 * ROW)
     q = open_queue(r)
-    with pytest.raises(ResourceExhaustedError, match="2400 more bytes"):
+    with pytest.raises(ResourceExhaustedError, match=f"{6 * ROW} more bytes"):
         go(q, "enqueue_many", rows(6))
     assert q.size() == 0 and held(r) == 0
     go(q, "enqueue_many", rows(5))
@@ -165,7 +166,7 @@ def test_pending_dequeue_many_holding_elements_keeps_them_counted():
 
 
 def test_string_components_count_their_bytes_not_pointers():
-    r = registry(max_container_bytes=1000)
+    r = registry(max_container_bytes=1000 + 2 * OVERHEAD)
     q = open_queue(r, dtypes=("string",), shapes=([],))
     go(q, "enqueue", np.array(b"x" * 500, dtype=object))
     with pytest.raises(ResourceExhaustedError, match="max_container_bytes"):
@@ -175,10 +176,10 @@ def test_string_components_count_their_bytes_not_pointers():
 
 
 def test_padding_queue_counts_each_element_by_its_own_shape():
-    r = registry(max_container_bytes=100)
+    r = registry(max_container_bytes=100 + 2 * OVERHEAD)
     q = open_queue(r, kind="PaddingFIFOQueue", shapes=([None],))
     go(q, "enqueue", np.zeros(5, np.int32)), go(q, "enqueue", np.zeros(10, np.int32))
-    assert held(r) == 60
+    assert held(r) == 60 + 2 * OVERHEAD
     with pytest.raises(ResourceExhaustedError):
         go(q, "enqueue", np.zeros(11, np.int32))
     go(q, "dequeue_many", n=2)  # padded to 2x10 on the way out; what was held is released
