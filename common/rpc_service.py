@@ -13,6 +13,9 @@ requests the service no longer holds), `cancel` (withdraw a parked request),
 A client that holds parked requests must be heard from (any message, pings
 included) at least every `client_timeout` seconds; otherwise it is taken as
 gone and its requests are cancelled, so a killed client never pins an element.
+A client whose connection drops (its process died) is known sooner: the ROUTER
+socket's monitor reports the disconnect of the connection its messages came on,
+and its parked requests are cancelled at once, before anything is handed to them.
 """
 
 import heapq
@@ -23,6 +26,7 @@ import signal
 import time
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from zmqflow.common import curve, health, wire
 from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError)
@@ -67,6 +71,8 @@ class Service:
         self.socket.sndhwm = self.socket.rcvhwm = 100_000
         self.curve_dir = curve_dir or curve.curve_dir_from_env()  # CURVE keys, or a warning when exposed
         curve.secure_server(self.socket, bind, curve.ServerKeys(self.curve_dir) if self.curve_dir else None)
+        # dropped connections: a client that died holding parked requests is cancelled at once
+        self._monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.socket.bind(bind)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         health.announce(self.endpoint)
@@ -74,6 +80,7 @@ class Service:
         self._deadlines = []
         self._seq = 0
         self._last_seen = {}
+        self._fd_of = {}   # identity -> the fd of the connection its last message came on
         self._running = False
         self.started = time.monotonic()
         self.stats = {"requests": 0, "errors": 0, "bad_requests": 0, "deadlines": 0}
@@ -83,6 +90,7 @@ class Service:
         self._poller = zmq.Poller()
         self._poller.register(self.socket, zmq.POLLIN)
         self._extra_sockets = {}  # socket -> on_readable(): a subclass's own sockets polled by this loop
+        self.add_socket(self._monitor, self._watch_connections)
 
     # ------------------------------------------------ hooks for subclasses
 
@@ -108,6 +116,10 @@ class Service:
             self._poller.unregister(sock)
 
     def close(self):
+        if self._monitor is not None:
+            self.socket.disable_monitor()
+            self._monitor.close(0)
+            self._monitor = None
         self.socket.close(linger=500)  # the last replies (a shutdown's own) still leave; bounded
 
     # ------------------------------------------------ completing calls
@@ -189,6 +201,8 @@ class Service:
     def _handle(self, identity, header, frames, error):
         now = time.monotonic()
         self._last_seen[identity] = now
+        if getattr(identity, "fd", None) is not None:
+            self._fd_of[identity] = identity.fd
         self.stats["requests"] += 1
         rid = header.get("id") if header is not None and type(header.get("id")) is int else 0
         if error is not None:
@@ -257,6 +271,19 @@ class Service:
             heapq.heappop(heap)
         return min(default, heap[0][0]) if heap else default
 
+    def _watch_connections(self):
+        """The monitor's events: a dropped connection cancels the parked requests of the clients on it."""
+        while self._monitor is not None and wire.readable(self._monitor):
+            event = recv_monitor_message(self._monitor)
+            if event["event"] != zmq.EVENT_DISCONNECTED:
+                continue
+            gone = [identity for identity, fd in self._fd_of.items() if fd == event["value"]]
+            for identity in gone:
+                del self._fd_of[identity]
+                if any(c.identity == identity for c in self.parked.values()):
+                    log.info("client %r disconnected: cancelling its parked requests", identity)
+                    self._cancel_identity(identity, CancelledError("client disconnected: its requests were cancelled"))
+
     def _sweep_clients(self, now):
         gone = {c.identity for c in self.parked.values() if now - self._last_seen.get(c.identity, now) > self.client_timeout}
         for identity in gone:
@@ -265,6 +292,7 @@ class Service:
         for identity, seen in list(self._last_seen.items()):
             if now - seen > self.client_timeout:
                 del self._last_seen[identity]
+                self._fd_of.pop(identity, None)
 
     def _cancel_identity(self, identity, error):
         for call in [c for c in self.parked.values() if c.identity == identity]:

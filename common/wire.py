@@ -165,6 +165,12 @@ def check_request(header, limits=DEFAULT_LIMITS):
 # ---------------------------------------------------------------- sockets
 
 
+class Identity(bytes):
+    """A ROUTER peer's routing id, with `fd`: the connection it came on (its disconnect names that fd)."""
+
+    fd = None
+
+
 def recv_message(sock, expect_identity, limits=DEFAULT_LIMITS):
     """Receive one whole multipart message; frames from 64 KiB up without a copy.
 
@@ -175,7 +181,11 @@ def recv_message(sock, expect_identity, limits=DEFAULT_LIMITS):
     Returns (identity or None, header dict or None, frames, error or None).
     """
     more = sock.getsockopt
-    identity = sock.recv() if expect_identity else None
+    identity = None
+    if expect_identity:
+        frame = sock.recv(copy=False)
+        identity = Identity(frame.bytes)
+        identity.fd = frame.get(zmq.SRCFD)
     raw = sock.recv() if (identity is None or more(_RCVMORE)) else b""
     header, error = None, None
     try:
