@@ -55,9 +55,12 @@ class PsClient:
                  for c, keys in zip(self.clients, self.shard_keys)]
         return [call.result()[0]["version"] for call in calls]
 
-    def restore(self, directory):
-        """Chief: every shard loads its rows of the latest checkpoint in `directory`."""
-        calls = [c.submit(PsOps.RESTORE, {"dir": str(directory)}) for c in self.clients]
+    def restore(self, directory, shards=None, at_least=None):
+        """Chief: the shards (indices; default every one) load their rows of the latest checkpoint in
+        `directory`, their version raised to `at_least` when given (the others' current version)."""
+        args = {"dir": str(directory), **({"at_least": int(at_least)} if at_least is not None else {})}
+        indices = range(len(self.clients)) if shards is None else shards
+        calls = [self.clients[i].submit(PsOps.RESTORE, args) for i in indices]
         return [call.result()[0] for call in calls]
 
     def wait_ready(self, timeout=60.0):

@@ -79,7 +79,13 @@ class PsService(Service):
         return {"version": self.state.version}
 
     def _restore(self, call):
-        return self.restore_latest(_str(call.args.get("dir"), "dir"), call.args.get("path"))
+        result = self.restore_latest(_str(call.args.get("dir"), "dir"), call.args.get("path"))
+        at_least = call.args.get("at_least")
+        if at_least is not None:        # in step with the shards that kept their state: versions never go back
+            self.state.advance_to(_int(at_least, "at_least"))
+            self._wake_versions()
+            result["version"] = self.state.version
+        return result
 
     def restore_latest(self, directory, path=None):
         """Load this shard's rows of the latest checkpoint in `directory` (any shard count)."""

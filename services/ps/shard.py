@@ -203,6 +203,13 @@ class ShardState:
                 _check_arrays(slots[name], expected, f"slots of {name!r} (optimizer {self.optimizer.kind})")
         self._load(values, slots, step)
 
+    def advance_to(self, version):
+        """Raise the version to `version` (never lower it): a shard restored from an older checkpoint
+        rejoins in step with the shards that kept theirs, and no parked pull waits for a step again."""
+        if version > self.version:
+            self.version = int(version)
+            self._generation += 1
+
     def _load(self, values, slots, step):
         for name, var in self._values.items():
             np.copyto(var, values[name])

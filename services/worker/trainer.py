@@ -59,10 +59,16 @@ class Trainer:
         from zmqflow.common.checkpoint import latest_checkpoint
         self._warm_up()
         if self.is_chief:
+            states = self.ps.stats()
+            kept = [s["version"] for s in states if s.get("initialized")]
+            lost = [i for i, s in enumerate(states) if not s.get("initialized")]
             latest = latest_checkpoint(self.checkpoint_dir) if self.checkpoint_dir else None
-            if latest:
-                versions = [r["version"] for r in self.ps.restore(self.checkpoint_dir)]
-                log.info("chief restored %s (step %d)", latest, versions[0])
+            if kept and not lost:      # only the chief restarted: the shards' state is newer than any checkpoint
+                log.info("chief: the %d ps shards kept their state (step %d): nothing to restore", len(kept), kept[0])
+            elif latest:               # only the shards that lost theirs restore, in step with the others
+                versions = [r["version"] for r in self.ps.restore(self.checkpoint_dir, shards=lost if kept else None,
+                                                                  at_least=max(kept) if kept else None)]
+                log.info("chief restored %s on ps shards %s (step %d)", latest, lost, versions[0])
             else:
                 self.ps.initialize(self.model.initial_values(self.seed))
                 log.info("chief initialized the variables on %d ps shards", len(self.ps.endpoints))
