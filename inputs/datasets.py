@@ -41,10 +41,15 @@ def write_record_shards(x, y, directory, shards=8, seed=0):
     """The rows as `shards` fixed-length record files (RECORD_FORMAT), in a seeded random order so that
     every file holds every digit; returns their paths. Each file is replaced atomically and shards of an
     earlier run with another count are removed, so rerunning is safe while nothing reads the files."""
-    os.makedirs(directory, exist_ok=True)
     order = np.random.default_rng(seed).permutation(len(y))
     pixels = np.rint(x[order] * 255).astype(np.uint8)
-    records = np.concatenate([y[order].astype(np.uint8)[:, None], pixels], axis=1)
+    return write_shards(np.concatenate([y[order].astype(np.uint8)[:, None], pixels], axis=1), directory, shards)
+
+
+def write_shards(records, directory, shards):
+    """`records` (an array, one row per record) split over `shards` files train-XX-of-YY.bin, each
+    replaced atomically; shards of an earlier run with another count are removed. Returns the paths."""
+    os.makedirs(directory, exist_ok=True)
     paths = []
     for i, part in enumerate(np.array_split(records, shards)):
         path = os.path.join(directory, f"train-{i:02d}-of-{shards:02d}.bin")

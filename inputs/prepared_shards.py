@@ -14,13 +14,13 @@ stream them with the fixed_length format and no parsing (`zmqflow reader --data-
 the rows are in a seeded random order, so every shard holds every class.
 """
 
-import glob
 import json
 import os
 
 import numpy as np
 
 from zmqflow.inputs.data_spec import fit, load_spec, load_tables, model_for_data, prepare, to_config
+from zmqflow.inputs.datasets import write_shards
 from zmqflow.inputs.spec_stream import queue_components
 
 SHARD_PATTERN = "train-*-of-*.bin"
@@ -43,25 +43,13 @@ def record_layout(spec):
 def write_prepared_shards(spec, prepared, directory, shards=8, seed=0):
     """The prepared rows as `shards` record files in a seeded order; each replaced atomically, stale
     shards of another count removed. Returns the paths."""
-    os.makedirs(directory, exist_ok=True)
     dtype = record_dtype(spec)
     columns = dict(prepared.x) if isinstance(prepared.x, dict) else {"input": prepared.x}
     columns["label"] = prepared.y
     records = np.empty(prepared.rows, dtype)
     for name in dtype.names:
         records[name] = columns[name].reshape(records[name].shape)
-    records = records[np.random.default_rng(seed).permutation(prepared.rows)]
-    paths = []
-    for i, part in enumerate(np.array_split(records, shards)):
-        path = os.path.join(directory, f"train-{i:02d}-of-{shards:02d}.bin")
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(part.tobytes())
-        os.replace(tmp, path)
-        paths.append(path)
-    for stale in set(glob.glob(os.path.join(directory, SHARD_PATTERN))) - set(paths):
-        os.remove(stale)
-    return paths
+    return write_shards(records[np.random.default_rng(seed).permutation(prepared.rows)], directory, shards)
 
 
 def prepare_for_readers(data, directory, model, shards=8, seed=0):
