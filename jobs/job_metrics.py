@@ -60,10 +60,12 @@ def stream(cluster, interval=0.5, check=lambda: None):
                 point["examples"] = stats["pushes_applied"] * cluster.batch_size
             except OpError:
                 pass          # ps 0 exits at the end (the chief shuts it down): keep its last figures
-            if not running:   # the final step is the chief's (its result file): ps 0 may be gone already
-                final = read_json(cluster.result_files[0])
-                if final and isinstance(final.get("global_step"), int):
-                    point["global_step"] = final["global_step"]
+            if not running:   # the final figures are the workers' result files: ps 0 may be gone already
+                results = [read_json(path) for path in cluster.result_files]
+                if results[0] and isinstance(results[0].get("global_step"), int):
+                    point["global_step"] = results[0]["global_step"]
+                if all(results):
+                    point["examples"] = sum(r.get("examples", 0) for r in results)
             if previous is not None and now > previous[0]:
                 point["examples_per_s"] = round((point["examples"] - previous[1]) / (now - previous[0]), 1)
             previous = (now, point["examples"])
