@@ -103,6 +103,7 @@ class DataSpec:
         self.normalize = bool(raw.get("normalize", True))
         self.skip_bad_rows = bool(raw.get("skip_bad_rows", False))
         self.stats = None
+        self.tables = None      # (the files' signature, the splits as read): load_tables reads once
 
     # ------------------------------------------------ reading the spec
 
@@ -237,7 +238,25 @@ def load_spec(source):
 # ------------------------------------------------ reading the data
 
 def load_tables(spec):
-    """{split: Table} of every split the spec has (the fraction split drawn with its seed)."""
+    """{split: Table} of every split the spec has (the fraction split drawn with its seed). Read once per
+    spec object while its files stay as they were (path, size, modification time): a job fits the
+    spec, fits the model, then feeds and scores the same splits. A copy of the dict each time, so a
+    caller that changes it changes nothing here."""
+    signature = _files_signature(spec)
+    if spec.tables is None or spec.tables[0] != signature:
+        spec.tables = (signature, _read_tables(spec))
+    return dict(spec.tables[1])
+
+
+def _files_signature(spec):
+    """What the spec's files are now: a changed file means the splits are read again."""
+    if spec.format == "mnist":
+        return ()
+    found = [p for split, patterns in spec.files.items() for p in paths(spec, patterns, split)]
+    return tuple((p, os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in found)
+
+
+def _read_tables(spec):
     if spec.format == "mnist":
         tables = {split: read_mnist(split) for split in spec.files}
     else:
