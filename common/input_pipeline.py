@@ -47,6 +47,25 @@ Rules (a member is a reader process; its threads act through it):
    the queues with cancel and report AbortedError("record lost"). Either way the
    consumers get an error, never a silently short epoch.
 
+At-least-once mode (`at_least_once`, recorded by the first member; every member must
+agree). Readers take file names with a lease (docs/queues.md), extended while they read,
+and ack a name only after the file's last enqueue_many was acknowledged. A closed
+file-name queue then answers OutOfRange only when no name is stored or leased, so
+`exhausted` means every file was read to its end. Rules 3 and 4 change for a member
+that stops beating: it is dropped from the record instead of failing it; its name came
+back to the queue when its connection dropped (or its lease expired), and another or a
+restarted member reads the whole file again (its rows arrive twice: at least once). If
+the members left are all done and one was exhausted, the dropping participant closes the
+instance queue. With no unfinished member left and the input not exhausted, the pipeline
+waits `rejoin_s` (recorded by the first member) for a reader to join again; a consumer
+watching it then fails it (AbortedError). The producer pushes every name at once
+(the file-name queue holds them all), so it is done within moments; a producer killed
+before it closed the names still fails the pipeline, as does a reader's own error.
+Rule 5 holds in both modes with a lease on the token: a participant killed while
+holding it gives it back at once (its change is lost, the record is not); only a death
+between sending the token's ack and sending the record back (microseconds: both leave
+together, in order) loses the record.
+
 A consumer using the queue directly, TensorFlow style, sees OutOfRange after a
 failure too: calling `raise_if_failed` on OutOfRange, or dequeuing through
 PipelineWatch, gives it the error. A closed pipeline stays closed (queues cannot
@@ -64,16 +83,19 @@ import socket
 import time
 
 from zmqflow.common import queues
-from zmqflow.common.errors import (ABORTED, CANCELLED, AbortedError, CancelledError, DeadlineExceededError, NotFoundError,
-                           OpError, OutOfRangeError, error_from_code)
+from zmqflow.common.errors import (ABORTED, CANCELLED, AbortedError, CancelledError, DeadlineExceededError,
+                           FailedPreconditionError, InvalidArgumentError, NotFoundError, OpError, OutOfRangeError,
+                           error_from_code)
 from zmqflow.common.rpc_client import default_pool
 
 log = logging.getLogger(__name__)
 
 RECORD_SUFFIX = ".pipeline"
 FILENAMES_SUFFIX = ".filenames"
-DEFAULT_LEASE_S = 4.0   # a member silent this long is dead: consumers and members notice within ~5 s
+DEFAULT_LEASE_S = 3.5   # a member silent this long is dead: consumers and members notice within 5 s (+ a look, 0.5 s)
 DEFAULT_TOKEN_WAIT_S = 10.0
+DEFAULT_REJOIN_S = 30.0  # at-least-once: how long consumers wait for a reader when every member is gone
+TOKEN_LEASE_S = 120.0    # longer than any change made holding the token (a close waits at most 30 s)
 
 
 _MEMBERS_HERE = itertools.count(1)
@@ -119,6 +141,14 @@ class PipelineRecord:
     def failed(self):
         return self.doc["closed"] == "failed"
 
+    @property
+    def at_least_once(self):
+        return bool(self.doc.get("at_least_once"))
+
+    @property
+    def rejoin_s(self):
+        return self.doc.get("rejoin_s") or DEFAULT_REJOIN_S
+
     def error(self):
         """The recorded failure as the exception a consumer raises, or None."""
         return error_from_code(self.doc["code"], self.doc["error"]) if self.failed else None
@@ -131,6 +161,13 @@ class PipelineRecord:
             return False
         if member in self.members:
             raise AbortedError(f"member {member!r} joined pipeline twice")
+        mode = bool(info.get("at_least_once"))
+        if "at_least_once" not in self.doc:   # the first member sets the pipeline's mode
+            self.doc.update(at_least_once=mode, rejoin_s=info.get("rejoin_s") or DEFAULT_REJOIN_S)
+        elif mode != self.at_least_once:
+            raise InvalidArgumentError(
+                f"reader {member} is {'' if mode else 'not '}at-least-once, the pipeline's first reader was "
+                f"{'' if self.at_least_once else 'not'}: start every reader of a pipeline with the same mode")
         self.members[member] = {**info, "beat": 0, "done": False, "progress": {}}
         if self.doc["producer"] is None:
             self.doc["producer"] = member
@@ -149,9 +186,32 @@ class PipelineRecord:
         entry.update(done=True, exhausted=bool(exhausted))
         if progress is not None:
             entry["progress"] = progress
-        if self.closed is not None or not all(m["done"] for m in self.members.values()):
+        return self.decision()
+
+    def decision(self):
+        """'close' when every member is done and one saw the names exhausted; 'fail' when every member
+        is done and none did (at-least-once: None, a reader may join again); else None."""
+        if self.closed is not None or not self.members or not all(m["done"] for m in self.members.values()):
             return None
-        return "close" if any(m.get("exhausted") for m in self.members.values()) else "fail"
+        if any(m.get("exhausted") for m in self.members.values()):
+            return "close"
+        return None if self.at_least_once else "fail"
+
+    def drop(self, member):
+        """At-least-once: forget a dead member (its leased file name went back to the queue)."""
+        self.members.pop(member, None)
+
+    def rejoin(self, member, info):
+        """At-least-once: a member dropped as dead that beats again (it was only slow) is a member again,
+        while the pipeline is open. True when it was re-added."""
+        if member in self.members or not self.at_least_once or self.closed is not None:
+            return False
+        self.members[member] = {**info, "beat": 0, "done": False, "progress": {}}
+        return True
+
+    def orphaned(self):
+        """At-least-once, open, and no unfinished member left to read what is left."""
+        return self.at_least_once and self.closed is None and not self.unfinished()
 
     def mark_closed(self, member):
         self.doc.update(closed="ok", closed_by=member)
@@ -236,17 +296,44 @@ class PipelineRegister:
         A token not handed back within token_wait_s is lost for good: this and every later call raise."""
         if self.lost is not None:
             raise self.lost
+        taken = time.monotonic()
         try:
-            raw = self.queue.dequeue(timeout=self.token_wait_s)
+            token = self.queue.dequeue(timeout=self.token_wait_s, lease=TOKEN_LEASE_S)
         except DeadlineExceededError:
             self.lost = AbortedError(f"pipeline record {self.name!r} was not handed back within {self.token_wait_s} "
                                      "s: a participant died holding it, so the pipeline's state is lost")
             raise self.lost from None
-        record = PipelineRecord.decode(raw.item())
+        record = PipelineRecord.decode(token.values.item())
         try:
             return fn(record)
         finally:
-            self.queue.enqueue(record.encode(), timeout=self.token_wait_s)
+            self._hand_back(token, record, time.monotonic() - taken)
+
+    def _hand_back(self, token, record, held_s):
+        """Ack the token taken (so it cannot come back), then put the changed record in its place.
+
+        Held well within its lease, the ack and the put leave together: the broker takes them in
+        order, and a holder killed between them (microseconds, not a round trip) loses the record.
+        Held longer, the lease may have run out and the token gone to another participant: then
+        the ack is awaited first, and a refused one drops this change instead of adding a record."""
+        if held_s < TOKEN_LEASE_S / 2:
+            ack = token.ack_async(timeout=self.token_wait_s)
+            put = self.queue.enqueue_async(record.encode(), timeout=self.token_wait_s)
+            put.result()
+            try:
+                ack.result()
+            except OpError as exc:   # given back before the ack (its client taken for gone): say so
+                self.lost = AbortedError(f"pipeline record {self.name!r} was given back while this participant "
+                                         f"held it ({exc}); the pipeline's state can no longer be trusted")
+                raise self.lost from None
+            return
+        try:
+            token.ack(timeout=self.token_wait_s)
+        except FailedPreconditionError as exc:
+            self.lost = AbortedError(f"pipeline record {self.name!r} was held past its {TOKEN_LEASE_S:.0f} s lease "
+                                     f"and went back to the others; this participant's change is dropped ({exc})")
+            raise self.lost from None
+        self.queue.enqueue(record.encode(), timeout=self.token_wait_s)
 
     def read(self):
         """A snapshot of the record."""
@@ -267,14 +354,19 @@ def close_with_cancel(queue_list):
 class Coordinator:
     """One member's side of the protocol: join, beat (and watch the others), finish, fail."""
 
-    def __init__(self, register, instance_queue, filename_queue, member, lease_s=DEFAULT_LEASE_S):
+    def __init__(self, register, instance_queue, filename_queue, member, lease_s=DEFAULT_LEASE_S,
+                 at_least_once=False, rejoin_s=DEFAULT_REJOIN_S):
         self.register, self.instance_queue, self.filename_queue = register, instance_queue, filename_queue
         self.member, self.lease_s = member, lease_s
+        self.at_least_once, self.rejoin_s = at_least_once, rejoin_s
         self.watch = LeaseWatch()
+        self._info = {"lease_s": lease_s}   # what this member joined with (join() completes it)
 
     def join(self, info=None):
         """'producer' | 'reader' | 'closed' (already finished: nothing to do); a failed pipeline raises."""
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "lease_s": self.lease_s, **(info or {})}
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "lease_s": self.lease_s,
+                "at_least_once": self.at_least_once, "rejoin_s": self.rejoin_s, **(info or {})}
+        self._info = info
 
         def join(record):
             if not record.join(self.member, info):
@@ -285,11 +377,12 @@ class Coordinator:
     def beat(self, progress=None):
         """Beat, and fail the pipeline if another member stopped beating; returns the record."""
         def beat(record):
+            self._rejoin_if_dropped(record)
             record.beat(self.member, progress)
             if record.closed is None:
                 dead = self.watch.dead(record, me=self.member)
                 if dead:
-                    self.fail_locked(record, ABORTED, describe_dead(record, dead))
+                    self.dead_found_locked(record, dead)
             return PipelineRecord(json.loads(record.encode()))
         return self.register.update(beat)
 
@@ -297,23 +390,56 @@ class Coordinator:
         """Mark this member done (`exhausted`: its readers saw the end of the file names); the last one
         closes the instance queue, or fails the pipeline if no member saw the end. Returns the record."""
         def finish(record):
+            self._rejoin_if_dropped(record)
+            if self.member not in record.members:    # dropped, and the pipeline closed meanwhile: nothing to do
+                return PipelineRecord(json.loads(record.encode()))
             decision = record.finish(self.member, progress, exhausted)
             if decision == "fail":
                 self.fail_locked(record, CANCELLED, f"every reader left before the input was exhausted (the last "
                                                     f"was {self.member}): the rest of the input would be lost")
             elif decision == "close":
-                try:
-                    self.instance_queue.close(timeout=30.0)
-                except CancelledError:
-                    log.warning("instance queue %r was already closed by someone else", self.instance_queue.name)
-                except OpError as exc:  # not closed (an outside enqueue holds it up): never leave it open
-                    self.fail_locked(record, exc.code, f"closing the instance queue failed: {exc}")
-                    return PipelineRecord(json.loads(record.encode()))
-                record.mark_closed(self.member)
-                log.info("every member finished: %s closed the instance queue %r", self.member,
-                         self.instance_queue.name)
+                self.close_locked(record)
             return PipelineRecord(json.loads(record.encode()))
         return self.register.update(finish)
+
+    def _rejoin_if_dropped(self, record):
+        if record.rejoin(self.member, self._info):
+            log.warning("%s was taken for dead (silent past its %g s lease) and dropped; it beats again, so it "
+                        "is a member again", self.member, self.lease_s)
+
+    def close_locked(self, record):
+        """Close the instance queue (the input is all in) and record it; a close that fails fails the pipeline."""
+        try:
+            self.instance_queue.close(timeout=30.0)
+        except CancelledError:
+            log.warning("instance queue %r was already closed by someone else", self.instance_queue.name)
+        except OpError as exc:  # not closed (an outside enqueue holds it up): never leave it open
+            self.fail_locked(record, exc.code, f"closing the instance queue failed: {exc}")
+            return
+        record.mark_closed(self.member)
+        log.info("every member finished: %s closed the instance queue %r", self.member, self.instance_queue.name)
+
+    def dead_found_locked(self, record, dead):
+        """Members that stopped beating: the pipeline fails, or in at-least-once mode they are dropped (their
+        file names came back to the queue) unless the dead one is the producer before it closed the names."""
+        message = describe_dead(record, dead)
+        if not record.at_least_once or self._producer_unfinished(record, dead):
+            self.fail_locked(record, ABORTED, message)
+            return
+        for member, _ in dead:
+            record.drop(member)
+        log.warning("%s; dropped from the pipeline: its file name went back to the queue and is read again "
+                    "(at least once)", message)
+        if record.decision() == "close":
+            self.close_locked(record)
+
+    def _producer_unfinished(self, record, dead):
+        if record.producer not in {member for member, _ in dead}:
+            return False
+        try:
+            return not self.filename_queue.is_closed()
+        except (AttributeError, OpError):   # no file-name queue to look at: take the names as unfinished
+            return True
 
     def fail(self, error):
         """Record `error` (an OpError or any exception) as the pipeline's failure and close its queues
@@ -360,15 +486,22 @@ class PipelineWatch:
 
     Each dequeue waits in slices of `poll_s`; between slices it beats no one but
     watches the members' beats (a consumer can find every reader dead), and on
-    OutOfRange it reads the record, raising the pipeline's error if it failed.
+    OutOfRange it reads the record, raising the pipeline's error if it failed. A consumer
+    that is never kept waiting (the queue still holds what a dead reader pushed) also looks
+    at the beats every `look_every_s`, before a dequeue: a beat is timed from when a
+    consumer saw it change, so looking only once starved would add the time to drain the
+    queue to the lease. A dead reader is so found within its lease + about 0.5 s.
     `timeout` bounds the whole call (DeadlineExceededError, nothing consumed).
     """
 
-    def __init__(self, queue, container="", poll_s=1.0, token_wait_s=DEFAULT_TOKEN_WAIT_S, pool=None):
-        self.queue, self.container, self.poll_s = queue, container, poll_s
+    def __init__(self, queue, container="", poll_s=0.5, token_wait_s=DEFAULT_TOKEN_WAIT_S, pool=None,
+                 look_every_s=0.5):
+        self.queue, self.container, self.poll_s, self.look_every_s = queue, container, poll_s, look_every_s
+        self._looked = time.monotonic()
         self.token_wait_s, self.pool = token_wait_s, pool
         self.watch = LeaseWatch()
         self._register = None
+        self._orphaned_since = None   # at-least-once: since when (this consumer's clock) no member is left
 
     def register(self):
         if self._register is None:
@@ -378,6 +511,7 @@ class PipelineWatch:
 
     def check(self):
         """Raise the pipeline's error if it failed, or fail it if a member stopped beating."""
+        self._looked = time.monotonic()
         register = self.register()
         if register is None:
             return
@@ -386,17 +520,38 @@ class PipelineWatch:
             if record.closed is None:
                 dead = self.watch.dead(record)
                 if dead:
-                    filenames = _attach_or_none(self.queue.name + FILENAMES_SUFFIX, self.container,
-                                                self.queue.broker, self.pool)
-                    consumer = Coordinator(register, self.queue, filenames, member=member_id("consumer"))
-                    consumer.fail_locked(record, ABORTED, describe_dead(record, dead))
+                    self._consumer(register).dead_found_locked(record, dead)
+                self._check_orphaned(register, record)
             return record.error()
         error = register.update(look)
         if error is not None:
             raise error
 
+    def look_if_due(self):
+        """check(), when look_every_s has passed since the last look."""
+        if time.monotonic() - self._looked >= self.look_every_s:
+            self.check()
+
+    def _consumer(self, register):
+        """This consumer as a participant that may fail, drop members or close (it joins nothing)."""
+        filenames = _attach_or_none(self.queue.name + FILENAMES_SUFFIX, self.container, self.queue.broker, self.pool)
+        return Coordinator(register, self.queue, filenames, member=member_id("consumer"))
+
+    def _check_orphaned(self, register, record):
+        """At-least-once: with no unfinished member left, wait the record's rejoin_s for a reader, then fail."""
+        if not record.orphaned():
+            self._orphaned_since = None
+            return
+        now = time.monotonic()
+        self._orphaned_since = self._orphaned_since or now
+        if now - self._orphaned_since > record.rejoin_s:
+            self._consumer(register).fail_locked(
+                record, ABORTED, f"pipeline {self.queue.name!r} has no live reader left and its input is not "
+                                 f"exhausted; none joined again within {record.rejoin_s:g} s")
+
     def _dequeue(self, method, args, timeout):
         deadline = None if timeout is None else time.monotonic() + timeout
+        self.look_if_due()
         while True:
             wait = self.poll_s if deadline is None else min(self.poll_s, max(0.0, deadline - time.monotonic()))
             try:

@@ -10,12 +10,17 @@ request's deadline, enforced by the broker (DeadlineExceededError, and nothing
 is consumed after it). `*_async` methods return a future with `.result()` so
 one thread can keep many requests in flight. A queue object may be used from
 several threads: each thread talks to the broker over its own socket.
+
+Every dequeue takes `lease=` (seconds) for at-least-once delivery: it then
+returns a `Lease` (common/leases.py) whose elements the broker keeps until
+`ack()`, and gives back to the queue if this client dies or the lease expires.
 """
 
 import os
 
 from zmqflow.common import dtypes as wire_dtypes
 from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.leases import Lease
 from zmqflow.common.rpc_client import USE_DEFAULT, default_pool
 from zmqflow.common.protocol import BrokerOps
 
@@ -102,6 +107,12 @@ class QueueBase:
         args = {"queue": self.handle, **args}
         return QueueFuture(self._client.submit(op, args, tensors, timeout), convert)
 
+    def _dequeue(self, op, args, timeout, lease):
+        if lease is None:
+            return self._submit(op, args, [], timeout, self._values)
+        return self._submit(op, {**args, "lease": lease}, [], timeout,
+                            lambda result, tensors: Lease(self, result, self._values(result, tensors)))
+
     # ------------------------------------------------ TensorFlow's methods
 
     def enqueue_async(self, vals, timeout=USE_DEFAULT):
@@ -110,14 +121,14 @@ class QueueBase:
     def enqueue_many_async(self, vals, timeout=USE_DEFAULT):
         return self._submit(BrokerOps.ENQUEUE_MANY, {}, self._components(vals), timeout, _nothing)
 
-    def dequeue_async(self, timeout=USE_DEFAULT):
-        return self._submit(BrokerOps.DEQUEUE, {}, [], timeout, self._values)
+    def dequeue_async(self, timeout=USE_DEFAULT, lease=None):
+        return self._dequeue(BrokerOps.DEQUEUE, {}, timeout, lease)
 
-    def dequeue_many_async(self, n, timeout=USE_DEFAULT):
-        return self._submit(BrokerOps.DEQUEUE_MANY, {"n": n}, [], timeout, self._values)
+    def dequeue_many_async(self, n, timeout=USE_DEFAULT, lease=None):
+        return self._dequeue(BrokerOps.DEQUEUE_MANY, {"n": n}, timeout, lease)
 
-    def dequeue_up_to_async(self, n, timeout=USE_DEFAULT):
-        return self._submit(BrokerOps.DEQUEUE_UP_TO, {"n": n}, [], timeout, self._values)
+    def dequeue_up_to_async(self, n, timeout=USE_DEFAULT, lease=None):
+        return self._dequeue(BrokerOps.DEQUEUE_UP_TO, {"n": n}, timeout, lease)
 
     def close_async(self, cancel_pending_enqueues=False, timeout=USE_DEFAULT):
         return self._submit(BrokerOps.CLOSE, {"cancel_pending_enqueues": bool(cancel_pending_enqueues)}, [], timeout, _nothing)
@@ -128,14 +139,17 @@ class QueueBase:
     def enqueue_many(self, vals, timeout=USE_DEFAULT):
         return self.enqueue_many_async(vals, timeout).result()
 
-    def dequeue(self, timeout=USE_DEFAULT):
-        return self.dequeue_async(timeout).result()
+    def dequeue(self, timeout=USE_DEFAULT, lease=None):
+        """One element; with `lease=` seconds, a `Lease` holding it until acked (at least once)."""
+        return self.dequeue_async(timeout, lease).result()
 
-    def dequeue_many(self, n, timeout=USE_DEFAULT):
-        return self.dequeue_many_async(n, timeout).result()
+    def dequeue_many(self, n, timeout=USE_DEFAULT, lease=None):
+        """n elements as a batch; with `lease=` seconds, a `Lease` holding them until acked."""
+        return self.dequeue_many_async(n, timeout, lease).result()
 
-    def dequeue_up_to(self, n, timeout=USE_DEFAULT):
-        return self.dequeue_up_to_async(n, timeout).result()
+    def dequeue_up_to(self, n, timeout=USE_DEFAULT, lease=None):
+        """Up to n elements after close; with `lease=` seconds, a `Lease` holding them until acked."""
+        return self.dequeue_up_to_async(n, timeout, lease).result()
 
     def close(self, cancel_pending_enqueues=False, timeout=USE_DEFAULT):
         return self.close_async(cancel_pending_enqueues, timeout).result()

@@ -50,7 +50,9 @@ def command(bind, ready_file, log_level, client_timeout, max_message_bytes, max_
 
     Clients open queues by (container, shared_name) and enqueue / dequeue
     tensors; blocked requests wait in the broker, never in a thread.
-    A request over a --max-* limit is refused with RESOURCE_EXHAUSTED naming
+    A dequeue with a lease (at least once, docs/queues.md) keeps its elements
+    here until acked; they go back to the queue when the lease expires or
+    the client is gone. A request over a --max-* limit is refused with RESOURCE_EXHAUSTED naming
     the limit. Stops cleanly on SIGTERM or SIGINT.
     """
     for name, value in (("--max-queues", max_queues), ("--max-queues-per-container", max_queues_per_container),

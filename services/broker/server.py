@@ -2,16 +2,21 @@
 
 All queue semantics live in `zmqflow.services.broker.queues`; this file only maps ops
 to calls, parks requests that cannot complete yet, and replies to every ticket
-a call completed (after the queue's loop finished, so replies are atomic).
+a call completed (after the queue's loop finished, so replies are atomic). A leased
+dequeue's reply carries its lease id; leases expire on the loop's timer and go back
+when their client is gone (`on_client_gone`).
 """
 
 import dataclasses
 import logging
+import time
 
 from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError
 from zmqflow.common.limits import DEFAULT_LIMITS
 from zmqflow.common.rpc_service import PARKED, Service
 from zmqflow.services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
+from zmqflow.services.broker.queues.leases import LeaseBook, check_lease_seconds
+from zmqflow.services.broker.queues.ticket import DEQUEUE_OPS
 from zmqflow.services.broker.queues.quota import BrokerLimits
 from zmqflow.common.protocol import BrokerOps
 
@@ -21,17 +26,20 @@ log = logging.getLogger(__name__)
 
 class BrokerService(Service):
     name = "queue-broker"
+    admin_ops = BrokerOps.ADMIN   # reset, shutdown: CURVE or the admin token (common/admin_token.py)
 
     def __init__(self, bind, limits=DEFAULT_LIMITS, client_timeout=30.0, context=None, broker_limits=None, **options):
         super().__init__(bind, limits, client_timeout, context, **options)
         self.broker_limits = broker_limits or BrokerLimits()
         self.registry = QueueRegistry(self.broker_limits)
+        self.leases = LeaseBook()
         for op in BrokerOps.QUEUE_OPS:
             self.handlers[op] = self._queue_op
         self.handlers.update({BrokerOps.OPEN_QUEUE: self._open_queue, BrokerOps.ATTACH_QUEUE: self._attach_queue,
                               BrokerOps.SIZE: self._size, BrokerOps.IS_CLOSED: self._is_closed,
                               BrokerOps.RESET: self._reset, BrokerOps.LIST_QUEUES: self._list_queues,
-                              BrokerOps.SHUTDOWN: self._shutdown})
+                              BrokerOps.SHUTDOWN: self._shutdown, BrokerOps.ACK: self._ack,
+                              BrokerOps.NACK: self._nack, BrokerOps.EXTEND: self._extend})
 
     def _shutdown(self, call):
         """The chief says the job is over: exit 0, so compose and Kubernetes see it complete."""
@@ -53,9 +61,14 @@ class BrokerService(Service):
         n = args.get("n")
         if call.op in ("dequeue_many", "dequeue_up_to") and type(n) is not int:
             raise InvalidArgumentError(f"{call.op} needs an int 'n', got {n!r:.60}")
+        lease = args.get("lease")
+        if lease is not None:
+            if call.op not in DEQUEUE_OPS:
+                raise InvalidArgumentError(f"{call.op} takes no lease: only dequeues are leased")
+            lease = check_lease_seconds(lease)
         ticket = Ticket(call.op, components=call.tensors, n=n,
                         cancel_pending_enqueues=bool(args.get("cancel_pending_enqueues", False)),
-                        owner=call.identity, tag=call)
+                        owner=call.identity, tag=call, lease=lease)
         call.state = (queue, ticket)
         completed = queue.submit(ticket)
         if not ticket.done:
@@ -68,8 +81,56 @@ class BrokerService(Service):
             call = ticket.tag
             if ticket.error is not None:
                 self.fail(call, ticket.error)
+            elif ticket.lease is not None:
+                self._answer_leased(call, ticket)
             else:
                 self.reply(call, None, ticket.result or ())
+
+    def _answer_leased(self, call, ticket):
+        """The elements stay the broker's until the lease is settled: the reply names the lease."""
+        queue = call.state[0]
+        lease = self.leases.grant(queue, call.identity, ticket.leased or [], ticket.lease, time.monotonic())
+        self.wake_at(lease.expires)
+        self.reply(call, {"lease": lease.id, "lease_s": lease.seconds}, ticket.result or ())
+
+    # ------------------------------------------------ leases (queues/leases.py)
+
+    def _lease_id(self, call):
+        lease_id = call.args.get("lease")
+        if type(lease_id) is not int:
+            raise InvalidArgumentError(f"{call.op} needs the int 'lease' a leased dequeue answered, "
+                                       f"got {lease_id!r:.60}")
+        return lease_id
+
+    def _ack(self, call):
+        lease, done = self.leases.ack(self._lease_id(call), call.identity)
+        self._answer(done)
+        return {"lease": lease.id, "acked": len(lease.elements)}
+
+    def _nack(self, call):
+        lease, done = self.leases.nack(self._lease_id(call), call.identity)
+        self._answer(done)
+        return {"lease": lease.id, "returned": len(lease.elements)}
+
+    def _extend(self, call):
+        seconds = check_lease_seconds(call.args.get("seconds"), "extend's seconds")
+        lease = self.leases.extend(self._lease_id(call), call.identity, seconds, time.monotonic())
+        self.wake_at(lease.expires)
+        return {"lease": lease.id, "lease_s": lease.seconds}
+
+    def _expire(self, now):
+        super()._expire(now)
+        when = self.leases.next_expiry
+        if when is not None and when <= now:
+            self._answer(self.leases.expire(now))
+
+    def on_client_gone(self, identity, error):
+        super().on_client_gone(identity, error)
+        if self.leases:
+            self._answer(self.leases.give_back_owner(identity))
+
+    def keeps_state_for(self, identity):
+        return self.leases.holds(identity)
 
     def on_deadline(self, call):
         self._withdraw(call, DeadlineExceededError("Timed out waiting for notification"))
@@ -117,6 +178,7 @@ class BrokerService(Service):
             raise InvalidArgumentError("'container' must be a string")
         before = len(self.registry.list())
         self._answer(self.registry.reset(container))
+        self.leases.forget_freed_queues()
         return {"container": container, "freed": before - len(self.registry.list())}
 
     def _list_queues(self, call):
@@ -131,12 +193,27 @@ class BrokerService(Service):
                                  ("waiting_enqueues", "waiting_enqueues", "Enqueue requests parked for room."),
                                  ("waiting_dequeues", "waiting_dequeues", "Dequeue requests parked for elements."),
                                  ("bytes", "queue_bytes", "Element bytes the queue holds."),
+                                 ("leased", "queue_leased", "Elements out on leases not settled yet."),
                                  ("closed", "queue_closed", "1 once the queue is closed.")):
             yield gauge_family(f"zmqflow_broker_{name}", doc,
                                {(q["container"], q["shared_name"], q["kind"]): int(q[field]) for q in queues}, labels)
         yield gauge_family("zmqflow_broker_queues", "Queues the broker holds.", len(self.registry))
-        yield gauge_family("zmqflow_broker_bytes", "Element bytes held by all queues.", self.registry.quota.total_bytes)
+        yield from self._lease_families()
+        yield gauge_family("zmqflow_broker_held_bytes", "Element bytes held by all queues.",
+                           self.registry.quota.total_bytes)
+
+    def _lease_families(self):
+        from zmqflow.common.metrics import counter_family, gauge_family
+        counts = self.leases.counts
+        yield counter_family("zmqflow_broker_leases", "Leased dequeues answered.", counts["leases"])
+        yield counter_family("zmqflow_broker_leased_elements", "Elements handed out on a lease.", counts["leased"])
+        yield counter_family("zmqflow_broker_acked_elements", "Leased elements acknowledged (gone for good).",
+                             counts["acked"])
+        yield counter_family("zmqflow_broker_returned_elements", "Leased elements given back to their queue, by why.",
+                             {(why,): counts[why] for why in ("expired", "nacked", "client_gone")}, ("reason",))
+        yield gauge_family("zmqflow_broker_open_leases", "Leases not settled yet.", len(self.leases))
 
     def describe(self):
         return {"queues": len(self.registry), "bytes": self.registry.quota.total_bytes,
-                "limits": dataclasses.asdict(self.broker_limits)}
+                "limits": dataclasses.asdict(self.broker_limits),
+                "leases": {"open": len(self.leases), **self.leases.counts}}

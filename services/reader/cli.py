@@ -32,7 +32,7 @@ from zmqflow.inputs.datasets import DATA_DIR, RECORD_FORMAT
 from zmqflow.common.errors import OpError
 from zmqflow.common.memory import keep_freed_memory
 from zmqflow.common.processes import start_process
-from zmqflow.common.input_pipeline import DEFAULT_LEASE_S, DEFAULT_TOKEN_WAIT_S
+from zmqflow.common.input_pipeline import DEFAULT_LEASE_S, DEFAULT_REJOIN_S, DEFAULT_TOKEN_WAIT_S
 from zmqflow.inputs.formats import FORMATS
 from zmqflow.services.reader.pipeline import DATA_SPEC, DEFAULT_ENQUEUE_TIMEOUT, QUEUE_KINDS
 
@@ -172,6 +172,14 @@ def _tf_config_task():
               help="Seconds without a beat after which the other members take this reader as dead.")
 @click.option("--token-wait", "token_wait_s", default=DEFAULT_TOKEN_WAIT_S,
               help="Seconds to wait for the pipeline record before taking it as lost.")
+@click.option("--at-least-once", is_flag=True,
+              help="Take file names with a lease (extended while the file is read), acked once the file is in the "
+                   "instance queue: a reader killed mid-file gives its name back and the file is read again by "
+                   "another (or a restarted) reader, its rows arriving twice, instead of failing the pipeline. "
+                   "Every reader of the pipeline must pass it. See docs/queues.md.")
+@click.option("--rejoin-wait", "rejoin_s", default=DEFAULT_REJOIN_S, type=click.FloatRange(0, min_open=True),
+              help="With --at-least-once: seconds consumers wait for a reader to join again when every reader "
+                   "died with input left, before they fail the pipeline (the first reader's value counts).")
 @click.option("--enqueue-timeout", default=DEFAULT_ENQUEUE_TIMEOUT,
               help="Seconds one chunk may wait for room in the instance queue before the pipeline fails.")
 @click.option("--progress-every", default=10.0, help="Seconds between progress lines (0: none).")
@@ -183,8 +191,8 @@ def _tf_config_task():
 @ops_options
 def command(broker, file_patterns, preset, format_kind, format_options, data_config, split, features, cast_values,
             num_epochs, shuffle_files, seed, readers, queue_name, queue_kind, capacity, min_after_dequeue, chunk_size,
-            in_flight, skip_malformed, container, lease_s, token_wait_s, enqueue_timeout, progress_every, stats_file,
-            name, log_level):
+            in_flight, skip_malformed, container, lease_s, token_wait_s, at_least_once, rejoin_s, enqueue_timeout,
+            progress_every, stats_file, name, log_level):
     """Read files into the broker's instance queue: one reader process of an input pipeline.
 
     The first reader process to join a pipeline expands the globs and feeds the
@@ -194,7 +202,8 @@ def command(broker, file_patterns, preset, format_kind, format_options, data_con
     queue is closed once, by the last reader to finish, so consumers get every
     instance and then OutOfRange. A reader that dies mid-file fails the
     pipeline: its queues are closed with cancel and the error is recorded for
-    consumers (see common/input_pipeline.py).
+    consumers (see common/input_pipeline.py); with --at-least-once its file is
+    read again instead.
 
     With --data-config the files, format and components come from a data spec:
     each chunk of rows is made into the model's inputs and `label` with the
@@ -240,9 +249,11 @@ def command(broker, file_patterns, preset, format_kind, format_options, data_con
                                   seed=seed, num_epochs=num_epochs or None, shuffle_files=shuffle_files,
                                   readers=readers, features=features, cast=cast, lease_s=lease_s,
                                   token_wait_s=token_wait_s, enqueue_timeout=enqueue_timeout, in_flight=in_flight,
-                                  name=name, progress_every=progress_every)
+                                  name=name, progress_every=progress_every, at_least_once=at_least_once,
+                                  rejoin_s=rejoin_s)
         from zmqflow.common import metrics
         if metrics.requested():  # --metrics-port
+            metrics.set_task(name, "reader")
             metrics.register(lambda: pipeline.counters.metric_families(name))
             metrics.serve()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -27,6 +27,12 @@ waits at most `enqueue_timeout` for room, after which the pipeline fails
 retried without duplicates). A stop (SIGTERM) between files leaves cleanly; a stop
 mid-file fails the pipeline with CancelledError naming the file, as TF's
 coordinator closed the queues with cancel on request_stop.
+
+With `at_least_once`, each file name is taken with a lease of `lease_s`, extended by the
+reading thread while it works on the file, and acked once the file's last enqueue_many
+was acknowledged: a reader killed mid-file gives its name back and the file is read
+again by another (or a restarted) reader; a stop mid-file nacks the name instead of
+failing the pipeline (see common/input_pipeline.py).
 """
 
 import collections
@@ -40,8 +46,9 @@ from zmqflow.common.errors import (CancelledError, DeadlineExceededError, Intern
                            OutOfRangeError, UnavailableError)
 from zmqflow.common.queues import FIFOQueue, PaddingFIFOQueue, RandomShuffleQueue
 from zmqflow.common.rpc_client import default_pool
-from zmqflow.common.input_pipeline import (DEFAULT_LEASE_S, DEFAULT_TOKEN_WAIT_S, FILENAMES_SUFFIX, Coordinator,
-                                          PipelineRegister, member_id)
+from zmqflow.common.input_pipeline import (DEFAULT_LEASE_S, DEFAULT_REJOIN_S, DEFAULT_TOKEN_WAIT_S, FILENAMES_SUFFIX,
+                                          Coordinator, PipelineRegister, member_id)
+from zmqflow.services.reader.file_lease import FileLease
 from zmqflow.inputs.formats import open_format
 from zmqflow.inputs.spec_stream import SpecStream
 from zmqflow.services.reader.producer import DEFAULT_CAPACITY, expand_globs, filename_queue, string_input_producer
@@ -132,12 +139,12 @@ class ReaderCounters:
         """This reader process's counters for Prometheus, read at scrape time (common/metrics.py)."""
         from zmqflow.common.metrics import counter_family, gauge_family
         snap, key = self.snapshot(), (member,)
-        for field, doc in (("instances", "Instances pushed into the instance queue."), ("files_done", "Files read."),
-                           ("records_read", "Records read."), ("bytes_read", "Bytes read from files."),
-                           ("malformed_skipped", "Malformed records skipped.")):
-            yield counter_family(f"zmqflow_reader_{field}", doc, {key: snap[field]}, ["member"])
-        yield gauge_family("zmqflow_reader_instances_per_second", "Instances pushed per second since start.",
-                           {key: snap["instances_per_s"]}, ["member"])
+        for field, name, doc in (("instances", "instances", "Instances pushed into the instance queue."),
+                                 ("files_done", "files_done", "Files read."), ("records_read", "records_read",
+                                                                                "Records read."),
+                                 ("bytes_read", "read_bytes", "Bytes read from files."),
+                                 ("malformed_skipped", "malformed_skipped", "Malformed records skipped.")):
+            yield counter_family(f"zmqflow_reader_{name}", doc, {key: snap[field]}, ["member"])
         yield gauge_family("zmqflow_reader_files_reading", "Files being read now.", {key: len(snap["reading"])},
                            ["member"])
 
@@ -149,7 +156,8 @@ class ReaderPipeline:
                  queue_kind="shuffle", capacity=10_000, min_after_dequeue=None, seed=None, num_epochs=1,
                  shuffle_files=True, readers=1, features=None, cast=None, filename_capacity=DEFAULT_CAPACITY,
                  lease_s=DEFAULT_LEASE_S, token_wait_s=DEFAULT_TOKEN_WAIT_S,
-                 enqueue_timeout=DEFAULT_ENQUEUE_TIMEOUT, in_flight=2, name="reader", progress_every=10.0, pool=None):
+                 enqueue_timeout=DEFAULT_ENQUEUE_TIMEOUT, in_flight=2, name="reader", progress_every=10.0, pool=None,
+                 at_least_once=False, rejoin_s=DEFAULT_REJOIN_S):
         for what, value in (("readers", readers), ("in_flight", in_flight)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidArgumentError(f"{what} must be an int >= 1, got {value!r}")
@@ -163,6 +171,9 @@ class ReaderPipeline:
         self.files = expand_globs(files) if files else []
         self.num_epochs, self.shuffle_files, self.seed = num_epochs, shuffle_files, seed
         self.readers, self.filename_capacity = readers, filename_capacity
+        self.at_least_once, self.rejoin_s = at_least_once, rejoin_s
+        if at_least_once and num_epochs:   # every name fits: the producer is done at once (its death would fail)
+            self.filename_capacity = max(filename_capacity, len(self.files) * num_epochs)
         self.lease_s, self.token_wait_s, self.enqueue_timeout = lease_s, token_wait_s, enqueue_timeout
         self.in_flight = in_flight
         self.member = member_id(name)
@@ -192,7 +203,8 @@ class ReaderPipeline:
                                              self.filename_capacity, self.pool)
         register = PipelineRegister(self.broker, self.queue_name, self.container, token_wait_s=self.token_wait_s,
                                     pool=self.pool)
-        self.coordinator = Coordinator(register, self.instance_queue, self.filename_queue, self.member, self.lease_s)
+        self.coordinator = Coordinator(register, self.instance_queue, self.filename_queue, self.member, self.lease_s,
+                                       at_least_once=self.at_least_once, rejoin_s=self.rejoin_s)
         self.role = self.coordinator.join({"readers": self.readers})
         log.info("%s joined pipeline %r as %s (%d reader threads)", self.member, self.queue_name, self.role,
                  self.readers)
@@ -229,7 +241,8 @@ class ReaderPipeline:
                 self._stop_now()
             for t in self._threads:
                 t.join(0.1)
-        stopped_mid_work = self._abandoned or not self._producer_done.is_set()
+        # at-least-once: an abandoned file's name was nacked, another reader reads it
+        stopped_mid_work = (self._abandoned and not self.at_least_once) or not self._producer_done.is_set()
         if self._local_error is None and self._stop_reason and stopped_mid_work:
             self._fail(CancelledError(f"reader {self.member} was stopped ({self._stop_reason}) while reading "
                                       f"{', '.join(self._abandoned) or 'file names (producer)'}; the rest of "
@@ -304,32 +317,39 @@ class ReaderPipeline:
         fmt = self.counters.formats[index] = open_reader_format(self.format_kind, self.format_options)
         while not self._halt.is_set():
             try:
-                name = self.filename_queue.dequeue(timeout=POLL_S)
+                name = self.filename_queue.dequeue(timeout=POLL_S, lease=self.lease_s if self.at_least_once else None)
             except DeadlineExceededError:
                 continue
             except OutOfRangeError:
                 self._exhausted.append(index)
                 return
-            path = name.item().decode()
+            lease = FileLease(name) if self.at_least_once else None
+            path = (lease.name if lease else name.item()).decode()
             self.counters.reading[index] = path
             try:
-                if not self._push_file(fmt, path):
+                if not self._push_file(fmt, path, lease):
                     self._abandoned.append(path)
+                    if lease:
+                        lease.give_back()
                     return
             except CancelledError as exc:
                 raise CancelledError(f"reader {self.member}: the instance queue {self.queue_name!r} was closed "
                                      f"while {path} was being pushed ({exc})") from None
+            if lease:
+                lease.done()
             self.counters.reading[index] = None
             self.counters.file_done()
 
-    def _push_file(self, fmt, path):
+    def _push_file(self, fmt, path, lease=None):
         """Every chunk of `path` into the instance queue, up to `in_flight` pushes outstanding while the
-        next chunk is parsed; False if a stop came first."""
+        next chunk is parsed; False if a stop came first. A file name's lease is kept while it works."""
         pending = collections.deque()
         for chunk in fmt.read(path):
+            if lease:
+                lease.keep()
             if self._halt.is_set():
                 while pending:
-                    self._settle(pending.popleft())
+                    self._settle(pending.popleft(), lease)
                 return False
             values = {name: self._component(chunk, name) for name, _, _ in self.components}
             if self.ragged:
@@ -339,9 +359,9 @@ class ReaderPipeline:
                 futures = [self.instance_queue.enqueue_many_async(values, timeout=self.enqueue_timeout)]
             pending.append((futures, chunk.count))
             while len(pending) > self.in_flight:
-                self._settle(pending.popleft())
+                self._settle(pending.popleft(), lease)
         while pending:
-            self._settle(pending.popleft())
+            self._settle(pending.popleft(), lease)
         return True
 
     def _component(self, chunk, name):
@@ -349,10 +369,12 @@ class ReaderPipeline:
         dtype = self.cast.get(name)
         return values if dtype is None else values.astype(dtype, copy=False)
 
-    def _settle(self, attempt):
+    def _settle(self, attempt, lease=None):
         futures, count = attempt
         try:
             for future in futures:
+                while lease and not future.wait(lease.period):   # waiting for room: keep the file's name
+                    lease.keep()
                 future.result()
         except DeadlineExceededError:
             raise DeadlineExceededError(f"instance queue {self.queue_name!r} had no room for {self.enqueue_timeout} s "
@@ -397,7 +419,7 @@ class ReaderPipeline:
     # ------------------------------------------------ stopping and failing
 
     def _stop_now(self):
-        reading = [p for p in self.counters.reading if p]
+        reading = [p for p in self.counters.reading if p and not self.at_least_once]   # leased: given back
         busy = reading or not self._producer_done.is_set()
         self._halt.set()
         if busy:

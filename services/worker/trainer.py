@@ -17,17 +17,19 @@ from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError, O
 from zmqflow.common.input_pipeline import raise_if_failed
 from zmqflow.models.protocol import every_gradient, input_signature, zero_inputs, zero_labels
 from zmqflow.services.worker.hooks import StepContext
+from zmqflow.services.worker.leased_batches import LeasedBatches
 
 log = logging.getLogger("worker")
 
 
-PIPELINE_WATCH_S = 1.0
+PIPELINE_WATCH_S = 0.5
 """How often a worker waiting for a batch looks at the reader pipeline's beats."""
 
 class Trainer:
     def __init__(self, model, ps, queue, replica=0, num_workers=1, is_chief=True, batch_size=100, mode="async",
                  hooks=(), seed=None, checkpoint_dir=None, examples_per_epoch=None, sync_timeout=30.0,
-                 end_timeout=120.0, dequeue_timeout=600.0, container="", config=None):
+                 end_timeout=120.0, dequeue_timeout=600.0, container="", config=None, at_least_once=False,
+                 lease_s=None):
         self.model, self.ps, self.queue = model, ps, queue
         self.replica, self.num_workers, self.is_chief = replica, num_workers, is_chief
         self.batch_size, self.mode, self.hooks, self.seed = batch_size, mode, list(hooks), seed
@@ -41,6 +43,8 @@ class Trainer:
         self.steps = 0
         self.losses = []
         self._push = self._assign = None   # at most one push and one assign in flight
+        # at-least-once input: batches dequeued with a lease, acked once their gradients are on the ps
+        self.leases = LeasedBatches(lease_s) if at_least_once else None
         # tables read by rows (sparse embeddings): left out of pulls, their rows pulled per batch
         self._row_tables = (sorted(model.sparse_rows(zero_inputs(model, 1))) if hasattr(model, "sparse_rows")
                             else [])
@@ -94,6 +98,11 @@ class Trainer:
         self._push = self._assign = None
         try:
             while True:
+                if self.leases and not next_batch.wait(0):
+                    try:   # a closed queue waits for leased elements to come back: ack ours before waiting
+                        self._settle_push()
+                    except UnavailableError as exc:
+                        params = self._recover(exc)
                 try:
                     x, y = self._batch(self._arrived(next_batch))
                 except OutOfRangeError:
@@ -105,11 +114,16 @@ class Trainer:
                         f"worker {self.replica}: no mini-batch from queue '{self.queue.name}' at {self.queue.broker} "
                         f"within {self.dequeue_timeout:.0f} s; is a reader feeding it?") from None
                 next_batch = self._dequeue()  # prefetch while computing
+                step_started = time.perf_counter()
                 try:
+                    if self.leases:
+                        self.leases.keep()
                     loss, params = self._step(params, x, y)
                 except UnavailableError as exc:
                     params = self._recover(exc)
                     continue
+                if self.leases:
+                    self.leases.step_took(time.perf_counter() - step_started)
                 self.steps += 1
                 self.examples += len(y)
                 self.losses.append(loss)
@@ -124,6 +138,9 @@ class Trainer:
         return self.finish()
 
     def _dequeue(self):
+        if self.leases:
+            return self.queue.dequeue_up_to_async(self.batch_size, timeout=self.dequeue_timeout,
+                                                  lease=self.leases.length())
         return self.queue.dequeue_up_to_async(self.batch_size, timeout=self.dequeue_timeout)
 
     def _arrived(self, pending):
@@ -134,9 +151,11 @@ class Trainer:
         if self._pipeline is None and getattr(self.queue, "broker", None):
             from zmqflow.common.input_pipeline import PipelineWatch
             self._pipeline = PipelineWatch(self.queue, self.container)
+        if self._pipeline is not None:
+            self._pipeline.look_if_due()     # also when batches never keep us waiting: beats are timed as seen
         while self._pipeline is not None and not pending.wait(PIPELINE_WATCH_S):
             self._pipeline.check()
-        return pending.result()
+        return self.leases.arrived(pending.result()) if self.leases else pending.result()
 
     def _step(self, params, x, y):
         """One step: (loss, the parameters for the next step)."""
@@ -147,6 +166,8 @@ class Trainer:
         loss, grads = self._compute(params, x, y)
         self._settle_push()
         self._push = self.ps.push_async(grads, self.replica)
+        if self.leases:
+            self.leases.pushed()
         params = next_params.result()
         self.global_step = self.ps.versions[0]
         return loss, params
@@ -156,6 +177,8 @@ class Trainer:
         from fresh parameters. The step in hand is lost; a restarted shard restores its checkpoint."""
         log.warning("worker %d: %s; waiting for the ps shards to come back", self.replica, error)
         self._push = self._assign = None
+        if self.leases:
+            self.leases.give_back()   # their gradients may not have reached the ps: train them again
         deadline = time.monotonic() + self.end_timeout
         while True:
             try:
@@ -203,6 +226,8 @@ class Trainer:
         if self._push is not None:
             self._push.result()
             self._push = None
+            if self.leases:
+                self.leases.push_settled()
         if self._assign is not None:
             self._assign.result()
             self._assign = None
@@ -211,6 +236,8 @@ class Trainer:
         """Push this step's gradients, then wait until every shard applied the step."""
         versions = list(self.ps.versions)
         self.ps.push(grads, self.replica)
+        if self.leases:   # the ps holds the gradient for the step: acked before the wait for the others
+            self.leases.received()
         try:
             params = self.ps.pull(min_version=[v + 1 for v in versions], timeout=self.sync_timeout,
                                   exclude=self._not_pulled)
@@ -254,12 +281,16 @@ class Trainer:
                  self.steps, self.examples, rate, self.global_step)
         return {"replica": self.replica, "steps": self.steps, "examples": self.examples, "seconds": self.elapsed,
                 "examples_per_s": rate, "global_step": self.global_step,
-                "final_loss": float(np.mean(self.losses[-20:])) if self.losses else None}
+                "final_loss": float(np.mean(self.losses[-20:])) if self.losses else None,
+                **({"leased_acked": self.leases.acked, "leased_returned": self.leases.returned}
+                   if self.leases else {})}
 
-    def _wait_for_workers(self, silent_after=10.0, grace=5.0):
-        """Until every worker said it is done. A worker silent for `silent_after` s is counted as
-        done on the shards (so a sync step the live ones wait for is released); if it stays silent
-        `grace` s more, it is taken for dead."""
+    def _wait_for_workers(self, silent_after=5.0, grace=2.0):
+        """Until every worker said it is done. A worker silent for `silent_after` s (the ps's default
+        --lost-after: the chief is past its own input, so the others are near their end too) is
+        counted as done on the shards (so a sync step the live ones wait for is released); if it
+        stays silent `grace` s more, it is taken for dead. A SIGKILLed spare thus costs the job's
+        end 7 s, not 15."""
         started = deadline = time.monotonic()
         deadline += self.end_timeout
         declared = {}  # replica -> when the chief counted it as done

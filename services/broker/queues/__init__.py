@@ -2,7 +2,8 @@
 
 The server turns each request into a `Ticket`, calls `QueueBase.submit` /
 `cancel` on the queue the `QueueRegistry` gives it, and replies to every
-ticket those calls return. queue-semantics.md is the specification.
+ticket those calls return. queue-semantics.md is the specification; leases.py
+adds at-least-once dequeues (docs/queues.md).
 """
 
 from zmqflow.services.broker.queues.base import QueueBase

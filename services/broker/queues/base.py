@@ -76,6 +76,9 @@ class QueueBase:
         self._row_bytes = fixed_row_bytes(self._dtypes, self._shapes)  # None: elements vary, count each
         self.held_bytes = 0  # stored elements + pending enqueues' rest (see quota.py)
         self._closed = False
+        self._leased = 0  # elements handed out on leases not settled yet (leases.py): held, not stored
+        self._lease_acked = self._lease_returned = 0   # leased elements acked, and given back, so far
+        self.freed = False
         self._enq = deque()  # E
         self._deq = deque()  # D
         self._tries = {"enqueue": self._try_enqueue, "enqueue_many": self._try_enqueue_many,
@@ -152,6 +155,27 @@ class QueueBase:
     def free(self):
         """Give back every byte this queue still holds (the registry freed it, after cancel_all)."""
         self._release(self.held_bytes)
+        self.freed = True
+
+    def give_back(self, elements):
+        """Elements of an unsettled lease return (as a withdrawn batch's do, §5) and wake dequeuers."""
+        self._leased -= len(elements)
+        self._lease_returned += len(elements)
+        self._restore(elements)
+        done = []
+        self._run(done)
+        return done
+
+    def settle(self, elements):
+        """Elements of an acknowledged lease leave for good. On a closed queue, dequeuers that waited
+        for them to maybe come back may now fail OutOfRange: the tickets completed."""
+        self._leased -= len(elements)
+        self._lease_acked += len(elements)
+        self._release(self._elements_bytes(elements))
+        done = []
+        if self._closed and self._deq:
+            self._run(done)
+        return done
 
     def size(self):
         return len(self._elements)
@@ -165,7 +189,8 @@ class QueueBase:
                 "closed": self._closed, "dtypes": list(d.dtypes),
                 "shapes": None if d.shapes is None else [list(s) for s in d.shapes],
                 "names": None if d.names is None else list(d.names), "min_after_dequeue": d.min_after_dequeue,
-                "waiting_enqueues": len(self._enq), "waiting_dequeues": len(self._deq), "bytes": self.held_bytes}
+                "waiting_enqueues": len(self._enq), "waiting_dequeues": len(self._deq), "bytes": self.held_bytes,
+                "leased": self._leased, "lease_acked": self._lease_acked, "lease_returned": self._lease_returned}
 
     def __repr__(self):
         return f"<{self.kind} {self.name!r} size={len(self._elements)} closed={self._closed}>"
@@ -320,13 +345,19 @@ class QueueBase:
         elements = self._elements
         if self._closed:
             if not elements:
+                if self._leased:
+                    return NO_PROGRESS  # a lease may give elements back (closed-queue rule, leases.py)
                 t.error = self._insufficient(1, 0)
                 return COMPLETE
         elif len(elements) <= self._min_after:
             return NO_PROGRESS
         element = self._take()
         t.result = list(element)
-        self._release(self._row_bytes if self._row_bytes is not None else self._elements_bytes((element,)))
+        if t.lease is not None:
+            t.leased = [element]
+            self._leased += 1
+        else:
+            self._release(self._row_bytes if self._row_bytes is not None else self._elements_bytes((element,)))
         return COMPLETE
 
     def _try_dequeue_many(self, t):
@@ -334,12 +365,14 @@ class QueueBase:
         have = len(held) if held else 0
         need = t.n - have
         size = len(elements)
-        if self._closed and size < need:
+        if self._closed and size < need and not (t.op == "dequeue_many" and size + self._leased >= need):
             if held:
                 self._restore(held)
                 t._held = None
             if t.op == "dequeue_up_to" and len(elements) > 0:
                 return self._complete_batch(t, [self._take() for _ in range(len(elements))])
+            if t.op == "dequeue_up_to" and self._leased:
+                return NO_PROGRESS  # leased elements may come back (closed-queue rule, leases.py)
             t.error = self._insufficient(need, size)
             return COMPLETE
         k = min(size - (0 if self._closed else self._min_after), need)
@@ -365,7 +398,11 @@ class QueueBase:
             t.error = ResourceExhaustedError(f"{self.kind} '{self.name}': a batch of {len(held)} elements could "
                                              f"not be assembled: {e}")
             return COMPLETE
-        self._release(self._elements_bytes(held))
+        if t.lease is not None:
+            t.leased = held
+            self._leased += len(held)
+        else:
+            self._release(self._elements_bytes(held))
         return COMPLETE
 
     def _try_close(self, t):
