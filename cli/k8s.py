@@ -36,18 +36,22 @@ def k8s():
 @click.option("--model-name", default=k8s_render.DEFAULT_MODEL_NAME,
               help="The name the model servers serve the model under (their --name).")
 @click.option("--namespace", default=None, help="Namespace of every object. Default: none (kubectl's current one).")
-@click.option("--curve", is_flag=True,
-              help="Generate fresh CURVE keys into a Secret zmqflow-curve, mounted read-only in every pod with "
-                   "ZMQFLOW_CURVE_DIR set: every service encrypts and accepts only the deployment's clients. "
-                   "The output then holds private keys.")
+@click.option("--curve/--no-curve", default=True,
+              help="CURVE keys in a Secret zmqflow-curve, mounted read-only in every pod with ZMQFLOW_CURVE_DIR "
+                   "set: every service encrypts and accepts only the deployment's clients (the credential of "
+                   "admin ops: shutdown, init, restore, reset). Fresh keys unless --curve-dir; the output then "
+                   "holds private keys. --no-curve: plain TCP, admin ops need ZMQFLOW_ADMIN_TOKEN in every pod.")
+@click.option("--curve-dir", default=None, type=click.Path(file_okay=False, exists=True),
+              help="Put the keys of this directory (`zmqflow keys generate DIR`) in the Secret instead of fresh "
+                   "ones, so clients outside the cluster can use DIR's client key.")
 @click.option("--tfjob", is_flag=True,
               help="Run the ps shards and workers as a Kubeflow TFJob (kubeflow.org/v1; the operator sets "
                    "TF_CONFIG) instead of StatefulSets.")
 @click.option("--out", "out", default=None, type=click.Path(file_okay=False),
               help="Write one file per component into this directory (cluster.yaml, broker.yaml, ps.yaml, ...). "
                    "Default: one multi-document YAML on stdout.")
-def render(ps, workers, serve, epochs, image, data_spec, model_spec, model_opts, model_name, namespace, curve, tfjob,
-           out):
+def render(ps, workers, serve, epochs, image, data_spec, model_spec, model_opts, model_name, namespace, curve,
+           curve_dir, tfjob, out):
     """Print the manifests: ConfigMap zmqflow-cluster (cluster.json, the TF_CONFIG entry snippet), the
     zmqflow-data claim (ReadWriteMany, checkpoints in /data), headless Services and StatefulSets for the ps
     shards and workers (or a TFJob with --tfjob), and Deployments with Services for the broker, the reader,
@@ -65,7 +69,13 @@ def render(ps, workers, serve, epochs, image, data_spec, model_spec, model_opts,
                                      model=model_spec, model_opts=tuple(model_opts), model_name=model_name)
     except InvalidArgumentError as exc:
         raise click.UsageError(str(exc)) from None
-    files = k8s_render.generate_curve_files() if curve else None
+    if curve_dir and not curve:
+        raise click.UsageError("--curve-dir needs CURVE: leave out --no-curve")
+    try:
+        files = (k8s_render.read_curve_files(curve_dir) if curve_dir else k8s_render.generate_curve_files()) \
+            if curve else None
+    except InvalidArgumentError as exc:
+        raise click.BadParameter(str(exc), param_hint="--curve-dir") from None
     if out is None:
         click.echo(k8s_render.render_stream(options, files), nl=False)
     else:

@@ -1,5 +1,7 @@
 """`zmqflow keys generate DIR`: the CURVE keys every service and client of one deployment share."""
 
+import os
+
 import click
 
 from zmqflow.common import curve
@@ -31,7 +33,10 @@ def _client_names(value):
               help="Number of client key pairs (client, client-2, ...) or their names, comma separated; "
                    "'client', the pair clients use by default, is always made.")
 @click.option("--force", is_flag=True, help="Replace the keys DIRECTORY already holds.")
-def generate(directory, clients, force):
+@click.option("--keep", is_flag=True,
+              help="Keep (and check) the keys DIRECTORY already holds instead of failing: a set-up step that runs "
+                   "on every start, as the compose file's `keys` service, makes them once.")
+def generate(directory, clients, force, keep):
     """Make DIRECTORY/server.key[_secret], one client.key[_secret] per client and authorized/.
 
     Start every service with --curve-dir DIRECTORY (or ZMQFLOW_CURVE_DIR set);
@@ -39,6 +44,13 @@ def generate(directory, clients, force):
     only; remove a client's key from authorized/ to refuse it (services read
     authorized/ when they start).
     """
+    if keep and not force and os.path.exists(os.path.join(directory, f"{curve.SERVER}.key")):
+        try:
+            curve.check_dir(directory)
+        except InvalidArgumentError as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(f"keeping the keys in {directory}")
+        return
     try:
         names = curve.generate(directory, _client_names(clients), force=force)
     except InvalidArgumentError as exc:

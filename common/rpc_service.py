@@ -10,12 +10,19 @@ Built-in ops every service answers: `ping` (liveness, and which of the caller's
 requests the service no longer holds), `cancel` (withdraw a parked request),
 `bye` (the client is leaving: cancel its parked requests) and `info`.
 
+Admin ops (a subclass's `admin_ops`, e.g. shutdown) need a credential: with CURVE the handshake
+is one (only authorized client keys get through); without it the request header must carry the
+service's admin token (common/admin_token.py). A refused one is answered UNAUTHENTICATED (no
+token) or PERMISSION_DENIED (a wrong one) before its handler runs, and counted.
+
 A client that holds parked requests must be heard from (any message, pings
 included) at least every `client_timeout` seconds; otherwise it is taken as
 gone and its requests are cancelled, so a killed client never pins an element.
 A client whose connection drops (its process died) is known sooner: the ROUTER
 socket's monitor reports the disconnect of the connection its messages came on,
 and its parked requests are cancelled at once, before anything is handed to them.
+Both paths, and `bye`, go through `on_client_gone`, which a service extends for
+what else it keeps per client.
 """
 
 import heapq
@@ -28,7 +35,7 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from zmqflow.common import curve, health, wire
+from zmqflow.common import admin_token, curve, health, wire
 from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError)
 from zmqflow.common.limits import DEFAULT_LIMITS
 from zmqflow.common.memory import release_freed_memory
@@ -60,6 +67,8 @@ class Service:
     """Subclass and register handlers with `self.handlers[op] = fn(call)`."""
 
     name = "service"
+    admin_ops = frozenset()
+    """The ops that need a credential (common/protocol.py's `ADMIN` sets): CURVE, or the admin token."""
 
     def __init__(self, bind, limits=DEFAULT_LIMITS, client_timeout=30.0, context=None, curve_dir=None):
         self.limits = limits
@@ -76,6 +85,10 @@ class Service:
         self.socket.bind(bind)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         health.announce(self.endpoint)
+        # without CURVE, admin ops need this token (from the environment, else made and written to a 0600 file)
+        self.admin_token, self._admin_token_file = None, None
+        if self.admin_ops and not self.curve_dir:
+            self.admin_token, self._admin_token_file = admin_token.for_service(self.endpoint, sorted(self.admin_ops))
         self.parked = {}
         self._deadlines = []
         self._seq = 0
@@ -83,7 +96,7 @@ class Service:
         self._fd_of = {}   # identity -> the fd of the connection its last message came on
         self._running = False
         self.started = time.monotonic()
-        self.stats = {"requests": 0, "errors": 0, "bad_requests": 0, "deadlines": 0}
+        self.stats = {"requests": 0, "errors": 0, "bad_requests": 0, "deadlines": 0, "admin_refused": 0}
         self.op_stats = None  # zmqflow.common.metrics.OpStats: requests timed per op, only with --metrics-port
         self.metrics_address = None
         self.handlers = {Ops.PING: self._ping, Ops.CANCEL: self._cancel, Ops.BYE: self._bye, Ops.INFO: self._info}
@@ -101,6 +114,19 @@ class Service:
     def on_cancel(self, call, error):
         """Withdraw the parked `call` (client cancel, client gone). Default: fail it."""
         self.fail(call, error)
+
+    def on_client_gone(self, identity, error):
+        """The client `identity` is gone (connection dropped, `bye`, or silent while it waited):
+        withdraw its parked requests. A service that keeps more for a client (the broker's
+        leases) extends this to let go of it too."""
+        for call in [c for c in self.parked.values() if c.identity == identity]:
+            if not call.finished:
+                self.on_cancel(call, error)
+
+    def keeps_state_for(self, identity):
+        """True while the service holds something for a silent client besides parked requests (the
+        broker's leases): its connection then stays watched, so its disconnect is still noticed."""
+        return False
 
     def describe(self):
         """Extra fields for `info`."""
@@ -121,6 +147,9 @@ class Service:
             self._monitor.close(0)
             self._monitor = None
         self.socket.close(linger=500)  # the last replies (a shutdown's own) still leave; bounded
+        if self._admin_token_file is not None:
+            admin_token.forget_file(self._admin_token_file, self.admin_token)
+            self._admin_token_file = None
 
     # ------------------------------------------------ completing calls
 
@@ -148,7 +177,7 @@ class Service:
         self.stats["errors"] += 1
         if self.op_stats is not None:
             self.op_stats.observe(call.op, call.received, error.code, parked is not None)
-        self._send(call.identity, wire.reply_frames(call.id, error.code, error.message))
+        self._send(call.identity, wire.reply_frames(call.id, error.code, error.message, details=error.details))
 
     def _send(self, identity, frames):
         try:
@@ -218,6 +247,8 @@ class Service:
             handler = self.handlers.get(op)
             if handler is None:
                 raise InvalidArgumentError(f"unknown op {op!r} for {self.name}; known: {', '.join(sorted(self.handlers))}")
+            if op in self.admin_ops and self.admin_token is not None:
+                self._check_admin(op, header)
             tensors = wire.decode_tensors(header.get("tensors", []), frames, self.limits)
             deadline = None if deadline_ms is None else now + deadline_ms / 1000.0
             call = Call(identity, rid, op, args, tensors, deadline, now)
@@ -236,6 +267,14 @@ class Service:
                 self.op_stats.observe(self._op_label(header), now, InternalError.code, False)
             self._send(identity, wire.reply_frames(rid, InternalError.code, f"internal error: {exc!r}"))
 
+    def _check_admin(self, op, header):
+        try:
+            admin_token.check(self.admin_token, header.get(admin_token.HEADER), op, self.name, self.endpoint)
+        except OpError as exc:
+            self.stats["admin_refused"] += 1
+            log.warning("refused %s: %s", op, exc)
+            raise
+
     def _refuse(self, identity, header, rid, error, now):
         """Answer a request with its error (an OpError), counted."""
         if isinstance(error, InvalidArgumentError):
@@ -243,7 +282,7 @@ class Service:
         self.stats["errors"] += 1
         if self.op_stats is not None:
             self.op_stats.observe(self._op_label(header), now, error.code, False)
-        self._send(identity, wire.reply_frames(rid, error.code, error.message))
+        self._send(identity, wire.reply_frames(rid, error.code, error.message, details=error.details))
 
     def _op_label(self, header):
         """The op of a refused request for metrics: a known op's name, else 'unknown' (bounded labels)."""
@@ -282,22 +321,17 @@ class Service:
                 del self._fd_of[identity]
                 if any(c.identity == identity for c in self.parked.values()):
                     log.info("client %r disconnected: cancelling its parked requests", identity)
-                    self._cancel_identity(identity, CancelledError("client disconnected: its requests were cancelled"))
+                self.on_client_gone(identity, CancelledError("client disconnected: its requests were cancelled"))
 
     def _sweep_clients(self, now):
         gone = {c.identity for c in self.parked.values() if now - self._last_seen.get(c.identity, now) > self.client_timeout}
         for identity in gone:
             log.info("client %r silent for more than %.0f s: cancelling its requests", identity, self.client_timeout)
-            self._cancel_identity(identity, CancelledError("client went away: its requests were cancelled"))
+            self.on_client_gone(identity, CancelledError("client went away: its requests were cancelled"))
         for identity, seen in list(self._last_seen.items()):
-            if now - seen > self.client_timeout:
+            if now - seen > self.client_timeout and not self.keeps_state_for(identity):
                 del self._last_seen[identity]
                 self._fd_of.pop(identity, None)
-
-    def _cancel_identity(self, identity, error):
-        for call in [c for c in self.parked.values() if c.identity == identity]:
-            if not call.finished:
-                self.on_cancel(call, error)
 
     # ------------------------------------------------ built-in ops
 
@@ -316,7 +350,7 @@ class Service:
         return {"cancelled": True}
 
     def _bye(self, call):
-        self._cancel_identity(call.identity, CancelledError("client closed: its requests were cancelled"))
+        self.on_client_gone(call.identity, CancelledError("client closed: its requests were cancelled"))
         self._last_seen.pop(call.identity, None)
         return {}
 

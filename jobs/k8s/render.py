@@ -1,10 +1,14 @@
 """The Kubernetes manifests of the shipped topology (docker-compose.yml's) for N ps shards and M workers.
 
 `render(options)` returns the components (cluster, curve, broker, ps, worker or tfjob, reader, serve,
-aggregator), each a list of (comment, manifest dict); `render_files` and `render_stream` turn them
+aggregator, gateway), each a list of (comment, manifest dict); `render_files` and `render_stream` turn them
 into YAML text (one file per component, or one multi-document stream). Nothing here touches the
 disk except `generate_curve_files`, which runs the project's own key generation in a temporary
-directory and returns the files' bytes.
+directory and returns the files' bytes, and `read_curve_files`, which reads a key directory.
+
+CURVE is on by default (every pod mounts the Secret zmqflow-curve and sets ZMQFLOW_CURVE_DIR), so only
+the deployment's clients connect and only they may shut down or re-initialise a service; rendered
+without key files (deploy/k8s in the repository), the Secret is left out and applied on its own.
 
 What every pod gets: the same commands as docker-compose.yml (modulo host names and the prepared
 directory), a readiness and a liveness probe, resource requests (cpu, memory) and a memory limit, a
@@ -49,6 +53,7 @@ DEFAULT_MODEL_NAME = "model"   # the model servers' --name
 
 BROKER_PORT, PS_PORT, WORKER_PORT, SERVE_PORT, AGGREGATOR_PORT = 5555, 5600, 5610, 5700, 5800
 READER_METRICS_PORT = 6620
+GATEWAY_PORT = 8000            # HTTP (the Open Inference Protocol); its metrics on 9000, like everyone's + 1000
 METRICS_OFFSET = 1000          # every task serves Prometheus metrics on its ZeroMQ port + 1000
 MAX_PORT = 65535 - METRICS_OFFSET
 
@@ -80,6 +85,7 @@ RESOURCES = {
     "reader": ("250m", "256Mi", "1Gi"),
     "serve": ("250m", "256Mi", "1Gi"),
     "aggregator": ("100m", "128Mi", "512Mi"),
+    "gateway": ("100m", "128Mi", "512Mi"),   # bodies up to --max-body-bytes (64 MiB) per connection at once
 }
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
@@ -106,7 +112,7 @@ class Options:
     epochs: int = DEFAULT_EPOCHS
     image: str = DEFAULT_IMAGE
     namespace: Optional[str] = None
-    curve: bool = False
+    curve: bool = True
     tfjob: bool = False
     data: str = DEFAULT_DATA
     model: str = DEFAULT_MODEL
@@ -155,7 +161,7 @@ class Options:
             argv += ["--model-opt", option]
         if self.model_name != DEFAULT_MODEL_NAME:
             argv += ["--model-name", self.model_name]
-        argv += ["--curve"] * self.curve + ["--tfjob"] * self.tfjob
+        argv += ["--no-curve"] * (not self.curve) + ["--tfjob"] * self.tfjob
         if out is not None:
             argv += ["--out", out]
         return shlex.join(argv)
@@ -236,6 +242,11 @@ def aggregator_args(members):
                    "--metrics-port", _metrics(AGGREGATOR_PORT + METRICS_OFFSET)]
 
 
+def gateway_args():
+    return ["gateway", "--aggregator", f"tcp://aggregator:{AGGREGATOR_PORT}", "--bind", f"0.0.0.0:{GATEWAY_PORT}",
+            "--metrics-port", _metrics(GATEWAY_PORT + METRICS_OFFSET)]
+
+
 # ------------------------------------------------------------------ pieces of pods
 
 
@@ -288,6 +299,14 @@ def started_when_metrics_answer():
 
 def alive_while_metrics_answer():
     return {**_metrics_get(), "periodSeconds": 30, "timeoutSeconds": 10, "failureThreshold": 6}
+
+
+def _http_get(path, period, timeout, failures, delay=0):
+    """An HTTP probe of the container's `http` port (the gateway's Open Inference Protocol health routes)."""
+    probe = {"httpGet": {"path": path, "port": "http"}}
+    if delay:
+        probe["initialDelaySeconds"] = delay
+    return {**probe, "periodSeconds": period, "timeoutSeconds": timeout, "failureThreshold": failures}
 
 
 def _container_security():
@@ -409,12 +428,20 @@ def generate_curve_files():
     """{relative path: bytes} of fresh keys from the project's own generation (common/curve.py)."""
     with tempfile.TemporaryDirectory(prefix="zmqflow-curve-") as directory:
         curve.generate(directory)
-        curve.check_dir(directory)
-        files = {}
-        for path in curve_file_names():
+        return read_curve_files(directory)
+
+
+def read_curve_files(directory):
+    """{relative path: bytes} of the keys in `directory` (`zmqflow keys generate DIR`), checked first."""
+    curve.check_dir(directory)
+    files = {}
+    for path in curve_file_names():
+        try:
             with open(os.path.join(directory, path), "rb") as f:
                 files[path] = f.read()
-        return files
+        except OSError as exc:
+            raise InvalidArgumentError(f"CURVE key file {os.path.join(directory, path)}: {exc.strerror}") from None
+    return files
 
 
 def curve_secret(options, files):
@@ -559,7 +586,7 @@ def tfjob_component(options):
          f"each pod's initContainer prepares the model and the data in {PREPARED}, as in the StatefulSets.\n"
          "The broker, the reader and the model servers come from the other files:\n"
          f"  kubectl apply -f cluster.yaml{curve_file} -f broker.yaml -f reader.yaml -f tfjob.yaml "
-         "-f serve.yaml -f aggregator.yaml\n"
+         "-f serve.yaml -f aggregator.yaml -f gateway.yaml\n"
          "The job succeeds when worker 0 (the chief) exits 0; it has told the ps shards and the broker to exit\n"
          "by then. Exit code 3 (a peer lost) restarts the pod (OnFailure): it restores the latest checkpoint.", job),
     ])
@@ -615,20 +642,39 @@ def aggregator_component(options):
     ])
 
 
+def gateway_component(options):
+    labels = _labels("gateway")
+    main = _container(options, "gateway", "gateway", gateway_args(),
+                      ports=[_port("http", GATEWAY_PORT), _port("metrics", GATEWAY_PORT + METRICS_OFFSET)],
+                      readiness=_http_get("/v2/health/ready", 5, 5, 3),
+                      liveness=_http_get("/v2/health/live", 20, 10, 3, delay=10))
+    template = _pod_template(options, labels, GATEWAY_PORT + METRICS_OFFSET, [main])
+    ports = [{"name": "http", "port": GATEWAY_PORT, "targetPort": GATEWAY_PORT},
+             {"name": "metrics", "port": GATEWAY_PORT + METRICS_OFFSET, "targetPort": GATEWAY_PORT + METRICS_OFFSET}]
+    return Component("gateway", [
+        ("The HTTP gateway (Open Inference Protocol: curl, tritonclient.http, KServe's clients) in front of the\n"
+         "aggregator: the ensemble is the model `ensemble`, each model server a model of its own. Ready while the\n"
+         "aggregator answers and a model is ready (/v2/health/ready); alive while it serves HTTP (/v2/health/live).\n"
+         f"More replicas share the load; outside the cluster: kubectl port-forward service/gateway {GATEWAY_PORT}.",
+         _service(options, "gateway", labels, ports)),
+        ("", _deployment(options, "gateway", labels, template)),
+    ])
+
+
 def render(options, curve_files=None):
-    """Every component for `options`, in apply order. `curve_files` ({path: bytes}, e.g. from
-    generate_curve_files()) is needed with options.curve and ignored without."""
-    if options.curve and curve_files is None:
-        raise InvalidArgumentError("--curve needs the key files (generate_curve_files())")
+    """Every component for `options`, in apply order. With options.curve, `curve_files` ({path: bytes},
+    from generate_curve_files() or read_curve_files()) become the Secret every pod mounts; without them
+    the pods still mount it and the Secret is left out (applied on its own, as for deploy/k8s)."""
     components = [cluster_component(options)]
-    if options.curve:
+    if options.curve and curve_files is not None:
         components.append(curve_component(options, curve_files))
     components.append(broker_component(options))
     if options.tfjob:
         components.append(tfjob_component(options))
     else:
         components += [ps_component(options), worker_component(options)]
-    components += [reader_component(options), serve_component(options), aggregator_component(options)]
+    components += [reader_component(options), serve_component(options), aggregator_component(options),
+                   gateway_component(options)]
     # plain trees: no dict shared between two places (labels, env), so a caller may edit one freely
     return [Component(c.name, [(comment, json.loads(json.dumps(doc))) for comment, doc in c.docs])
             for c in components]

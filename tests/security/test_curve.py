@@ -7,6 +7,7 @@ the clients it accepts.
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -17,6 +18,7 @@ from click.testing import CliRunner
 from zmqflow.common import curve
 from zmqflow.common.errors import InvalidArgumentError, UnavailableError
 from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.resolver import Resolver
 from zmqflow.common.rpc_client import ClientPool, RpcClient
 from zmqflow.cli.keys import keys as keys_command
 
@@ -104,6 +106,20 @@ def test_a_client_key_not_in_authorized_gets_unavailable_and_others_are_still_se
     with RpcClient(secure_broker.endpoint, curve_dir=keys["keys"]) as client:
         assert client.call("info", timeout=5)[0]["service"] == "queue-broker"
     assert secure_broker.alive()
+
+
+def test_a_service_named_by_host_name_is_checked_by_its_key_at_the_resolved_address(secure_broker, keys):
+    """Clients connect to the address a name resolves to (common/resolver.py): CURVE checks keys, not names."""
+    port = secure_broker.endpoint.rsplit(":", 1)[1]
+    named = Resolver(getaddrinfo=lambda host, port, type=0: [(socket.AF_INET, socket.SOCK_STREAM, 6, "",
+                                                                 ("127.0.0.1", 0))])
+    with RpcClient(f"tcp://queue-broker:{port}", curve_dir=keys["keys"], resolver=named) as client:
+        assert client.call("info", timeout=5)[0]["curve"] is True
+        assert client.endpoint == f"tcp://127.0.0.1:{port}"
+    with RpcClient(f"tcp://queue-broker:{port}", curve_dir=keys["other"], resolver=named,
+                   heartbeat_interval=0.2) as impostor_check:
+        with pytest.raises(UnavailableError):
+            impostor_check.call("info", timeout=10)
 
 
 def test_a_client_without_curve_gets_unavailable(secure_broker):
