@@ -27,6 +27,10 @@ class PsShardClient(OpClient):
         """version (the global step on ps 0), pushes, pulls, workers heard from, ..."""
         return self.rpc.call(PsOps.STATS, timeout=timeout)[0]
 
+    def shutdown(self, timeout=5.0):
+        """Ask the shard to exit 0 (an admin op: CURVE or the admin token)."""
+        return self.rpc.call(PsOps.SHUTDOWN, timeout=timeout)[0]
+
     def preload(self, name, data, timeout=60.0):
         """Hold `data` ({component: array with rows}) on this shard, for workers to slice."""
         names = list(data)
@@ -221,7 +225,8 @@ class PsClient:
         """Every shard writes its pieces, then the checkpoint is committed (atomic, `latest` updated)."""
         from zmqflow.common import checkpoint
         step = self.clients[0].call(PsOps.STATS)[0]["version"]  # the global step lives on ps 0
-        calls = [c.submit(PsOps.SAVE, {"dir": str(directory), "step": step}) for c in self.clients]
+        args = {"dir": str(directory), "step": step, "metadata": checkpoint.file_metadata(config)}
+        calls = [c.submit(PsOps.SAVE, args) for c in self.clients]
         for call in calls:
             call.result()
         return checkpoint.commit(str(directory), step, len(self.clients), config or {}, keep=keep)

@@ -11,6 +11,13 @@ that a service back after a long outage is used within 2 s); a service that
 announces itself sooner (the new socket completes its handshake: the socket's
 monitor says so) is retried at once.
 
+The socket connects to the address the service's host name resolves to (common/resolver.py),
+never to the name: libzmq would look it up in the I/O thread of the context, which other
+clients and the process's own service share, and a name whose lookup takes seconds (a peer
+gone from DNS while it restarts) would stall them all. A request waits for the lookup within
+its own timeout, and fails with UnavailableError if the name does not resolve; a service
+declared dead is looked up again before the reconnect (a restarted pod has a new address).
+
 Deadlines are the service's to enforce: the client sends `timeout` as the
 request's deadline and waits a grace period longer for the answer, so an
 element is never handed to a client that stopped waiting.
@@ -19,6 +26,8 @@ One client belongs to one thread (ZeroMQ sockets are not thread-safe); use one
 client per thread. With ZMQFLOW_CURVE_DIR set (or `curve_dir=`) it speaks CURVE
 and checks the service's key (common/curve.py). A request over the service's
 max_message_bytes (learnt from ping answers) is refused with InvalidArgument.
+Admin ops (common/protocol.py's ADMIN_OPS) carry the admin token (`admin_token=`, else
+common/admin_token.py's `for_client`: the environment, the launcher's, or the service's file).
 """
 
 import itertools
@@ -27,11 +36,13 @@ import time
 
 import zmq
 
+from zmqflow.common import admin_token as tokens
 from zmqflow.common import curve, wire
 from zmqflow.common.errors import InvalidArgumentError, UnavailableError, error_from_code
 from zmqflow.common.limits import DEFAULT_LIMITS
-from zmqflow.common.sockets import dealer_socket
-from zmqflow.common.protocol import Ops
+from zmqflow.common.protocol import ADMIN_OPS, Ops
+from zmqflow.common.resolver import default_resolver
+from zmqflow.common.sockets import connect_resolved, dealer_socket
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +86,8 @@ class PendingCall:
 
 class RpcClient:
     def __init__(self, address, default_timeout=None, heartbeat_interval=1.0, heartbeat_liveness=3,
-                 limits=DEFAULT_LIMITS, context=None, name="client", curve_dir=USE_DEFAULT):
+                 limits=DEFAULT_LIMITS, context=None, name="client", curve_dir=USE_DEFAULT, admin_token=USE_DEFAULT,
+                 resolver=default_resolver):
         self.address = address
         self.default_timeout = default_timeout
         self.heartbeat_interval = heartbeat_interval
@@ -83,8 +95,10 @@ class RpcClient:
         self.limits = limits
         self.context = context or zmq.Context.instance()
         self.name = name
+        self.resolver = resolver
         curve_dir = curve.curve_dir_from_env() if curve_dir is USE_DEFAULT else curve_dir
         self._curve = curve.ClientKeys(curve_dir) if curve_dir else None  # verify the service's key
+        self._admin_token = admin_token  # USE_DEFAULT: looked up at each admin op (a restarted service makes a new one)
         self.service_max_bytes = None  # the service's request size limit, told by its ping answers
         self._ids = itertools.count(1)
         self._pending = {}
@@ -99,12 +113,30 @@ class RpcClient:
                                     send_timeout_ms=int(self.heartbeat_interval * self.heartbeat_liveness * 1000))
         # the service announcing itself: a completed handshake ends a back-off at once
         self._monitor = self.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-        self.socket.connect(self.address)
+        self.endpoint = None  # the resolved address the socket is connected to
+        self._connect_resolved(self.resolver.endpoint(self.address))
         self._poller = zmq.Poller()
         self._poller.register(self.socket, zmq.POLLIN)
         self._last_heard = time.monotonic()
         self._last_ping = 0.0
         self._unanswered_since = None  # when the oldest ping still without any answer was sent
+
+    def _connect_resolved(self, endpoint):
+        if endpoint is not None and self.endpoint is None:
+            connect_resolved(self.socket, endpoint)
+            self.endpoint = endpoint
+
+    def _await_address(self, timeout):
+        """Connect once the service's name resolves, waiting up to `timeout` s for its lookup; returns
+        the time left of `timeout` (None: no deadline)."""
+        if self.endpoint is not None:
+            return timeout
+        started = time.monotonic()
+        self._connect_resolved(self.resolver.wait(self.address, timeout))
+        if self.endpoint is None:
+            reason = self.resolver.error(self.address) or "its lookup has not answered yet"
+            raise UnavailableError(f"service at {self.address} is unavailable: its name does not resolve ({reason})")
+        return None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
 
     # ------------------------------------------------ public
 
@@ -113,6 +145,7 @@ class RpcClient:
         if timeout is USE_DEFAULT:
             timeout = self.default_timeout
         self._respect_backoff(timeout)
+        timeout = self._await_address(timeout)
         return self._send(op, args, tensors, timeout, track=True)
 
     def call(self, op, args=None, tensors=(), timeout=USE_DEFAULT):
@@ -163,11 +196,16 @@ class RpcClient:
 
     # ------------------------------------------------ internals
 
+    def _token(self):
+        """The admin token to send, or None (a CURVE client needs none: its key is its credential)."""
+        return tokens.for_client(self.address) if self._admin_token is USE_DEFAULT else self._admin_token
+
     def _respect_backoff(self, timeout):
         """Wait out the back-off, unless the service announces itself first (then retry now)."""
         wait = self._retry_at - time.monotonic()
         if wait <= 0:
             return
+        self._connect_resolved(self.resolver.endpoint(self.address))  # looked up again meanwhile
         if self._monitor.poll(int(1000 * (wait if timeout is None else min(wait, timeout)))):
             while self._monitor.poll(0):
                 self._monitor.recv_multipart()
@@ -179,7 +217,8 @@ class RpcClient:
     def _send(self, op, args, tensors, timeout, track):
         rid = next(self._ids)
         deadline_ms = None if timeout is None else max(0, int(timeout * 1000))
-        frames = wire.request_frames(op, rid, args, tensors, deadline_ms)
+        token = self._token() if op in ADMIN_OPS else None
+        frames = wire.request_frames(op, rid, args, tensors, deadline_ms, token)
         size = sum(map(len, frames)) if tensors else len(frames[0])
         if self.service_max_bytes is not None and size > self.service_max_bytes:  # it would be refused: say so now
             raise self._oversize(op, size)
@@ -250,7 +289,7 @@ class RpcClient:
         pending.done = True
         code = header.get("code", 0)
         if code:
-            pending.error = error_from_code(code, header.get("error") or "")
+            pending.error = error_from_code(code, header.get("error") or "", header.get("details"))
             return
         try:
             tensors = wire.decode_tensors(header.get("tensors", []), frames, self.limits, writable=True)
@@ -291,6 +330,7 @@ class RpcClient:
         self._pending.clear()
         self._pings.clear()
         self._close_socket()
+        self.resolver.refresh(self.address)  # a restarted peer may be back under a new address
         self._connect()
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, BACKOFF_MAX)
@@ -305,6 +345,7 @@ class RpcClient:
         self._pending.clear()
         self._pings.clear()
         self._close_socket()
+        self.resolver.refresh(self.address)  # a restarted peer may be back under a new address
         self._connect()
         self._retry_at = now + self._backoff
         self._backoff = min(self._backoff * 2, BACKOFF_MAX)

@@ -11,6 +11,7 @@ import uuid
 import zmq
 
 from zmqflow.common import curve
+from zmqflow.common.resolver import is_ipv6
 
 
 def dealer_socket(context, limits, name, curve_keys, hwm, send_timeout_ms):
@@ -24,3 +25,11 @@ def dealer_socket(context, limits, name, curve_keys, hwm, send_timeout_ms):
     sock.sndtimeo = send_timeout_ms
     curve.secure_client(sock, curve_keys)
     return sock
+
+
+def connect_resolved(sock, endpoint):
+    """Connect `sock` to an endpoint whose host is already an address (common/resolver.py): libzmq then
+    has no name to look up in its I/O thread. An IPv6 address needs the socket's ipv6 option."""
+    if is_ipv6(endpoint):
+        sock.ipv6 = True
+    sock.connect(endpoint)

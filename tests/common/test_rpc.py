@@ -8,7 +8,8 @@ import pytest
 import zmq
 
 from zmqflow.common import wire
-from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InvalidArgumentError, UnavailableError)
+from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InvalidArgumentError, ResourceExhaustedError,
+                                   UnavailableError)
 from zmqflow.common.rpc_client import RpcClient
 from zmqflow.common.rpc_service import PARKED, Service
 from tests.support import wait_for
@@ -25,7 +26,7 @@ class ToyService(Service):
         super().__init__(bind, **kw)
         self.waiting = []
         self.withdrawn = []
-        self.handlers.update(echo=self._echo, wait=self._wait, release=self._release, boom=self._boom)
+        self.handlers.update(echo=self._echo, wait=self._wait, release=self._release, boom=self._boom, full=self._full)
 
     def _echo(self, call):
         return {"args": call.args}, call.tensors
@@ -42,6 +43,15 @@ class ToyService(Service):
 
     def _boom(self, call):
         raise RuntimeError("handler bug")
+
+    def _full(self, call):
+        """Refuses with a retry hint, at once (raised) or after parking (fail)."""
+        error = ResourceExhaustedError("toy is full", {"retry_after_ms": 250})
+        if not call.args.get("parked"):
+            raise error
+        self.park(call)
+        self.fail(call, error)
+        return PARKED
 
     def on_deadline(self, call):
         self.withdrawn.append(("deadline", call.id))
@@ -127,6 +137,17 @@ def test_bad_header_is_invalid_argument_and_loop_survives(toy):
     sock.close()
     with RpcClient(toy.endpoint) as client:
         assert client.call("echo", {"ok": True}, timeout=2)[0] == {"args": {"ok": True}}
+
+
+def test_an_errors_retry_hint_travels_to_the_client(toy):
+    with RpcClient(toy.endpoint) as client:
+        for args in ({}, {"parked": True}):
+            with pytest.raises(ResourceExhaustedError, match="toy is full") as caught:
+                client.call("full", args, timeout=2)
+            assert caught.value.retry_after == 0.25 and caught.value.details == {"retry_after_ms": 250}
+        with pytest.raises(DeadlineExceededError) as caught:
+            client.call("wait", timeout=0.05)
+        assert caught.value.retry_after is None and caught.value.details == {}
 
 
 def test_handler_bug_is_internal_error_not_a_dead_loop(toy):
