@@ -1,11 +1,14 @@
 """Client of an aggregator: `AggregatorClient(address).predict(x) -> (probabilities, info)`.
 
-`info` says which members answered and why the others did not (timeout, error, unhealthy).
+`info` says which members answered and why the others did not (timeout, error, unhealthy, busy).
+A request the members are too busy to answer by its deadline is shed at once:
+ResourceExhaustedError, whose `retry_after` is the aggregator's hint (seconds) for a retry.
 The request's deadline travels twice: as `deadline_ms` (the aggregator answers AT it with
 what arrived) and as the RPC deadline, so the client waits no longer than it must.
 Like RpcClient, one client belongs to one thread.
 """
 
+import time
 
 from zmqflow.common.protocol import AggregatorOps
 from zmqflow.common.rpc_client import OpClient
@@ -21,11 +24,13 @@ class AggregatorClient(OpClient):
         args, tensors = ({"records": records_args(records)}, []) if records is not None else request_tensors(x)
         args.update({k: v for k, v in (("deadline_ms", deadline_ms), ("min_members", min_members),
                                        ("combine", combine), ("mode", mode)) if v is not None})
+        args["sent_at"] = time.time()  # the aggregator tells from it how long the request waited to be read
         timeout = self.rpc.default_timeout if deadline_ms is None else deadline_ms / 1000.0
         return PendingPredict(self.rpc.submit(AggregatorOps.PREDICT, args, tensors, timeout=timeout))
 
     def predict(self, x, deadline_ms=None, min_members=None, combine=None, mode=None):
-        """(probabilities [n, classes] float32, info); DeadlineExceededError when too few members answered."""
+        """(probabilities [n, classes] float32, info); DeadlineExceededError when too few members answered;
+        ResourceExhaustedError at once when the aggregator is overloaded (its `retry_after`: seconds to wait)."""
         return self.predict_async(x, deadline_ms, min_members, combine, mode).result()
 
     def predict_records(self, records, deadline_ms=None, min_members=None, combine=None, mode=None):

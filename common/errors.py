@@ -24,16 +24,24 @@ UNAUTHENTICATED = 16
 
 
 class OpError(Exception):
-    """Base of every zmqflow error; `code` is the canonical status code."""
+    """Base of every zmqflow error; `code` is the canonical status code. `details` (a small dict) travels
+    with it on the wire, e.g. `retry_after_ms`: how long a service that shed the request asks to be left alone."""
 
     code = UNKNOWN
 
-    def __init__(self, message=""):
+    def __init__(self, message="", details=None):
         super().__init__(message)
         self.message = message
+        self.details = dict(details or {})
 
     def __str__(self):
         return self.message
+
+    @property
+    def retry_after(self):
+        """Seconds the service asked the caller to wait before retrying, or None when it gave no hint."""
+        ms = self.details.get("retry_after_ms")
+        return ms / 1000.0 if isinstance(ms, (int, float)) and not isinstance(ms, bool) else None
 
 
 class CancelledError(OpError):
@@ -103,9 +111,9 @@ class UnauthenticatedError(OpError):
 _BY_CODE = {cls.code: cls for cls in OpError.__subclasses__()}
 
 
-def error_from_code(code, message):
-    """The exception a client raises for a reply with status `code`."""
-    return _BY_CODE.get(code, UnknownError)(message)
+def error_from_code(code, message, details=None):
+    """The exception a client raises for a reply with status `code` (and the reply's `details`, if a dict)."""
+    return _BY_CODE.get(code, UnknownError)(message, details if isinstance(details, dict) else None)
 
 
 def code_name(code):

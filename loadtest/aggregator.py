@@ -1,5 +1,6 @@
 """Load test of a running aggregator: open-loop predicts at a target rate, optionally killing or
 pausing one member half-way, then a table (and JSON) of failures and latency percentiles.
+With --http URL the same load goes through the HTTP gateway instead (http_target.py).
 
     python -m zmqflow.loadtest.aggregator --address tcp://127.0.0.1:5800 --rate 500 --duration 10 \\
         --kill-member 1 --at 0.5 --json-out load.json
@@ -26,6 +27,7 @@ from zmqflow.common.cli_support import curve_option
 from zmqflow.common.errors import OpError
 from zmqflow.common.probe import probe
 from zmqflow.common.serve_client import ModelClient
+from zmqflow.loadtest import http_target
 from zmqflow.loadtest.open_loop import run_open_loop
 
 
@@ -125,15 +127,18 @@ def load_test(address, rate, duration, deadline_ms, min_members=None, rows=1, fa
 
 def print_table(report):
     phases = [p for p in ("before_fault", "after_fault", "overall") if p in report]
-    click.echo(f"{'phase':<13} {'requests':>8} {'failed':>7} {'fail %':>7} {'qps':>7} {'p50 ms':>8} "
+    click.echo(f"{'phase':<13} {'requests':>8} {'failed':>7} {'fail %':>7} {'shed':>6} {'qps':>7} {'p50 ms':>8} "
                f"{'p99 ms':>8} {'p99.9 ms':>9}")
     for phase in phases:
         s = report[phase]
-        click.echo(f"{phase:<13} {s['requests']:>8} {s['failed']:>7} {100 * s['failed_share']:>6.2f}% {s['qps']:>7} "
-                   f"{_ms(s['p50_ms']):>8} {_ms(s['p99_ms']):>8} {_ms(s['p999_ms']):>9}")
+        click.echo(f"{phase:<13} {s['requests']:>8} {s['failed']:>7} {100 * s['failed_share']:>6.2f}% {s['shed']:>6} "
+                   f"{s['qps']:>7} {_ms(s['p50_ms']):>8} {_ms(s['p99_ms']):>8} {_ms(s['p999_ms']):>9}")
     for at, what in report["events"]:
         click.echo(f"  at {at:.2f} s: {what}")
     click.echo(f"answers without every member: {report['partial_answers']}; requests: {report['requests_from']}")
+    if report["overall"]["shed"]:
+        click.echo(f"shed (RESOURCE_EXHAUSTED: the aggregator was over capacity, not counted as failed): "
+                   f"{report['overall']['shed']}")
 
 
 def _ms(value):
@@ -142,7 +147,15 @@ def _ms(value):
 
 @click.command("loadtest")
 @curve_option()
-@click.option("--address", required=True, help="The aggregator's endpoint, e.g. tcp://127.0.0.1:5800.")
+@click.option("--address", default=None, help="The aggregator's endpoint, e.g. tcp://127.0.0.1:5800.")
+@click.option("--http", "http_url", default=None, metavar="URL",
+              help="Drive the HTTP gateway at URL instead (e.g. http://127.0.0.1:8000): Open Inference Protocol infers "
+                   "of --model with JSON tensors, random rows in the model's input signature.")
+@click.option("--model", default="ensemble", show_default=True,
+              help="With --http: the model to load (the ensemble, or one member by its name).")
+@click.option("--connections", default=16, show_default=True, type=click.IntRange(1),
+              help="With --http: keep-alive connections (requests in flight at most; later ones queue, and their "
+                   "latency counts from when they were due).")
 @click.option("--rate", default=500.0, show_default=True, type=click.FloatRange(min=1),
               help="Requests per second, sent on schedule (open loop).")
 @click.option("--duration", default=10.0, show_default=True, type=click.FloatRange(min=0.1), help="Seconds of load.")
@@ -159,25 +172,34 @@ def _ms(value):
 @click.option("--wait-secs", default=0.0, show_default=True, type=click.FloatRange(min=0),
               help="First wait up to this long for the aggregator to answer (e.g. while a deployment starts).")
 @click.option("--max-failures", type=click.IntRange(0), default=None,
-              help="Exit 1 when more requests than this failed (e.g. 0 in CI). Default: always exit 0.")
+              help="Exit 1 when more requests than this failed (e.g. 0 in CI; shed requests are counted apart, "
+                   "as shed). Default: always exit 0.")
 @click.option("--data", "data_spec", default=None,
               help="Send the rows of this data spec's --split (made into the model's inputs as in training) instead "
                    "of random rows in the first member's input signature.")
 @click.option("--split", default="test", show_default=True, help="The split of --data whose rows are sent.")
-def command(address, rate, duration, deadline_ms, min_members, rows, kill_member, pause_member, at_fraction,
-            pause_secs, json_out, wait_secs, max_failures, data_spec, split):
-    """Open-loop load against a running aggregator: failures and latency p50/p99/p99.9."""
+def command(address, http_url, model, connections, rate, duration, deadline_ms, min_members, rows, kill_member,
+            pause_member, at_fraction, pause_secs, json_out, wait_secs, max_failures, data_spec, split):
+    """Open-loop load against a running aggregator (or, with --http, the HTTP gateway in front of one): failures,
+    shed requests and latency p50/p99/p99.9."""
+    if (address is None) == (http_url is None):
+        raise click.UsageError("give one of --address ENDPOINT (the aggregator) or --http URL (the gateway)")
     if kill_member and pause_member:
         raise click.UsageError("--kill-member and --pause-member are exclusive")
-    if wait_secs:
-        _wait_for(address, wait_secs)
-    fault = None
-    target = kill_member or pause_member
-    if target is not None:
-        fault = MemberFault(_member_address(address, target), "kill" if kill_member else "pause",
-                            at_fraction * duration, pause_secs)
-    requests = DataRequests(data_spec, split, rows) if data_spec else None
-    report = load_test(address, rate, duration, deadline_ms, min_members, rows, fault, requests=requests)
+    if http_url is not None:
+        if kill_member or pause_member or data_spec:
+            raise click.UsageError("--kill-member, --pause-member and --data go with --address only")
+        report = _http_load(http_url, model, rate, duration, deadline_ms, min_members, rows, connections, wait_secs)
+    else:
+        if wait_secs:
+            _wait_for(address, wait_secs)
+        fault = None
+        target = kill_member or pause_member
+        if target is not None:
+            fault = MemberFault(_member_address(address, target), "kill" if kill_member else "pause",
+                                at_fraction * duration, pause_secs)
+        requests = DataRequests(data_spec, split, rows) if data_spec else None
+        report = load_test(address, rate, duration, deadline_ms, min_members, rows, fault, requests=requests)
     print_table(report)
     if json_out:
         with open(json_out, "w") as f:
@@ -186,6 +208,20 @@ def command(address, rate, duration, deadline_ms, min_members, rows, kill_member
     failed = report["overall"]["failed"]
     if max_failures is not None and failed > max_failures:
         click.echo(f"loadtest: {failed} requests failed (at most {max_failures} allowed)", err=True)
+        sys.exit(1)
+
+
+def _http_load(url, model, rate, duration, deadline_ms, min_members, rows, connections, wait_secs):
+    """load_test_http's report; exit 1 with the reason when the gateway is not ready or cannot describe `model`."""
+    if wait_secs:
+        reason = http_target.wait_ready(url, wait_secs)
+        if reason is not None:
+            click.echo(f"loadtest: {url} was not ready within {wait_secs:g} s: {reason}", err=True)
+            sys.exit(1)
+    try:
+        return http_target.load_test_http(url, model, rate, duration, deadline_ms, min_members, rows, connections)
+    except OpError as exc:
+        click.echo(f"loadtest: {url}: {exc}", err=True)
         sys.exit(1)
 
 

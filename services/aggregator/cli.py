@@ -35,10 +35,18 @@ def parse_member(text):
                    "`function(answers, weights) -> [n, outputs]` (FILE.py:FUNCTION or MODULE:FUNCTION).")
 @click.option("--unhealthy-after", default=3, type=click.IntRange(min=1),
               help="Failures in a row (timeouts, errors) that mark a member unhealthy.")
+@click.option("--min-healthy", default=None, type=click.IntRange(min=0), show_default="max(1, --min-members)",
+              help="Timeouts never mark a member unhealthy when that would leave fewer healthy members than this: "
+                   "under overload members are busy, not broken. Errors and dropped connections still do.")
+@click.option("--admit-share", default=0.5, type=click.FloatRange(0, 1),
+              help="Send a request to a member only if, by its pace and the requests it holds, it should answer "
+                   "within this share of the request's time left; busier members are skipped, and a request left "
+                   "with too few is shed at once with RESOURCE_EXHAUSTED and a retry hint (retry_after_ms), as is "
+                   "one that waited past its deadline in the aggregator's own queue. 0: never shed.")
 @click.option("--probe-ms", default=500, type=click.IntRange(min=1),
               help="How often an unhealthy member is probed; it is taken back when it answers.")
 def command(bind, ready_file, log_level, client_timeout, max_message_bytes, members, mode, deadline_ms, min_members,
-            combine, unhealthy_after, probe_ms):
+            combine, unhealthy_after, min_healthy, admit_share, probe_ms):
     """Answer predict requests from several model servers by each request's deadline."""
     from zmqflow.services.aggregator.server import Aggregator
 
@@ -46,7 +54,8 @@ def command(bind, ready_file, log_level, client_timeout, max_message_bytes, memb
 
     def build(limits):
         return Aggregator(bind, parsed, mode=mode, deadline_ms=deadline_ms, min_members=min_members, combine=combine,
-                          unhealthy_after=unhealthy_after, probe_ms=probe_ms, limits=limits,
+                          unhealthy_after=unhealthy_after, probe_ms=probe_ms, min_healthy=min_healthy,
+                          admit_share=admit_share, limits=limits,
                           client_timeout=client_timeout)
 
     run_service_instance(build, "aggregator", ready_file, log_level, max_message_bytes)

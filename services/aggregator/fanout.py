@@ -11,13 +11,20 @@ Rules: `ensemble` asks every healthy member. `replica` asks the healthy one with
 outstanding requests; one that fails fast (an error or a dropped connection, not the
 client's own bad input) is replaced by a member not tried yet, while the deadline has not
 passed. `unhealthy_after` failures in a row, or a dropped connection, eject a member: it is
-skipped, probed every `probe_s` seconds, and taken back when a probe is answered in time.
+skipped, probed every `probe_s` seconds, and taken back when a probe is answered in time;
+timeouts never eject one of the last `min_healthy` healthy members (busy is not broken).
+A healthy member that would answer too late (admission.py) is skipped as busy; a request left
+with fewer members than it needs is shed at once: ResourceExhaustedError with `retry_after_ms`.
 """
 
 import itertools
 import logging
+import math
+import time
 
-from zmqflow.common.errors import DEADLINE_EXCEEDED, INVALID_ARGUMENT, code_name
+from zmqflow.common.errors import (DEADLINE_EXCEEDED, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ResourceExhaustedError,
+                                   code_name)
+from zmqflow.services.aggregator.admission import Admission
 from zmqflow.services.aggregator.gather import Gather
 from zmqflow.services.aggregator.members import MemberSet
 
@@ -41,8 +48,9 @@ class FanOut:
     """Members, their health and the requests in flight to them; `wake(when)` is called when a
     member is ejected, so the caller runs `probes_due()` by then."""
 
-    def __init__(self, unhealthy_after=3, probe_s=0.5, wake=_no_wake):
-        self.members = MemberSet(unhealthy_after, probe_s)
+    def __init__(self, unhealthy_after=3, probe_s=0.5, wake=_no_wake, min_healthy=1, admission=None):
+        self.members = MemberSet(unhealthy_after, probe_s, min_healthy)
+        self.admission = admission or Admission()
         self._wake = wake
         self._ids = itertools.count(1)  # member-side request ids, unique over all members and probes
 
@@ -65,13 +73,16 @@ class FanOut:
 
     # ------------------------------------------------ asking
 
-    def ask(self, gather):
+    def ask(self, gather, now=None):
         """The members to send `gather`'s request to now, all under one new member-side id (`gather.rid`)
-        and each already counted as asked; the unhealthy ones are recorded as skipped."""
+        and each already counted as asked; the unhealthy ones are recorded as skipped, and so are the busy
+        ones (ensemble). ResourceExhaustedError (nothing asked) when busy members leave too few to ask."""
+        now = time.monotonic() if now is None else now
         rid = gather.rid = next(self._ids)
+        busy = self._busy(gather, now)
         targets = []
         if gather.mode == "replica":
-            member = self.members.least_outstanding()
+            member = self.members.least_outstanding(exclude=busy)
             if member is not None:
                 self._track(member, gather, rid)
                 targets.append(member)
@@ -80,12 +91,31 @@ class FanOut:
                     gather.skipped(member.address, "unhealthy")
             return targets
         for member in self.members.members.values():
-            if member.healthy:
+            if member.address in busy:
+                gather.skipped(member.address, "busy")
+            elif member.healthy:
                 self._track(member, gather, rid)
                 targets.append(member)
             else:
                 gather.skipped(member.address, "unhealthy")
         return targets
+
+    def _busy(self, gather, now):
+        """The healthy members too busy to answer `gather` in time; sheds it when they leave too few."""
+        budget = math.inf if gather.call.deadline is None else gather.call.deadline - now
+        healthy = self.members.healthy()
+        busy = [m for m in healthy if not self.admission.admits(m, budget)]
+        if not busy:
+            return set()
+        for member in busy:
+            member.counters["busy"] += 1
+        if len(healthy) - len(busy) < (1 if gather.mode == "replica" else gather.min_members):
+            wait_ms = self.admission.retry_after_ms(busy, budget, self.probe_s)
+            raise ResourceExhaustedError(
+                f"overloaded: {len(busy)} of {len(healthy)} healthy members are busy (each would answer later than "
+                f"{self.admission.share:g} of the {max(0, budget) * 1000:.0f} ms left), {gather.min_members} needed; "
+                f"shed, retry after {wait_ms} ms", {"retry_after_ms": wait_ms})
+        return {m.address for m in busy}
 
     def unsent(self, member, gather, reason, now):
         """The request never left for `member` (its queue was full): a failure of the member, not retried."""
@@ -98,7 +128,7 @@ class FanOut:
         return member.inflight.get(rid)
 
     def answered(self, member, gather, probs):
-        self._settle(member, gather.pending.get(member.address))
+        self._settle(member, gather.pending.get(member.address), answered=True)
         self.members.answered(member)
         gather.answer(member.address, probs, member.weight)
 
@@ -121,6 +151,13 @@ class FanOut:
             self._wake(member.next_probe_at)
         return [(gather, self._fail_and_retry(member, gather, "errors", "disconnected", None, now))
                 for gather in self._unsettled(member)]
+
+    def unresolved(self, member, now, error=None):
+        """`member`'s host name does not resolve (yet): unhealthy, looked up again at each probe."""
+        if self.members.unresolved(member, now, error):
+            log.warning("member %s: name does not resolve (%s); unhealthy, looking it up every %.0f ms",
+                        member.address, error or "looking it up", self.probe_s * 1000)
+        self._wake(member.next_probe_at)
 
     # ------------------------------------------------ finishing
 
@@ -180,13 +217,15 @@ class FanOut:
         """`member` is asked for `gather` under `rid`: in flight until settled."""
         member.inflight[rid] = gather
         member.outstanding += 1
+        member.pace.started()
         self.members.sent(member)
         gather.asked(member.address, rid)
 
-    def _settle(self, member, rid):
+    def _settle(self, member, rid, answered=False):
         """Request `rid` to `member` is no longer awaited (answered, failed or forgotten)."""
         if member.inflight.pop(rid, None) is not None:
             member.outstanding -= 1
+            member.pace.settled(answered)
 
     def _unsettled(self, member):
         return [entry for entry in member.inflight.values()
@@ -196,8 +235,9 @@ class FanOut:
         """`member` failed `gather` (`kind`: timeouts|errors). The client's bad input is not held against it.
         Returns whether the failure counts against the member."""
         counts = code != INVALID_ARGUMENT
+        busy = kind == "timeouts" or code == RESOURCE_EXHAUSTED  # evidence of load, not of a broken member
         self._settle(member, gather.pending.get(member.address))
-        if self.members.failed(member, kind, reason, now, counts=counts):
+        if self.members.failed(member, kind, reason, now, counts=counts, busy=busy):
             log.warning("member %s unhealthy after %d failures in a row (last: %s); probing every %.0f ms",
                         member.address, member.consecutive_failures, reason, self.probe_s * 1000)
             self._wake(member.next_probe_at)
@@ -213,7 +253,9 @@ class FanOut:
         """Replica mode, no answer yet and time left: a member not tried for `gather`, asked under a new id."""
         if gather.mode != "replica" or gather.answers or not now < gather.call.deadline:
             return None
-        other = self.members.least_outstanding(exclude=set(gather.failures) | set(gather.pending))
+        budget = gather.call.deadline - now
+        busy = {m.address for m in self.members.healthy() if not self.admission.admits(m, budget)}
+        other = self.members.least_outstanding(exclude=set(gather.failures) | set(gather.pending) | busy)
         if other is not None:
             gather.rid = next(self._ids)
             self._track(other, gather, gather.rid)

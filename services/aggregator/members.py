@@ -2,7 +2,10 @@
 
 A member that fails `unhealthy_after` times in a row (timeouts, or errors that are its own
 fault), or whose connection drops, is marked unhealthy: requests skip it and it is probed
-every `probe_s` seconds until a probe is answered, which takes it back. Replica mode sends each request to the
+every `probe_s` seconds until a probe is answered, which takes it back. Timeouts (and
+refusals for load) say a member is busy, not broken: they never eject one of the last
+`min_healthy` healthy members, so an overload cannot empty the set (errors and dropped
+connections still do). Replica mode sends each request to the
 healthy member with the fewest requests outstanding (ties rotate, so equal members share).
 The counters are a plain dict per member, easy to list or export. What is in flight to a
 member (`inflight`, `outstanding`) is kept by the fan-out policy (fanout.py), which alone
@@ -12,15 +15,16 @@ sends and settles requests.
 import itertools
 
 from zmqflow.common.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from zmqflow.services.aggregator.admission import BusyRate
 
-COUNTERS = ("requests", "answers", "timeouts", "errors", "probes", "recoveries")
+COUNTERS = ("requests", "answers", "timeouts", "errors", "probes", "recoveries", "busy")
 
 
 class Member:
     """One model server as the aggregator sees it: its health record and the requests in flight to it."""
 
     __slots__ = ("address", "weight", "healthy", "consecutive_failures", "outstanding", "counters",
-                 "last_failure", "next_probe_at", "inflight", "probe_rid")
+                 "last_failure", "next_probe_at", "inflight", "probe_rid", "connected_to", "pace")
 
     def __init__(self, address, weight=1.0):
         self.address, self.weight = address, float(weight)
@@ -32,20 +36,24 @@ class Member:
         self.next_probe_at = None
         self.inflight = {}  # member-side request id -> the Gather or Probe awaiting its reply (fanout.py)
         self.probe_rid = None  # the id of the probe in flight, if any
+        self.connected_to = None  # the address its host name resolved to, once connected (server.py)
+        self.pace = BusyRate()  # answers per busy second, for admission (admission.py)
 
     def describe(self):
-        return {"address": self.address, "weight": self.weight, "healthy": self.healthy,
+        return {"address": self.address, "connected_to": self.connected_to, "weight": self.weight, "healthy": self.healthy,
                 "outstanding": self.outstanding, "consecutive_failures": self.consecutive_failures,
                 "last_failure": self.last_failure, **self.counters}
 
 
 class MemberSet:
-    def __init__(self, unhealthy_after=3, probe_s=0.5):
+    def __init__(self, unhealthy_after=3, probe_s=0.5, min_healthy=1):
         if type(unhealthy_after) is not int or unhealthy_after < 1:
             raise InvalidArgumentError(f"unhealthy_after must be an int >= 1, got {unhealthy_after!r}")
         if not probe_s > 0:
             raise InvalidArgumentError(f"probe interval must be > 0 s, got {probe_s!r}")
-        self.unhealthy_after, self.probe_s = unhealthy_after, probe_s
+        if type(min_healthy) is not int or min_healthy < 0:
+            raise InvalidArgumentError(f"min_healthy must be an int >= 0, got {min_healthy!r}")
+        self.unhealthy_after, self.probe_s, self.min_healthy = unhealthy_after, probe_s, min_healthy
         self.members = {}  # address -> Member, in the order added
         self._turn = itertools.count()
 
@@ -98,13 +106,16 @@ class MemberSet:
         member.counters["answers"] += 1
         member.consecutive_failures = 0
 
-    def failed(self, member, kind, reason, now, counts=True):
-        """A request to `member` timed out or failed (`kind`: timeouts|errors). True if it just became unhealthy."""
+    def failed(self, member, kind, reason, now, counts=True, busy=False):
+        """A request to `member` timed out or failed (`kind`: timeouts|errors). True if it just became unhealthy.
+        A `busy` failure (a timeout, a refusal for load) never takes the healthy below `min_healthy`."""
         member.counters[kind] += 1
         member.last_failure = reason
         if not counts:
             return False
         member.consecutive_failures += 1
+        if busy and member.healthy and len(self.healthy()) <= self.min_healthy:
+            return False
         if member.healthy and member.consecutive_failures >= self.unhealthy_after:
             member.healthy = False
             member.next_probe_at = now + self.probe_s
@@ -118,6 +129,16 @@ class MemberSet:
             return False
         member.healthy = False
         member.next_probe_at = now + self.probe_s
+        return True
+
+    def unresolved(self, member, now, error=None):
+        """Its host name does not resolve (yet): unhealthy, and looked up again at its next probe, `probe_s`
+        from now. True if it just became unhealthy."""
+        member.last_failure = "name does not resolve" + (f" ({error})" if error else "")
+        member.next_probe_at = now + self.probe_s
+        if not member.healthy:
+            return False
+        member.healthy = False
         return True
 
     # ------------------------------------------------ probes

@@ -3,7 +3,8 @@
 Why one DEALER per member polled by the service's own loop: a request costs no thread and
 nothing blocks; the client's call is parked with its deadline, every member's reply is
 matched by the member-side request id, and the call is answered as soon as every asked
-member has responded, or AT the deadline (the base deadline heap) with what arrived. Each
+member has responded, or AT the deadline (the base deadline heap) with what arrived. A request
+the members are too busy to answer in time is shed at once (RESOURCE_EXHAUSTED, counted `shed`). Each
 member socket's monitor is polled too, so a member whose connection drops (its process
 died) is known at once, not at the deadline. Probes of unhealthy members ride the same heap.
 
@@ -13,6 +14,7 @@ connection and deadline from here.
 """
 
 import logging
+import math
 import time
 
 import numpy as np
@@ -20,9 +22,11 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from zmqflow.common import curve, wire
-from zmqflow.common.errors import InvalidArgumentError, OpError
+from zmqflow.common.errors import InvalidArgumentError, OpError, ResourceExhaustedError
 from zmqflow.common.rpc_service import PARKED, Service
-from zmqflow.common.sockets import dealer_socket
+from zmqflow.common.resolver import default_resolver
+from zmqflow.common.sockets import connect_resolved, dealer_socket
+from zmqflow.services.aggregator.admission import Admission, QueueDelay
 from zmqflow.services.aggregator.combine import COMBINERS, CustomCombine, check_combine
 from zmqflow.services.aggregator.fanout import FanOut, Probe
 from zmqflow.services.aggregator.gather import Gather
@@ -37,28 +41,32 @@ MODES = ("ensemble", "replica")
 class _Link:
     """The aggregator's socket to one member and its monitor (whether the connection dropped).
 
-    Each link has a ZeroMQ context, so an I/O thread, of its own: libzmq resolves a member's host
-    name in its I/O thread on every reconnect, and a name that stopped resolving (a container
-    gone from Compose's network: 10 s per lookup where the upstream DNS is unreachable) blocks
-    that thread and every socket on it. Shared, one dead member stalled the whole ensemble.
+    libzmq resolves a host name in its I/O thread on every reconnect, and a name that stopped
+    resolving (a container gone from Compose's network: 10 s per lookup where the upstream DNS is
+    unreachable) blocks that thread and every socket on it: one dead member stalled the whole
+    ensemble. So the link connects to the address the resolver found (`connect`), never to the
+    name, and each link has a ZeroMQ context, so an I/O thread, of its own as well.
     """
 
-    __slots__ = ("address", "context", "sock", "monitor")
+    __slots__ = ("address", "endpoint", "context", "sock", "monitor")
 
     def __init__(self, address, limits, name):
-        self.address = address
+        self.address, self.endpoint = address, None
         self.context = zmq.Context(io_threads=1)
         keys = curve.curve_dir_from_env()
-        # a full queue fails the send at once instead of blocking the loop
+        # a full queue fails the send at once instead of blocking the loop; CURVE checks the member's
+        # key, not its name, so connecting to its address keeps it
         self.sock = dealer_socket(self.context, limits, name, curve.ClientKeys(keys) if keys else None,
                                   hwm=10_000, send_timeout_ms=0)
         # the connection's events: a member whose process dies is known at once, not after timeouts
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        try:
-            self.sock.connect(address)
-        except zmq.ZMQError:
-            self.close()
-            raise
+
+    def connect(self, endpoint):
+        """Connect to `endpoint` (the member's resolved address), leaving the address connected before."""
+        if self.endpoint is not None:
+            self.sock.disconnect(self.endpoint)
+        connect_resolved(self.sock, endpoint)
+        self.endpoint = endpoint
 
     def lost_connection(self):
         """True if the monitor reported the connection to the member gone (reads every pending event)."""
@@ -77,19 +85,26 @@ class _Link:
 
 class Aggregator(Service):
     name = "aggregator"
+    admin_ops = AggregatorOps.ADMIN   # add_member, remove_member: CURVE or the admin token (common/admin_token.py)
 
     def __init__(self, bind, members=(), mode="ensemble", deadline_ms=1000, min_members=1, combine="mean",
-                 unhealthy_after=3, probe_ms=500, **service_options):
+                 unhealthy_after=3, probe_ms=500, min_healthy=None, admit_share=0.5, resolver=default_resolver,
+                 **service_options):
         super().__init__(bind, **service_options)
+        self.resolver = resolver
         self.mode = _check_mode(mode)
         self.deadline_ms = _check_int("deadline_ms", deadline_ms, 1)
         self.min_members = _check_int("min_members", min_members, 1)
         self.custom = CustomCombine(combine) if combine not in COMBINERS else None
         self.combine = check_combine(combine, self.custom)
-        self.fanout = FanOut(unhealthy_after, probe_ms / 1000.0, wake=self._schedule_wake)
+        # timeouts never eject the last members a request needs: under overload they are busy, not broken
+        self.min_healthy = max(1, self.min_members) if min_healthy is None else _check_int("min_healthy", min_healthy, 0)
+        self.fanout = FanOut(unhealthy_after, probe_ms / 1000.0, wake=self._schedule_wake, min_healthy=self.min_healthy,
+                             admission=Admission(admit_share))
         self.members = self.fanout.members  # read-only here: listing, stats, metrics
         self.links = {}
         self.agg_stats = AggregatorStats()
+        self.queue_delay = QueueDelay()
         self._probe_request = None  # (args, one row of zeros per input) like the last request members answered
         self._timer_at = None
         for address, weight in members:
@@ -103,9 +118,11 @@ class Aggregator(Service):
     def _add(self, address, weight=1.0):
         address = normalize_address(address)
         member = self.fanout.add(address, weight)
+        link = _Link(address, self.limits, "aggregator")
         try:
-            link = _Link(address, self.limits, "aggregator")
+            self._connect(member, link, time.monotonic())
         except zmq.ZMQError as exc:
+            link.close()
             self.fanout.remove(address)
             raise InvalidArgumentError(f"cannot connect to member {address!r}: {exc}") from None
         self.links[address] = link
@@ -113,6 +130,19 @@ class Aggregator(Service):
         self.add_socket(link.monitor, lambda: self._watch_member(link))
         log.info("member %s added (weight %g)", address, member.weight)
         return member
+
+    def _connect(self, member, link, now):
+        """Connect `link` to the member's address as the resolver knows it now, without waiting for a
+        lookup. A name that does not resolve (yet) leaves the member unhealthy: each probe looks it up
+        again. True if the link is connected (maybe still to the address it had before)."""
+        endpoint = self.resolver.endpoint(link.address)
+        if endpoint is None:
+            self.fanout.unresolved(member, now, self.resolver.error(link.address))
+        elif endpoint != link.endpoint:
+            link.connect(endpoint)
+            member.connected_to = endpoint
+            log.info("member %s connected to %s", member.address, endpoint)
+        return link.endpoint is not None
 
     def _add_member(self, call):
         return {"member": self._add(call.args.get("address"), call.args.get("weight", 1.0)).describe()}
@@ -146,13 +176,23 @@ class Aggregator(Service):
         min_members = args.get("min_members")
         min_members = self.min_members if min_members is None else _check_int("min_members", min_members, 1)
         now = time.monotonic()
-        deadline = call.received + deadline_ms / 1000.0
-        call.deadline = deadline if call.deadline is None else min(deadline, call.deadline)
         self.agg_stats.counters["requests"] += 1
+        waited = self._waited(call) if self.fanout.admission.enabled else 0.0
+        deadline = call.received + deadline_ms / 1000.0 - waited
+        call.deadline = deadline if call.deadline is None else min(deadline, call.deadline)
+        if waited and call.deadline <= now:
+            self.agg_stats.counters["shed"] += 1
+            raise ResourceExhaustedError(f"overloaded: the request waited {waited * 1000:.0f} ms before the aggregator "
+                                         f"read it, past its {deadline_ms} ms deadline; shed, retry after "
+                                         f"{math.ceil(waited * 1000)} ms", {"retry_after_ms": math.ceil(waited * 1000)})
         gather = call.state = Gather(call, mode, combine, 1 if mode == "replica" else min_members, call.received,
                                      self.custom)
         gather.shape = (rows,)
-        targets = self.fanout.ask(gather)
+        try:
+            targets = self.fanout.ask(gather, now)
+        except ResourceExhaustedError:
+            self.agg_stats.counters["shed"] += 1  # answered at once by the base loop, with its retry hint
+            raise
         if targets:
             frames = self._request(gather, now)  # encoded once, however many members are asked
             for member in targets:
@@ -161,6 +201,13 @@ class Aggregator(Service):
             self._finish(gather, now)
             return PARKED  # already answered by _finish
         return self.park(call)
+
+    def _waited(self, call):
+        """Seconds the request waited before it was read, when its client said when it sent it (`sent_at`)."""
+        sent_at = call.args.get("sent_at")
+        if isinstance(sent_at, bool) or not isinstance(sent_at, (int, float)) or not math.isfinite(sent_at):
+            return 0.0
+        return self.queue_delay.waited(call.identity, float(sent_at), time.time() - (time.monotonic() - call.received))
 
     def _request(self, gather, now):
         """The frames of `gather`'s predict to members, under its current member-side id and the time left."""
@@ -214,6 +261,7 @@ class Aggregator(Service):
         if member is None:
             return
         now = time.monotonic()
+        self.resolver.refresh(link.address)  # reconnected by the probes to where its name points then
         for gather, retry in self.fanout.disconnected(member, now):
             self._go_on(gather, retry, now)
 
@@ -282,6 +330,13 @@ class Aggregator(Service):
             self._schedule_wake(self.fanout.next_probe_at())
 
     def _probe(self, member, now):
+        link = self.links[member.address]
+        try:
+            if not self._connect(member, link, now):
+                return  # nothing to probe yet: its name is looked up again at the next probe
+        except zmq.ZMQError as exc:
+            self.fanout.unresolved(member, now, f"cannot connect: {exc}")
+            return
         timeout_ms = max(1, int(min(self.deadline_ms, self.fanout.probe_s * 1000)))
         rid = self.fanout.probe(member, now, timeout_ms / 1000.0)
         if self._probe_request is not None:
@@ -291,7 +346,7 @@ class Aggregator(Service):
             frames = wire.request_frames("ping", rid, {"ids": []}, (), timeout_ms)
         self.agg_stats.counters["probes"] += 1
         try:
-            wire.send_message(self.links[member.address].sock, frames)
+            wire.send_message(link.sock, frames)
         except zmq.ZMQError:
             pass  # no reply will come: the next probe replaces this one
 
@@ -310,7 +365,8 @@ class Aggregator(Service):
     def _stats(self, call):
         members = self.members.members.values()
         return {**self.agg_stats.counters, "mode": self.mode, "combine": self.combine,
-                "deadline_ms": self.deadline_ms, "min_members": self.min_members,
+                "deadline_ms": self.deadline_ms, "min_members": self.min_members, "min_healthy": self.min_healthy,
+                "admit_share": self.fanout.admission.share,
                 "answers": {m.address: m.counters["answers"] for m in members},
                 "timeouts": {m.address: m.counters["timeouts"] for m in members},
                 "errors": {m.address: m.counters["errors"] for m in members},
@@ -324,7 +380,7 @@ class Aggregator(Service):
         """Counters per member and per aggregator for Prometheus, read at scrape time (common/metrics.py)."""
         from zmqflow.common.metrics import counter_family, gauge_family
         members = list(self.members.members.values())
-        for key in ("requests", "answers", "timeouts", "errors", "probes", "recoveries"):
+        for key in ("requests", "answers", "timeouts", "errors", "probes", "recoveries", "busy"):
             yield counter_family(f"zmqflow_aggregator_member_{key}", f"Member {key}, per member.",
                                  {(m.address,): m.counters[key] for m in members}, ["member"])
         yield gauge_family("zmqflow_aggregator_member_healthy", "1 while the member is healthy.",

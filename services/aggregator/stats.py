@@ -6,7 +6,7 @@ counters are a plain dict so a metrics exporter can read them as they are.
 
 import numpy as np
 
-COUNTERS = ("requests", "answered", "failed", "partial", "late_dropped", "probes")
+COUNTERS = ("requests", "answered", "failed", "partial", "late_dropped", "probes", "shed")
 
 
 class AggregatorStats:

@@ -2,7 +2,8 @@
 
 Their output depends on the input (x[:, :1] + offset in every column), so an answer mixed into
 the wrong request is visible. The delay (seconds, or a function of x), mode and offset can be
-changed while they run.
+changed while they run. With `service_s` a member is a server of fixed capacity: one request at
+a time, `service_s` each, in arrival order (1 / service_s answers per second, queueing beyond).
 """
 
 import heapq
@@ -18,9 +19,10 @@ from zmqflow.common.rpc_service import PARKED, Call, Service
 class FakeMember(Service):
     name = "fake-member"
 
-    def __init__(self, offset=0.0, delay=0.0, mode="answer", classes=3):
+    def __init__(self, offset=0.0, delay=0.0, mode="answer", classes=3, service_s=0.0):
         super().__init__("tcp://127.0.0.1:*", client_timeout=5.0)
         self.offset, self.delay, self.mode, self.classes = offset, delay, mode, classes
+        self.service_s, self._free_at = service_s, 0.0  # fixed capacity: when the request before is done
         self.seen = 0
         self.handlers["predict"] = self._predict
         self._thread = threading.Thread(target=self.run, kwargs={"install_signals": False}, daemon=True)
@@ -44,6 +46,10 @@ class FakeMember(Service):
             return PARKED  # held, never answered
         out = self.expected(call.tensors[0])
         delay = self.delay(call.tensors[0]) if callable(self.delay) else self.delay
+        if self.service_s > 0:  # queued behind the requests before it, then served for service_s
+            now = time.monotonic()
+            self._free_at = max(now, self._free_at) + self.service_s
+            delay = max(delay, self._free_at - now)
         if delay <= 0:
             return {"model": "fake"}, [out]
         when = time.monotonic() + delay

@@ -79,6 +79,40 @@ def test_a_flapping_member_goes_unhealthy_and_is_taken_back_after_a_probe(fakes,
     assert member["recoveries"] == 1 and member["probes"] >= 2
 
 
+def test_timeouts_keep_the_last_member_and_min_healthy_0_lets_them_eject_it(fakes, aggregator):
+    (slow,) = fakes(1, delay=1.0)
+    _, kept = aggregator([slow], "--deadline-ms", "60", "--unhealthy-after", "1", "--probe-ms", "100")
+    _, ejected = aggregator([slow], "--deadline-ms", "60", "--unhealthy-after", "1", "--probe-ms", "100",
+                            "--min-healthy", "0")
+    for _ in range(3):  # busy, not broken: still asked each time, and answered again once it is fast
+        with pytest.raises(DeadlineExceededError, match="timeout"):
+            kept.predict(x_of(1.0))
+    assert kept.members()[0]["healthy"] and kept.stats()["min_healthy"] == 1
+    with pytest.raises(DeadlineExceededError, match="timeout"):
+        ejected.predict(x_of(1.0))
+    with pytest.raises(UnavailableError, match="no healthy member"):
+        ejected.predict(x_of(1.0))
+    slow.delay = 0.0
+    assert kept.predict(x_of(1.0))[1]["answered"] == [slow.endpoint]
+
+
+def test_a_request_that_waited_past_its_deadline_before_it_was_read_is_shed_at_once(fakes, aggregator):
+    from zmqflow.common.errors import ResourceExhaustedError
+    (member,) = fakes(1)
+    _, client = aggregator([member], "--deadline-ms", "100")
+    for _ in range(3):
+        client.predict(x_of(1.0), deadline_ms=100)       # sent_at of each: the base of this client's clock
+    seen = member.seen
+    args = {"deadline_ms": 100, "sent_at": time.time() - 0.5}  # as if it had sat 500 ms in the aggregator's queue
+    with pytest.raises(ResourceExhaustedError, match=r"waited 5\d\d ms before the aggregator read it") as shed:
+        client.rpc.call("predict", args, [x_of(1.0)], timeout=2.0)
+    assert shed.value.retry_after >= 0.5 and member.seen == seen  # never sent to the member
+    assert client.stats()["shed"] == 1
+    _, never_sheds = aggregator([member], "--deadline-ms", "100", "--admit-share", "0")
+    never_sheds.predict(x_of(1.0), deadline_ms=100)
+    assert never_sheds.rpc.call("predict", args, [x_of(1.0)], timeout=2.0)[0]["answered"] == [member.endpoint]
+
+
 def test_late_answers_are_never_mixed_into_another_request(fakes, aggregator):
     fast, slow = fakes(2)
     slow.delay = lambda x: 0.25 if x[0, 0] == 10.0 else 0.3  # A's answer comes back while B waits for its own

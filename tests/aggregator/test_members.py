@@ -98,3 +98,15 @@ def test_gather_finishes_when_all_answered_or_too_few_can():
     g3.fail("a", "error: INVALID_ARGUMENT: bad", code=3)
     with pytest.raises(InvalidArgumentError):
         g3.outcome()
+
+
+def test_busy_failures_never_take_the_healthy_below_min_healthy():
+    ms = MemberSet(unhealthy_after=1, min_healthy=1)
+    a, b = ms.add("tcp://a:1"), ms.add("tcp://b:1")
+    assert ms.failed(a, "timeouts", "timeout", now=1.0, busy=True)       # b is still healthy
+    assert not ms.failed(b, "timeouts", "timeout", now=1.0, busy=True)   # the last one: busy, not broken
+    assert b.healthy and b.consecutive_failures == 1 and b.last_failure == "timeout"
+    assert ms.failed(b, "errors", "error: UNAVAILABLE: down", now=1.0)   # its own error still ejects it
+    assert ms.healthy() == []
+    with pytest.raises(InvalidArgumentError):
+        MemberSet(min_healthy=-1)
