@@ -52,7 +52,9 @@ def command(bind, ready_file, log_level, client_timeout, max_message_bytes, task
         task_index = tf_task.task_index if task_index is None else task_index
         num_ps = tf_task.cluster.num_tasks("ps") if num_ps is None else num_ps
         host, port = tf_task.cluster.task_address("ps", task_index).rsplit(":", 1)
-        bind = f"tcp://{host if host in ('127.0.0.1', 'localhost') else '*'}:{port}"  # all interfaces in a pod
+        # a spec naming another host is the "told otherwise" case: every interface of the pod or container
+        # (README, Security); a loopback host keeps the loopback default
+        bind = f"tcp://{host if host in ('127.0.0.1', 'localhost') else '*'}:{port}"
     task_index, num_ps = task_index or 0, num_ps or 1
     placement = place(model_variables(resolve_model(model_spec)), num_ps, placement_strategy, max_shard_bytes)
     pieces = {p.key: p for p in placement.for_shard(task_index)}

@@ -8,7 +8,7 @@ the rest of the protocol, apart from the sockets in server.py:
 
 - a parked pull is answered once the version reaches its `min_version`;
 - a worker that finished its input (or that the chief gave up on: `lost`) reports done; when
-  fewer replicas are left than a step needs, the step can never complete, so every parked pull
+  fewer replicas are left than a step needs (done ones and those the shard found lost apart), the step can never complete, so every parked pull
   is answered at once marked `released` (and later ones are not parked at all);
 - a lost worker that reports after all is counted done, no longer lost;
 - at shutdown every parked pull is released: nobody waits on a shard that is gone.
@@ -77,9 +77,12 @@ class ReplicaSync:
         return self.release_all() if self.step_cannot_complete() else []
 
     def step_cannot_complete(self):
-        """Sync: fewer replicas left than a step needs (the others finished their input or are lost)."""
-        total, needed = self.state.total_num_replicas, self.state.replicas_to_aggregate
-        return self.state.mode == "sync" and total is not None and total - len(self.done_workers) < needed
+        """Sync: fewer replicas left than a step needs: the others finished their input, were given up
+        by the chief, or were found silent by this shard (its `lost`, which lowers what a step needs)."""
+        total = self.state.total_num_replicas
+        if self.state.mode != "sync" or total is None:
+            return False
+        return total - len(self.done_workers | self.state.lost) < self.state.needed()
 
     def idle_seconds(self, now):
         """Seconds since each replica's last push."""

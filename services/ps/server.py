@@ -16,6 +16,7 @@ Ops (all tensors travel in the order of `names`):
              parked sync waits are released so nobody waits for a step that can no
              longer complete
   stats, shutdown
+Admin ops (PsOps.ADMIN: init, restore, shutdown) need CURVE or the admin token (common/rpc_service.py).
 `bf16: true` on pull/push sends values as bfloat16 (half the bytes).
 
 Lost replicas (sync): while pulls wait for a step, a replica the step misses that has said nothing
@@ -46,6 +47,7 @@ LOST_CHECK_S = 0.5   # how often waiting pulls make the shard look for lost repl
 
 class PsService(Service):
     name = "ps-shard"
+    admin_ops = PsOps.ADMIN   # init, restore, shutdown: CURVE or the admin token (common/admin_token.py)
 
     def __init__(self, bind, shard_index, pieces, state_options, lost_after=5.0, lost_policy="continue",
                  **service_options):
@@ -192,6 +194,8 @@ class PsService(Service):
                     replica, silent, self.state.needed())
         if result is not None:
             self._wake_versions()
+        if self.sync.step_cannot_complete():   # the others are done: nobody is left to complete a step
+            self._release(self.sync.release_all())
 
     def _wake_versions(self):
         for call in self.sync.due():
@@ -289,8 +293,11 @@ class PsService(Service):
         own_step, values, slots = self.state.snapshot_for_checkpoint()
         step = _int(call.args.get("step", own_step), "step")  # the chief's global step names the checkpoint
         directory = _str(call.args.get("dir"), "dir")
+        metadata = call.args.get("metadata") or {}
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in [*metadata, *metadata.values()]):
+            raise InvalidArgumentError("save's metadata must map strings to strings")
         checkpoint.write_shard(directory, step, self.shard_index,
-                               {k: (self.pieces[k], values[k], slots[k]) for k in self.names})
+                               {k: (self.pieces[k], values[k], slots[k]) for k in self.names}, metadata=metadata)
         return {"step": step}
 
     def _worker_done(self, call):
@@ -326,9 +333,12 @@ class PsService(Service):
                            ["shard"])
         for key, doc in (("updates", "Updates applied to the variables."),
                          ("pushes_received", "Gradient pushes received."), ("pushes_applied", "Pushes applied."),
-                         ("pulls", "Pulls answered."), ("bytes_pushed", "Gradient bytes received."),
-                         ("bytes_pulled", "Parameter bytes sent.")):
+                         ("pulls", "Pulls answered.")):
             yield counter_family(f"zmqflow_ps_{key}", doc, {shard: stats[key]}, ["shard"])
+        yield counter_family("zmqflow_ps_pushed_bytes", "Gradient bytes received.", {shard: stats["bytes_pushed"]},
+                             ["shard"])
+        yield counter_family("zmqflow_ps_pulled_bytes", "Parameter bytes sent.", {shard: stats["bytes_pulled"]},
+                             ["shard"])
         yield gauge_family("zmqflow_ps_pushes_pending", "Sync: pushes accumulated for the current step.",
                            {shard: stats["pushes_pending"]}, ["shard"])
         yield counter_family("zmqflow_ps_pushes_dropped", "Pushes dropped, by reason (stale, duplicate, future, ...).",
@@ -337,12 +347,14 @@ class PsService(Service):
         bounds = (0, 1, 2, 4, 8, 16, 32, 64)
         counts = [sum(n for s, n in staleness.items() if (bounds[i - 1] if i else -1) < s <= b)
                   for i, b in enumerate(bounds)] + [sum(n for s, n in staleness.items() if s > bounds[-1])]
-        yield histogram_family("zmqflow_ps_push_staleness", "Staleness (versions behind) of the pushes received.",
-                               ["shard"], {shard: (sum(s * n for s, n in staleness.items()), counts)}, bounds)
+        yield histogram_family("zmqflow_ps_push_staleness_steps",
+                               "Staleness (versions behind) of the pushes received.", ["shard"],
+                               {shard: (sum(s * n for s, n in staleness.items()), counts)}, bounds)
         yield gauge_family("zmqflow_ps_done_workers", "Workers that reported done (lost ones included).",
                            {shard: len(self.sync.done_workers)}, ["shard"])
-        yield gauge_family("zmqflow_ps_replica_idle_seconds", "Seconds since each replica's last push.",
-                           {(*shard, str(r)): idle for r, idle in self.sync.idle_seconds(now).items()},
+        wall = time.time()  # a timestamp, not an age: `time() - zmqflow_ps_replica_last_push_timestamp_seconds`
+        yield gauge_family("zmqflow_ps_replica_last_push_timestamp_seconds", "Unix time of each replica's last push.",
+                           {(*shard, str(r)): wall - idle for r, idle in self.sync.idle_seconds(now).items()},
                            ["shard", "replica"])
 
     # ------------------------------------------------ helpers

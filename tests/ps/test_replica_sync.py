@@ -84,6 +84,25 @@ def test_spare_replicas_finishing_do_not_release_the_step():
     assert not sync.step_cannot_complete()
 
 
+@pytest.mark.parametrize("done_first", [True, False])
+def test_a_replica_the_shard_lost_and_one_done_leave_too_few_and_release_the_step(done_first):
+    """A SIGKILLed spare found silent by the shard (state.lost), the other non-chief done with its input:
+    the chief alone cannot complete a step of 2, whichever came first (it used to wait 30 s)."""
+    state = sync_state(replicas_to_aggregate=2, total_num_replicas=3)
+    sync = ReplicaSync(state)
+    chief = Call("chief")
+    sync.park(chief, 1)
+    if done_first:
+        assert sync.worker_done(1) == []                   # 2 left (one of them silent, not yet lost)
+        state.lose_replica(2)
+        assert sync.step_cannot_complete() and sync.release_all() == [chief]
+    else:
+        state.lose_replica(2)
+        assert not sync.step_cannot_complete()              # 2 left, 2 needed
+        assert sync.worker_done(1) == [chief]
+    assert sync.on_pull(1) == RELEASE
+
+
 def test_a_lost_replica_that_reports_after_all_is_done_not_lost():
     sync = ReplicaSync(sync_state(replicas_to_aggregate=1, total_num_replicas=3))
     sync.worker_done(2, lost=True)
