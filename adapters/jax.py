@@ -51,6 +51,8 @@ class JaxModel:
     `loss(outputs, y) -> scalar`. `input_shape` is one example's shape.
     """
 
+    framework, onnx_exporter = "JAX", "jax2onnx"   # zmqflow exports only its own layers
+
     def __init__(self, apply, init, input_shape, loss="softmax_cross_entropy", dtype="float32", seed=0):
         jax, jnp = _jax()
         self.apply, self.init, self.seed = apply, init, seed

@@ -32,6 +32,8 @@ def _torch():
 class TorchModel:
     """`module(x) -> outputs` (logits for the cross-entropy heads) as a zmqflow model."""
 
+    framework, onnx_exporter = "PyTorch", "torch.onnx.export(model.module, ...)"   # zmqflow exports only its own layers
+
     def __init__(self, module, input_shape, loss="softmax_cross_entropy", device="cpu", seed=0):
         torch = _torch()
         if loss not in LOSSES and not callable(loss):

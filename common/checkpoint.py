@@ -3,14 +3,20 @@
 Layout of a checkpoint directory:
 
     latest                        "ckpt-<step>": the newest committed checkpoint (replaced atomically)
-    ckpt-<step>/manifest.json     step, resolved config, every piece (variable, rows, shape, dtype,
-                                  slot names, file, crc32, bytes)
-    ckpt-<step>/<piece files>     one file per piece: the value, then each slot in manifest order,
-                                  as consecutive .npy records (`np.load` of the file gives the value)
+    ckpt-<step>/manifest.json     step, resolved config, every file (shard, crc32, bytes) and every piece
+                                  (variable, rows, shape, dtype, slots, file, tensor names)
+    ckpt-<step>/shard-<i>.safetensors
+                                  ps i's pieces: `<variable>` (a whole variable) or
+                                  `<variable>/rows_<start>_<stop>` (a row block), each slot as
+                                  `<piece>/slot/<slot>`; its metadata repeats the step, the shard,
+                                  the tensor -> (variable, rows, slot) mapping and the model
     ckpt-<step>.partial/          staging while a save is in progress
 
-A distributed save is two phases. Every shard calls `write_shard`, which writes its piece
-files and, last, `shard-<i>.json` (the shard's part of the manifest) into the staging
+The tensor files are safetensors, so a checkpoint opens without zmqflow
+(`safetensors.numpy.load_file`, `safetensors.torch.load_file`, JAX through numpy).
+
+A distributed save is two phases. Every shard calls `write_shard`, which writes its tensor
+file and, last, `shard-<i>.json` (the shard's part of the manifest) into the staging
 directory; then the chief calls `commit`, which checks that every shard is there, writes
 `manifest.json`, renames the staging directory into place and then moves `latest`. Every
 file is written to a temporary name, fsynced and renamed, so a crash at any point leaves
@@ -20,26 +26,26 @@ the first one (a step's values are the same).
 
 Restore reads by rows (`Checkpoint.read_rows`), assembling the asked range from whatever
 pieces were saved, so a checkpoint restores onto another number of shards or another
-partitioning. No pickle: arrays are loaded with allow_pickle=False, and a truncated or
-corrupt file raises DataLossError naming it.
+partitioning. A truncated or corrupt file raises DataLossError naming it. Checkpoints of
+the first format (one .npy-records file per piece, `checkpoint_npy`) still restore.
 """
 
-import io
 import json
 import os
 import re
 import shutil
 import zlib
-from urllib.parse import quote
 
 import numpy as np
 
+from zmqflow.common import checkpoint_npy, safetensors_file
 from zmqflow.common.dtypes import as_numpy, name_of
 from zmqflow.common.errors import (DataLossError, FailedPreconditionError, InvalidArgumentError, NotFoundError,
                            OutOfRangeError)
 from zmqflow.common.variables import VariableSpec
 
-FORMAT = "zmqflow-checkpoint-1"
+FORMAT = "zmqflow-checkpoint-2"
+FORMATS = (FORMAT, checkpoint_npy.FORMAT)
 LATEST = "latest"
 MANIFEST = "manifest.json"
 _COMMITTED = re.compile(r"^ckpt-(\d+)$")
@@ -48,29 +54,60 @@ _PARTIAL = re.compile(r"^ckpt-(\d+)\.partial$")
 
 # --- writing ----------------------------------------------------------------------------
 
-def write_shard(ckpt_dir, step, shard_index, pieces):
-    """Write one shard's pieces into `ckpt_dir/ckpt-<step>.partial/`.
+def write_shard(ckpt_dir, step, shard_index, pieces, metadata=None):
+    """Write one shard's pieces into `ckpt_dir/ckpt-<step>.partial/shard-<i>.safetensors`.
 
     `pieces`: {key: (info, value, {slot: array})}, where info is a Piece (or anything with
     `variable`, `row_start`, `row_end`, or a dict with those keys) saying which rows of
-    which variable `value` holds. Returns the staging directory.
+    which variable `value` holds. `metadata` ({str: str}, e.g. the model) goes into the
+    file's header too. Returns the staging directory.
     """
     staging = os.path.join(ckpt_dir, f"ckpt-{int(step)}.partial")
     os.makedirs(staging, exist_ok=True)
     index_path = os.path.join(staging, f"shard-{int(shard_index)}.json")
-    if os.path.exists(index_path):  # an earlier attempt: its files are about to be overwritten
+    if os.path.exists(index_path):  # an earlier attempt: its file is about to be overwritten
         os.remove(index_path)
-    entries = []
+    entries, tensors, mapping = [], {}, {}
     for key, (info, value, slots) in pieces.items():
-        entries.append(_write_piece(staging, key, _piece_info(key, info), np.asarray(value), slots or {}))
-    _write_atomic(index_path, json.dumps({"step": int(step), "shard": int(shard_index), "pieces": entries},
-                                         indent=1).encode())
-    _fsync_dir(staging)
+        entry, named = _piece_tensors(key, info, np.asarray(value), slots or {})
+        clash = sorted(set(named) & set(tensors))
+        if clash:
+            raise InvalidArgumentError(f"piece {key!r}: tensor name {clash[0]!r} is used twice in shard {shard_index}")
+        for name, (array, slot) in named.items():
+            tensors[name] = array
+            mapping[name] = {"variable": entry["variable"], "rows": [entry["row_start"], entry["row_end"]],
+                             "slot": slot}
+        entries.append(entry)
+    file = f"shard-{int(shard_index)}.safetensors"
+    header = {**(metadata or {}), "format": FORMAT, "step": str(int(step)), "shard": str(int(shard_index)),
+              "tensors": json.dumps(mapping, separators=(",", ":"))}
+    data = safetensors_file.encode(tensors, header)
+    _write_atomic(os.path.join(staging, file), data, sync_dir=False)
+    for entry in entries:
+        entry["file"] = file
+    _write_atomic(index_path, json.dumps({"step": int(step), "shard": int(shard_index),
+                                          "files": {file: {"crc32": zlib.crc32(data), "bytes": len(data)}},
+                                          "pieces": entries}, indent=1).encode())
     return staging
 
 
-def _write_piece(staging, key, info, value, slots):
-    variable, row_start, row_end = info
+def file_metadata(config):
+    """What a tensor file's header repeats of the resolved config, for readers without the manifest:
+    the model spec (JSON) and the data spec's name."""
+    config = config or {}
+    metadata = {}
+    if config.get("model") is not None:
+        metadata["model"] = json.dumps(config["model"], sort_keys=True, separators=(",", ":"))
+    spec = (config.get("data") or {}).get("spec") if isinstance(config.get("data"), dict) else None
+    if isinstance(spec, dict) and spec.get("name"):
+        metadata["data"] = str(spec["name"])
+    return metadata
+
+
+def _piece_tensors(key, info, value, slots):
+    """(manifest entry, {tensor name: (array, slot or None)}) of one piece: a whole variable is stored
+    under its own name, a row block as `<variable>/rows_<start>_<stop>`, a slot as `<that>/slot/<slot>`."""
+    variable, row_start, row_end = _piece_info(key, info)
     rows = value.shape[0] if value.ndim else 1
     if row_end - row_start != rows:
         raise InvalidArgumentError(f"piece {key!r}: rows [{row_start}, {row_end}) do not match a value of "
@@ -80,19 +117,19 @@ def _write_piece(staging, key, info, value, slots):
         if slot.shape != value.shape or slot.dtype != value.dtype:
             raise InvalidArgumentError(f"piece {key!r}: slot {name!r} is {slot.dtype} {list(slot.shape)}, "
                                        f"expected {value.dtype} {list(value.shape)} as its variable")
-    file = f"{quote(variable, safe='')}.rows-{row_start}-{row_end}.npy"
-    path = os.path.join(staging, file)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as raw:
-        out = _Crc32Writer(raw)
-        for array in [value, *slots.values()]:
-            np.save(out, np.asarray(array), allow_pickle=False)
-        raw.flush()
-        os.fsync(raw.fileno())
-    os.replace(tmp, path)
-    return {"key": key, "variable": variable, "row_start": row_start, "row_end": row_end,
-            "shape": list(value.shape), "dtype": name_of(value), "slots": list(slots), "file": file,
-            "crc32": out.crc, "bytes": out.size}
+    tensor = variable if _is_whole(info) else f"{variable}/rows_{row_start}_{row_end}"
+    slot_tensors = {name: f"{tensor}/slot/{name}" for name in slots}
+    named = {tensor: (value, None), **{slot_tensors[n]: (np.asarray(s), n) for n, s in slots.items()}}
+    entry = {"key": key, "variable": variable, "row_start": row_start, "row_end": row_end,
+             "shape": list(value.shape), "dtype": name_of(value), "slots": list(slots), "tensor": tensor,
+             "slot_tensors": slot_tensors}
+    return entry, named
+
+
+def _is_whole(info):
+    """Whether a piece is its whole variable: a Piece of one part, or a dict saying `num_parts: 1`."""
+    parts = info.get("num_parts") if isinstance(info, dict) else getattr(info, "num_parts", None)
+    return parts == 1
 
 
 def commit(ckpt_dir, step, num_shards, config, keep=5):
@@ -120,9 +157,9 @@ def commit(ckpt_dir, step, num_shards, config, keep=5):
 def save_params(ckpt_dir, step, params, config, keep=5):
     """Write whole variables {name: array} as a one-shard checkpoint of `step` and commit it (a model
     kept outside the ps: the best one seen in validation, a model trained in one process)."""
-    pieces = {name: ({"variable": name, "row_start": 0, "row_end": value.shape[0] if value.ndim else 1}, value, {})
-              for name, value in params.items()}
-    write_shard(ckpt_dir, step, 0, pieces)
+    pieces = {name: ({"variable": name, "row_start": 0, "row_end": value.shape[0] if value.ndim else 1,
+                      "num_parts": 1}, value, {}) for name, value in params.items()}
+    write_shard(ckpt_dir, step, 0, pieces, metadata=file_metadata(config))
     return commit(ckpt_dir, step, 1, config, keep=keep)
 
 
@@ -136,17 +173,19 @@ def _write_manifest(staging, step, num_shards, config):
     if missing:
         raise FailedPreconditionError(f"checkpoint of step {step} in {os.path.dirname(staging)!r} misses shards "
                                       f"{', '.join(f'ps:{i}' for i in missing)} of {num_shards}")
-    pieces = []
+    files, pieces = {}, []
     for shard, path in enumerate(indexes):
-        for entry in _read_json(path)["pieces"]:
-            file = os.path.join(staging, entry["file"])
-            if not os.path.isfile(file) or os.path.getsize(file) != entry["bytes"]:
+        index = _read_json(path)
+        for name, info in index["files"].items():
+            file = os.path.join(staging, name)
+            if not os.path.isfile(file) or os.path.getsize(file) != info["bytes"]:
                 raise DataLossError(f"checkpoint file {file!r} of ps:{shard} is missing or has the wrong size")
-            pieces.append({**entry, "shard": shard})
+            files[name] = {"shard": shard, **info}
+        pieces.extend({**entry, "shard": shard} for entry in index["pieces"])
     pieces.sort(key=lambda p: (p["variable"], p["row_start"]))
     variables = _check_coverage(pieces, step)
     manifest = {"format": FORMAT, "step": step, "num_shards": num_shards, "config": config_json,
-                "variables": variables, "pieces": pieces}
+                "variables": variables, "files": files, "pieces": pieces}
     _write_atomic(os.path.join(staging, MANIFEST), json.dumps(manifest, indent=1).encode())
     for path in indexes:
         os.remove(path)
@@ -221,7 +260,11 @@ class Checkpoint:
         if not os.path.isfile(manifest_path):
             raise NotFoundError(f"{self.path!r} is not a checkpoint: it has no {MANIFEST}")
         self.manifest = _read_json(manifest_path)
+        self._files = {}  # file name -> {tensor name: array}, each file read and checked once
         try:
+            self.format = self.manifest.get("format", checkpoint_npy.FORMAT)
+            if self.format not in FORMATS:
+                raise ValueError(f"format {self.format!r} is none of {', '.join(FORMATS)}")
             self.step = int(self.manifest["step"])
             self.config = self.manifest["config"]
             self.num_shards = int(self.manifest["num_shards"])
@@ -274,27 +317,36 @@ class Checkpoint:
         return self._variables[variable]
 
     def _load_piece(self, piece):
-        """[value, *slots] of one piece file, checked against the manifest's size, checksum, shape and dtype."""
-        path = os.path.join(self.path, piece["file"])
+        """[value, *slots] of one piece, checked against the manifest's shape and dtype."""
+        if self.format == checkpoint_npy.FORMAT:
+            return checkpoint_npy.load_npy_piece(self.path, piece)
+        path = os.path.join(self.path, piece.get("file", "?"))
         try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError as exc:
-            raise DataLossError(f"checkpoint file {path!r} cannot be read: {exc}") from exc
-        if len(data) != piece["bytes"] or zlib.crc32(data) != piece["crc32"]:
-            raise DataLossError(f"checkpoint file {path!r} is truncated or corrupt (size or crc32 mismatch)")
-        stream, dtype, arrays = io.BytesIO(data), as_numpy(piece["dtype"]), []
-        try:
-            for _ in range(1 + len(piece["slots"])):
-                array = np.load(stream, allow_pickle=False)
-                if array.dtype != dtype and array.dtype.kind == "V":  # bfloat16 is saved as raw bytes
-                    array = array.view(dtype)
-                if array.shape != tuple(piece["shape"]) or array.dtype != dtype:
-                    raise ValueError(f"holds {array.dtype} {list(array.shape)}")
-                arrays.append(array)
-        except (ValueError, EOFError, OSError) as exc:
-            raise DataLossError(f"checkpoint file {path!r} is corrupt: {exc}") from exc
+            names = [piece["tensor"]] + [piece["slot_tensors"][slot] for slot in piece["slots"]]
+        except (KeyError, TypeError) as exc:
+            raise DataLossError(f"checkpoint manifest of {self.path!r} names no tensor for a piece of "
+                                f"{piece.get('variable')!r}: {exc!r}") from exc
+        tensors = self._load_file(piece["file"])
+        arrays = []
+        for name in names:
+            array = tensors.get(name)
+            if array is None or array.shape != tuple(piece["shape"]) or name_of(array) != piece["dtype"]:
+                found = "nothing" if array is None else f"{name_of(array)} {list(array.shape)}"
+                raise DataLossError(f"checkpoint file {path!r}: tensor {name!r} holds {found}, the manifest says "
+                                    f"{piece['dtype']} {piece['shape']}")
+            arrays.append(array)
         return arrays
+
+    def _load_file(self, name):
+        """{tensor name: array} of one tensor file, read once and checked against the manifest's size and crc32."""
+        if name not in self._files:
+            path = os.path.join(self.path, name)
+            info = self.manifest["files"].get(name)
+            if info is None:
+                raise DataLossError(f"checkpoint manifest {os.path.join(self.path, MANIFEST)!r} lists no file {name!r}")
+            data = checkpoint_npy.read_checked(path, info["bytes"], info["crc32"])
+            self._files[name] = safetensors_file.decode(data, path)[1]
+        return self._files[name]
 
 
 def _join(parts):
@@ -303,18 +355,6 @@ def _join(parts):
 
 
 # --- files ------------------------------------------------------------------------------
-
-class _Crc32Writer:
-    """A file wrapper that keeps the crc32 and size of what passes through it."""
-
-    def __init__(self, raw):
-        self.raw, self.crc, self.size = raw, 0, 0
-
-    def write(self, data):
-        self.crc = zlib.crc32(data, self.crc)
-        self.size += len(data)
-        return self.raw.write(data)
-
 
 def _piece_info(key, info):
     """(variable, row_start, row_end) from a Piece-like object or a dict."""
@@ -327,14 +367,15 @@ def _piece_info(key, info):
     return variable, int(start), int(end)
 
 
-def _write_atomic(path, data):
+def _write_atomic(path, data, sync_dir=True):
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path) or ".")
+    if sync_dir:
+        _fsync_dir(os.path.dirname(path) or ".")
 
 
 def _fsync_dir(path):

@@ -75,17 +75,23 @@ def test_save_from_two_shards_restore_onto_one_and_three(tmp_path):
     np.testing.assert_array_equal(ckpt.read_rows("emb", 2, 9)[0], values["emb"][2:9])  # across 3 pieces
 
 
-def test_manifest_lists_every_piece_with_a_checksum(tmp_path):
+def test_manifest_lists_every_piece_and_file_with_a_checksum(tmp_path):
     values, slots = model_state()
     path = save(tmp_path, 7, place(VARIABLES, 2, max_shard_bytes=48), values, slots)
     manifest = json.loads(open(os.path.join(path, "manifest.json")).read())
+    assert manifest["format"] == "zmqflow-checkpoint-2"
     emb = [p for p in manifest["pieces"] if p["variable"] == "emb"]
-    assert [(p["row_start"], p["row_end"], p["shard"]) for p in emb] == [(0, 4, 0), (4, 7, 1), (7, 10, 0)]
-    assert all(p["slots"] == ["momentum"] and p["dtype"] == "float32" and isinstance(p["crc32"], int) for p in emb)
+    assert [(p["row_start"], p["row_end"], p["shard"], p["file"]) for p in emb] == [
+        (0, 4, 0, "shard-0.safetensors"), (4, 7, 1, "shard-1.safetensors"), (7, 10, 0, "shard-0.safetensors")]
+    assert [p["tensor"] for p in emb] == ["emb/rows_0_4", "emb/rows_4_7", "emb/rows_7_10"]
+    assert emb[0]["slot_tensors"] == {"momentum": "emb/rows_0_4/slot/momentum"}
+    assert all(p["slots"] == ["momentum"] and p["dtype"] == "float32" for p in emb)
     assert manifest["variables"]["emb"] == {"shape": [10, 3], "dtype": "float32", "slots": ["momentum"]}
-    assert sorted(os.listdir(path)) == sorted(["manifest.json"] + [p["file"] for p in manifest["pieces"]])
-    np.testing.assert_array_equal(np.load(os.path.join(path, emb[0]["file"]), allow_pickle=False),
-                                  values["emb"][:4])  # a piece file opens with plain numpy
+    files = manifest["files"]
+    assert sorted(files) == ["shard-0.safetensors", "shard-1.safetensors"]
+    assert all(isinstance(f["crc32"], int) and f["bytes"] == os.path.getsize(os.path.join(path, name))
+               for name, f in files.items())
+    assert sorted(os.listdir(path)) == sorted(["manifest.json", *files])
 
 
 def test_a_save_that_dies_before_commit_leaves_latest_on_the_previous(tmp_path):
@@ -133,7 +139,7 @@ def test_committing_a_step_twice_keeps_the_first(tmp_path):
 def test_corrupt_file_is_data_loss_naming_it(tmp_path, damage):
     values, slots = model_state()
     path = save(tmp_path, 1, place(VARIABLES, 2), values, slots)
-    name = "hidden%2Fweights.rows-0-6.npy"
+    name = next(p["file"] for p in Checkpoint(path).manifest["pieces"] if p["variable"] == "hidden/weights")
     data = bytearray(open(os.path.join(path, name), "rb").read())
     if damage == "truncate":
         data = data[:len(data) // 2]
@@ -142,7 +148,9 @@ def test_corrupt_file_is_data_loss_naming_it(tmp_path, damage):
     open(os.path.join(path, name), "wb").write(bytes(data))
     with pytest.raises(DataLossError, match=name):
         Checkpoint(path).read("hidden/weights")
-    np.testing.assert_array_equal(Checkpoint(path).read("emb")[0], values["emb"])  # other pieces still read
+    manifest = Checkpoint(path).manifest
+    other = next(p["variable"] for p in manifest["pieces"] if p["shard"] != manifest["files"][name]["shard"])
+    np.testing.assert_array_equal(Checkpoint(path).read(other)[0], values[other])  # the other shard's still read
 
 
 def test_corrupt_manifest_is_data_loss(tmp_path):
