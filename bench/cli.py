@@ -67,13 +67,33 @@ def reader(as_json, epochs, repeats, tabular_rows, tabular_epochs, tabular_train
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON result line.")
 @click.option("--duration", default=3.0, show_default=True, help="Seconds of each phase.")
 @click.option("--rate", default=500, show_default=True, help="Open-loop requests per second.")
-@click.option("--deadline-ms", default=50, show_default=True, help="The aggregator's deadline with a member killed.")
+@click.option("--deadline-ms", default=None, type=click.IntRange(1),
+              help="The aggregator's deadline with a member killed (default 50); with --overload, every request's "
+                   "(default 100).")
 @click.option("--profile-dir", default=None, type=click.Path(file_okay=False),
               help="Write the aggregators' cProfile stats here (ZMQFLOW_PROFILE_DIR).")
-def serve(as_json, duration, rate, deadline_ms, profile_dir):
-    """Serving: one model server direct vs an aggregator over 3 (open loop), and with one member killed."""
-    from zmqflow.bench.serve import run
+@click.option("--overload", is_flag=True,
+              help="Instead: the aggregator's capacity (open-loop ramp), then 2x capacity for --duration seconds and "
+                   "half of it after: goodput / capacity, shed share, p50/p99, recovery time; and the same without "
+                   "shedding.")
+@click.option("--rows", default=8, show_default=True, type=click.IntRange(1),
+              help="--overload: rows per request.")
+@click.option("--hidden", default=1024, show_default=True, type=click.IntRange(1),
+              help="--overload: the members' MLP has two hidden layers this wide (100: the shipped one-layer MLP), so "
+                   "that the model servers, not the load generator on the same cores, set the capacity.")
+@click.option("--concurrency", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Closed-loop clients of the HTTP gateway vs ZeroMQ comparison.")
+def serve(as_json, duration, rate, deadline_ms, profile_dir, overload, rows, hidden, concurrency):
+    """Serving: one model server direct vs an aggregator over 3 (open loop), with one member killed, and the
+    HTTP gateway against the ZeroMQ path at the same closed-loop load (with the http extra); or, with --overload,
+    the aggregator over its capacity."""
+    from zmqflow.bench.serve import run, run_overload
 
-    result = run(seconds=duration, rate=rate, deadline_ms=deadline_ms, profile_dir=profile_dir,
-                 progress=None if as_json else click.echo)
+    progress = None if as_json else click.echo
+    if overload:
+        result = run_overload(seconds=duration, deadline_ms=deadline_ms or 100, rows=rows, hidden=hidden,
+                              progress=progress)
+    else:
+        result = run(seconds=duration, rate=rate, deadline_ms=deadline_ms or 50, profile_dir=profile_dir,
+                     progress=progress, concurrency=concurrency)
     click.echo(json.dumps(result))

@@ -1,0 +1,3 @@
+from zmqflow.services.gateway.cli import main
+
+main()

@@ -1,0 +1,95 @@
+"""`zmqflow gateway` / `zmqflow-gateway`: the Open Inference Protocol over HTTP in front of an aggregator or a model server."""
+
+import logging
+import os
+
+import click
+
+from zmqflow.common.cli_support import curve_option, ops_options, setup_logging, write_ready_file
+
+HTTP_EXTRA_HINT = "the gateway needs the http extra: pip install 'zmqflow[http]' (Starlette, uvicorn, httptools, orjson)"
+
+
+def tcp_address(text):
+    """`host:port` means tcp://host:port; other ZeroMQ endpoints pass as they are."""
+    return text if "://" in text else f"tcp://{text}"
+
+
+@click.command(name="gateway", context_settings={"show_default": True})
+@click.option("--aggregator", default=None, metavar="ENDPOINT",
+              help="The aggregator to front: its ensemble is one model (--name), each member a model of its own.")
+@click.option("--server", default=None, metavar="ENDPOINT", help="A single model server to front instead.")
+@click.option("--bind", default="127.0.0.1:8000", metavar="HOST:PORT",
+              help="HTTP address to listen on; port 0 picks a free one (the ready file and the log name it).")
+@click.option("--name", "ensemble_name", default="ensemble", help="Model name of the aggregator's ensemble.")
+@click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
+              help="Write the gateway's URL to this file once it serves (for scripts and tests).")
+@click.option("--timeout-s", default=10.0, type=click.FloatRange(min=0.001),
+              help="Deadline of an infer request that names none (the aggregator's own --deadline-ms still "
+                   "applies to the ensemble); a request sets its own with the X-Zmqflow-Deadline-Ms header or "
+                   "the `timeout` parameter (microseconds, as Triton's clients send it).")
+@click.option("--max-body-bytes", default=64 * 1024 * 1024, type=click.IntRange(min=1),
+              help="Largest request body; a larger one is answered 413 without being read.")
+@click.option("--body-timeout-s", default=30.0, type=click.FloatRange(min=0.001),
+              help="Time a client has to send a request's body; a slower one is answered 408.")
+@click.option("--header-timeout-s", default=10.0, type=click.FloatRange(min=0.001),
+              help="Time a client has to send a request's headers; a slower connection is closed.")
+@click.option("--keep-alive-s", default=5, type=click.IntRange(min=1),
+              help="How long an idle keep-alive connection stays open.")
+@click.option("--max-connections", default=1000, type=click.IntRange(min=1),
+              help="Connections and requests at once; more are answered 503 at once.")
+@click.option("--refresh-s", default=5.0, type=click.FloatRange(min=0.05),
+              help="How often the models (the aggregator's members and their metadata) are asked for again.")
+@click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+@curve_option()
+@ops_options
+def command(aggregator, server, bind, ensemble_name, ready_file, timeout_s, max_body_bytes, body_timeout_s,
+            header_timeout_s, keep_alive_s, max_connections, refresh_s, log_level):
+    """Serve the Open Inference Protocol (KServe v2 REST: health, model metadata, infer with JSON or binary
+    tensors) over HTTP, forwarding each inference over ZeroMQ to an aggregator or a model server."""
+    if (aggregator is None) == (server is None):
+        raise click.UsageError("give one of --aggregator ENDPOINT or --server ENDPOINT")
+    try:
+        from zmqflow.services.gateway import server as http_server
+        from zmqflow.services.gateway.app import GatewaySettings, build_app
+    except ImportError as exc:
+        click.echo(f"Error: {HTTP_EXTRA_HINT} ({exc})", err=True)
+        raise SystemExit(2) from None
+    from zmqflow.common import health, metrics
+    from zmqflow.common.errors import InvalidArgumentError
+    from zmqflow.services.gateway.discovery import Discovery
+    from zmqflow.services.gateway.request_stats import RequestStats
+    from zmqflow.services.gateway.upstream import Upstreams
+
+    setup_logging(log_level, "gateway")
+    try:
+        sock = http_server.listening_socket(*http_server.parse_bind(bind))
+    except InvalidArgumentError as exc:
+        raise click.BadParameter(str(exc), param_hint="--bind") from None
+    url = http_server.url_of(sock)
+    upstreams = Upstreams()
+    discovery = Discovery(upstreams, aggregator and tcp_address(aggregator), server and tcp_address(server),
+                          ensemble_name, refresh_s)
+
+    stats = RequestStats().export() if metrics.requested() else None
+    metrics.serve_requested()   # --metrics-port: process metrics and the infer requests' (request_stats.py)
+
+    def announce():
+        logging.getLogger("gateway").info("gateway listening on %s (pid %d) for %s; models: %s", url, os.getpid(),
+                                          aggregator or server, ", ".join(discovery.catalog.models) or
+                                          f"none yet ({discovery.error})")
+        health.announce(url)   # the image's HEALTHCHECK asks its /v2/health/ready
+        if ready_file:
+            write_ready_file(ready_file, url)
+
+    settings = GatewaySettings(discovery, upstreams, max_body_bytes, body_timeout_s, timeout_s, stats)
+    app = build_app(settings, http_server.discovery_lifespan(discovery, upstreams, announce))
+    http_server.serve(app, sock, header_timeout_s, keep_alive_s, max_connections)
+
+
+def main():
+    command(auto_envvar_prefix="ZMQFLOW_GATEWAY")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""One topology for every gateway test: model servers m1, m2, m3 (m3 may be paused by a test), an aggregator
+over the three, a gateway in front of it and one in front of m1 alone; all stopped by PID after the package."""
+
+from dataclasses import dataclass
+
+import pytest
+
+from zmqflow.bench.serve import write_random_checkpoint
+from tests.support import Processes
+
+GATEWAY_LIMITS = ["--max-body-bytes", "2000000", "--header-timeout-s", "1", "--body-timeout-s", "1",
+                  "--refresh-s", "0.3"]
+
+
+@dataclass
+class Topology:
+    members: dict      # name -> process of a model server
+    aggregator: object
+    gateway: str       # URL of the gateway over the aggregator
+    single: str        # URL of the gateway over m1 alone
+
+
+@pytest.fixture(scope="package")
+def topology(tmp_path_factory):
+    pytest.importorskip("starlette", reason="the gateway needs the http extra (pip install 'zmqflow[http]')")
+    registry = Processes(str(tmp_path_factory.mktemp("gateway")))
+    try:
+        members = {}
+        for seed, name in enumerate(("m1", "m2", "m3"), start=1):
+            ckpt = str(tmp_path_factory.mktemp(f"ckpt-{name}"))
+            write_random_checkpoint(ckpt, seed)
+            members[name] = registry.service("zmqflow.services.serve", ["--checkpoint", ckpt, "--backend", "numpy",
+                                                                        "--max-delay-ms", "0", "--name", name])
+        aggregator = registry.service("zmqflow.services.aggregator",
+                                      [a for p in members.values() for a in ("--member", p.endpoint)] +
+                                      ["--deadline-ms", "3000"])
+        gateway = registry.service("zmqflow.services.gateway", ["--aggregator", aggregator.endpoint, *GATEWAY_LIMITS],
+                                   bind="127.0.0.1:0")
+        single = registry.service("zmqflow.services.gateway", ["--server", members["m1"].endpoint, *GATEWAY_LIMITS],
+                                  bind="127.0.0.1:0")
+        yield Topology(members, aggregator, gateway.endpoint, single.endpoint)
+    finally:
+        registry.stop_all()
