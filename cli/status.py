@@ -29,12 +29,27 @@ from zmqflow.jobs.status.render import render
 @click.option("--timeout", default=1.0, type=click.FloatRange(min=0.05), help="Seconds each task may take to answer.")
 @click.option("--once", is_flag=True, help="Print one snapshot and exit (exit 1 if a task is down).")
 @click.option("--json", "as_json", is_flag=True, help="Print snapshots as JSON (one object per line).")
-def command(cluster_file, broker, ps, worker, worker_metrics, aggregator, serve, interval, timeout, once, as_json):
+@click.option("--web", is_flag=True, help="Serve the view as a web page instead (tables and training curves, "
+              "refreshed every --interval; needs pip install 'zmqflow[http]').")
+@click.option("--web-host", default="127.0.0.1", help="With --web: the address to listen on (0.0.0.0: every "
+              "interface).")
+@click.option("--web-port", default="8088", metavar="[HOST:]PORT", help="With --web: the port (0: any free port; "
+              "the URL is printed); a HOST here wins over --web-host, as with --metrics-port.")
+@click.option("--history", "history_points", default=600, type=click.IntRange(min=2),
+              help="With --web: snapshots the curves keep (the oldest are dropped).")
+def command(cluster_file, broker, ps, worker, worker_metrics, aggregator, serve, interval, timeout, once, as_json,
+            web, web_host, web_port, history_points):
     """A live view of a running cluster: each task up or down, the broker's queues, ps versions and
     steps/s, the workers ps 0 has heard from, model servers and aggregator members.
 
-    The cluster comes from --cluster, the --broker/--ps/... flags, or TF_CONFIG.
+    The cluster comes from --cluster, the --broker/--ps/... flags, or TF_CONFIG. With --web the
+    same view, plus loss, validation and rate curves, is a web page at http://127.0.0.1:8088.
     """
+    if web and (once or as_json):
+        raise click.UsageError("--web serves a page: it does not go with --once or --json")
+    if web:
+        _check_http_extra()
+        web_host, web_port = _web_address(web_host, web_port)
     shortcuts = {"broker": broker, "ps": ps, "worker": worker, "aggregator": aggregator, "serve": serve}
     try:
         spec = spec_from_options(cluster_file, (), shortcuts)
@@ -47,6 +62,9 @@ def command(cluster_file, broker, ps, worker, worker_metrics, aggregator, serve,
         snap = snapshot(spec, metrics, timeout)
         click.echo(json.dumps(snap) if as_json else render(snap))
         sys.exit(1 if any(t["status"] == "down" for t in snap["tasks"]) else 0)
+    if web:
+        _serve_web(spec, metrics, interval, timeout, web_host, web_port, history_points)
+        return
     previous = None
     try:
         while True:
@@ -61,3 +79,33 @@ def command(cluster_file, broker, ps, worker, worker_metrics, aggregator, serve,
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
     except KeyboardInterrupt:
         pass
+
+
+HTTP_EXTRA_HINT = "--web needs the http extra: pip install 'zmqflow[http]' (Starlette, uvicorn)"
+
+
+def _check_http_extra():
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise click.UsageError(f"{HTTP_EXTRA_HINT}; {exc}") from None
+
+
+def _web_address(host, text):
+    """--web-host and --web-port [HOST:]PORT -> (host, port)."""
+    named, sep, port = text.rpartition(":")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise click.BadParameter(f"expected [HOST:]PORT with PORT in 0..65535, got {text!r}", param_hint="--web-port")
+    return (named.strip("[]") or host) if sep else host, int(port)
+
+
+def _serve_web(spec, metrics, interval, timeout, host, port, history_points):
+    from zmqflow.jobs.status.history import History
+    from zmqflow.jobs.status.poller import Poller
+    from zmqflow.jobs.status.web import serve_web
+    poller = Poller(spec, metrics, interval=interval, timeout=timeout, history=History(history_points))
+    try:
+        serve_web(poller, host, port, on_listening=lambda url: click.echo(f"zmqflow status: web view on {url}/"))
+    except InvalidArgumentError as exc:
+        raise click.UsageError(str(exc)) from None

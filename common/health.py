@@ -3,14 +3,18 @@
 One image runs every service, so its HEALTHCHECK cannot know a port in
 advance. The image sets ZMQFLOW_HEALTH_FILE; a service writes the endpoint it
 bound there once it listens, a task that only dials out (worker, reader)
-writes `client`, and `zmqflow healthcheck` pings what it finds. Without the
+writes `client`, and `zmqflow healthcheck` pings what it finds. The HTTP
+gateway announces its URL; the check then asks its readiness route. Without the
 variable (tests, a checkout, `zmqflow up`) nothing is written.
 """
 
 import os
+import urllib.error
+import urllib.request
 
 ENV = "ZMQFLOW_HEALTH_FILE"
 CLIENT = "client"
+HTTP_READY_PATH = "/v2/health/ready"   # the Open Inference Protocol's readiness route (the gateway's)
 
 
 def announce(endpoint):
@@ -47,3 +51,14 @@ def local_endpoint(endpoint):
     if host in ("0.0.0.0", "*", "[::]", "::"):
         host = "127.0.0.1"
     return f"{scheme}://{host}:{port}"
+
+
+def http_ready(url, timeout):
+    """(ok, detail): ok when a GET of `url` answers 2xx within `timeout` s; detail says what answered or why not."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return True, f"{url}: HTTP {response.status}"
+    except urllib.error.HTTPError as exc:
+        return False, f"{url}: HTTP {exc.code} {exc.read(300).decode('utf-8', 'replace').strip()}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return False, f"{url}: {getattr(exc, 'reason', exc)}"

@@ -7,6 +7,12 @@ lists (one bisect and three adds per request) turned into histograms at scrape t
 Metrics are off unless a task is started with `--metrics-port` (0 = any free port);
 the endpoint is HTTP on 127.0.0.1 unless `--metrics-host` says otherwise.
 
+Names follow Prometheus' conventions (docs/metrics.md): running totals are counters
+(exported as `NAME_total`), durations histograms in seconds, sizes in `_bytes`; no rate is
+computed here, since PromQL's rate() does it from the counters over any window. Every
+zmqflow_* family gets the process's `task` label (`set_task`) in one place, the collector,
+so one query can sum or split any metric by task.
+
     from zmqflow.common import metrics
     metrics.counter_callback("zmqflow_aggregator_member_timeouts", "Requests to a member that timed out.",
                              lambda: {(m,): s["timeouts"] for m, s in members.stats().items()}, ["member"])
@@ -35,6 +41,7 @@ _CODE_NAMES = {getattr(errors, n): n for n in dir(errors) if n.isupper() and isi
 _requested = {"port": None, "host": "127.0.0.1", "port_host": None}  # port_host: HOST of --metrics-port HOST:PORT
 _lock = threading.Lock()
 _server = {}
+_task = {"name": None}
 
 
 # ------------------------------------------------------------ families built at scrape time
@@ -68,6 +75,22 @@ def _bound(bound):
     return f"{bound:.6g}"
 
 
+def set_task(task, service):
+    """The task this process runs ("worker:1", "ps:0"): the `task` label of every zmqflow_* family,
+    and zmqflow_task_info{task, service} = 1, so dashboards can list every task, RPC service or not."""
+    _task["name"] = task
+    gauge("zmqflow_task_info", "1 for the task this process runs.", ("task", "service")).labels(task, service).set(1)
+
+
+def with_task(family):
+    """`family` with the process's `task` label on every sample, unless it names a task itself."""
+    task = _task["name"]
+    if task is None or not family.name.startswith("zmqflow_") or any("task" in s.labels for s in family.samples):
+        return family
+    family.samples = [s._replace(labels={**s.labels, "task": task}) for s in family.samples]
+    return family
+
+
 class _Callbacks:
     """The collector behind every callback: a failing callback loses its own metrics, not the scrape."""
 
@@ -86,7 +109,7 @@ class _Callbacks:
                     log.exception("metrics source %r failed", source)
                     families = []
                     break
-            yield from families
+            yield from (with_task(family) for family in families)
 
 
 _CALLBACKS = _Callbacks()
@@ -110,7 +133,8 @@ def gauge_callback(name, doc, fn, labels=()):
 
 
 def counter_callback(name, doc, fn, labels=()):
-    """A counter read from `fn()` at each scrape (a stats dict's running totals); `_total` is appended."""
+    """A counter read from `fn()` at each scrape (a stats dict's running totals); its samples are
+    NAME_total (a NAME given with `_total` already keeps one)."""
     return register(lambda: [_family("counter", name, doc, labels, fn())])
 
 
@@ -186,8 +210,8 @@ def export_service(service, task):
                            {(service.name,): len(service.parked)}, ("service",))
         if own is not None:
             yield from own()
+    set_task(task, service.name)
     register(source)
-    gauge("zmqflow_task_info", "1 for the task this process runs.", ("task", "service")).labels(task, service.name).set(1)
 
 
 # ------------------------------------------------------------ the HTTP endpoint

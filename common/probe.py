@@ -12,7 +12,7 @@ from zmqflow.common.protocol import AggregatorOps, BrokerOps, Ops, PsOps, ServeO
 from zmqflow.common.rpc_client import RpcClient
 
 DETAIL_OPS = {"queue-broker": BrokerOps.LIST_QUEUES, "ps-shard": PsOps.STATS, "serve": ServeOps.MODEL_INFO,
-              "aggregator": AggregatorOps.MEMBERS}
+              "aggregator": AggregatorOps.STATS}
 """The op that tells what a service holds, by the `service` its info names."""
 
 
@@ -22,7 +22,8 @@ class Probe:
     up: bool
     rtt_s: float = None        # the ping's round trip
     info: dict = None          # the service's `info`: service, pid, uptime_s, metrics, ...
-    detail: dict = None        # with detail=True: the broker's queues, a shard's stats, a server's model, members
+    detail: dict = None        # with detail=True: the broker's queues, a shard's stats, a server's model, an aggregator's
+    #                            stats (its members, counters and latency percentiles)
     error: str = None          # why it is down: the error's class and message
     waited_s: float = None     # how long a failed probe took
 

@@ -31,10 +31,13 @@ def probe_task(job, index, address, timeout):
 
 
 def scrape_worker(index, address, timeout):
-    """A worker's Prometheus endpoint (host:port or URL): up/down and its zmqflow_worker_* values."""
+    """A worker's Prometheus endpoint (host:port or URL): up/down, its zmqflow_worker_* values
+    (steps_total, examples_total, global_step, loss) and the chief's last validation (`validation`:
+    {metric: value}, `validation_global_step`); `examples_per_second` is None until `add_rates` has a
+    previous snapshot to take the counter's difference from."""
     from prometheus_client.parser import text_string_to_metric_families
     url = address if "://" in address else f"http://{address}/metrics"
-    row = {"replica": index, "metrics": url, "status": "down", "error": None}
+    row = {"replica": index, "metrics": url, "status": "down", "error": None, "examples_per_second": None}
     try:
         with urllib.request.urlopen(url, timeout=timeout) as answer:
             text = answer.read().decode()
@@ -47,6 +50,10 @@ def scrape_worker(index, address, timeout):
             for sample in family.samples:
                 if not sample.name.endswith("_created"):
                     row[sample.name[len("zmqflow_worker_"):]] = sample.value
+        elif family.name == "zmqflow_validation_metric":      # the chief's, once it has validated
+            row["validation"] = {s.labels["metric"]: s.value for s in family.samples if "metric" in s.labels}
+        elif family.name == "zmqflow_validation_global_step" and family.samples:
+            row["validation_global_step"] = family.samples[0].value
     return row
 
 
@@ -79,7 +86,8 @@ def snapshot(spec, worker_metrics=(), timeout=1.0):
 
 
 def add_rates(current, previous):
-    """Steps/s of each ps shard between two snapshots (set on the current one's detail)."""
+    """Rates between two snapshots, from counters (the endpoints export no rates): steps/s of each ps
+    shard (set on the current one's detail) and examples/s of each scraped worker."""
     if previous is None:
         return current
     before = {(t["job"], t["task"]): t for t in previous["tasks"]}
@@ -88,4 +96,16 @@ def add_rates(current, previous):
         old = before.get((task["job"], task["task"]))
         if task.get("service") == "ps-shard" and old and old.get("detail") and task.get("detail") and elapsed > 0:
             task["detail"]["steps_per_s"] = round((task["detail"]["version"] - old["detail"]["version"]) / elapsed, 2)
+    scraped = {w["metrics"]: w for w in previous.get("worker_metrics", [])}
+    for worker in current.get("worker_metrics", []):
+        worker["examples_per_second"] = counter_rate(worker, scraped.get(worker["metrics"]), "examples_total", elapsed)
     return current
+
+
+def counter_rate(row, previous_row, key, elapsed):
+    """Per second increase of counter `key` between two rows; None without both values, and a counter
+    that went down (the task restarted) counts from zero, as PromQL's rate() does."""
+    if previous_row is None or elapsed <= 0 or row.get(key) is None or previous_row.get(key) is None:
+        return None
+    increase = row[key] - previous_row[key]
+    return round((row[key] if increase < 0 else increase) / elapsed, 2)

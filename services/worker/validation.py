@@ -128,14 +128,8 @@ class ValidationHook(Hook):
         directory = os.path.join(self.checkpoint_dir, "best")
         checkpoint.save_params(directory, step, params, self._trainer.resolved_config(), keep=1)
 
-    def families(self, task="worker:0"):
-        """Prometheus gauges of the last validation: each metric, and the global step it was taken at."""
-        from zmqflow.common import metrics as prometheus
-        last = self.history[-1] if self.history else {}
-        yield prometheus.gauge_family("zmqflow_validation_metric", "The last validation's metrics, by name.",
-                                      {(task, k): v for k, v in last.items() if k != "step"}, ["task", "metric"])
-        yield prometheus.gauge_family("zmqflow_validation_global_step", "Global step of the last validation.",
-                                      {(task,): last.get("step", 0)}, ["task"])
+    def families(self):
+        return validation_families(self.history)
 
     def summary(self):
         return {"validation": self.history[-1] if self.history else None, "best_validation": self.best,
@@ -150,3 +144,14 @@ def _fitted_spec(data):
     if spec.stats is None:
         fit(spec, load_tables(spec)["train"])
     return spec
+
+
+def validation_families(history):
+    """Prometheus gauges of the last validation in `history`: each metric, and the global step it was
+    taken at (the `task` label comes from common/metrics.py)."""
+    from zmqflow.common import metrics as prometheus
+    last = history[-1] if history else {}
+    yield prometheus.gauge_family("zmqflow_validation_metric", "The last validation's metrics, by name.",
+                                  {(k,): v for k, v in last.items() if k != "step"}, ["metric"])
+    yield prometheus.gauge_family("zmqflow_validation_global_step", "Global step of the last validation.",
+                                  last.get("step", 0))

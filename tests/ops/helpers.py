@@ -14,12 +14,16 @@ def metrics_url(endpoint):
         return client.call("info", timeout=5.0)[0]["metrics"]
 
 
+def scrape_text(url):
+    """The exposition text of one scrape."""
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        return answer.read().decode()
+
+
 def scrape(url):
     """{sample name: {frozenset(labels.items()): value}} of one scrape."""
-    with urllib.request.urlopen(url, timeout=5) as answer:
-        text = answer.read().decode()
     samples = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(scrape_text(url)):
         for s in family.samples:
             samples.setdefault(s.name, {})[frozenset(s.labels.items())] = s.value
     return samples

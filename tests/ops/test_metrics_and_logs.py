@@ -47,6 +47,21 @@ def test_callbacks_are_read_at_scrape_time_and_a_failing_one_is_skipped():
             metrics.unregister(source)
 
 
+def test_every_zmqflow_family_gets_the_task_label_once_and_counters_one_total():
+    families = [metrics.counter_family("zmqflow_test_pulls_total", "Named with _total already.", 3),
+                metrics.gauge_family("zmqflow_test_own", "Names its task itself.", {("other:1",): 2}, ["task"]),
+                metrics.gauge_family("python_test_thing", "Not ours.", 1)]
+    before = metrics._task["name"]
+    try:
+        metrics._task["name"] = "worker:3"
+        labelled = [metrics.with_task(f) for f in families]
+    finally:
+        metrics._task["name"] = before
+    samples = {s.name: s.labels for f in labelled for s in f.samples}
+    assert samples["zmqflow_test_pulls_total"] == {"task": "worker:3"} and "zmqflow_test_pulls_total_total" not in samples
+    assert samples["zmqflow_test_own"] == {"task": "other:1"} and samples["python_test_thing"] == {}
+
+
 def test_json_formatter_one_line_with_exception_text():
     record = None
     try:

@@ -56,14 +56,15 @@ def test_broker_metrics_move_with_traffic(job):
     assert value(after, "process_resident_memory_bytes") > 0
 
 
-def test_training_metrics_tensorboard_status_and_json_logs(job, processes, tmp_path):
+def test_training_metrics_tensorboard_status_and_json_logs(job, module_processes, tmp_path):
     broker, ps = job
     (x, y), _ = mnist_split()
     queue = FIFOQueue(2000, ["float32", "int32"], shapes=[[784], []], names=["image", "label"],
                       shared_name="train", broker=broker.endpoint)
     queue.enqueue_many({"image": x[:300], "label": y[:300]})
     summaries = tmp_path / "tb"
-    worker = processes.process("zmqflow.services.worker", ["--broker", broker.endpoint, "--ps", ps.endpoint,
+    # started by the broker and ps's launcher, so it holds their job's admin token (the chief runs init)
+    worker = module_processes.process("zmqflow.services.worker", ["--broker", broker.endpoint, "--ps", ps.endpoint,
                                                           "--evaluate", "--summary-dir", str(summaries),
                                                           "--summary-every-steps", "1", *OPS], name="chief")
     started = wait_for(lambda: [e for e in json_lines(worker.log()) if e["message"].startswith("metrics on ")],
@@ -76,7 +77,7 @@ def test_training_metrics_tensorboard_status_and_json_logs(job, processes, tmp_p
     ps_samples = scrape(metrics_url(ps.endpoint))
     assert value(ps_samples, "zmqflow_ps_version", shard="0") == 3
     assert value(ps_samples, "zmqflow_ps_pushes_received_total") == 3
-    assert value(ps_samples, "zmqflow_ps_push_staleness_count") == 3
+    assert value(ps_samples, "zmqflow_ps_push_staleness_steps_count") == 3
     assert value(ps_samples, "zmqflow_rpc_requests_total", service="ps-shard", op="push", code="OK") == 3
 
     status = _status(["--broker", broker.endpoint, "--ps", ps.endpoint, "--serve", f"127.0.0.1:{free_port()}",
