@@ -1,8 +1,9 @@
 # One image for every zmqflow service: `zmqflow` is the entrypoint, the command picks the service.
 #   docker build -t zmqflow:latest .
 #   docker run --rm zmqflow:latest broker --bind tcp://0.0.0.0:5555      # or: ps, worker, serve, ...
-# Stage 1 builds the project's wheel; stage 2 installs the locked core dependencies
-# (requirements/core.txt, hashes checked) and that wheel into python:3.11-slim, nothing else:
+# Stage 1 builds the project's wheel; stage 2 installs the locked dependencies with the http extra
+# (requirements/http.txt: core.txt's plus the gateway's, hashes checked) and that wheel into
+# python:3.11-slim, nothing else:
 # no compiler, no source tree, no tests. Bring your own model code and data by mounting them
 # (docker-compose.yml mounts ZMQFLOW_USER_DIR at /user, on PYTHONPATH) or by building FROM this
 # image (deploy/README.md).
@@ -25,12 +26,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     NUMBA_CACHE_DIR=/tmp/numba-cache \
     ZMQFLOW_HEALTH_FILE=/tmp/zmqflow-health
 # The dependencies first, in a layer of their own: a change to the code rebuilds only the wheel's.
-COPY requirements/core.txt /tmp/core.txt
-RUN pip install --require-hashes -r /tmp/core.txt \
-    && rm /tmp/core.txt \
+COPY requirements/http.txt /tmp/requirements.txt
+RUN pip install --require-hashes -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin zmqflow \
-    && mkdir -p /data /user \
-    && chown zmqflow:zmqflow /data
+    && mkdir -p /data /user /keys \
+    && chown zmqflow:zmqflow /data /keys
 COPY --from=build /wheels /wheels
 RUN pip install --no-deps /wheels/*.whl && rm -rf /wheels
 

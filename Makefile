@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-gpu test-torch test-containers test-netns examples bench venv lock clean
+.PHONY: demo test test-fast test-gpu test-torch test-containers test-netns test-browser examples bench venv lock clean
 
 venv: $(STAMP)
 
@@ -18,18 +18,21 @@ $(STAMP): pyproject.toml setup.py requirements/test.txt
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
-# The lock files: core (the Docker image) and test (make test, make demo), for Python 3.10+ on any platform.
+# The lock files: core (pip install zmqflow), http (core plus the http extra at core's versions: the Docker
+# image) and test (make test, make demo), for Python 3.10+ on any platform.
 lock:
 	$(PYTHON) -m venv .lock-venv && .lock-venv/bin/pip install --quiet uv
 	.lock-venv/bin/uv pip compile pyproject.toml --generate-hashes --universal --python-version 3.10 \
 		--no-header -q -o requirements/core.txt
+	.lock-venv/bin/uv pip compile pyproject.toml --extra http -c requirements/core.txt --generate-hashes --universal \
+		--python-version 3.10 --no-header -q -o requirements/http.txt
 	.lock-venv/bin/uv pip compile pyproject.toml --extra test --generate-hashes --universal --python-version 3.10 \
 		--no-header -q -o requirements/test.txt
 	rm -rf .lock-venv
 
-# Tiers by marker (pyproject.toml): unit, service, integration, faults; slow, gpu, torch, containers, netns.
+# Tiers by marker (pyproject.toml): unit, service, integration, faults; slow, gpu, torch, containers, netns, browser.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not containers and not netns and not gpu and not torch"
+	$(BIN)/python -m pytest -q --durations=15 -m "not containers and not netns and not gpu and not torch and not browser"
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "(unit or service) and not slow"
@@ -52,6 +55,13 @@ test-containers: $(STAMP)
 # Training and serving across Linux network namespaces (root); skips (with the reason) otherwise.
 test-netns: $(STAMP)
 	$(BIN)/python -m pytest -q -rs -m netns
+
+# `zmqflow status --web` in a real headless browser: Debian's chromium and chromium-driver (apt-get, as root)
+# and Selenium into .venv (not in the lock, like PyTorch) when absent; skips (with the reason) without them.
+test-browser: $(STAMP)
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || (apt-get update -q && apt-get install -y chromium chromium-driver)
+	$(BIN)/python -c "import selenium" 2>/dev/null || $(BIN)/pip install --quiet selenium
+	$(BIN)/python -m pytest -q -rs -s -m browser
 
 # Every script in examples/, each printing its final metric; stops at the first that fails.
 examples: $(STAMP)

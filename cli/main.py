@@ -20,6 +20,7 @@ COMMANDS = {
     "ensemble": "zmqflow.cli.ensemble:command",
     "evaluate": "zmqflow.cli.evaluate:command",
     "predict": "zmqflow.cli.predict:command",
+    "export": "zmqflow.cli.export:command",
     "loadtest": "zmqflow.loadtest.aggregator:command",
     "ping": "zmqflow.cli.ops:ping",
     "healthcheck": "zmqflow.cli.ops:healthcheck",
@@ -30,12 +31,15 @@ COMMANDS = {
     "devices": "zmqflow.cli.devices:devices",
     "serve": "zmqflow.services.serve.cli:command",
     "aggregator": "zmqflow.services.aggregator.cli:command",
+    "gateway": "zmqflow.services.gateway.cli:command",
     "up": "zmqflow.cli.up:command",
     "cluster": "zmqflow.cli.cluster:cluster",
     "keys": "zmqflow.cli.keys:keys",
+    "shutdown": "zmqflow.cli.ops:shutdown",
     "k8s": "zmqflow.cli.k8s:k8s",
     "status": "zmqflow.cli.status:command",
     "data": "zmqflow.cli.data:data",
+    "checkpoint": "zmqflow.cli.checkpoint:checkpoint",
     "demo": "zmqflow.cli.demo:demo",
 }
 """Subcommand name -> "module:attribute" of its click command."""

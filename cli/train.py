@@ -29,6 +29,9 @@ from zmqflow.models.spec import resolve_model, with_options
               help="readers: a reader process reads record files every epoch; preloaded: fed from this "
                  "process's memory; ps: held once on ps 0 and sliced by the workers (the seeds' preloading).")
 @click.option("--bf16", is_flag=True, help="bfloat16 pulls and pushes.")
+@click.option("--at-least-once", is_flag=True, help="Workers dequeue batches and readers file names with leases, "
+              "acked once the gradients are on the ps (the file in the queue): a task that dies gives its input "
+              "back instead of losing it (not with --input ps; docs/queues.md).")
 @click.option("--checkpoint-dir", default=None, type=click.Path(file_okay=False))
 @click.option("--checkpoint-every-steps", default=None, type=int)
 @click.option("--model", "model_spec", default=None, metavar="MODEL",
@@ -58,7 +61,8 @@ from zmqflow.models.spec import resolve_model, with_options
               help="Write the job's summary here as JSON: final metrics, steps, examples/s, wall time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learning_rate, optimizer_kind, backend,
-            shuffle_queue, input_kind, bf16, checkpoint_dir, checkpoint_every_steps, model_spec, model_opts, data_spec,
+            shuffle_queue, input_kind, bf16, at_least_once, checkpoint_dir, checkpoint_every_steps, model_spec,
+            model_opts, data_spec,
             validate_every_steps, validate_every_secs, early_stop_patience, early_stop_metric, summary_out, as_json):
     """Train a model (default: the MNIST MLP) on the shipped MNIST sample, or on your data with --data,
     with a broker, NUM_PS ps shards and NUM_WORKERS workers on this machine. If any task of the job
@@ -100,7 +104,7 @@ def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learn
                                checkpoint_every_steps=checkpoint_every_steps, bf16=bf16, input=input_kind,
                                model=model, data=data, validate_every_steps=validate_every_steps,
                                early_stop_patience=early_stop_patience, validate_every_secs=validate_every_secs,
-                               early_stop_metric=early_stop_metric)
+                               early_stop_metric=early_stop_metric, at_least_once=at_least_once)
     except OpError as exc:
         raise click.ClickException(str(exc)) from None
     if summary_out:

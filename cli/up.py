@@ -9,7 +9,7 @@ import click
 
 from zmqflow.common.cli_support import launcher_curve_option
 from zmqflow.jobs.up.compose import ComposeError, load, resolved_config
-from zmqflow.jobs.up.localize import Localizer
+from zmqflow.jobs.up.localize import Localizer, share_cores
 from zmqflow.jobs.up.logs import Prefixer
 from zmqflow.jobs.up.runner import Runner
 from zmqflow.jobs.up.topology import check_local_ports, find_chief, select, waits_for_completion
@@ -74,7 +74,7 @@ def command(service_names, compose_file, service_list, profiles, env_file, no_de
             return
         check_local_ports(project, chosen)
         localizer = Localizer(project.services, port_offset, workdir or tempfile.mkdtemp(prefix="zmqflow-up-"))
-        services = [localizer.localize(project.services[name]) for name in chosen]
+        services = share_cores([localizer.localize(project.services[name]) for name in chosen])
     except (ComposeError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     if exit_code_from and exit_code_from not in chosen:

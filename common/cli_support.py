@@ -6,7 +6,7 @@ import os
 
 import click
 
-from zmqflow.common import curve
+from zmqflow.common import admin_token, curve
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.limits import DEFAULT_LIMITS
 from zmqflow.common.memory import keep_freed_memory
@@ -29,6 +29,11 @@ def service_options(default_bind):
                          help="Largest request accepted; bigger ones are answered INVALID_ARGUMENT."),
             curve_option("Encrypt with ZeroMQ CURVE and accept only the clients in DIR/authorized/ "
                          "(keys from `zmqflow keys generate DIR`)", serves=True),
+            admin_token_option("Without CURVE, the service's admin ops (shutdown; a ps's init and restore, a "
+                               "broker's reset) need this token: read it from FILE. Else it comes from "
+                               f"{admin_token.ENV}, or the service makes one and writes it, readable by this user "
+                               f"only, to the runtime directory (${admin_token.RUNTIME_ENV}, $XDG_RUNTIME_DIR/zmqflow "
+                               "or ~/.zmqflow/runtime) as admin-token-tcp-PORT, where clients on this machine find it"),
         ]
         for option in reversed(options):
             fn = option(fn)
@@ -52,6 +57,22 @@ def curve_option(what="Connect over ZeroMQ CURVE with the client keys in DIR (fr
     return click.option("--curve-dir", envvar=curve.ENV, expose_value=False, callback=use_curve_dir,
                         type=click.Path(file_okay=False), default=None,
                         help=f"{what}. Also read from {curve.ENV}.")
+
+
+def admin_token_option(what="Send this file's admin token with admin ops (shutdown, init, restore, reset) when "
+                             "CURVE is off. Default: $" + admin_token.ENV + ", else the token file the service "
+                             "wrote on this machine"):
+    """--admin-token-file: checked, then put in the environment, where the Service or RpcClient finds it."""
+    def use_token_file(ctx, param, value):
+        if value:
+            try:
+                admin_token.read_token_file(value)
+            except InvalidArgumentError as exc:
+                raise click.BadParameter(str(exc)) from None
+            os.environ[admin_token.FILE_ENV] = os.path.abspath(value)
+    return click.option("--admin-token-file", envvar=admin_token.FILE_ENV, expose_value=False,
+                        callback=use_token_file, type=click.Path(dir_okay=False), default=None,
+                        help=f"{what}. Also read from {admin_token.FILE_ENV}.")
 
 
 def launcher_curve_option():
@@ -81,7 +102,7 @@ def ops_options(fn):
                      callback=use_metrics_port, envvar=METRICS_PORT_ENV,
                      help="Serve Prometheus metrics over HTTP on this port (0 = any free port, shown in the log "
                           "and in `info`); HOST:PORT also picks the interface (0.0.0.0:9100 in a container). "
-                          "Also read from " + METRICS_PORT_ENV + ". Default: off."),
+                          "Also read from " + METRICS_PORT_ENV + ". Default: off. The metrics: docs/metrics.md."),
         click.option("--metrics-host", default=None, expose_value=False,
                      callback=lambda ctx, param, value: metrics.request(host=value),
                      help="Interface of the metrics endpoint when --metrics-port names none.  [default: 127.0.0.1]"),

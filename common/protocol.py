@@ -37,6 +37,13 @@ class BrokerOps:
     CLOSE = "close"
     QUEUE_OPS = (ENQUEUE, ENQUEUE_MANY, DEQUEUE, DEQUEUE_MANY, DEQUEUE_UP_TO, CLOSE)
     """The ops on one queue (a handle), served by the queue's own semantics."""
+    ACK = "ack"
+    NACK = "nack"
+    EXTEND = "extend"
+    LEASE_OPS = (ACK, NACK, EXTEND)
+    """Settle or renew a lease a leased dequeue answered (services/broker/queues/leases.py)."""
+    ADMIN = frozenset({RESET, SHUTDOWN})
+    """Need a credential (CURVE, or the admin token without it): they destroy queues or stop the broker."""
 
 
 class PsOps:
@@ -56,6 +63,8 @@ class PsOps:
     PRELOAD = "preload"
     TAKE_ROWS = "take_rows"
     SHUTDOWN = "shutdown"
+    ADMIN = frozenset({INIT, RESTORE, SHUTDOWN})
+    """Need a credential (CURVE, or the admin token without it): they overwrite the variables or stop the shard."""
 
 
 class ServeOps:
@@ -73,6 +82,12 @@ class AggregatorOps:
     REMOVE_MEMBER = "remove_member"
     MEMBERS = "members"
     STATS = "stats"
+    ADMIN = frozenset({ADD_MEMBER, REMOVE_MEMBER})
+    """Need a credential (CURVE, or the admin token without it): they change which models answer."""
+
+
+ADMIN_OPS = BrokerOps.ADMIN | PsOps.ADMIN | AggregatorOps.ADMIN
+"""Every admin op name: a client sends its admin token with these only (common/rpc_client.py)."""
 
 
 def ops_of(namespace):

@@ -6,17 +6,23 @@ others are stopped in order (the last started first) and the job says which task
 ensembles, the demo and the tests own their children through one of these, so nothing
 a job started outlives it: leaving the `with` block, also by an exception or Ctrl-C,
 stops every child still running.
+
+One job, one admin token (common/admin_token.py): every child gets it in ZMQFLOW_ADMIN_TOKEN, so
+the chief may init, restore and shut down the job's services while no other local process may
+(without CURVE); this process's clients of the services it started use it too.
 """
 
 import sys
 import time
 
+from zmqflow.common import admin_token
 from zmqflow.common.processes import spawn, start_process, start_service
 
 
 class Supervisor:
-    def __init__(self, log_dir=None, stop_timeout=5.0):
+    def __init__(self, log_dir=None, stop_timeout=5.0, admin_token_value=None):
         self.log_dir, self.stop_timeout = log_dir, stop_timeout
+        self.admin_token = admin_token_value or admin_token.for_job()   # the job's, given to every child
         self.children = []          # in start order
         self.codes = {}             # child -> exit code, once seen (a restarted task is a new child)
 
@@ -30,15 +36,20 @@ class Supervisor:
     def start_service(self, module, args=(), **options):
         """A service that binds a port; returns once it serves (common/processes.py's start_service)."""
         options.setdefault("log_dir", self.log_dir)
-        return self.adopt(start_service(module, args, **options))
+        options["env"] = {**(options.get("env") or {}), admin_token.ENV: self.admin_token}
+        child = self.adopt(start_service(module, args, **options))
+        admin_token.remember(child.endpoint, self.admin_token)
+        return child
 
     def start_process(self, module, args=(), **options):
         """`python -m module args...` with its output in a log file."""
         options.setdefault("log_dir", self.log_dir)
+        options["env"] = {**(options.get("env") or {}), admin_token.ENV: self.admin_token}
         return self.adopt(start_process(module, args, **options))
 
     def start(self, name, argv, env=None, cwd=None, stdout=None, log_path=None):
         """Any command; OSError when it cannot be started (no such program)."""
+        env = admin_token.child_env(self.admin_token, env)
         return self.adopt(spawn(argv, name, log_path=log_path, env=env, cwd=cwd, stdout=stdout))
 
     def python(self, name, module, args=(), **options):
@@ -96,6 +107,8 @@ class Supervisor:
         for child in self.children:
             if child.returncode is not None:
                 self.codes.setdefault(child, child.returncode)
+            if child.endpoint:   # its port may serve another service, with another token, next
+                admin_token.forget(child.endpoint, self.admin_token)
         return dict(self.codes)
 
     def __enter__(self):

@@ -1,6 +1,7 @@
 """The wire format: one ZeroMQ multipart message = msgpack header + one raw frame per tensor.
 
 Request header: {"v": 1, "op": str, "id": int, "deadline_ms": int|None, "args": {...}, "tensors": [[dtype, shape], ...]}
+                (+ "token": str on admin ops when CURVE is off: common/admin_token.py)
 Reply header:   {"v": 1, "id": int, "code": int, "error": str|None, "result": {...}, "tensors": [[dtype, shape], ...]}
 
 A numeric tensor frame holds the array's C-contiguous bytes. A `string` tensor
@@ -136,15 +137,20 @@ def unpack(frame, limits=DEFAULT_LIMITS):
     return header
 
 
-def request_frames(op, rid, args, tensors=(), deadline_ms=None):
+def request_frames(op, rid, args, tensors=(), deadline_ms=None, token=None):
+    """`token`: the admin token, sent (as header field "token") with admin ops only (common/admin_token.py)."""
     specs, frames = encode_tensors(tensors)
     header = {"v": VERSION, "op": op, "id": rid, "deadline_ms": deadline_ms, "args": args or {}, "tensors": specs}
+    if token is not None:
+        header["token"] = token
     return [pack(header)] + frames
 
 
-def reply_frames(rid, code=0, error=None, result=None, tensors=()):
+def reply_frames(rid, code=0, error=None, result=None, tensors=(), details=None):
     specs, frames = encode_tensors(tensors)
     header = {"v": VERSION, "id": rid, "code": code, "error": error, "result": result or {}, "tensors": specs}
+    if details:  # an error's hints (retry_after_ms); absent otherwise, so older peers read the same header
+        header["details"] = details
     return [pack(header)] + frames
 
 

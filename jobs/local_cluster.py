@@ -69,7 +69,8 @@ class LocalCluster:
                  backend="numba", replicas_to_aggregate=None, spare_replicas=0, shuffle_queue=None,
                  checkpoint_dir=None, checkpoint_every_steps=None, bf16=False, log_dir=None, seed=0, model=None,
                  input="readers", threads_per_worker=None, data=None, validate_every_steps=100,
-                 early_stop_patience=None, summary_every_steps=10, validate_every_secs=None, early_stop_metric=None):
+                 early_stop_patience=None, summary_every_steps=10, validate_every_secs=None, early_stop_metric=None,
+                 at_least_once=False):
         self.num_ps, self.num_workers, self.mode, self.epochs = num_ps, num_workers, mode, epochs
         self.batch_size, self.backend, self.bf16, self.seed = batch_size, backend, bf16, seed
         self.optimizer = optimizer or dict(DEFAULT_OPTIMIZER)
@@ -83,6 +84,10 @@ class LocalCluster:
         if input not in INPUTS:
             raise InvalidArgumentError(f"input must be one of {', '.join(INPUTS)}, got {input!r}")
         self.input = input
+        if at_least_once and input == "ps":
+            raise InvalidArgumentError("at-least-once input leases batches of the broker's queue; input 'ps' is "
+                                       "sliced by row on ps 0 (nothing to lease): use input 'readers' or 'preloaded'")
+        self.at_least_once = at_least_once   # workers and readers take their input with leases
         self.threads_per_worker = threads_per_worker   # default: the machine's cores shared out
         self.data = data      # a DataSpec (inputs/data_spec.py): its train split fed, its test split scored
         self.validate_every_steps = validate_every_steps   # with a validation split: the chief scores it
@@ -212,7 +217,7 @@ class LocalCluster:
             self.broker.endpoint, processes=processes, log_dir=self.log_dir, env=compute_thread_env(1),
             stats_dir=self.log_dir, data_config=self.data_config, split="train", queue="train", queue_kind="shuffle",
             capacity=20_000, min_after_dequeue=min_after_dequeue, num_epochs=self.epochs, shuffle_files=True,
-            seed=self.seed, progress_every=0)
+            seed=self.seed, progress_every=0, at_least_once=self.at_least_once)
         for reader in readers:
             self.supervisor.adopt(reader)
 
@@ -236,7 +241,7 @@ class LocalCluster:
             stats_dir=self.log_dir, files=[os.path.join(shards, "*.bin")], preset="mnist-shards", queue="train",
             queue_kind="shuffle" if self.shuffle_queue else "fifo", capacity=20_000, num_epochs=self.epochs,
             shuffle_files=True, seed=self.seed, progress_every=0,
-            min_after_dequeue=2_000 if self.shuffle_queue else None)
+            min_after_dequeue=2_000 if self.shuffle_queue else None, at_least_once=self.at_least_once)
         for reader in readers:
             self.supervisor.adopt(reader)
 
@@ -266,6 +271,8 @@ class LocalCluster:
         args += ["--summaries", self.summaries_files[index], "--summary-every-steps", str(self.summary_every_steps)]
         if self.bf16:
             args.append("--bf16")
+        if self.at_least_once:
+            args.append("--at-least-once")
         if self.input == "ps":
             args += ["--preloaded", "train", "--epochs", str(self.epochs)]
         if index == 0:
@@ -312,6 +319,8 @@ class LocalCluster:
                 "training_seconds": round(training_seconds, 3), "wall_seconds": round(elapsed, 2),
                 "worker_exit_codes": codes, "num_ps": self.num_ps, "num_workers": self.num_workers,
                 "mode": self.mode, "optimizer": self.optimizer, "log_dir": self.log_dir}
+        if self.at_least_once:   # rows acked once trained: a worker that died mid-job left none unacked
+            summary["input_acked"] = sum(r.get("leased_acked", 0) for r in done)
         if self.data is not None:
             summary.update({k: results[0][k] for k in ("validation", "best_validation", "validation_metric",
                                                        "stopped_early_at") if k in results[0]})

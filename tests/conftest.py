@@ -1,9 +1,19 @@
 """Shared fixtures (processes stopped by PID, a broker per module) and the one-tier-per-test rule."""
 
+import atexit
+import os
+import shutil
+import tempfile
+
 import pytest
 
 from tests.support import Processes
 from tests.support.tiers import assign_tiers
+
+
+# the admin-token files services write when no token is given: in a directory of this run, not the user's
+os.environ["ZMQFLOW_RUNTIME_DIR"] = _RUNTIME_DIR = tempfile.mkdtemp(prefix="zmqflow-test-runtime-")
+atexit.register(shutil.rmtree, _RUNTIME_DIR, True)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -51,6 +51,9 @@ def test_the_wheel_has_one_top_level_name_and_the_data(wheel):
     assert {n.split("/")[0] for n in names} == {"zmqflow", wheel.name.split("-py3")[0] + ".dist-info"}
     assert {n.rsplit("/", 1)[1] for n in names if n.startswith("zmqflow/data/")} >= SHIPPED_DATA
     assert not [n for n in names if n.startswith("zmqflow/tests/")]
+    # the web view's page and its charting library, served from the package (`zmqflow status --web`, offline)
+    assert {n.rsplit("/", 1)[1] for n in names if n.startswith("zmqflow/jobs/status/static/")} >= {
+        "index.html", "app.js", "style.css", "uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE"}
 
 
 def test_installed_package_runs_outside_the_checkout(installed, tmp_path):

@@ -8,6 +8,7 @@ import json
 import os
 
 from zmqflow.common.errors import NotFoundError
+from zmqflow.common.processes import compute_thread_env
 from zmqflow.common.supervisor import Supervisor
 
 
@@ -53,12 +54,13 @@ class Ensemble:
 
     def start(self):
         deadline_ms, min_members, combine, serve_args, aggregator_args = self.options
+        share = compute_thread_env(max(1, (os.cpu_count() or 1) // max(1, len(self.runs))))  # servers side by side
         try:
             for run in self.runs:
                 self.members.append(self.supervisor.start_service(
                     "zmqflow.services.serve", ["--checkpoint", run["checkpoint"], "--name", run["run_id"],
                                                *(["--model", run["model_file"]] if run.get("model_file") else []),
-                                               *serve_args], name=run["run_id"]))
+                                               *serve_args], name=run["run_id"], env=share))
             member_args = [arg for m in self.members for arg in ("--member", m.endpoint)]
             self.aggregator = self.supervisor.start_service(
                 "zmqflow.services.aggregator", [*member_args, "--deadline-ms", str(deadline_ms), "--min-members",

@@ -21,6 +21,7 @@ from zmqflow.common import queues
 from zmqflow.common.errors import DeadlineExceededError
 from zmqflow.inputs.metrics import PRIMARY, metrics
 from zmqflow.models.registry import load_model
+from zmqflow.common import admin_token
 from zmqflow.common.processes import compute_thread_env, start_service
 from zmqflow.common.supervisor import Supervisor
 from zmqflow.common.rpc_client import default_pool
@@ -68,6 +69,7 @@ class SweepRunner:
         self.threads = max(1, (os.cpu_count() or 1) // self.parallel)
         self._stop = threading.Event()
         self.broker = None
+        self.admin_token = admin_token.for_job()   # one for the sweep: its broker and every run's tasks
 
     def run(self, points, on_done=None):
         """Train every point; returns the entries in run order. `on_done(entry)` after each run."""
@@ -82,7 +84,8 @@ class SweepRunner:
             self.data_config = os.path.join(self.out_dir, "data-config.json")
             with open(self.data_config, "w") as f:
                 json.dump(to_config(self.data), f)
-        self.broker = start_service("zmqflow.services.broker", log_dir=log_dir)
+        self.broker = start_service("zmqflow.services.broker", log_dir=log_dir, env={admin_token.ENV: self.admin_token})
+        admin_token.remember(self.broker.endpoint, self.admin_token)
         entries = [None] * len(points)
         try:
             with ThreadPoolExecutor(self.parallel, thread_name_prefix="sweep") as pool:
@@ -130,7 +133,7 @@ class SweepRunner:
             json.dump(entry["model"], f, indent=1)
         result_file, curve_file = os.path.join(run_dir, "result.json"), os.path.join(run_dir, "curve.jsonl")
         point, stop = entry["hyperparameters"], threading.Event()
-        supervisor = Supervisor(log_dir=log_dir)   # this run's ps and worker
+        supervisor = Supervisor(log_dir=log_dir, admin_token_value=self.admin_token)   # this run's ps and worker
         try:
             ps = supervisor.start_service("zmqflow.services.ps", ["--task-index", "0", "--num-ps", "1", "--mode", "async",
                                                "--model", json.dumps(entry["model"]),

@@ -12,7 +12,10 @@ import re
 import sys
 from dataclasses import dataclass, field
 
+from zmqflow.common.processes import compute_thread_env
+
 LOCAL_HOSTS = ("0.0.0.0", "*", "localhost", "127.0.0.1")
+COMPUTE_COMMANDS = ("worker", "serve")   # the zmqflow commands that run BLAS/numba kernels
 
 
 @dataclass
@@ -71,3 +74,20 @@ def child_environment(service_env):
     env["PYTHONUNBUFFERED"] = "1"
     env.update(service_env)
     return env
+
+
+def share_cores(services, cores=None):
+    """Cap the BLAS/numba threads of each compute service (workers, model servers) to its share of this
+    machine's cores, unless the service sets them itself.
+
+    In containers each service has its own cores; run here side by side, three model servers and two
+    workers with a BLAS pool each as wide as the machine spin against each other (a 64-row predict took
+    130 ms instead of 3 ms with 3 servers on 2 cores)."""
+    compute = [s for s in services if len(s.argv) > 1 and s.argv[1] in COMPUTE_COMMANDS]
+    if not compute:
+        return services
+    share = compute_thread_env(max(1, (cores or os.cpu_count() or 1) // len(compute)))
+    for service in compute:
+        if not share.keys() & service.env.keys():
+            service.env.update(share)
+    return services

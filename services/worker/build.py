@@ -51,6 +51,9 @@ def ps_client(config, spec):
 
 def training_input(config, ps):
     """Where mini-batches come from: a data set preloaded on ps 0, or the broker's instance queue."""
+    if config.preloaded and config.at_least_once:
+        raise UsageError("--at-least-once leases batches of a broker queue; --preloaded input is sliced by row on "
+                         "the ps (nothing to lease): drop one of them")
     if config.preloaded:
         from zmqflow.services.worker.preloaded_input import PreloadedInput
         return PreloadedInput(ps, config.preloaded, ps.preloaded_rows(config.preloaded), config.epochs,
@@ -158,6 +161,7 @@ def run(config):
                       checkpoint_dir=config.checkpoint_dir,
                       examples_per_epoch=config.examples_per_epoch or recorded(config).get("train_rows"),
                       dequeue_timeout=config.dequeue_timeout, container=config.container,
+                      at_least_once=config.at_least_once, lease_s=config.lease,
                       config={"model": spec, "backend": config.backend, **data_config(config)})
     try:
         summary = trainer.run()

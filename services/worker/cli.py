@@ -29,6 +29,13 @@ from zmqflow.services.worker.config import UsageError, WorkerConfig
 @click.option("--batch-size", default=100)
 @click.option("--dequeue-timeout", default=600.0, help="Seconds to wait for a mini-batch before giving up "
               "(the error names the queue).")
+@click.option("--at-least-once", is_flag=True, help="Dequeue each batch with a lease and ack it only once the "
+              "step's gradients were acknowledged by the ps: a worker that dies mid-step gives its batches back to "
+              "the queue for the others (at least once, never lost; a little slower). Broker queues only: not with "
+              "--preloaded. See docs/queues.md.")
+@click.option("--lease", default=None, type=click.FloatRange(0, 3600, min_open=True),
+              help="With --at-least-once: seconds a batch is leased for, extended while held. Default: 30 s, or "
+                   "20 times the slowest step when longer.")
 @click.option("--mode", default="async", type=click.Choice(["async", "sync"]), help="Must match the ps shards.")
 @click.option("--bf16", is_flag=True, help="Send pulls and pushes as bfloat16.")
 @click.option("--max-steps", default=None, type=int, help="Stop at this global step (StopAtStepHook).")
@@ -95,7 +102,7 @@ from zmqflow.services.worker.config import UsageError, WorkerConfig
               help="With --serve, or as a later pipeline stage: write the bound endpoint here once listening.")
 @ops_options
 def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task_index, num_workers, model_spec, placement_strategy,
-            max_shard_bytes, backend, batch_size, dequeue_timeout, mode, bf16, max_steps, log_every, checkpoint_dir,
+            max_shard_bytes, backend, batch_size, dequeue_timeout, at_least_once, lease, mode, bf16, max_steps, log_every, checkpoint_dir,
             checkpoint_every_steps, checkpoint_every_secs, keep_checkpoints, summaries, user_hooks, evaluate,
             shutdown_ps, shutdown_broker, result_file, validate_every_steps, validate_every_secs, early_stop_metric,
             early_stop_patience, data_config,

@@ -29,6 +29,8 @@ class WorkerConfig:
     backend: str = "numba"
     batch_size: int = 100
     dequeue_timeout: float = 600.0
+    at_least_once: bool = False     # leased dequeues, acked once the step's gradients are on the ps
+    lease: float = None             # seconds a batch is leased for (default: from the step time)
     mode: str = "async"
     bf16: bool = False
     max_steps: int = None

@@ -27,14 +27,18 @@ def image(docker):
 
 
 @pytest.fixture(scope="module")
-def stack(image):
+def stack(image, tmp_path_factory):
     """docker-compose.yml brought up cold (1 epoch) under a project of its own; taken down with -v
-    whatever happens. `stack.cold_start_s`: from `up -d` to the aggregator healthy."""
-    port = free_port()
+    whatever happens. `stack.cold_start_s`: from `up -d` to the aggregator healthy; `stack.gateway_port` and
+    `stack.dashboard_port`: the gateway's and the web view's HTTP ports on the host's loopback. `stack.client_env`:
+    the environment of a client on the host (the deployment's CURVE keys, copied out of a container)."""
+    port, gateway_port, dashboard_port = free_port(), free_port(), free_port()
     project = ComposeProject(f"zmqflowtest{os.getpid()}", {"ZMQFLOW_IMAGE": image, "EPOCHS": "1",
                                                           "ZMQFLOW_AGGREGATOR_PORT": str(port),
+                                                          "ZMQFLOW_GATEWAY_PORT": str(gateway_port),
+                                                          "ZMQFLOW_DASHBOARD_PORT": str(dashboard_port),
                                                           "LOADTEST_DURATION": "5"})
-    project.port = port
+    project.port, project.gateway_port, project.dashboard_port = port, gateway_port, dashboard_port
     project.down()
     started = time.monotonic()
     try:
@@ -42,6 +46,9 @@ def stack(image):
         project.wait_healthy("aggregator", 300)
         project.cold_start_s = time.monotonic() - started
         print(f"\ncold start to serving (up -d until the aggregator is healthy): {project.cold_start_s:.1f} s")
+        keys = str(tmp_path_factory.mktemp("compose") / "keys")
+        run(["docker", "cp", f"{project.container('aggregator')['Id']}:/keys", keys])
+        project.client_env = {**os.environ, "ZMQFLOW_CURVE_DIR": keys}
         yield project
     finally:
         project.down()

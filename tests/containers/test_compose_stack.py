@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.containers, pytest.mark.timeo
 
 ZMQFLOW = os.path.join(os.path.dirname(sys.executable), "zmqflow")
 TRAINING = ("data", "broker", "ps0", "ps1", "reader", "worker0", "worker1")
-SERVING = ("serve0", "serve1", "serve2", "aggregator")
+SERVING = ("serve0", "serve1", "serve2", "aggregator", "gateway")
 
 
 def loadtest(stack, tmp_path, *extra, duration=5):
@@ -36,15 +36,21 @@ def test_training_runs_to_completion_and_every_training_service_exits_0(stack):
 
 
 def test_serving_is_healthy_on_the_final_checkpoint(stack):
+    started = time.monotonic()
+    stack.wait_healthy("gateway", 120)
+    print(f"\ngateway healthy {time.monotonic() - started:.1f} s after the aggregator")
     for service in SERVING:
         assert stack.container(service)["State"]["Health"]["Status"] == "healthy", service
-    info = json.loads(run([ZMQFLOW, "ping", "--json", f"tcp://127.0.0.1:{stack.port}"]).stdout)
-    assert info["service"] == "aggregator"
+    info = json.loads(run([ZMQFLOW, "ping", "--json", f"tcp://127.0.0.1:{stack.port}"], env=stack.client_env).stdout)
+    assert info["service"] == "aggregator" and info["curve"] is True      # CURVE by default (the keys service)
+    refused = run([ZMQFLOW, "ping", "--timeout", "2", f"tcp://127.0.0.1:{stack.port}"], check=False,
+                  env={k: v for k, v in stack.client_env.items() if k != "ZMQFLOW_CURVE_DIR"})
+    assert refused.returncode == 1, refused.stdout                       # a client without the keys: no answer
 
 
 def test_load_through_the_published_port_has_no_failures(stack, tmp_path):
     argv, report = loadtest(stack, tmp_path, "--max-failures", "0")
-    done = run(argv, timeout=120)
+    done = run(argv, timeout=120, env=stack.client_env)
     overall = json.loads(report.read_text())["overall"]
     print(f"\nload through 127.0.0.1:{stack.port}: {overall}")
     assert overall["failed"] == 0 and overall["requests"] >= 400, done.stdout
@@ -58,10 +64,84 @@ def test_load_test_profile_answers_without_failures(stack):
         assert stack.container(service)["State"]["Status"] == "exited", service
 
 
+def test_curl_and_tritonclient_get_predictions_through_the_gateway(stack):
+    """The shipped topology's gateway on the host's loopback: `curl` (JSON tensors) and tritonclient.http
+    (binary tensors) get predictions from the ensemble and from single members (model, model-2, model-3: the
+    three servers share the name `model`)."""
+    import numpy as np
+    import tritonclient.http as httpclient
+    address = f"127.0.0.1:{stack.gateway_port}"
+    x = np.random.default_rng(0).random((2, 784), dtype=np.float32)
+    body = json.dumps({"inputs": [{"name": "input", "shape": [2, 784], "datatype": "FP32",
+                                   "data": x.ravel().tolist()}]})
+    curl = shutil.which("curl")
+    for model in ("ensemble", "model"):
+        url = f"http://{address}/v2/models/{model}/infer"
+        if curl:
+            done = run([curl, "-sS", "--fail-with-body", "--max-time", "10", url, "-H", "Content-Type: application/json",
+                        "-H", "X-Zmqflow-Deadline-Ms: 1000", "-d", body])
+            answer = json.loads(done.stdout)
+        else:   # what curl sends, from Python
+            import urllib.request
+            request = urllib.request.Request(url, body.encode(), {"Content-Type": "application/json",
+                                                                  "X-Zmqflow-Deadline-Ms": "1000"})
+            answer = json.loads(urllib.request.urlopen(request, timeout=10).read())
+        [output] = answer["outputs"]
+        print(f"\n{'curl' if curl else 'urllib'} -> {model}: {answer['parameters']}")
+        assert answer["model_name"] == model and output["shape"] == [2, 10], answer
+        assert np.allclose(np.reshape(output["data"], (2, 10)).sum(axis=1), 1.0, atol=1e-4)
+        if model == "ensemble":
+            assert answer["parameters"]["answered_count"] >= 1, answer
+    client = httpclient.InferenceServerClient(address, network_timeout=10.0)
+    try:
+        assert client.is_server_ready() and client.is_model_ready("model-3")
+        for model in ("ensemble", "model-3"):
+            data = httpclient.InferInput("input", [2, 784], "FP32")
+            data.set_data_from_numpy(x)
+            timings = []
+            for _ in range(50):
+                started = time.perf_counter()
+                result = client.infer(model, [data], timeout=1_000_000)
+                timings.append((time.perf_counter() - started) * 1000)
+            probabilities = result.as_numpy("probabilities")
+            assert probabilities.shape == (2, 10) and np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-4), model
+            print(f"tritonclient.http -> {model}: 50 infers, p50 {np.percentile(timings, 50):.2f} ms, "
+                  f"p99 {np.percentile(timings, 99):.2f} ms")
+    finally:
+        client.close()
+
+
+def test_load_test_profile_drives_the_gateway_over_http(stack):
+    done = stack("--profile", "loadtest", "run", "--rm", "loadtest-http", timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "overall" in done.stdout and "(JSON tensors)" in done.stdout, done.stdout[-3000:]
+    print(f"\nloadtest-http (compose profile):\n{done.stdout[-1500:]}")
+
+
+def test_the_dashboard_profile_shows_the_topology_in_the_web_view(stack):
+    """`--profile dashboard`: `zmqflow status --web` in the image (http extra) on the host's loopback; after
+    training, the serving tasks are up and the finished training tasks down."""
+    import urllib.request
+    try:
+        stack("--profile", "dashboard", "up", "-d", "dashboard", timeout=300)
+        stack.wait_healthy("dashboard", 120)
+        base = f"http://127.0.0.1:{stack.dashboard_port}"
+        page = urllib.request.urlopen(base + "/", timeout=10).read().decode()
+        assert "/static/uPlot.iife.min.js" in page and "://" not in page, page[:2000]   # nothing from elsewhere
+        tasks = json.loads(urllib.request.urlopen(base + "/api/snapshot", timeout=10).read())["snapshot"]["tasks"]
+        status = {t["task"]: t["status"] for t in tasks}
+        print(f"\ndashboard: {status}")
+        assert {k: status.get(k) for k in ("serve:0", "serve:1", "serve:2", "aggregator:0")} == \
+            dict.fromkeys(("serve:0", "serve:1", "serve:2", "aggregator:0"), "up"), status
+        assert status["broker:0"] == "down" and status["ps:0"] == "down"   # training ended: they exited 0
+    finally:
+        stack("--profile", "dashboard", "rm", "-sf", "dashboard", timeout=120, check=False)
+
+
 @pytest.mark.faults
 def test_a_killed_model_server_leaves_the_ensemble_answering_within_its_deadline(stack, tmp_path):
     argv, report = loadtest(stack, tmp_path, duration=8)
-    load = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    load = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=stack.client_env)
     try:
         time.sleep(3)
         run(["docker", "kill", stack.container("serve1")["Id"]])

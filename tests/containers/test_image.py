@@ -25,7 +25,7 @@ def test_entrypoint_version_user_and_labels(image):
 
 def test_every_command_of_the_wheel_runs(image):
     """The first wave's image failed every command with ModuleNotFoundError: each must start."""
-    commands = "broker ps worker reader serve aggregator loadtest up status train sweep ensemble data healthcheck bench k8s"
+    commands = "broker ps worker reader serve aggregator gateway loadtest up status train sweep ensemble data healthcheck bench k8s"
     done = run(["docker", "run", "--rm", "--entrypoint", "sh", image, "-c",
                 f"for c in {commands}; do zmqflow $c --help >/dev/null || {{ echo \"zmqflow $c failed\"; exit 1; }}; done"],
                check=False, timeout=300)

@@ -14,8 +14,9 @@ from tests.deploy.conftest import COMPOSE, compose_ports
 
 pytestmark = pytest.mark.unit
 
-TOPOLOGY = {"data", "broker", "ps0", "ps1", "reader", "worker0", "worker1", "serve0", "serve1", "serve2", "aggregator"}
-PROFILED = {"loadtest"}   # runs only with its profile
+TOPOLOGY = {"keys", "data", "broker", "ps0", "ps1", "reader", "worker0", "worker1", "serve0", "serve1", "serve2", "aggregator",
+            "gateway"}
+PROFILED = {"loadtest", "loadtest-http", "dashboard"}   # run only with their profile
 
 
 def parse_zmqflow(argv):
@@ -44,13 +45,30 @@ def test_topology_services_and_shared_block(project):
     assert "x-zmqflow" in anchors
     assert text.count("<<: *zmqflow") == len(TOPOLOGY | PROFILED)   # every service takes the shared block
     for name, spec in project.raw["services"].items():
-        assert spec["volumes"] == ["zmqflow-data:/data", "./deploy/user:/user:ro"], name
+        if name != "keys":
+            assert spec["volumes"] == ["zmqflow-data:/data", "./deploy/user:/user:ro", "zmqflow-keys:/keys:ro"], name
         assert spec["image"] == "zmqflow:latest"
-    assert project.volumes == ["zmqflow-data"]
+    assert project.volumes == ["zmqflow-data", "zmqflow-keys"]
 
 
-ONE_SHOT = {"data", "loadtest"}        # exit 0 when done, no healthcheck
-COMPLETES = {"data", "worker0"}         # dependents wait for service_completed_successfully
+def test_every_service_runs_with_curve_keys_made_once_by_the_keys_service(project):
+    """CURVE by default: the one-shot `keys` service writes the volume (keeping keys already there), every
+    other service waits for it and reads the keys read-only; ZMQFLOW_COMPOSE_CURVE_DIR= opts out."""
+    from zmqflow.jobs.up.compose import load
+    keys = project.services["keys"]
+    assert parse_zmqflow(keys.command)["keep"] and keys.command[1:4] == ["keys", "generate", "/keys"]
+    assert project.raw["services"]["keys"]["volumes"] == ["zmqflow-keys:/keys"]   # the only writer
+    for name, service in project.services.items():
+        assert service.environment["ZMQFLOW_CURVE_DIR"] == "/keys", name
+        if name != "keys":
+            assert service.depends_on["keys"] == "service_completed_successfully", name
+    plain = load(COMPOSE, env={"ZMQFLOW_COMPOSE_CURVE_DIR": "", "ZMQFLOW_ADMIN_TOKEN": "t0ken"})
+    for name, service in plain.services.items():
+        assert service.environment["ZMQFLOW_CURVE_DIR"] == "" and service.environment["ZMQFLOW_ADMIN_TOKEN"] == "t0ken"
+
+
+ONE_SHOT = {"keys", "data", "loadtest", "loadtest-http"}   # exit 0 when done, no healthcheck
+COMPLETES = {"keys", "data", "worker0"}    # dependents wait for service_completed_successfully
 
 
 def test_every_service_has_command_healthcheck_and_valid_dependencies(project):
@@ -69,16 +87,17 @@ def test_every_service_has_command_healthcheck_and_valid_dependencies(project):
                 continue
             assert condition == "service_healthy", (name, dep)
             assert project.services[dep].healthcheck is not None
-    assert not project.services["broker"].depends_on
-    assert project.services["ps0"].depends_on == {"data": "service_completed_successfully"}   # its model.json
-    assert set(project.services["worker0"].depends_on) == {"broker", "ps0", "ps1"}
+    assert project.services["broker"].depends_on == {"keys": "service_completed_successfully"}
+    assert project.services["ps0"].depends_on == {"keys": "service_completed_successfully",
+                                                  "data": "service_completed_successfully"}   # its model.json
+    assert set(project.services["worker0"].depends_on) == {"keys", "broker", "ps0", "ps1"}
 
 
 def test_ports_unique_and_each_service_binds_its_own(project):
     ports = compose_ports(project)
     assert len(ports) == len(set(ports))
     assert ports == [5555, 5600, 5601, 5700, 5701, 5702, 5800, 6555, 6600, 6601, 6610, 6611, 6620, 6700, 6701, 6702,
-                     6800]
+                     6800, 8000, 8088, 9000]
     for name in ("broker", "serve0", "serve1", "serve2", "aggregator"):
         service = project.services[name]
         bind = service.command[service.command.index("--bind") + 1]
@@ -95,7 +114,7 @@ def metrics_port(service):
 
 def test_every_long_running_service_exposes_prometheus_metrics_on_its_port_plus_1000(project):
     for name, service in project.services.items():
-        if name in ONE_SHOT:
+        if name in ONE_SHOT or name == "dashboard":    # the dashboard serves a web page, no metrics of its own
             continue
         port = int(service.expose[-1])
         assert metrics_port(service) == f"0.0.0.0:{port}", name     # every interface of its container
@@ -186,9 +205,52 @@ def test_compose_v2_override_only_shortens_the_start_of_awaited_healthchecks(pro
     with open(os.path.join(ROOT, "deploy", "compose-v2.yml")) as f:
         override = yaml.safe_load(f)
     awaited = {dep for s in project.services.values() for dep, c in s.depends_on.items() if c == "service_healthy"}
-    assert set(override["services"]) == awaited | {"aggregator"}   # and what users wait for before load
+    assert set(override["services"]) == awaited | {"gateway"}   # and what users wait for before load
     for name, spec in override["services"].items():
         assert spec == {"healthcheck": {"start_interval": "1s"}}, name
         assert project.services[name].healthcheck is not None, name
     for name, spec in project.raw["services"].items():
         assert "start_interval" not in (spec.get("healthcheck") or {}), name
+
+
+def test_the_keys_service_makes_keys_once_and_keeps_them(project, tmp_path):
+    """Its command run twice on one volume: the second run keeps (and checks) the first run's keys."""
+    from click.testing import CliRunner
+    argv = [str(tmp_path / "keys") if a == "/keys" else a for a in project.services["keys"].command[1:]]
+    first = CliRunner().invoke(main, argv)
+    assert first.exit_code == 0, first.output
+    server = (tmp_path / "keys" / "server.key_secret").read_bytes()
+    again = CliRunner().invoke(main, argv)
+    assert again.exit_code == 0 and "keeping the keys" in again.output, again.output
+    assert (tmp_path / "keys" / "server.key_secret").read_bytes() == server
+    (tmp_path / "keys" / "client.key_secret").write_text("damaged")
+    broken = CliRunner().invoke(main, argv)
+    assert broken.exit_code == 1 and "client.key_secret is not a ZeroMQ certificate" in broken.output, broken.output
+
+
+def test_the_dashboard_profile_shows_every_task_on_the_hosts_loopback(project):
+    dashboard = project.services["dashboard"]
+    params = parse_zmqflow(dashboard.command)
+    assert params["web"] and params["web_port"] == "0.0.0.0:8088" and dashboard.ports == [("127.0.0.1", 8088, 8088)]
+    shown = {address.split(":")[0] for option in ("broker", "ps", "serve", "aggregator", "worker_metrics")
+             for item in params[option] for address in item.split(",")}
+    assert shown == TOPOLOGY - {"keys", "data", "reader", "gateway"}   # the reader serves no RPC; the gateway's
+    # health is the aggregator's
+    assert project.services["dashboard"].profiles == ["dashboard"]
+
+
+def test_the_gateway_fronts_the_aggregator_on_the_hosts_loopback(project):
+    """HTTP on 127.0.0.1:8000 of the host (ZMQFLOW_GATEWAY_PORT), ready once the aggregator is healthy, checked
+    at its own readiness route; the load-test profile drives it over HTTP, as `loadtest` drives the aggregator."""
+    from zmqflow.jobs.up.compose import load
+    gateway = project.services["gateway"]
+    options = parse_zmqflow(gateway.command)
+    assert (options["aggregator"], options["bind"], options["server"]) == ("tcp://aggregator:5800", "0.0.0.0:8000", None)
+    assert gateway.ports == [("127.0.0.1", 8000, 8000)] and gateway.expose == [8000, 9000]
+    assert gateway.depends_on == {"keys": "service_completed_successfully", "aggregator": "service_healthy"}
+    assert gateway.healthcheck.test == ["zmqflow", "healthcheck", "--http", "http://127.0.0.1:8000/v2/health/ready"]
+    assert load(COMPOSE, env={"ZMQFLOW_GATEWAY_PORT": "18000"}).services["gateway"].ports == [("127.0.0.1", 18000, 8000)]
+    http_load = parse_zmqflow(project.services["loadtest-http"].command)
+    assert (http_load["http_url"], http_load["model"], http_load["address"]) == ("http://gateway:8000", "ensemble", None)
+    assert http_load["max_failures"] == 0 and http_load["wait_secs"] > 0
+    assert project.services["loadtest-http"].depends_on == {"keys": "service_completed_successfully"}

@@ -128,8 +128,9 @@ def test_the_chief_ends_the_run_unless_a_service_waits_for_its_completion(projec
 
 def test_shipped_file_keeps_serving_off_worker_health(project):
     for name in ("serve0", "serve1", "serve2"):
-        assert project.services[name].depends_on == {"worker0": "service_completed_successfully"}
-    assert set(project.services["aggregator"].depends_on) == {"serve0", "serve1", "serve2"}
+        assert project.services[name].depends_on == {"keys": "service_completed_successfully",
+                                                     "worker0": "service_completed_successfully"}
+    assert set(project.services["aggregator"].depends_on) == {"keys", "serve0", "serve1", "serve2"}
     assert project.services["loadtest"].profiles == ["loadtest"]
     assert "loadtest" not in select(project, [])
     for service in project.services.values():

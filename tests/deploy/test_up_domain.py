@@ -7,7 +7,7 @@ import pytest
 from zmqflow.jobs.up.topology import find_chief, select
 from zmqflow.jobs.up.compose import ComposeError, duration, load
 from zmqflow.jobs.up.interpolate import InterpolationError, interpolate
-from zmqflow.jobs.up.localize import Localizer
+from zmqflow.jobs.up.localize import Localizer, share_cores
 
 pytestmark = pytest.mark.unit
 
@@ -75,6 +75,10 @@ def test_localize_hosts_ports_tf_config_and_volumes(project, tmp_path):
     assert broker.argv[broker.argv.index("--bind") + 1] == "tcp://127.0.0.1:6555"
     aggregator = localizer.localize(project.services["aggregator"])
     assert "tcp://127.0.0.1:6702" in aggregator.argv and not any("serve" in a for a in aggregator.argv)
+    gateway = localizer.localize(project.services["gateway"])   # HTTP addresses move like the ZeroMQ ones
+    assert gateway.argv[2:8] == ["--aggregator", "tcp://127.0.0.1:6800", "--bind", "127.0.0.1:9000",
+                                 "--metrics-port", "127.0.0.1:10000"]
+    assert gateway.health[-1] == "http://127.0.0.1:9000/v2/health/ready"
     # only the topology's hosts move: a port on another host, or a path like /database, stays
     assert localizer.address("tcp://example.org:5600 ps0:5600x tcp://*:5601") == \
         "tcp://example.org:5600 127.0.0.1:6600x tcp://127.0.0.1:6601"
@@ -83,10 +87,27 @@ def test_localize_hosts_ports_tf_config_and_volumes(project, tmp_path):
         Localizer(project.services, port_offset=60_000).address("ps0:5600")
 
 
+def test_compute_services_share_the_cores_unless_they_set_their_own_threads(project, tmp_path):
+    localizer = Localizer(project.services, workdir=str(tmp_path))
+    services = {name: localizer.localize(service) for name, service in project.services.items()}
+    services["serve2"].env["OMP_NUM_THREADS"] = "3"                  # the user's own choice is kept
+    share_cores(list(services.values()), cores=8)
+    compute = [n for n in services if n.startswith(("worker", "serve"))]
+    assert sorted(compute) == ["serve0", "serve1", "serve2", "worker0", "worker1"]
+    for name in compute:
+        expected = {"OMP_NUM_THREADS": "3"} if name == "serve2" else {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+                                                                      "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+        assert {k: v for k, v in services[name].env.items() if k.endswith("_NUM_THREADS")} == expected, name
+    assert not any(k.endswith("_NUM_THREADS") for k in services["broker"].env)
+    wide = share_cores([localizer.localize(project.services["worker0"])], cores=16)[0]
+    assert wide.env["OPENBLAS_NUM_THREADS"] == "16"                   # alone, it has the machine
+
+
 def test_selection_adds_dependencies_and_finds_the_chief(project):
-    assert select(project, ["worker1"]) == ["broker", "data", "ps0", "ps1", "worker1"]   # data: the ps shards' model
+    # data: the ps shards' model; keys: everyone's CURVE keys
+    assert select(project, ["worker1"]) == ["keys", "broker", "data", "ps0", "ps1", "worker1"]
     assert select(project, ["worker1"], with_deps=False) == ["worker1"]
-    assert select(project, [])[-1] == "aggregator"
+    assert select(project, [])[-2:] == ["aggregator", "gateway"]
     with pytest.raises(ComposeError, match="no such service: nope"):
         select(project, ["nope"])
     localizer = Localizer(project.services)

@@ -20,7 +20,7 @@ ZMQFLOW = [sys.executable, "-m", "zmqflow"]
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
-    subprocess.run([*ZMQFLOW, "sweep", "--grid", "lr=0.003,0.01;hidden=32,64", "--random", "3", "--epochs", "1",
+    subprocess.run([*ZMQFLOW, "sweep", "--grid", "lr=0.003,0.01;hidden=32,64", "--random", "2", "--epochs", "1",
                     "--keep-best", "2", "--parallel", "2", "--out", str(out), "--json"],
                    check=True, timeout=180, capture_output=True)
     return out
