@@ -150,7 +150,7 @@ def _answer_infer(settings):
             parsed = protocol.parse_infer(body, request.headers.get(protocol.HEADER_LENGTH), model)
             deadline_ms = protocol.deadline_ms(parsed.parameters, request.headers.get(protocol.DEADLINE_HEADER))
             output, parameters = await infer(settings.upstreams, model, parsed.inputs, deadline_ms,
-                                             settings.default_timeout_s, parsed.parameters)
+                                             settings.default_timeout_s, parsed.parameters, parsed.records)
             content, header_length = protocol.encode_infer(model, parsed, output, parameters)
         except OpError as exc:
             return error_response(exc)

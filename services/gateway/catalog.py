@@ -1,6 +1,9 @@
 """The models the gateway serves and their Open Inference Protocol metadata, built from `model_info` answers.
 
-Why a catalog of plain values: the HTTP side looks a model up by name on every request, and the
+A model trained on a data spec also takes its raw feature columns, one protocol input per column
+(BYTES for a categorical one, numbers for a numeric one), as MLServer's pandas codec sends a table;
+its metadata lists them under `raw_inputs`, and a classifier's `predicted` output names each row's
+class. Why a catalog of plain values: the HTTP side looks a model up by name on every request, and the
 ZeroMQ side rebuilds the table in the background (members join, leave, die), so the table is a
 value swapped whole, never edited in place. Behind an aggregator the ensemble is one model and each
 member is a model of its own (answered by that member directly); in front of one model server,
@@ -30,6 +33,10 @@ class TensorSpec:
         return {"name": self.name, "datatype": self.datatype, "shape": [-1, *self.shape]}
 
 
+PREDICTED_OUTPUT = TensorSpec("predicted", "BYTES", ())
+"""A classifier's class name per row: answered when asked for, and by default to a raw-columns request."""
+
+
 @dataclass(frozen=True)
 class ServedModel:
     name: str
@@ -40,10 +47,20 @@ class ServedModel:
     output: TensorSpec
     ready: bool = True
     members: tuple = ()         # an ensemble's members: (address, name)
+    columns: tuple = ()         # TensorSpec per raw feature column (trained on a data spec), else none
+    classes: tuple = ()         # a classifier's class names (its `predicted` output), else none
 
     def metadata(self):
-        return {"name": self.name, "versions": [self.version], "platform": f"zmqflow_{self.kind}",
-                "inputs": [spec.metadata() for spec in self.inputs], "outputs": [self.output.metadata()]}
+        answer = {"name": self.name, "versions": [self.version], "platform": f"zmqflow_{self.kind}",
+                  "inputs": [spec.metadata() for spec in self.inputs],
+                  "outputs": [spec.metadata() for spec in self.outputs]}
+        if self.columns:
+            answer["raw_inputs"] = [spec.metadata() for spec in self.columns]
+        return answer
+
+    @property
+    def outputs(self):
+        return (self.output, PREDICTED_OUTPUT) if self.classes else (self.output,)
 
     def member_name(self, address):
         """The model name of an ensemble member's address (the address itself if the member is unknown)."""
@@ -74,9 +91,11 @@ def model_from_info(info, kind, address, name=None, ready=True, members=()):
                    for spec in schema["inputs"])
     output = schema.get("output") or {}
     output_name = VALUE_OUTPUT if output.get("task") == "regression" else CLASSIFICATION_OUTPUT
+    columns = tuple(TensorSpec(str(column), "BYTES" if feature["type"] == "categorical" else "FP32", ())
+                    for feature in schema.get("features") or () for column in feature["columns"])
     return ServedModel(name or str(info.get("model") or "model"), kind, address, str(info.get("version") or 1), inputs,
                        TensorSpec(output_name, "FP32", (int(output.get("width") or info.get("classes") or -1),)),
-                       ready, tuple(members))
+                       ready, tuple(members), columns, tuple(str(c) for c in output.get("classes") or ()))
 
 
 def datatype_of(dtype_name):

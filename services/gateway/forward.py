@@ -15,10 +15,14 @@ ENSEMBLE_PARAMETERS = ("min_members", "combine")
 """Request parameters passed on to the aggregator as they are (it checks them: a bad one is its 400)."""
 
 
-async def infer(upstreams, model, inputs, deadline_ms, default_timeout_s, parameters=None):
-    """(output [n, width] float32, response parameters) of `model` for `inputs` (one array per model input);
-    an ensemble takes the request's min_members and combine parameters too."""
-    args = {"inputs": [spec.name for spec in model.inputs]} if len(inputs) > 1 else {}
+async def infer(upstreams, model, inputs, deadline_ms, default_timeout_s, parameters=None, records=None):
+    """(output [n, width] float32, response parameters) of `model` for `inputs` (one array per model input)
+    or for raw `records` ({column: [values]}, made into inputs by the model servers); an ensemble takes the
+    request's min_members and combine parameters too."""
+    if records is not None:
+        args, inputs = {"records": records}, []
+    else:
+        args = {"inputs": [spec.name for spec in model.inputs]} if len(inputs) > 1 else {}
     timeout = default_timeout_s if deadline_ms is None else deadline_ms / 1000.0
     if model.kind != ENSEMBLE:
         _, tensors = await upstreams.get(model.address).call(ServeOps.PREDICT, args, inputs, timeout)

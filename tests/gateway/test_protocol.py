@@ -109,3 +109,73 @@ def test_answers_as_json_and_as_binary():
     assert json.loads(content[:length])["outputs"][0]["parameters"] == {"binary_data_size": 16}
     np.testing.assert_array_equal(np.frombuffer(content[length:], "<f4"), output.ravel())
     assert json.loads(protocol.error_body("bad")) == {"error": "bad"}
+
+
+RAW_INFO = {"model": "wine", "schema": {
+    "inputs": [{"name": "input", "shape": [5], "dtype": "float32"}],
+    "output": {"width": 2, "task": "binary", "classes": ["low", "high"]},
+    "features": [{"name": "acid", "type": "numeric", "columns": ["acid"]},
+                 {"name": "region", "type": "categorical", "columns": ["region"]}]}}
+RAW_MODEL = model_from_info(RAW_INFO, "server", "tcp://127.0.0.1:5700")
+
+
+def test_a_model_trained_on_a_data_spec_lists_its_raw_columns_and_predicted_classes():
+    metadata = RAW_MODEL.metadata()
+    assert metadata["raw_inputs"] == [{"name": "acid", "datatype": "FP32", "shape": [-1]},
+                                      {"name": "region", "datatype": "BYTES", "shape": [-1]}]
+    assert [o["name"] for o in metadata["outputs"]] == ["probabilities", "predicted"]
+    assert "raw_inputs" not in MODEL.metadata() and len(MODEL.metadata()["outputs"]) == 1
+
+
+def test_raw_columns_become_records_as_json_or_triton_binary():
+    request = protocol.parse_infer(body({"name": "region", "shape": [2], "datatype": "BYTES", "data": ["north", "süd"]},
+                                        {"name": "acid", "shape": [2, 1], "datatype": "FP64", "data": [[0.5], [1]]}),
+                                   None, RAW_MODEL)
+    assert request.records == {"region": ["north", "süd"], "acid": [0.5, 1]} and request.inputs == []
+    assert request.binary_outputs == {"probabilities": False, "predicted": False}  # raw rows get their classes
+    names = protocol.bytes_elements(["north", "süd"])
+    acid = np.array([0.5, 1.0], np.float32)
+    header = body({"name": "region", "shape": [2], "datatype": "BYTES", "parameters": {"binary_data_size": len(names)}},
+                  {"name": "acid", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 8}},
+                  outputs=[{"name": "predicted", "parameters": {"binary_data": True}}])
+    request = protocol.parse_infer(header + names + acid.tobytes(), str(len(header)), RAW_MODEL)
+    assert request.records == {"region": ["north", "süd"], "acid": [0.5, 1.0]}
+    assert request.binary_outputs == {"predicted": True}
+
+
+@pytest.mark.parametrize("inputs, message", [
+    ([{"name": "acid", "shape": [1], "datatype": "FP32", "data": [1.0]}], "needs raw column\\(s\\) 'region'"),
+    ([{"name": "acid", "shape": [1], "datatype": "FP32", "data": [1.0]},
+      {"name": "region", "shape": [1], "datatype": "FP32", "data": [2.0]}], "categorical: send it as BYTES"),
+    ([{"name": "acid", "shape": [1], "datatype": "BYTES", "data": ["x"]},
+      {"name": "region", "shape": [1], "datatype": "BYTES", "data": ["n"]}], "numeric: send it as FP32"),
+    ([{"name": "acid", "shape": [1], "datatype": "FP32", "data": ["x"]},
+      {"name": "region", "shape": [1], "datatype": "BYTES", "data": ["n"]}], "'x' is not a number"),
+    ([{"name": "acid", "shape": [2], "datatype": "FP32", "data": [1.0, 2.0]},
+      {"name": "region", "shape": [1], "datatype": "BYTES", "data": ["n"]}], "same number of rows"),
+    ([{"name": "acid", "shape": [1, 2], "datatype": "FP32", "data": [1.0, 2.0]},
+      {"name": "region", "shape": [1], "datatype": "BYTES", "data": ["n"]}], "shape \\[n >= 1\\] or \\[n, 1\\]"),
+    ([{"name": "acid", "shape": [1], "datatype": "FP32", "data": [1.0]},
+      {"name": "input", "shape": [1, 5], "datatype": "FP32", "data": [0.0] * 5}], "has no input 'acid'.*raw columns"),
+])
+def test_every_bad_raw_column_is_refused_naming_it(inputs, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        protocol.parse_infer(body(*inputs), None, RAW_MODEL)
+
+
+def test_truncated_binary_strings_are_refused():
+    names = protocol.bytes_elements(["north"])[:-1]
+    header = body({"name": "region", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": len(names)}},
+                  {"name": "acid", "shape": [1], "datatype": "FP32", "data": [1.0]})
+    with pytest.raises(InvalidArgumentError, match="element 0 of 5 bytes runs past its data"):
+        protocol.parse_infer(header + names, str(len(header)), RAW_MODEL)
+
+
+def test_predicted_names_each_rows_class_as_json_or_binary():
+    output = np.array([[0.9, 0.1], [0.2, 0.8]], np.float32)
+    request = protocol.InferRequest(None, [], {}, {"predicted": False, "probabilities": False}, {"acid": [1, 2]})
+    answer = json.loads(protocol.encode_infer(RAW_MODEL, request, output, {})[0])
+    assert answer["outputs"][0] == {"name": "predicted", "datatype": "BYTES", "shape": [2], "data": ["low", "high"]}
+    request.binary_outputs = {"predicted": True}
+    content, length = protocol.encode_infer(RAW_MODEL, request, output, {})
+    assert content[length:] == protocol.bytes_elements(["low", "high"])

@@ -1,0 +1,125 @@
+"""Raw rows over HTTP: a model trained on a data spec takes its feature columns as protocol inputs (one per
+column, BYTES for a categorical one), made into the model's inputs by the model servers with the statistics
+of training, and answers each row's class name as the `predicted` output; through plain HTTP and through
+`tritonclient.http` (binary strings), to a member and to the ensemble. Real servers, aggregator and gateway."""
+
+import numpy as np
+import pytest
+
+from zmqflow.inputs.data_spec import Table, load_spec, model_inputs
+from tests.gateway import plain_http
+from tests.support.tabular import checkpoint, spec_dict, write_csv
+
+pytest.importorskip("starlette", reason="the gateway needs the http extra (pip install 'zmqflow[http]')")
+
+pytestmark = pytest.mark.service
+
+ROWS = {"age": [55.0, 25.5, 40.0], "size": [0.1, -1.0, 2.0], "city": ["rome", "oslo", "lisbon"]}
+CLASSES = ["cat", "dog"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, module_processes):
+    root = tmp_path_factory.mktemp("raw-columns")
+    write_csv(root / "train.csv", 120, seed=4)
+    local, members = {}, []
+    for seed, (name, model_spec) in enumerate((("mlp", "mlp"), ("logistic", "logistic")), start=1):
+        spec = load_spec(spec_dict(root / "train.csv"))
+        model, params = checkpoint(root / name, spec, model_spec, seed=seed)
+        table = Table({"age": np.array(ROWS["age"], np.float32), "size": np.array(ROWS["size"], np.float32),
+                       "city": np.array([c.encode() for c in ROWS["city"]], dtype=object)},
+                      ["t"], np.zeros((3, 2), np.int64))
+        local[name] = model.predict(params, model_inputs(spec, table))
+        members.append(module_processes.service("zmqflow.services.serve", [
+            "--checkpoint", str(root / name), "--backend", "numpy", "--max-delay-ms", "1", "--name", name]))
+    aggregator = module_processes.service("zmqflow.services.aggregator", [
+        *[a for m in members for a in ("--member", m.endpoint)], "--deadline-ms", "3000"])
+    gateway = module_processes.service("zmqflow.services.gateway", [
+        "--aggregator", aggregator.endpoint, "--refresh-s", "0.3"], bind="127.0.0.1:0")
+    wait_ready(gateway.endpoint, ("ensemble", "mlp", "logistic"))
+    return gateway.endpoint, local
+
+
+def wait_ready(url, models, timeout_s=15.0):
+    import time
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(plain_http.request(url, path=f"/v2/models/{m}/ready", timeout=2.0).status == 200 for m in models):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"models {models} not ready at {url} within {timeout_s} s")
+
+
+def columns_request(rows, **extra):
+    inputs = [{"name": name, "shape": [len(values)], "datatype": "BYTES" if name == "city" else "FP32",
+               "data": values} for name, values in rows.items()]
+    return {"inputs": inputs, **extra}
+
+
+def infer(url, model, payload):
+    import json
+    return plain_http.request(url, "POST", f"/v2/models/{model}/infer", json.dumps(payload).encode(),
+                              {"Content-Type": "application/json"})
+
+
+def outputs_of(answer):
+    return {o["name"]: o for o in answer.json()["outputs"]}
+
+
+def test_metadata_lists_the_raw_columns_and_the_predicted_output(cluster):
+    url, _ = cluster
+    metadata = plain_http.request(url, path="/v2/models/mlp").json()
+    assert metadata["raw_inputs"] == [{"name": "age", "datatype": "FP32", "shape": [-1]},
+                                      {"name": "size", "datatype": "FP32", "shape": [-1]},
+                                      {"name": "city", "datatype": "BYTES", "shape": [-1]}]
+    assert [o["name"] for o in metadata["outputs"]] == ["probabilities", "predicted"]
+
+
+def test_plain_http_raw_rows_get_the_models_answer_and_each_rows_class(cluster):
+    url, local = cluster
+    answer = infer(url, "mlp", columns_request(ROWS))
+    assert answer.status == 200, answer.body
+    outputs = outputs_of(answer)
+    probabilities = np.array(outputs["probabilities"]["data"], np.float32).reshape(outputs["probabilities"]["shape"])
+    np.testing.assert_allclose(probabilities, local["mlp"], rtol=1e-5, atol=1e-6)
+    assert outputs["predicted"]["data"] == [CLASSES[i] for i in np.argmax(local["mlp"], axis=1)]
+
+
+def test_the_ensemble_takes_raw_rows_and_names_the_combined_class(cluster):
+    url, local = cluster
+    answer = infer(url, "ensemble", columns_request(ROWS, outputs=[{"name": "predicted"}]))
+    assert answer.status == 200, answer.body
+    mean = (local["mlp"] + local["logistic"]) / 2
+    assert [o["name"] for o in answer.json()["outputs"]] == ["predicted"]
+    assert outputs_of(answer)["predicted"]["data"] == [CLASSES[i] for i in np.argmax(mean, axis=1)]
+    assert answer.json()["parameters"]["answered_count"] == 2
+
+
+def test_tritonclient_sends_raw_columns_as_binary_strings(cluster):
+    httpclient = pytest.importorskip("tritonclient.http", reason="the test extra installs tritonclient[http]")
+    url, local = cluster
+    client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=10.0)
+    try:
+        inputs = []
+        for name, values in ROWS.items():
+            array = np.array(values, dtype=object if name == "city" else np.float32)
+            tensor = httpclient.InferInput(name, [len(values)], "BYTES" if name == "city" else "FP32")
+            tensor.set_data_from_numpy(array, binary_data=True)
+            inputs.append(tensor)
+        wanted = [httpclient.InferRequestedOutput(n, binary_data=True) for n in ("probabilities", "predicted")]
+        result = client.infer("ensemble", inputs, outputs=wanted)
+    finally:
+        client.close()
+    mean = (local["mlp"] + local["logistic"]) / 2
+    np.testing.assert_allclose(result.as_numpy("probabilities"), mean, rtol=1e-5, atol=1e-6)
+    assert [v.decode() for v in result.as_numpy("predicted")] == [CLASSES[i] for i in np.argmax(mean, axis=1)]
+
+
+def test_a_missing_or_mistyped_column_is_a_400_naming_it(cluster):
+    url, _ = cluster
+    missing = infer(url, "mlp", columns_request({"age": [1.0], "city": ["rome"]}))
+    assert missing.status == 400 and "needs raw column(s) 'size'" in missing.json()["error"]
+    mistyped = columns_request({"age": [1.0], "size": [0.0], "city": ["rome"]})
+    mistyped["inputs"][2]["datatype"] = "FP32"
+    answer = infer(url, "ensemble", mistyped)
+    assert answer.status == 400 and "'city' is categorical" in answer.json()["error"]
