@@ -175,8 +175,9 @@ def _ms(value):
               help="Exit 1 when more requests than this failed (e.g. 0 in CI; shed requests are counted apart, "
                    "as shed). Default: always exit 0.")
 @click.option("--data", "data_spec", default=None,
-              help="Send the rows of this data spec's --split (made into the model's inputs as in training) instead "
-                   "of random rows in the first member's input signature.")
+              help="Send the rows of this data spec's --split (made into the model's inputs as in training; with "
+                   "--http, sent as the raw columns of a model trained on it) instead of random rows in the first "
+                   "member's input signature.")
 @click.option("--split", default="test", show_default=True, help="The split of --data whose rows are sent.")
 def command(address, http_url, model, connections, rate, duration, deadline_ms, min_members, rows, kill_member,
             pause_member, at_fraction, pause_secs, json_out, wait_secs, max_failures, data_spec, split):
@@ -187,9 +188,10 @@ def command(address, http_url, model, connections, rate, duration, deadline_ms, 
     if kill_member and pause_member:
         raise click.UsageError("--kill-member and --pause-member are exclusive")
     if http_url is not None:
-        if kill_member or pause_member or data_spec:
-            raise click.UsageError("--kill-member, --pause-member and --data go with --address only")
-        report = _http_load(http_url, model, rate, duration, deadline_ms, min_members, rows, connections, wait_secs)
+        if kill_member or pause_member:
+            raise click.UsageError("--kill-member and --pause-member go with --address only")
+        report = _http_load(http_url, model, rate, duration, deadline_ms, min_members, rows, connections, wait_secs,
+                            data_spec, split)
     else:
         if wait_secs:
             _wait_for(address, wait_secs)
@@ -211,15 +213,17 @@ def command(address, http_url, model, connections, rate, duration, deadline_ms, 
         sys.exit(1)
 
 
-def _http_load(url, model, rate, duration, deadline_ms, min_members, rows, connections, wait_secs):
-    """load_test_http's report; exit 1 with the reason when the gateway is not ready or cannot describe `model`."""
+def _http_load(url, model, rate, duration, deadline_ms, min_members, rows, connections, wait_secs, data_spec, split):
+    """load_test_http's report; exit 1 with the reason when the gateway is not ready or cannot describe `model`,
+    or when `model` takes no raw rows of `data_spec`."""
     if wait_secs:
         reason = http_target.wait_ready(url, wait_secs)
         if reason is not None:
             click.echo(f"loadtest: {url} was not ready within {wait_secs:g} s: {reason}", err=True)
             sys.exit(1)
     try:
-        return http_target.load_test_http(url, model, rate, duration, deadline_ms, min_members, rows, connections)
+        return http_target.load_test_http(url, model, rate, duration, deadline_ms, min_members, rows, connections,
+                                          data_spec=data_spec, split=split)
     except OpError as exc:
         click.echo(f"loadtest: {url}: {exc}", err=True)
         sys.exit(1)

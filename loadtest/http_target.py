@@ -9,6 +9,7 @@ to it (services/gateway/statuses.py), so a 429 counts as shed and a 504 as Deadl
 """
 
 import http.client
+import itertools
 import json
 import queue
 import threading
@@ -76,6 +77,40 @@ def random_body(metadata, rows, seed=0):
         inputs.append({"name": spec["name"], "shape": shape, "datatype": spec["datatype"],
                        "data": np.asarray(data, dtype).ravel().tolist()})
     return inputs
+
+
+def data_bodies(metadata, data_spec, split, rows, parameters=None, limit=256):
+    """(JSON infer bodies, what they hold): consecutive blocks of `rows` rows of a data spec's split, as the
+    raw columns the model lists in its metadata (`raw_inputs`: a model trained on a data spec), as a client
+    with a table sends them; at most `limit` distinct bodies, cycled by the caller."""
+    from zmqflow.inputs.data_spec import load_spec, load_tables   # only with --data: reading a spec is heavy
+    raw = metadata.get("raw_inputs")
+    if not raw:
+        raise InvalidArgumentError(f"model {metadata.get('name')!r} takes no raw rows over HTTP: it was not trained "
+                                   "on a data spec (its inputs: "
+                                   f"{', '.join(i['name'] for i in metadata.get('inputs', []))})")
+    spec = load_spec(data_spec)
+    tables = load_tables(spec)
+    if split not in tables:
+        raise InvalidArgumentError(f"the data spec has no {split!r} split (it has {', '.join(tables)})")
+    table = tables[split]
+    missing = [column["name"] for column in raw if column["name"] not in table.columns]
+    if missing:
+        raise InvalidArgumentError(f"the {split!r} split lacks the model's raw column(s) {', '.join(missing)}")
+    bodies = []
+    for block in range(min(limit, max(1, len(table) // rows))):
+        index = (block * rows + np.arange(rows)) % len(table)
+        inputs = [{"name": column["name"], "shape": [rows], "datatype": column["datatype"],
+                   "data": _column_data(table.columns[column["name"]][index], column["datatype"])} for column in raw]
+        bodies.append(json_body(inputs, parameters))
+    return bodies, f"{split} split of {spec.name} ({len(table)} rows) as raw columns"
+
+
+def _column_data(values, datatype):
+    """A column's values as JSON: strings for BYTES, numbers (a missing one as null: the spec's default)."""
+    if datatype == "BYTES":
+        return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
+    return [None if v != v else v for v in np.asarray(values, np.float64).tolist()]
 
 
 def json_body(inputs, parameters=None):
@@ -156,18 +191,26 @@ class HttpTarget:
         return json.loads(content).get("parameters") or {}
 
 
-def load_test_http(url, model, rate, duration, deadline_ms, min_members=None, rows=1, connections=16, seed=0):
-    """The load test's report (as loadtest/aggregator.py's) for open-loop infers of `model` through the gateway."""
+def load_test_http(url, model, rate, duration, deadline_ms, min_members=None, rows=1, connections=16, seed=0,
+                   data_spec=None, split="test"):
+    """The load test's report (as loadtest/aggregator.py's) for open-loop infers of `model` through the gateway:
+    random rows in its input signature, or (`data_spec`) the rows of a split as raw columns."""
     metadata = model_metadata(url, model)
-    body = json_body(random_body(metadata, rows, seed), {"min_members": min_members} if min_members else None)
+    parameters = {"min_members": min_members} if min_members else None
+    if data_spec is not None:
+        bodies, source = data_bodies(metadata, data_spec, split, rows, parameters)
+    else:
+        signature = ", ".join(f"{i['name']} {i['shape']} {i['datatype']}" for i in metadata["inputs"])
+        bodies, source = [json_body(random_body(metadata, rows, seed), parameters)], \
+            f"random rows of {signature} (JSON tensors)"
+    sent = itertools.count()
     target = HttpTarget(url, model, deadline_ms, connections)
     try:
-        run = run_open_loop(lambda: target.submit(body), target.poll, rate, duration)
+        run = run_open_loop(lambda: target.submit(bodies[next(sent) % len(bodies)]), target.poll, rate, duration)
     finally:
         target.close()
-    signature = ", ".join(f"{i['name']} {i['shape']} {i['datatype']}" for i in metadata["inputs"])
     return {"address": f"{url} model {model}", "rate": rate, "duration_s": duration, "deadline_ms": deadline_ms,
-            "rows_per_request": rows, "requests_from": f"random rows of {signature} (JSON tensors)",
+            "rows_per_request": rows, "requests_from": source,
             "overall": run.summary(), "events": run.events,
             "partial_answers": sum(1 for o in run.outcomes if o.info and o.info.get("missing"))}
 

@@ -3,6 +3,10 @@ column, BYTES for a categorical one), made into the model's inputs by the model 
 of training, and answers each row's class name as the `predicted` output; through plain HTTP and through
 `tritonclient.http` (binary strings), to a member and to the ensemble. Real servers, aggregator and gateway."""
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -37,7 +41,8 @@ def cluster(tmp_path_factory, module_processes):
     gateway = module_processes.service("zmqflow.services.gateway", [
         "--aggregator", aggregator.endpoint, "--refresh-s", "0.3"], bind="127.0.0.1:0")
     wait_ready(gateway.endpoint, ("ensemble", "mlp", "logistic"))
-    return gateway.endpoint, local
+    (root / "spec.yaml").write_text(json.dumps(spec_dict(root / "train.csv")))
+    return gateway.endpoint, local, root / "spec.yaml"
 
 
 def wait_ready(url, models, timeout_s=15.0):
@@ -57,7 +62,6 @@ def columns_request(rows, **extra):
 
 
 def infer(url, model, payload):
-    import json
     return plain_http.request(url, "POST", f"/v2/models/{model}/infer", json.dumps(payload).encode(),
                               {"Content-Type": "application/json"})
 
@@ -67,7 +71,7 @@ def outputs_of(answer):
 
 
 def test_metadata_lists_the_raw_columns_and_the_predicted_output(cluster):
-    url, _ = cluster
+    url, _, _ = cluster
     metadata = plain_http.request(url, path="/v2/models/mlp").json()
     assert metadata["raw_inputs"] == [{"name": "age", "datatype": "FP32", "shape": [-1]},
                                       {"name": "size", "datatype": "FP32", "shape": [-1]},
@@ -76,7 +80,7 @@ def test_metadata_lists_the_raw_columns_and_the_predicted_output(cluster):
 
 
 def test_plain_http_raw_rows_get_the_models_answer_and_each_rows_class(cluster):
-    url, local = cluster
+    url, local, _ = cluster
     answer = infer(url, "mlp", columns_request(ROWS))
     assert answer.status == 200, answer.body
     outputs = outputs_of(answer)
@@ -86,7 +90,7 @@ def test_plain_http_raw_rows_get_the_models_answer_and_each_rows_class(cluster):
 
 
 def test_the_ensemble_takes_raw_rows_and_names_the_combined_class(cluster):
-    url, local = cluster
+    url, local, _ = cluster
     answer = infer(url, "ensemble", columns_request(ROWS, outputs=[{"name": "predicted"}]))
     assert answer.status == 200, answer.body
     mean = (local["mlp"] + local["logistic"]) / 2
@@ -97,7 +101,7 @@ def test_the_ensemble_takes_raw_rows_and_names_the_combined_class(cluster):
 
 def test_tritonclient_sends_raw_columns_as_binary_strings(cluster):
     httpclient = pytest.importorskip("tritonclient.http", reason="the test extra installs tritonclient[http]")
-    url, local = cluster
+    url, local, _ = cluster
     client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=10.0)
     try:
         inputs = []
@@ -116,10 +120,44 @@ def test_tritonclient_sends_raw_columns_as_binary_strings(cluster):
 
 
 def test_a_missing_or_mistyped_column_is_a_400_naming_it(cluster):
-    url, _ = cluster
+    url, _, _ = cluster
     missing = infer(url, "mlp", columns_request({"age": [1.0], "city": ["rome"]}))
     assert missing.status == 400 and "needs raw column(s) 'size'" in missing.json()["error"]
     mistyped = columns_request({"age": [1.0], "size": [0.0], "city": ["rome"]})
     mistyped["inputs"][2]["datatype"] = "FP32"
     answer = infer(url, "ensemble", mistyped)
     assert answer.status == 400 and "'city' is categorical" in answer.json()["error"]
+
+
+def test_loadtest_over_http_sends_a_data_specs_rows_as_raw_columns(cluster, tmp_path):
+    url, _, spec = cluster
+    report_file = tmp_path / "load.json"
+    done = subprocess.run([sys.executable, "-m", "zmqflow", "loadtest", "--http", url, "--model", "ensemble",
+                           "--data", str(spec), "--split", "train", "--rows", "4", "--rate", "100", "--duration", "1",
+                           "--deadline-ms", "2000", "--max-failures", "0", "--json-out", str(report_file)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(report_file.read_text())
+    print(f"\nloadtest --http --data: {report['overall']}")
+    assert report["overall"]["answered"] == report["overall"]["requests"] == 100
+    assert report["requests_from"] == "train split of data (120 rows) as raw columns"
+
+
+def test_the_rows_of_a_split_become_consecutive_raw_column_bodies(cluster):
+    from zmqflow.loadtest.http_target import data_bodies
+    url, _, spec = cluster
+    metadata = plain_http.request(url, path="/v2/models/ensemble").json()
+    bodies, _ = data_bodies(metadata, str(spec), "train", rows=50)
+    assert len(bodies) == 2   # 120 rows: two whole blocks of 50, cycled
+    first, second = (json.loads(b)["inputs"] for b in bodies)
+    assert [i["name"] for i in first] == ["age", "size", "city"] and first[2]["datatype"] == "BYTES"
+    lines = (spec.parent / "train.csv").read_text().splitlines()[1:]
+    assert first[1]["data"][0] == pytest.approx(float(lines[0].split(",")[2]))
+    assert second[2]["data"][0] == lines[50].split(",")[1]
+
+
+def test_a_model_without_raw_columns_is_refused_by_the_http_loadtest(topology, cluster, tmp_path):
+    _, _, spec = cluster
+    done = subprocess.run([sys.executable, "-m", "zmqflow", "loadtest", "--http", topology.gateway, "--data", str(spec),
+                           "--duration", "1"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "takes no raw rows over HTTP: it was not trained on a data spec" in done.stderr
