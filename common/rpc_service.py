@@ -21,6 +21,10 @@ gone and its requests are cancelled, so a killed client never pins an element.
 A client whose connection drops (its process died) is known sooner: the ROUTER
 socket's monitor reports the disconnect of the connection its messages came on,
 and its parked requests are cancelled at once, before anything is handed to them.
+The monitor's events are read before a message's connection is recorded, so a closed
+connection's event is never taken for a new one on the same fd number; and a reply that
+meets a client gone before its event was read fails (ROUTER_MANDATORY) rather than
+vanishing, so what it carried can be taken back (the broker's dequeues).
 Both paths, and `bye`, go through `on_client_gone`, which a service extends for
 what else it keeps per client.
 """
@@ -78,6 +82,9 @@ class Service:
         self.socket.linger = 0
         self.socket.setsockopt(zmq.MAXMSGSIZE, limits.socket_max_frame_bytes)
         self.socket.sndhwm = self.socket.rcvhwm = 100_000
+        # a reply to a client that is gone fails at once (EHOSTUNREACH) instead of vanishing: what it carried
+        # (a dequeue's elements) can be taken back (reply() says whether it was delivered)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.curve_dir = curve_dir or curve.curve_dir_from_env()  # CURVE keys, or a warning when exposed
         curve.secure_server(self.socket, bind, curve.ServerKeys(self.curve_dir) if self.curve_dir else None)
         # dropped connections: a client that died holding parked requests is cancelled at once
@@ -161,13 +168,15 @@ class Service:
         return PARKED
 
     def reply(self, call, result=None, tensors=()):
+        """Answer `call`; whether the answer reached its client's connection (False: the client is gone,
+        or it was answered before)."""
         if call.finished:
-            return
+            return False
         call.finished = True
         parked = self.parked.pop(call.key, None)
         if self.op_stats is not None:
             self.op_stats.observe(call.op, call.received, 0, parked is not None)
-        self._send(call.identity, wire.reply_frames(call.id, 0, None, result, tensors))
+        return self._send(call.identity, wire.reply_frames(call.id, 0, None, result, tensors))
 
     def fail(self, call, error):
         if call.finished:
@@ -180,10 +189,17 @@ class Service:
         self._send(call.identity, wire.reply_frames(call.id, error.code, error.message, details=error.details))
 
     def _send(self, identity, frames):
+        """Whether the message went out: a client that is gone (EHOSTUNREACH) or whose queue is full (EAGAIN)
+        loses the reply, never the loop."""
         try:
             wire.send_message(self.socket, frames, identity)
-        except zmq.ZMQError as exc:  # peer gone or HWM: the reply is lost, the loop is not
-            log.warning("reply to %r dropped: %s", identity, exc)
+            return True
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                log.info("reply to %r dropped: its client is gone", identity)
+            else:
+                log.warning("reply to %r dropped: %s", identity, exc)
+            return False
 
     # ------------------------------------------------ the loop
 
@@ -231,6 +247,10 @@ class Service:
         now = time.monotonic()
         self._last_seen[identity] = now
         if getattr(identity, "fd", None) is not None:
+            # the monitor's events first: a connection that closed before this one was accepted (and whose
+            # fd number this one may reuse) said so before this message came, so its event is read now and
+            # cannot be taken later for this client's (a live client's requests were cancelled that way)
+            self._watch_connections()
             self._fd_of[identity] = identity.fd
         self.stats["requests"] += 1
         rid = header.get("id") if header is not None and type(header.get("id")) is int else 0

@@ -218,14 +218,15 @@ def recv_message(sock, expect_identity, limits=DEFAULT_LIMITS):
 
 
 def send_message(sock, frames, identity=None):
-    """Send one multipart message; frames from 64 KiB up go without a copy.
+    """Send one multipart message; frames from 64 KiB up go without a copy. To a ROUTER's `identity`
+    without blocking: with ROUTER_MANDATORY a peer that is gone (or full) raises ZMQError at once.
 
     Plain int flags and one `send` per frame: pyzmq's send_multipart spends
     more time on enum arithmetic than on sending small messages.
     """
     last = len(frames) - 1
     if identity is not None:
-        sock.send(identity, _SNDMORE)
+        sock.send(identity, _SNDMORE | _NOBLOCK)
     for i, frame in enumerate(frames):
         flags = 0 if i == last else _SNDMORE
         if isinstance(frame, bytes) or memoryview(frame).nbytes < ZERO_COPY_BYTES:
@@ -240,6 +241,7 @@ def readable(sock):
 
 
 _RCVMORE, _SNDMORE, _EVENTS, _POLLIN = int(zmq.RCVMORE), int(zmq.SNDMORE), int(zmq.EVENTS), int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 def _declared_bytes(spec):

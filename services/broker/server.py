@@ -4,12 +4,14 @@ All queue semantics live in `zmqflow.services.broker.queues`; this file only map
 to calls, parks requests that cannot complete yet, and replies to every ticket
 a call completed (after the queue's loop finished, so replies are atomic). A leased
 dequeue's reply carries its lease id; leases expire on the loop's timer and go back
-when their client is gone (`on_client_gone`).
+when their client is gone (`on_client_gone`). A plain dequeue's answer that cannot be
+delivered (its client vanished before the socket monitor said so) gives its elements back.
 """
 
 import dataclasses
 import logging
 import time
+from collections import deque
 
 from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError
 from zmqflow.common.limits import DEFAULT_LIMITS
@@ -77,14 +79,20 @@ class BrokerService(Service):
         return PARKED
 
     def _answer(self, tickets):
-        for ticket in tickets:
+        tickets = deque(tickets)
+        while tickets:
+            ticket = tickets.popleft()
             call = ticket.tag
             if ticket.error is not None:
                 self.fail(call, ticket.error)
             elif ticket.lease is not None:
                 self._answer_leased(call, ticket)
-            else:
-                self.reply(call, None, ticket.result or ())
+            elif self.reply(call, None, ticket.result or ()) or not ticket.handed:
+                ticket.handed = None
+            else:  # its client is gone: the elements go back, and may complete other waiting dequeues
+                log.info("a %s answer could not be delivered (its client is gone): %d element(s) back in the "
+                         "queue", ticket.op, len(ticket.handed))
+                tickets.extend(call.state[0].take_back(ticket))
 
     def _answer_leased(self, call, ticket):
         """The elements stay the broker's until the lease is settled: the reply names the lease."""

@@ -166,6 +166,20 @@ class QueueBase:
         self._run(done)
         return done
 
+    def take_back(self, ticket):
+        """A plain dequeue whose answer could not be delivered (its client is gone): the elements it took
+        return as a withdrawn batch's do (§5) and are held again; the tickets that completes."""
+        held, ticket.handed = ticket.handed, None
+        if not held:
+            return []
+        n = self._elements_bytes(held)
+        self.held_bytes += n
+        self._quota.hold_again(self._container, n)
+        self._restore(held)
+        done = []
+        self._run(done)
+        return done
+
     def settle(self, elements):
         """Elements of an acknowledged lease leave for good. On a closed queue, dequeuers that waited
         for them to maybe come back may now fail OutOfRange: the tickets completed."""
@@ -357,6 +371,7 @@ class QueueBase:
             t.leased = [element]
             self._leased += 1
         else:
+            t.handed = [element]
             self._release(self._row_bytes if self._row_bytes is not None else self._elements_bytes((element,)))
         return COMPLETE
 
@@ -402,6 +417,7 @@ class QueueBase:
             t.leased = held
             self._leased += len(held)
         else:
+            t.handed = held
             self._release(self._elements_bytes(held))
         return COMPLETE
 

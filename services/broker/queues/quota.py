@@ -65,6 +65,11 @@ class Quota:
         self.container_bytes[container] = held + n
         self.total_bytes += n
 
+    def hold_again(self, container, n):
+        """Bytes released a moment ago come back (an undelivered dequeue): no limit check, they fitted."""
+        self.container_bytes[container] = self.container_bytes.get(container, 0) + n
+        self.total_bytes += n
+
     def release(self, container, n):
         self.container_bytes[container] -= n
         self.total_bytes -= n

@@ -5,7 +5,8 @@ ticket that cannot complete yet stays pending inside the queue (it holds no
 thread) and finishes on a later submit/cancel. When `done` is set, `result`
 (dequeues) or `error` say how it ended. `owner` (the client) and `tag` (the
 server's request) are opaque to the queue. A dequeue with `lease` (seconds) leaves
-its elements in `leased` when it completes: the queue still holds them (leases.py).
+its elements in `leased` when it completes: the queue still holds them (leases.py). Any other dequeue
+keeps what it took in `handed` until its answer is sent: a client gone by then gives them back.
 __slots__ because a ticket is made for every request on the broker's hot path.
 """
 
@@ -19,7 +20,7 @@ class Ticket:
     """A queue request: op and arguments, then done/result/error."""
 
     __slots__ = ("op", "components", "n", "cancel_pending_enqueues", "owner", "tag", "lease",
-                 "done", "result", "error", "leased",
+                 "done", "result", "error", "leased", "handed",
                  "_queue", "_held", "_next", "_batch")
 
     def __init__(self, op, components=None, n=None, cancel_pending_enqueues=False, owner=None, tag=None,
@@ -35,6 +36,7 @@ class Ticket:
         self.result = None
         self.error = None
         self.leased = None  # a completed leased dequeue: the elements it handed out, still held
+        self.handed = None  # a completed plain dequeue: the elements it took, until its answer is delivered
         self._queue = None  # the queue whose E or D list holds it while pending
         self._held = None  # dequeue_many/up_to: elements taken so far
         self._next = 0  # enqueue_many: index of the next element to insert
