@@ -1,24 +1,12 @@
 """A plain dequeue whose answer cannot be delivered gives its elements back (QueueBase.take_back), no sockets:
 they return where a withdrawn batch's would (§5), are held (bytes) again, and complete waiting dequeues."""
 
-import numpy as np
 import pytest
 
-from zmqflow.services.broker.queues import QUEUE_CLASSES, QueueDeclaration, Ticket
+from zmqflow.services.broker.queues import Ticket
+from tests.broker.test_leases import fill, make
 
 pytestmark = pytest.mark.unit
-
-
-def make(kind="FIFOQueue", **kw):
-    decl = QueueDeclaration(kind, 100, ["int32"], [[]], **kw)
-    decl.validate()
-    return QUEUE_CLASSES[kind](decl, "q")
-
-
-def fill(q, *values):
-    t = Ticket("enqueue_many", [np.array(values, np.int32)])
-    q.submit(t)
-    assert t.done and t.error is None
 
 
 def take(q, op="dequeue_many", n=None):

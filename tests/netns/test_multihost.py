@@ -13,7 +13,6 @@ otherwise (`make test-netns`).
 
 import json
 import os
-import shutil
 import sys
 import time
 from types import SimpleNamespace
@@ -22,7 +21,7 @@ import pytest
 
 from zmqflow.common import checkpoint
 from tests.support import wait_for
-from tests.support.netns import NetworkNamespaces, netns_unusable
+from tests.support.netns import ZMQFLOW, NetworkNamespaces, skip_unless_usable
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns]
 
@@ -33,17 +32,12 @@ OPTIMIZER = '{"kind": "adam", "learning_rate": 0.004}'
 EPOCHS = 1
 READY_S, TRAIN_S, EXIT_S = 30, 90, 20
 
-ZMQFLOW = shutil.which("zmqflow", path=os.path.dirname(sys.executable)) or shutil.which("zmqflow")
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 @pytest.fixture(scope="module")
 def network():
-    reason = netns_unusable()
-    if reason:
-        pytest.skip(reason)
-    if ZMQFLOW is None:
-        pytest.skip("the zmqflow command is not installed next to this interpreter")
+    skip_unless_usable()
     with NetworkNamespaces(HOSTS, rate=RATE) as hosts:
         yield hosts
     assert not hosts.leftovers(), f"left behind: {hosts.leftovers()}"

@@ -15,7 +15,7 @@ import pytest
 
 from zmqflow.bench.serve import write_random_checkpoint
 from tests.support import wait_for
-from tests.support.netns import NetworkNamespaces, netns_unusable
+from tests.support.netns import ZMQFLOW, NetworkNamespaces, skip_unless_usable
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns]
 
@@ -25,7 +25,6 @@ GONE = "serve-gone"
 DNS_TIMEOUT_S = 3
 DEADLINE_MS, REQUESTS = 500, 200
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
-ZMQFLOW = shutil.which("zmqflow", path=os.path.dirname(sys.executable)) or shutil.which("zmqflow")
 
 SILENT_DNS = """
 import socket
@@ -65,11 +64,7 @@ print(json.dumps({"latencies": latencies, "both": both, "pings": pings, "members
 
 @pytest.fixture(scope="module")
 def network():
-    reason = netns_unusable()
-    if reason:
-        pytest.skip(reason)
-    if ZMQFLOW is None:
-        pytest.skip("the zmqflow command is not installed next to this interpreter")
+    skip_unless_usable()
     with NetworkNamespaces(HOSTS) as hosts:
         etc = f"/etc/netns/{hosts.namespace('aggregator')}"
         made_parent = not os.path.isdir("/etc/netns")

@@ -21,8 +21,11 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 
 PREFIX = "zfq"
+ZMQFLOW = shutil.which("zmqflow", path=os.path.dirname(sys.executable)) or shutil.which("zmqflow")
+"""The zmqflow command the namespaces run (next to this interpreter, else on PATH), or None."""
 SUBNETS = [f"10.77.{i}.0/24" for i in range(256)]
 """Candidate subnets, the first that no address or route of the root namespace overlaps is used."""
 
@@ -61,6 +64,16 @@ def netns_unusable():
     finally:
         _ip("netns", "delete", probe, check=False)
     return None
+
+
+def skip_unless_usable():
+    """pytest.skip, with the reason, where namespaces cannot be used or the zmqflow command is missing."""
+    import pytest
+    reason = netns_unusable()
+    if reason:
+        pytest.skip(reason)
+    if ZMQFLOW is None:
+        pytest.skip("the zmqflow command is not installed next to this interpreter")
 
 
 def remove_stale(prefix=PREFIX):
