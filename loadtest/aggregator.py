@@ -150,7 +150,8 @@ def _ms(value):
 @click.option("--address", default=None, help="The aggregator's endpoint, e.g. tcp://127.0.0.1:5800.")
 @click.option("--http", "http_url", default=None, metavar="URL",
               help="Drive the HTTP gateway at URL instead (e.g. http://127.0.0.1:8000): Open Inference Protocol infers "
-                   "of --model with JSON tensors, random rows in the model's input signature.")
+                   "of --model with JSON tensors, random rows in the model's input signature (or --data's rows as "
+                   "raw columns).")
 @click.option("--model", default="ensemble", show_default=True,
               help="With --http: the model to load (the ensemble, or one member by its name).")
 @click.option("--connections", default=16, show_default=True, type=click.IntRange(1),
