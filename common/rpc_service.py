@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 PARKED = object()
 _DRAIN_BATCH = 256
+_COMPACT_MIN = 1024  # the deadline heap is rebuilt without answered calls once it is this long and twice live
 
 
 class Call:
@@ -98,6 +99,7 @@ class Service:
             self.admin_token, self._admin_token_file = admin_token.for_service(self.endpoint, sorted(self.admin_ops))
         self.parked = {}
         self._deadlines = []
+        self._compact_at = _COMPACT_MIN  # the heap's length that triggers dropping answered calls from it
         self._seq = 0
         self._last_seen = {}
         self._fd_of = {}   # identity -> the fd of the connection its last message came on
@@ -163,9 +165,22 @@ class Service:
     def park(self, call):
         self.parked[call.key] = call
         if call.deadline is not None:
-            self._seq += 1
-            heapq.heappush(self._deadlines, (call.deadline, self._seq, call))
+            self._push_timer(call.deadline, call.key)
         return PARKED
+
+    def _push_timer(self, when, key):
+        """An entry in the deadline heap: a parked call's key (never the call: an answered call, its tensors and
+        its ticket must go when it is answered, not when its deadline comes; the broker held every batch a
+        worker dequeued for its 600 s timeout, 17.7 GB), or None for a wake-up. Answered calls' entries leave
+        lazily; past twice what is parked, the heap is rebuilt without them (amortized O(1) a push)."""
+        heap = self._deadlines
+        self._seq += 1
+        heapq.heappush(heap, (when, self._seq, key))
+        if len(heap) >= self._compact_at:
+            parked = self.parked
+            heap[:] = [entry for entry in heap if entry[2] is None or entry[2] in parked]
+            heapq.heapify(heap)
+            self._compact_at = max(_COMPACT_MIN, 2 * len(heap))
 
     def reply(self, call, result=None, tensors=()):
         """Answer `call`; whether the answer reached its client's connection (False: the client is gone,
@@ -310,23 +325,24 @@ class Service:
         return op if isinstance(op, str) and op in self.handlers else "unknown"
 
     def _expire(self, now):
-        heap = self._deadlines
+        heap, parked = self._deadlines, self.parked
         while heap and heap[0][0] <= now:
-            _, _, call = heapq.heappop(heap)
-            if call is not None and not call.finished:  # None: a wake-up of `wake_at`
+            key = heapq.heappop(heap)[2]
+            call = None if key is None else parked.get(key)  # None: a wake-up of `wake_at`, or answered
+            # the deadline too: a later request may have taken an answered one's key (its id, reused)
+            if call is not None and not call.finished and call.deadline <= now:
                 self.stats["deadlines"] += 1
                 self.on_deadline(call)
 
     def wake_at(self, when):
         """Make the loop run `_expire` by `when` (monotonic s): subclasses' timers (batches, probes)."""
-        self._seq += 1
-        heapq.heappush(self._deadlines, (when, self._seq, None))
+        self._push_timer(when, None)
 
     def _next_wake(self, default):
         """The earliest pending deadline or wake-up, dropping the entries of calls already answered
         (most calls finish long before their deadline: without this the loop would wake for each)."""
-        heap = self._deadlines
-        while heap and heap[0][2] is not None and heap[0][2].finished:
+        heap, parked = self._deadlines, self.parked
+        while heap and heap[0][2] is not None and heap[0][2] not in parked:
             heapq.heappop(heap)
         return min(default, heap[0][0]) if heap else default
 
@@ -377,5 +393,6 @@ class Service:
     def _info(self, call):
         return {"service": self.name, "endpoint": self.endpoint, "pid": os.getpid(),
                 "uptime_s": round(time.monotonic() - self.started, 3), "parked": len(self.parked),
+                "timers": len(self._deadlines),
                 "stats": dict(self.stats), "curve": bool(self.curve_dir), "metrics": self.metrics_address,
                 **self.describe()}

@@ -35,6 +35,7 @@ class BrokerService(Service):
         self.broker_limits = broker_limits or BrokerLimits()
         self.registry = QueueRegistry(self.broker_limits)
         self.leases = LeaseBook()
+        self._lease_wake = None  # when the loop is woken next for an expiring lease (monotonic s)
         for op in BrokerOps.QUEUE_OPS:
             self.handlers[op] = self._queue_op
         self.handlers.update({BrokerOps.OPEN_QUEUE: self._open_queue, BrokerOps.ATTACH_QUEUE: self._attach_queue,
@@ -83,22 +84,25 @@ class BrokerService(Service):
         while tickets:
             ticket = tickets.popleft()
             call = ticket.tag
+            queue = call.state[0]
+            # the call and its ticket refer to each other: undone here, what they carry (a batch, an
+            # enqueue's frames) goes with the answer instead of waiting for a full garbage collection
+            call.state = ticket.tag = None
             if ticket.error is not None:
                 self.fail(call, ticket.error)
             elif ticket.lease is not None:
-                self._answer_leased(call, ticket)
+                self._answer_leased(call, queue, ticket)
             elif self.reply(call, None, ticket.result or ()) or not ticket.handed:
                 ticket.handed = None
             else:  # its client is gone: the elements go back, and may complete other waiting dequeues
                 log.info("a %s answer could not be delivered (its client is gone): %d element(s) back in the "
                          "queue", ticket.op, len(ticket.handed))
-                tickets.extend(call.state[0].take_back(ticket))
+                tickets.extend(queue.take_back(ticket))
 
-    def _answer_leased(self, call, ticket):
+    def _answer_leased(self, call, queue, ticket):
         """The elements stay the broker's until the lease is settled: the reply names the lease."""
-        queue = call.state[0]
         lease = self.leases.grant(queue, call.identity, ticket.leased or [], ticket.lease, time.monotonic())
-        self.wake_at(lease.expires)
+        self._wake_for_lease(lease.expires)
         self.reply(call, {"lease": lease.id, "lease_s": lease.seconds}, ticket.result or ())
 
     # ------------------------------------------------ leases (queues/leases.py)
@@ -123,14 +127,26 @@ class BrokerService(Service):
     def _extend(self, call):
         seconds = check_lease_seconds(call.args.get("seconds"), "extend's seconds")
         lease = self.leases.extend(self._lease_id(call), call.identity, seconds, time.monotonic())
-        self.wake_at(lease.expires)
+        self._wake_for_lease(lease.expires)
         return {"lease": lease.id, "lease_s": lease.seconds}
+
+    def _wake_for_lease(self, expires):
+        """One wake-up for the earliest lease, not one per lease: a timer per lease filled the deadline heap
+        with one entry per leased batch for the lease's length."""
+        if self._lease_wake is None or expires < self._lease_wake:
+            self._lease_wake = expires
+            self.wake_at(expires)
 
     def _expire(self, now):
         super()._expire(now)
         when = self.leases.next_expiry
         if when is not None and when <= now:
             self._answer(self.leases.expire(now))
+        if self._lease_wake is not None and self._lease_wake <= now:  # that wake-up has come: set the next
+            self._lease_wake = None
+            when = self.leases.next_expiry
+            if when is not None:
+                self._wake_for_lease(when)
 
     def on_client_gone(self, identity, error):
         super().on_client_gone(identity, error)

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from zmqflow.common.errors import UnavailableError
-from zmqflow.common.rpc_service import PARKED, Call, Service
+from zmqflow.common.rpc_service import PARKED, Service
 
 
 class FakeMember(Service):
@@ -24,6 +24,7 @@ class FakeMember(Service):
         self.offset, self.delay, self.mode, self.classes = offset, delay, mode, classes
         self.service_s, self._free_at = service_s, 0.0  # fixed capacity: when the request before is done
         self.seen = 0
+        self._answers = []  # heap of (when, seq, call, out): delayed answers, sent by _expire when due
         self.handlers["predict"] = self._predict
         self._thread = threading.Thread(target=self.run, kwargs={"install_signals": False}, daemon=True)
 
@@ -53,13 +54,16 @@ class FakeMember(Service):
         if delay <= 0:
             return {"model": "fake"}, [out]
         when = time.monotonic() + delay
-        timer = Call(None, 0, "answer", {}, [], when, time.monotonic())
-        timer.state = (call, out)
         self._seq += 1
-        heapq.heappush(self._deadlines, (when, self._seq, timer))  # wakes the loop then: on_deadline answers
+        heapq.heappush(self._answers, (when, self._seq, call, out))
+        self.wake_at(when)  # the loop runs _expire then
         return PARKED
 
     def on_deadline(self, call):
-        if call.op == "answer":  # the delay is over: answer, however late that is for the caller
-            call.finished = True
-            self.reply(call.state[0], {"model": "fake"}, [call.state[1]])
+        """A member that ignores its callers' deadlines: the aggregator must enforce its own."""
+
+    def _expire(self, now):
+        super()._expire(now)
+        while self._answers and self._answers[0][0] <= now:  # the delay is over: answer, however late
+            _, _, call, out = heapq.heappop(self._answers)
+            self.reply(call, {"model": "fake"}, [out])

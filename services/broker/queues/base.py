@@ -153,8 +153,10 @@ class QueueBase:
         return self._cancel_where(lambda t: True, error)
 
     def free(self):
-        """Give back every byte this queue still holds (the registry freed it, after cancel_all)."""
+        """Give back every byte this queue still holds (the registry freed it, after cancel_all). The elements go
+        now: the queue refers to itself (its `_tries`), so it would wait for a full garbage collection."""
         self._release(self.held_bytes)
+        self._elements.clear()
         self.freed = True
 
     def give_back(self, elements):
@@ -170,7 +172,7 @@ class QueueBase:
         """A plain dequeue whose answer could not be delivered (its client is gone): the elements it took
         return as a withdrawn batch's do (§5) and are held again; the tickets that completes."""
         held, ticket.handed = ticket.handed, None
-        if not held:
+        if not held or self.freed:  # a queue freed meanwhile (container reset) holds nothing again
             return []
         n = self._elements_bytes(held)
         self.held_bytes += n
