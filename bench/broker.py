@@ -7,6 +7,9 @@ Phases (each in fresh processes, the broker started by PID like a user would):
   batch   enqueue_many / dequeue_many of 100 x (784 float32 + 1 int32).
   raw     the same batch bytes through producer -> forwarding process -> consumer
           with no logic (PUSH/PULL), the ceiling of this topology.
+  memory  a fresh broker's RSS against the bytes its queue holds: a shuffle queue (and a FIFO one) of
+          20,000 MNIST rows kept full while rows go through it, readers' 256-row enqueue_many's in and
+          workers' 100-row batches out (issue 27: at most 2x the bytes held plus the idle broker's RSS).
 """
 
 import multiprocessing as mp
@@ -113,6 +116,41 @@ def _latency(endpoint, samples=2000):
     return float(np.percentile(us, 50)), float(np.percentile(us, 99))
 
 
+def rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def memory(kind="RandomShuffleQueue", capacity=20_000, turnovers=10, enqueue_rows=256):
+    """A fresh broker's idle RSS, then its highest RSS while a full queue of `capacity` MNIST rows turns over
+    `turnovers` times, and the bytes the queue held (the broker's own count)."""
+    from zmqflow.common.queues import FIFOQueue, RandomShuffleQueue
+    from zmqflow.common.rpc_client import RpcClient
+    broker = start_service("zmqflow.services.broker")
+    try:
+        base = rss_bytes(broker.pid)
+        args = dict(dtypes=["float32", "int32"], shapes=[[ROW], []], shared_name="memory", broker=broker.endpoint)
+        queue = (RandomShuffleQueue(capacity, capacity // 10, **args) if kind == "RandomShuffleQueue"
+                 else FIFOQueue(capacity, **args))
+        rng = np.random.default_rng(0)
+        rows = [rng.random((enqueue_rows, ROW), dtype=np.float32), np.arange(enqueue_rows, dtype=np.int32)]
+        peak, held, through = 0, 0, 0
+        with RpcClient(broker.endpoint) as client:
+            while through < turnovers * capacity:
+                if queue.size() + enqueue_rows <= capacity:
+                    queue.enqueue_many(rows, timeout=30)
+                    continue
+                for _ in range(enqueue_rows // BATCH + 1):
+                    queue.dequeue_many(BATCH, timeout=30)
+                    through += BATCH
+                peak = max(peak, rss_bytes(broker.pid))
+                held = max(held, client.call("info", timeout=5)[0]["bytes"])
+    finally:
+        broker.stop()
+    return {"queue": kind, "idle_rss_bytes": base, "held_bytes": held, "peak_rss_bytes": peak,
+            "rss_over_held": round((peak - base) / held, 3)}
+
+
 # ------------------------------------------------ raw relay baseline
 
 
@@ -209,4 +247,10 @@ def run(seconds=3.0, window=64, progress=None):
     result["raw_relay_mb_per_s"] = round(received * batch_bytes / elapsed / 1e6, 1)
     result["batch_vs_raw"] = round(result["batch_mb_per_s"] / result["raw_relay_mb_per_s"], 3)
     say(f"raw relay: {result['raw_relay_mb_per_s']} MB/s; broker/raw = {result['batch_vs_raw']}")
+    for kind in ("RandomShuffleQueue", "FIFOQueue"):
+        held = memory(kind)
+        result[f"memory_{kind}"] = held
+        say(f"{kind} of 20,000 rows kept full: {held['held_bytes'] / 2**20:.0f} MB held, broker RSS "
+            f"{held['peak_rss_bytes'] / 2**20:.0f} MB at most (idle {held['idle_rss_bytes'] / 2**20:.0f} MB): "
+            f"{held['rss_over_held']}x the bytes held above idle")
     return result

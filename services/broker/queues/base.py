@@ -58,6 +58,23 @@ def consecutive_rows(parts):
                                            writeable=False)
 
 
+def rows_of(array):
+    """Per-row views of an array: iterating a rank>1 array yields them in C; a rank-1 array would yield
+    scalars (bytes for strings), so its rows are 0-d views."""
+    return list(array) if array.ndim > 1 else [array[k, ...] for k in range(len(array))]
+
+
+def batch_of_rows(held, dtypes):
+    """The [B]+shape arrays of the elements `held`: a view where a component's rows are consecutive rows of
+    one buffer (a batch that went in, or was gathered, whole), else a copy."""
+    out = []
+    for i, dtype in enumerate(dtypes):
+        parts = [e[i] for e in held]
+        rows = consecutive_rows(parts) if parts else None
+        out.append(rows if rows is not None else stack(parts, dtype))
+    return out
+
+
 class QueueBase:
     """A queue's state and service rule; `submit` and `cancel` are its whole interface to the server."""
 
@@ -350,10 +367,7 @@ class QueueBase:
         end = min(batch, i + self._capacity - len(elements))
         if end <= i:
             return NO_PROGRESS
-        # per-element views of rows i..end; iterating a rank>1 array yields them in C, a
-        # rank-1 array would yield scalars (bytes for strings), so those rows are 0-d views
-        rows = [list(c[i:end]) if c.ndim > 1 else [c[k, ...] for k in range(i, end)] for c in t.components]
-        elements.extend(zip(*rows))
+        self._store_rows(t.components, i, end)
         t._next = end
         return COMPLETE if end == batch else PROGRESS
 
@@ -377,6 +391,15 @@ class QueueBase:
             self._release(self._row_bytes if self._row_bytes is not None else self._elements_bytes((element,)))
         return COMPLETE
 
+    def _store_rows(self, components, start, end):
+        """Store rows start..end of an enqueue_many: per-element views of the message (no copy)."""
+        self._elements.extend(zip(*(rows_of(c[start:end]) for c in components)))
+
+    def _take_many(self, k):
+        """Take k elements for one batch."""
+        take = self._take
+        return [take() for _ in range(k)]
+
     def _try_dequeue_many(self, t):
         elements, held = self._elements, t._held
         have = len(held) if held else 0
@@ -387,7 +410,7 @@ class QueueBase:
                 self._restore(held)
                 t._held = None
             if t.op == "dequeue_up_to" and len(elements) > 0:
-                return self._complete_batch(t, [self._take() for _ in range(len(elements))])
+                return self._complete_batch(t, self._take_many(len(elements)))
             if t.op == "dequeue_up_to" and self._leased:
                 return NO_PROGRESS  # leased elements may come back (closed-queue rule, leases.py)
             t.error = self._insufficient(need, size)
@@ -395,12 +418,11 @@ class QueueBase:
         k = min(size - (0 if self._closed else self._min_after), need)
         if k <= 0:
             return NO_PROGRESS
-        take = self._take
         if not have and k == need:  # the whole batch at once, the common case
-            return self._complete_batch(t, [take() for _ in range(k)])
+            return self._complete_batch(t, self._take_many(k))
         if held is None:
             held = t._held = []
-        held.extend([take() for _ in range(k)])
+        held.extend(self._take_many(k))
         if k < need:
             return PROGRESS
         t._held = None

@@ -2,7 +2,7 @@
 
 from collections import deque
 
-from zmqflow.services.broker.queues.base import QueueBase, consecutive_rows, stack
+from zmqflow.services.broker.queues.base import QueueBase, batch_of_rows
 
 
 class FIFOQueue(QueueBase):
@@ -20,9 +20,4 @@ class FIFOQueue(QueueBase):
 
     def _batch(self, held):
         # FIFO keeps each enqueue_many's rows in order, so a batch often is one slice of one message
-        out = []
-        for i, dtype in enumerate(self._dtypes):
-            parts = [e[i] for e in held]
-            rows = consecutive_rows(parts) if parts else None
-            out.append(rows if rows is not None else stack(parts, dtype))
-        return out
+        return batch_of_rows(held, self._dtypes)
