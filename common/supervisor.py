@@ -1,6 +1,6 @@
 """Supervisor: the processes of one job, started together, followed, and stopped together.
 
-DESIGN.md, Jobs: a job ends when its work ends or when one of its tasks fails; then the
+docs/design.md, Jobs: a job ends when its work ends or when one of its tasks fails; then the
 others are stopped in order (the last started first) and the job says which task failed.
 `zmqflow train` (jobs/local_cluster.py), `zmqflow up` (jobs/up/runner.py), sweeps,
 ensembles, the demo and the tests own their children through one of these, so nothing

@@ -1,4 +1,4 @@
-"""The layering of DESIGN.md, checked by import-linter's contracts in pyproject.toml.
+"""The layering of docs/design.md, checked by import-linter's contracts in pyproject.toml.
 
 import-linter finds modules by walking the root package's folder, and the repository keeps the
 layers in their own top-level folders (setup.py maps them into `zmqflow`). So the check runs on

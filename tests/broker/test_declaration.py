@@ -1,4 +1,4 @@
-"""QueueDeclaration against queue-semantics.md §1: validity, attach compatibility and its order, wire form."""
+"""QueueDeclaration against docs/queue-semantics.md §1: validity, attach compatibility and its order, wire form."""
 
 import pytest
 from hypothesis import given, settings

@@ -1,4 +1,4 @@
-"""FIFOQueue domain logic against queue-semantics.md §2, §3, §5, §6 (no sockets).
+"""FIFOQueue domain logic against docs/queue-semantics.md §2, §3, §5, §6 (no sockets).
 
 Blocking is modelled by tickets that stay pending (done False) and complete on
 a later submit/cancel; the list `submit` returns is what the server replies to.

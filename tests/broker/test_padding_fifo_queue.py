@@ -1,4 +1,4 @@
-"""PaddingFIFOQueue against queue-semantics.md §3, §4: shapes with unknown dims, padding per batch."""
+"""PaddingFIFOQueue against docs/queue-semantics.md §3, §4: shapes with unknown dims, padding per batch."""
 
 import ml_dtypes
 import numpy as np

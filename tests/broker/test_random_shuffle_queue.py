@@ -1,4 +1,4 @@
-"""RandomShuffleQueue against queue-semantics.md §3, §4: random takes, min_after_dequeue, exactly-once."""
+"""RandomShuffleQueue against docs/queue-semantics.md §3, §4: random takes, min_after_dequeue, exactly-once."""
 
 import numpy as np
 import pytest

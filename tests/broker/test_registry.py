@@ -1,4 +1,4 @@
-"""QueueRegistry against queue-semantics.md §1, §7: identity, attach, NotFound, container reset."""
+"""QueueRegistry against docs/queue-semantics.md §1, §7: identity, attach, NotFound, container reset."""
 
 import numpy as np
 import pytest

@@ -2,7 +2,7 @@
 
 The server turns each request into a `Ticket`, calls `QueueBase.submit` /
 `cancel` on the queue the `QueueRegistry` gives it, and replies to every
-ticket those calls return. queue-semantics.md is the specification; leases.py
+ticket those calls return. docs/queue-semantics.md is the specification; leases.py
 adds at-least-once dequeues (docs/queues.md).
 """
 

@@ -1,4 +1,4 @@
-"""The queue state machine shared by every kind (queue-semantics.md §2, §3, §5).
+"""The queue state machine shared by every kind (docs/queue-semantics.md §2, §3, §5).
 
 A queue holds its elements (tuples of arrays, one per component), a closed
 flag and two FIFO lists of pending tickets: E (enqueue, enqueue_many, plain

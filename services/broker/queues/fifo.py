@@ -1,4 +1,4 @@
-"""FIFOQueue: take from the front, append at the back (queue-semantics.md §4)."""
+"""FIFOQueue: take from the front, append at the back (docs/queue-semantics.md §4)."""
 
 from collections import deque
 
