@@ -220,3 +220,20 @@ def test_leases_of_a_freed_queue_are_forgotten():
     assert len(book) == 0
     with pytest.raises(NotFoundError, match="its queue was freed by a container reset"):
         book.ack(lease.id, ME)
+
+
+def test_settled_leases_leave_the_expiry_heap_long_before_they_would_have_expired():
+    """Each lease's expiry entry left only when its time came: hour-long leases acked at once kept an entry
+    each for an hour. Past twice the open leases, the heap is rebuilt with the live ones."""
+    class Queue:
+        freed, name = False, "q"
+
+        def settle(self, elements):
+            return []
+
+    book, queue = LeaseBook(), Queue()
+    keep = book.grant(queue, b"a", [1], 3600.0, 0.0)
+    for i in range(10_000):
+        book.ack(book.grant(queue, b"a", [i], 3600.0, float(i)).id, b"a")
+    assert len(book) == 1 and len(book._expiries) <= 1024
+    assert book.next_expiry == keep.expires

@@ -32,6 +32,7 @@ from collections import OrderedDict
 from zmqflow.common.errors import (FailedPreconditionError, InvalidArgumentError, NotFoundError,
                                    PermissionDeniedError)
 
+_COMPACT_MIN = 1024  # expiry entries kept before the heap is rebuilt without settled leases' entries
 MAX_LEASE_SECONDS = 3600.0
 """The longest lease one request may ask for; a longer task renews it with `extend`."""
 
@@ -82,7 +83,7 @@ class LeaseBook:
         """A new lease on `elements`, which `queue` already counts as leased out."""
         lease = Lease(next(self._ids), queue, owner, elements, seconds, now + seconds)
         self._open[lease.id] = lease
-        heapq.heappush(self._expiries, (lease.expires, lease.id))
+        self._schedule(lease)
         self.counts["leases"] += 1
         self.counts["leased"] += len(elements)
         return lease
@@ -105,7 +106,7 @@ class LeaseBook:
         """Let the lease run `seconds` from now (a long step keeps its batch)."""
         lease = self._find(lease_id, owner)
         lease.seconds, lease.expires = seconds, now + seconds
-        heapq.heappush(self._expiries, (lease.expires, lease.id))
+        self._schedule(lease)
         return lease
 
     # ------------------------------------------------ the broker takes them back
@@ -144,6 +145,17 @@ class LeaseBook:
         return sum(len(lease.elements) for lease in self._open.values())
 
     # ------------------------------------------------ helpers
+
+    def _schedule(self, lease):
+        """An entry for the lease's expiry. Settled and extended leases' entries leave lazily, when they reach
+        the head; a lease of an hour acked at once would keep its entry an hour, so past twice the open leases
+        the heap is rebuilt with the live entries only (amortized O(1))."""
+        heap = self._expiries
+        heapq.heappush(heap, (lease.expires, lease.id))
+        if len(heap) >= max(_COMPACT_MIN, 2 * len(self._open)):
+            live = self._open
+            heap[:] = [(when, i) for when, i in heap if i in live and live[i].expires == when]
+            heapq.heapify(heap)
 
     def _find(self, lease_id, owner):
         if type(lease_id) is not int:
