@@ -125,7 +125,7 @@ def memory(kind="RandomShuffleQueue", capacity=20_000, turnovers=10, enqueue_row
     """A fresh broker's idle RSS, then its highest RSS while a full queue of `capacity` MNIST rows turns over
     `turnovers` times, and the bytes the queue held (the broker's own count)."""
     from zmqflow.common.queues import FIFOQueue, RandomShuffleQueue
-    from zmqflow.common.rpc_client import RpcClient
+    from zmqflow.common.rpc_client import OpClient
     broker = start_service("zmqflow.services.broker")
     try:
         base = rss_bytes(broker.pid)
@@ -135,7 +135,7 @@ def memory(kind="RandomShuffleQueue", capacity=20_000, turnovers=10, enqueue_row
         rng = np.random.default_rng(0)
         rows = [rng.random((enqueue_rows, ROW), dtype=np.float32), np.arange(enqueue_rows, dtype=np.int32)]
         peak, held, through = 0, 0, 0
-        with RpcClient(broker.endpoint) as client:
+        with OpClient(broker.endpoint) as client:
             while through < turnovers * capacity:
                 if queue.size() + enqueue_rows <= capacity:
                     queue.enqueue_many(rows, timeout=30)
@@ -144,7 +144,7 @@ def memory(kind="RandomShuffleQueue", capacity=20_000, turnovers=10, enqueue_row
                     queue.dequeue_many(BATCH, timeout=30)
                     through += BATCH
                 peak = max(peak, rss_bytes(broker.pid))
-                held = max(held, client.call("info", timeout=5)[0]["bytes"])
+                held = max(held, client.info()["bytes"])
     finally:
         broker.stop()
     return {"queue": kind, "idle_rss_bytes": base, "held_bytes": held, "peak_rss_bytes": peak,

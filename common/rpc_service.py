@@ -141,6 +141,9 @@ class Service:
         """Extra fields for `info`."""
         return {}
 
+    def housekeeping(self, now):
+        """Called about once a second from the loop: a subclass's periodic upkeep (the broker's memory)."""
+
     def add_socket(self, sock, on_readable):
         """Poll `sock` in this loop too (e.g. a DEALER to a peer); `on_readable()` drains it."""
         self._extra_sockets[sock] = on_readable
@@ -239,6 +242,7 @@ class Service:
             self._expire(now)
             if now >= next_sweep:
                 self._sweep_clients(now)
+                self.housekeeping(now)
                 next_sweep = now + 1.0
         self.close()
 

@@ -15,6 +15,7 @@ from collections import deque
 
 from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError
 from zmqflow.common.limits import DEFAULT_LIMITS
+from zmqflow.common.memory import release_freed_memory
 from zmqflow.common.rpc_service import PARKED, Service
 from zmqflow.services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
 from zmqflow.services.broker.queues.leases import LeaseBook, check_lease_seconds
@@ -23,6 +24,8 @@ from zmqflow.services.broker.queues.quota import BrokerLimits
 from zmqflow.common.protocol import BrokerOps
 
 log = logging.getLogger(__name__)
+
+_TRIM_MIN_BYTES = 16 * 2 ** 20  # below this, what a trim could give back is not worth its pass over the heap
 
 
 
@@ -36,6 +39,7 @@ class BrokerService(Service):
         self.registry = QueueRegistry(self.broker_limits)
         self.leases = LeaseBook()
         self._lease_wake = None  # when the loop is woken next for an expiring lease (monotonic s)
+        self._trim_from = 0  # bytes held at the last trim, or the most since: housekeeping trims below half of it
         for op in BrokerOps.QUEUE_OPS:
             self.handlers[op] = self._queue_op
         self.handlers.update({BrokerOps.OPEN_QUEUE: self._open_queue, BrokerOps.ATTACH_QUEUE: self._attach_queue,
@@ -152,6 +156,17 @@ class BrokerService(Service):
         super().on_client_gone(identity, error)
         if self.leases:
             self._answer(self.leases.give_back_owner(identity))
+
+    def housekeeping(self, now):
+        """Memory back to the system once what the broker holds has fallen to half or less of what it held at
+        the last look (a queue drained at the end of input, a container reset): glibc keeps freed blocks in the
+        process (common/memory.py), so the high-water mark would otherwise stay for the broker's lifetime."""
+        freed, held = self.registry.shrink(), self.registry.quota.total_bytes
+        if freed > _TRIM_MIN_BYTES or held * 2 <= self._trim_from and self._trim_from > _TRIM_MIN_BYTES:
+            release_freed_memory()
+            self._trim_from = held
+        else:
+            self._trim_from = max(self._trim_from, held)
 
     def keeps_state_for(self, identity):
         return self.leases.holds(identity)

@@ -15,7 +15,7 @@ import pytest
 from zmqflow.common import queues
 from zmqflow.common.errors import CancelledError
 from zmqflow.common.queues import FIFOQueue, RandomShuffleQueue
-from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.rpc_client import OpClient
 from tests.faults.test_oversized_messages import rss_bytes
 
 pytestmark = pytest.mark.service
@@ -41,8 +41,8 @@ def parked_producer(endpoint, container):
 
 
 def timers(endpoint):
-    with RpcClient(endpoint) as client:
-        return client.call("info", timeout=5)[0]["timers"]
+    with OpClient(endpoint) as client:
+        return client.info()["timers"]
 
 
 def run_through(queue, path, rounds=ROUNDS):
@@ -115,3 +115,25 @@ def test_a_full_queue_costs_at_most_twice_the_bytes_it_holds(kind):
     print(f"\n{kind}: {held['held_bytes'] / MB:.0f} MB held, RSS {held['peak_rss_bytes'] / MB:.0f} MB at most, "
           f"idle {held['idle_rss_bytes'] / MB:.0f} MB: {held['rss_over_held']}x above idle")
     assert held["held_bytes"] > 25 * MB and held["rss_over_held"] <= 2.0
+
+
+def test_a_drained_queue_gives_its_memory_back(broker):
+    """glibc keeps freed blocks in the broker (common/memory.py): once what it holds has halved (end of
+    input, a reset), the broker's housekeeping hands the freed memory back, within about a second."""
+    import time
+    queue = RandomShuffleQueue(20_000, 0, ["float32", "int32"], shapes=[[ROW], []], shared_name="drained",
+                               broker=broker.endpoint)
+    idle = rss_bytes(broker.pid)
+    batch = [np.ones((200, ROW), np.float32), np.arange(200, dtype=np.int32)]
+    for _ in range(100):  # 63 MB held
+        queue.enqueue_many(batch, timeout=30)
+    full = rss_bytes(broker.pid)
+    queue.close(timeout=5)
+    while queue.size():
+        queue.dequeue_up_to(1000, timeout=30)
+    deadline = time.monotonic() + 5
+    while rss_bytes(broker.pid) - idle > (full - idle) / 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    drained = rss_bytes(broker.pid)
+    print(f"\nbroker RSS idle {idle / MB:.0f} MB, full {full / MB:.0f} MB, drained {drained / MB:.0f} MB")
+    assert full - idle > 50 * MB and drained - idle < (full - idle) / 4

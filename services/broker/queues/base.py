@@ -176,6 +176,10 @@ class QueueBase:
         self._elements.clear()
         self.freed = True
 
+    def shrink(self):
+        """Let go of storage this queue no longer needs; the bytes it took (a kind with storage of its own)."""
+        return 0
+
     def give_back(self, elements):
         """Elements of an unsettled lease return (as a withdrawn batch's do, §5) and wake dequeuers."""
         self._leased -= len(elements)

@@ -63,6 +63,14 @@ class RandomShuffleQueue(QueueBase):
         else:
             super()._store_rows(components, start, end)
 
+    def shrink(self):
+        """A closed, drained queue's arrays go (a lease given back later allocates them again)."""
+        if not self._slab or not self._closed or len(self._elements):
+            return 0
+        taken = self._elements.nbytes()
+        self._elements.clear()
+        return taken
+
     def _restore(self, held):
         self._elements.extend(held)
 

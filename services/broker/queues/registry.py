@@ -78,6 +78,10 @@ class QueueRegistry:
             queue.free()
         return done
 
+    def shrink(self):
+        """Let go of the storage queues no longer need (closed and drained); the bytes it took."""
+        return sum(queue.shrink() for queue in self._queues.values())
+
     def cancel_owner(self, owner, error):
         """Withdraw every pending request of `owner` on every queue (client gone)."""
         done = []
