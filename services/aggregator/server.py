@@ -185,8 +185,7 @@ class Aggregator(Service):
             raise ResourceExhaustedError(f"overloaded: the request waited {waited * 1000:.0f} ms before the aggregator "
                                          f"read it, past its {deadline_ms} ms deadline; shed, retry after "
                                          f"{math.ceil(waited * 1000)} ms", {"retry_after_ms": math.ceil(waited * 1000)})
-        gather = call.state = Gather(call, mode, combine, 1 if mode == "replica" else min_members, call.received,
-                                     self.custom)
+        gather = Gather(call, mode, combine, 1 if mode == "replica" else min_members, call.received, self.custom)
         gather.shape = (rows,)
         try:
             targets = self.fanout.ask(gather, now)
@@ -200,6 +199,7 @@ class Aggregator(Service):
         if gather.finished():
             self._finish(gather, now)
             return PARKED  # already answered by _finish
+        call.state = gather  # for on_deadline and on_cancel; let go of in _finish and on_cancel
         return self.park(call)
 
     def _waited(self, call):
@@ -291,10 +291,13 @@ class Aggregator(Service):
 
     def _finish(self, gather, now, timed_out=False):
         """Answer the client with what arrived; every member request still out is forgotten (late replies drop)."""
-        if gather.call.finished:
+        call = gather.call
+        if call.finished:
             return
         self.fanout.forget(gather, now, timed_out)
-        call = gather.call
+        # the call and its gather refer to each other: a cycle that only the cyclic GC frees, which left hundreds of
+        # answered requests (their tensors, frames and replies) waiting in its oldest generation (issue 27)
+        call.state = None
         try:
             probs, info = gather.outcome()
         except OpError as exc:
@@ -318,6 +321,7 @@ class Aggregator(Service):
         gather = call.state
         if isinstance(gather, Gather):
             self.fanout.cancel(gather)
+            call.state = None  # the cycle, as in _finish
         self.fail(call, error)
 
     # ------------------------------------------------ probes
