@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-gpu test-torch test-containers test-netns test-browser examples bench venv lock clean
+.PHONY: demo test test-fast test-soak test-gpu test-torch test-containers test-netns test-browser examples bench venv lock clean
 
 venv: $(STAMP)
 
@@ -30,12 +30,19 @@ lock:
 		--no-header -q -o requirements/test.txt
 	rm -rf .lock-venv
 
-# Tiers by marker (pyproject.toml): unit, service, integration, faults; slow, gpu, torch, containers, netns, browser.
+# Tiers by marker (pyproject.toml): unit, service, integration, faults; slow, soak, gpu, torch, containers, netns, browser.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=15 -m "not containers and not netns and not gpu and not torch and not browser"
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "(unit or service) and not slow"
+
+# The soak tier (tests/soak/, docs/design.md's Memory habits) for minutes: each long-running service driven at full
+# rate for SOAK_SECONDS, failing when its RSS grows by over 16 MB, or its descriptors or threads by over 2, once
+# warmed up. `make test` runs the same tier for 4 s a service.
+SOAK_SECONDS ?= 120
+test-soak: $(STAMP)
+	ZMQFLOW_SOAK_SECONDS=$(SOAK_SECONDS) $(BIN)/python -m pytest -q -rs -s -m soak
 
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu
