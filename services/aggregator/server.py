@@ -199,7 +199,7 @@ class Aggregator(Service):
         if gather.finished():
             self._finish(gather, now)
             return PARKED  # already answered by _finish
-        call.state = gather  # for on_deadline and on_cancel; let go of in _finish and on_cancel
+        call.state = gather  # for on_deadline and on_cancel; answering lets go of it (rpc_service.Call)
         return self.park(call)
 
     def _waited(self, call):
@@ -295,9 +295,6 @@ class Aggregator(Service):
         if call.finished:
             return
         self.fanout.forget(gather, now, timed_out)
-        # the call and its gather refer to each other: a cycle that only the cyclic GC frees, which left hundreds of
-        # answered requests (their tensors, frames and replies) waiting in its oldest generation (issue 27)
-        call.state = None
         try:
             probs, info = gather.outcome()
         except OpError as exc:
@@ -321,8 +318,7 @@ class Aggregator(Service):
         gather = call.state
         if isinstance(gather, Gather):
             self.fanout.cancel(gather)
-            call.state = None  # the cycle, as in _finish
-        self.fail(call, error)
+        self.fail(call, error)  # lets go of the gather (rpc_service.Call)
 
     # ------------------------------------------------ probes
 

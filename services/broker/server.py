@@ -88,10 +88,7 @@ class BrokerService(Service):
         while tickets:
             ticket = tickets.popleft()
             call = ticket.tag
-            queue = call.state[0]
-            # the call and its ticket refer to each other: undone here, what they carry (a batch, an
-            # enqueue's frames) goes with the answer instead of waiting for a full garbage collection
-            call.state = ticket.tag = None
+            queue = call.state[0]  # before the answer: answering lets go of the call's state (rpc_service.Call)
             if ticket.error is not None:
                 self.fail(call, ticket.error)
             elif ticket.lease is not None:
