@@ -15,7 +15,8 @@ def bench():
 @click.option("--seconds", default=3.0, show_default=True, help="Duration of each throughput phase.")
 @click.option("--window", default=64, show_default=True, help="Requests in flight per client process.")
 def broker(as_json, seconds, window):
-    """Queue-broker: small ops/s, dequeue latency, batch throughput vs a raw pyzmq relay."""
+    """Queue-broker: small ops/s, dequeue latency, batch throughput vs a raw pyzmq relay, and the broker's RSS
+    against the bytes a full shuffle (and FIFO) queue holds (memory_*: rss_over_held, above the idle broker)."""
     from zmqflow.bench.broker import run
 
     result = run(seconds=seconds, window=window, progress=None if as_json else click.echo)
