@@ -187,11 +187,26 @@ def test_padding_queue_counts_each_element_by_its_own_shape():
 
 
 def test_random_shuffle_queue_releases_what_it_hands_out():
+    """A shuffle queue of one fixed shape keeps its rows in its own arrays (queues/slab.py): a row costs its data
+    alone, no tuple or array object of its own."""
     r = registry()
     q = open_queue(r, kind="RandomShuffleQueue", capacity=10, min_after_dequeue=2, seed=1)
     go(q, "enqueue_many", rows(6))
+    assert held(r) == 6 * (ROW - OVERHEAD)
     go(q, "dequeue_many", n=4)
-    assert held(r) == 2 * ROW
+    assert held(r) == 2 * (ROW - OVERHEAD)
+    go(q, "close")
+    go(q, "dequeue")  # closed: min_after_dequeue no longer holds the last two
+    assert held(r) == ROW - OVERHEAD
+
+
+def test_random_shuffle_queue_of_strings_charges_each_element_its_objects():
+    r = registry()
+    q = open_queue(r, kind="RandomShuffleQueue", capacity=10, dtypes=("string",), shapes=([],))
+    go(q, "enqueue_many", np.array([b"abc", b"de"], object))
+    assert held(r) == 2 * 8 + 5 + 2 * OVERHEAD
+    go(q, "dequeue_many", n=2)
+    assert held(r) == 0
 
 
 def truth(queues, pending):
