@@ -1,6 +1,7 @@
 """Hooks in a MonitoredTrainingSession (TF's SessionRunHooks): a user's own, SummaryHook's JSON lines and
 TensorBoard scalars, ValidationHook on a data spec's validation split, on a real ps task."""
 
+import contextlib
 import glob
 import json
 import threading
@@ -44,7 +45,10 @@ def points_spec(tmp_path):
     return spec
 
 
-def test_user_summary_and_validation_hooks_in_a_session(tmp_path):
+@contextlib.contextmanager
+def logistic_ps(tmp_path):
+    """One ps serving a logistic model of the points spec, in a thread, stopped on exit:
+    (spec, its prepared train split, the cluster, the model)."""
     spec = points_spec(tmp_path)
     train = prepare(spec, load_tables(spec)["train"])
     cluster = {"ps": [f"127.0.0.1:{free_port()}"], "worker": [f"127.0.0.1:{free_port()}"]}
@@ -52,11 +56,19 @@ def test_user_summary_and_validation_hooks_in_a_session(tmp_path):
     ps = zmqflow.Server(cluster, "ps", 0, model=model, optimizer={"kind": "adam", "learning_rate": 0.05})
     thread = threading.Thread(target=ps.join, daemon=True)
     thread.start()
-    recorder = Recorder()
-    summaries = zmqflow.SummaryHook(str(tmp_path / "summaries.jsonl"), every_n_steps=5,
-                                    output_dir=str(tmp_path / "tensorboard"))
-    validation = zmqflow.ValidationHook(spec, every_steps=10, summaries=summaries)
     try:
+        yield spec, train, cluster, model
+    finally:
+        ps.service.stop()
+        thread.join(timeout=10)
+
+
+def test_user_summary_and_validation_hooks_in_a_session(tmp_path):
+    with logistic_ps(tmp_path) as (spec, train, cluster, model):
+        recorder = Recorder()
+        summaries = zmqflow.SummaryHook(str(tmp_path / "summaries.jsonl"), every_n_steps=5,
+                                        output_dir=str(tmp_path / "tensorboard"))
+        validation = zmqflow.ValidationHook(spec, every_steps=10, summaries=summaries)
         server = zmqflow.Server(cluster, "worker", 0, model=model)
         rng = np.random.default_rng(0)
         with zmqflow.MonitoredTrainingSession(server, hooks=[recorder, summaries, validation,
@@ -64,9 +76,6 @@ def test_user_summary_and_validation_hooks_in_a_session(tmp_path):
             while not sess.should_stop():
                 rows = rng.integers(0, train.rows, 50)
                 sess.run(*train.batch(rows))
-    finally:
-        ps.service.stop()
-        thread.join(timeout=10)
     assert recorder.calls == ["begin", "end"] and recorder.losses[-1] < 0.2 < recorder.losses[0]   # it stopped
     assert len(recorder.losses) < 400
     lines = [json.loads(line) for line in (tmp_path / "summaries.jsonl").read_text().splitlines()]
