@@ -251,6 +251,19 @@ def latest_checkpoint(ckpt_dir):
     return os.path.join(ckpt_dir, f"ckpt-{max(steps)}") if steps else None
 
 
+def find_checkpoint(directory):
+    """The checkpoint `directory` names: itself when it is one (a `ckpt-<step>` with its manifest), else
+    the latest committed one in it; NotFound when it is neither."""
+    directory = os.fspath(directory)
+    if os.path.isfile(os.path.join(directory, MANIFEST)):
+        return os.path.normpath(directory)
+    path = latest_checkpoint(directory)
+    if path is None:
+        raise NotFoundError(f"no committed checkpoint in {directory!r}: it is no ckpt-<step> (no {MANIFEST}) and "
+                            "holds none")
+    return path
+
+
 class Checkpoint:
     """A committed checkpoint: its step, config and variables, read by rows."""
 

@@ -12,8 +12,7 @@ import shutil
 import tempfile
 
 from zmqflow.common import checkpoint_npy
-from zmqflow.common.checkpoint import MANIFEST, Checkpoint, commit, file_metadata, latest_checkpoint, write_shard
-from zmqflow.common.errors import NotFoundError
+from zmqflow.common.checkpoint import MANIFEST, Checkpoint, commit, file_metadata, find_checkpoint, write_shard
 
 _COMMITTED = re.compile(r"^ckpt-(\d+)$")
 
@@ -21,12 +20,9 @@ _COMMITTED = re.compile(r"^ckpt-(\d+)$")
 def committed_checkpoints(directory):
     """The committed checkpoints `directory` stands for: itself when it is one (`ckpt-<step>`), else those in
     it, oldest first and the one `latest` names last. NotFoundError when there is none."""
-    directory = os.fspath(directory)
-    if os.path.isfile(os.path.join(directory, MANIFEST)):
-        return [directory]
-    latest = latest_checkpoint(directory)
-    if latest is None:
-        raise NotFoundError(f"{directory!r} is no checkpoint and holds none (no {MANIFEST}, no ckpt-<step>)")
+    latest = find_checkpoint(directory)
+    if latest == os.path.normpath(directory):
+        return [latest]
     paths = [os.path.join(directory, n) for n in os.listdir(directory)
              if _COMMITTED.match(n) and os.path.isfile(os.path.join(directory, n, MANIFEST))]
     return sorted(paths, key=lambda p: (p == latest, int(_COMMITTED.match(os.path.basename(p)).group(1))))

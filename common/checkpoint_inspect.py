@@ -2,26 +2,13 @@
 dtype, slots and the files and tensor names it is stored under (what `zmqflow checkpoint inspect` shows)."""
 
 import json
-import os
 
-from zmqflow.common.checkpoint import MANIFEST, Checkpoint, latest_checkpoint
-from zmqflow.common.errors import NotFoundError
-
-
-def resolve(directory):
-    """The checkpoint `directory` names: itself (a `ckpt-<step>`), else the latest one in it."""
-    directory = os.fspath(directory)
-    if os.path.isfile(os.path.join(directory, MANIFEST)):
-        return directory
-    path = latest_checkpoint(directory)
-    if path is None:
-        raise NotFoundError(f"{directory!r} is no checkpoint and holds none (no {MANIFEST}, no ckpt-<step>)")
-    return path
+from zmqflow.common.checkpoint import Checkpoint, find_checkpoint
 
 
 def describe(directory):
     """A JSON-ready description of the checkpoint `directory` names."""
-    ckpt = Checkpoint(resolve(directory))
+    ckpt = Checkpoint(find_checkpoint(directory))
     data = ckpt.config.get("data") if isinstance(ckpt.config.get("data"), dict) else {}
     spec = data.get("spec") if isinstance(data.get("spec"), dict) else {}
     pieces = {}

@@ -10,42 +10,21 @@ import time
 import numpy as np
 
 from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
-from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.inputs.metrics import metrics
-from zmqflow.models.registry import checkpoint_model_spec, load_model
-
-
-def checkpoint_params(model, path):
-    """{variable: value} of `model`'s variables from the checkpoint at `path`; InvalidArgument naming a
-    variable the checkpoint lacks or holds with another shape."""
-    ckpt = Checkpoint(path)
-    saved = {v.name: v for v in ckpt.variables()}
-    params = {}
-    for v in model.variables():
-        if v.name not in saved:
-            raise InvalidArgumentError(f"checkpoint {path} has no variable {v.name!r}: was it saved from another "
-                                       f"model? It holds {', '.join(sorted(saved)[:8])}")
-        if tuple(saved[v.name].shape) != tuple(v.shape):
-            raise InvalidArgumentError(f"variable {v.name!r} is {list(saved[v.name].shape)} in the checkpoint, the "
-                                       f"model expects {list(v.shape)}")
-        params[v.name] = ckpt.read(v.name)[0]
-    return params
+from zmqflow.models.saved import LoadedCheckpoint, recorded_data
 
 
 def evaluate_checkpoint(checkpoint_dir, x, y, model_spec=None, backend="numpy", batch_size=1000, task=None):
     """{"metrics", "examples", "step", "model", "checkpoint", "seconds"} of the latest checkpoint in `checkpoint_dir`."""
-    path = latest_checkpoint(checkpoint_dir)
-    if path is None:
-        raise NotFoundError(f"no committed checkpoint in {checkpoint_dir!r}")
-    spec = checkpoint_model_spec(checkpoint_dir, model_spec)
-    model = load_model(spec, backend=backend)
-    params = checkpoint_params(model, path)
+    loaded = LoadedCheckpoint.open(checkpoint_dir, model_spec, backend)
+    model, params = loaded.model, loaded.params
     started = time.perf_counter()
     rows = (lambda i: {k: v[i:i + batch_size] for k, v in x.items()}) if isinstance(x, dict) else (
         lambda i: x[i:i + batch_size])
     outputs = np.concatenate([model.predict(params, rows(i)) for i in range(0, len(y), batch_size)])
-    return {"metrics": metrics(outputs, y, task), "examples": int(len(y)), "step": Checkpoint(path).step,
-            "model": spec, "checkpoint": path, "seconds": round(time.perf_counter() - started, 3)}
+    return {"metrics": metrics(outputs, y, task), "examples": int(len(y)), "step": loaded.step,
+            "model": loaded.spec, "checkpoint": loaded.path, "seconds": round(time.perf_counter() - started, 3)}
 
 
 def labelled_split(data_spec=None, split="test", checkpoint_dir=None):
@@ -55,7 +34,7 @@ def labelled_split(data_spec=None, split="test", checkpoint_dir=None):
     from zmqflow.inputs.data_spec import fit, load_spec, load_tables, prepare
     if data_spec is None and checkpoint_dir:
         path = latest_checkpoint(checkpoint_dir)
-        recorded = Checkpoint(path).config.get("data") if path else None
+        recorded = recorded_data(Checkpoint(path)) if path else None
         data_spec = recorded["spec"] if recorded else None
     data = load_spec(data_spec if data_spec is not None else "mnist")
     tables = load_tables(data)

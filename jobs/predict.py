@@ -11,28 +11,23 @@ import json
 
 import numpy as np
 
-from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
-from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.inputs.data_spec import from_config, load_spec, model_inputs, read_features
 from zmqflow.inputs.predictions import labels_of, predicted
-from zmqflow.jobs.evaluate import checkpoint_params
-from zmqflow.models.registry import checkpoint_model_spec, load_model
+from zmqflow.models.saved import LoadedCheckpoint
 
 
 def predict_file(checkpoint_dir, path, data_spec=None, batch_size=1000):
     """(column names, rows) of predictions for every row of `path`."""
-    latest = latest_checkpoint(checkpoint_dir)
-    if latest is None:
-        raise NotFoundError(f"no committed checkpoint in {checkpoint_dir!r}")
-    recorded = Checkpoint(latest).config.get("data")
+    loaded = LoadedCheckpoint.open(checkpoint_dir)
+    recorded = loaded.data
     if data_spec is None and recorded is None:
         raise InvalidArgumentError(f"the checkpoint in {checkpoint_dir} records no data spec (it was not trained "
                                    "with --data): pass --data SPEC")
     spec = from_config(recorded) if data_spec is None else load_spec(data_spec)
     if spec.stats is None:
         raise InvalidArgumentError("pass a checkpoint trained with --data: its statistics make the inputs")
-    model = load_model(checkpoint_model_spec(checkpoint_dir))
-    params = checkpoint_params(model, latest)
+    model, params = loaded.model, loaded.params
     table = read_features(spec, path)
     x = model_inputs(spec, table)
     rows = len(table)

@@ -36,15 +36,3 @@ def model_variables(spec):
     """The variable list of any model spec (built-in or `module:Class`), without building kernels."""
     spec = validate_spec(spec)
     return mlp_variables(spec) if spec["type"] == "mlp" else load_model(spec).variables()
-
-
-def checkpoint_model_spec(checkpoint_dir, model_spec=None):
-    """The spec to rebuild a checkpoint's model: `model_spec` (a --model value) when given, else the one
-    the checkpoint records (its config), else the MNIST MLP."""
-    from zmqflow.models.spec import resolve_model
-    if model_spec is None and checkpoint_dir:
-        from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
-        path = latest_checkpoint(checkpoint_dir)
-        if path and isinstance(Checkpoint(path).config.get("model"), dict):
-            return Checkpoint(path).config["model"]
-    return resolve_model(model_spec)

@@ -20,7 +20,7 @@ import numpy as np
 from zmqflow.common import queues
 from zmqflow.common.errors import DeadlineExceededError
 from zmqflow.inputs.metrics import PRIMARY, metrics
-from zmqflow.models.registry import load_model
+from zmqflow.models.saved import LoadedCheckpoint
 from zmqflow.common import admin_token
 from zmqflow.common.processes import compute_thread_env, start_service
 from zmqflow.common.supervisor import Supervisor
@@ -215,13 +215,8 @@ class SweepRunner:
 
     def validate(self, ckpt_dir, spec):
         """The task's metrics on the validation split, from the run's last checkpoint (what a server would load)."""
-        from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
-        path = latest_checkpoint(ckpt_dir)
-        if path is None:
-            raise RuntimeError(f"the run left no checkpoint in {ckpt_dir}")
-        model = load_model(spec, backend="numpy")
-        ckpt = Checkpoint(path)
-        params = {v.name: ckpt.read(v.name)[0] for v in model.variables()}
+        loaded = LoadedCheckpoint.open(ckpt_dir, spec)
+        model, params = loaded.model, loaded.params
         x, y = self.validation
         rows = (lambda i: {k: v[i:i + 1000] for k, v in x.items()}) if isinstance(x, dict) else (lambda i: x[i:i + 1000])
         outputs = np.concatenate([model.predict(params, rows(i)) for i in range(0, len(y), 1000)])

@@ -36,8 +36,9 @@ def command(bind, ready_file, log_level, client_timeout, max_message_bytes, chec
         raise click.UsageError("give --checkpoint DIR or --follow-ps ENDPOINT")
     if refresh_secs is None and endpoints:
         refresh_secs = 5.0
-    from zmqflow.models.registry import checkpoint_model_spec
-    spec = checkpoint_model_spec(checkpoint_dir, model_spec)
+    from zmqflow.common.checkpoint import Checkpoint, find_checkpoint
+    from zmqflow.models.saved import model_spec_of
+    spec = model_spec_of(Checkpoint(find_checkpoint(checkpoint_dir)) if checkpoint_dir else None, model_spec)
     data_config = None
     if data_spec:
         from zmqflow.inputs.data_spec import fit, load_spec, load_tables, to_config

@@ -15,9 +15,11 @@ import time
 
 import numpy as np
 
-from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError, NotFoundError
+from zmqflow.common.checkpoint import Checkpoint, find_checkpoint
+from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError
 from zmqflow.models.protocol import zero_inputs
 from zmqflow.models.registry import load_model, model_variables
+from zmqflow.models.saved import read_params, recorded_data
 from zmqflow.common.rpc_service import PARKED, Service
 from zmqflow.services.serve.batcher import Batcher
 from zmqflow.services.serve.schema import RequestSchema
@@ -37,7 +39,8 @@ class ModelServer(Service):
             raise InvalidArgumentError("a model server needs a checkpoint directory or ps endpoints to follow")
         self.spec, self.backend, self.model_name = spec, backend, model_name
         self.model = load_model(spec, backend=backend)
-        self.schema = RequestSchema(self.model, data_config or recorded_data_config(checkpoint_dir))
+        recorded = recorded_data(Checkpoint(find_checkpoint(checkpoint_dir))) if checkpoint_dir else None
+        self.schema = RequestSchema(self.model, data_config or recorded)
         self.batcher = Batcher(max_batch, max_delay_ms / 1000.0)
         self.checkpoint_dir, self.refresh_secs = checkpoint_dir, refresh_secs
         self.ps = None
@@ -65,14 +68,11 @@ class ModelServer(Service):
                     self.params, self.version, self.source = params, self.ps.versions[0], "ps"
                     self.stats["reloads"] += 1
                 return
-            from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
-            path = latest_checkpoint(self.checkpoint_dir)
-            if path is None:
-                raise NotFoundError(f"no committed checkpoint in {self.checkpoint_dir!r}")
+            path = find_checkpoint(self.checkpoint_dir)
             if path == self.source and not force:
                 return
             ckpt = Checkpoint(path)
-            self.params = {v.name: ckpt.read(v.name)[0] for v in self.model.variables()}
+            self.params = read_params(self.model, ckpt)
             self.version, self.source = ckpt.step, path
             self.stats["reloads"] += 1
             log.info("serving %s step %d from %s", self.model_name, self.version, path)
@@ -166,15 +166,6 @@ class ModelServer(Service):
         if self.ps is not None:
             self.ps.close()
         super().close()
-
-
-def recorded_data_config(checkpoint_dir):
-    """The data spec and statistics the latest checkpoint records (trained with --data), or None."""
-    if not checkpoint_dir:
-        return None
-    from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
-    path = latest_checkpoint(checkpoint_dir)
-    return Checkpoint(path).config.get("data") if path else None
 
 
 def default_model_name(checkpoint_dir, ps_endpoints):
