@@ -16,7 +16,7 @@ WORKDIR /src
 COPY . .
 RUN pip wheel --no-deps --wheel-dir /wheels . \
     && test -f "/wheels/zmqflow-${ZMQFLOW_VERSION}-py3-none-any.whl" \
-    || { echo "the wheel is not zmqflow ${ZMQFLOW_VERSION}: set ZMQFLOW_VERSION to zmqflow/__init__.py's __version__"; ls /wheels; exit 1; }
+    || { echo "the wheel is not zmqflow ${ZMQFLOW_VERSION}: set ZMQFLOW_VERSION to common/version.py's __version__"; ls /wheels; exit 1; }
 
 FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 \

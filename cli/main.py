@@ -9,7 +9,7 @@ import importlib
 
 import click
 
-from zmqflow import __version__
+from zmqflow.common.version import __version__
 
 COMMANDS = {
     "broker": "zmqflow.services.broker.cli:command",

@@ -10,7 +10,7 @@ import collections
 import json
 import os
 
-from zmqflow import __version__
+from zmqflow.common.version import __version__
 from zmqflow.common.checkpoint import MANIFEST
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.models.onnx_export import DEFAULT_OPSET, onnx_module, to_onnx

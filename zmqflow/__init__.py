@@ -11,7 +11,7 @@ The repository's folders are mapped into this one package (pyproject.toml, packa
     bench/, loadtest/, data/ -> zmqflow.bench, zmqflow.loadtest, zmqflow.data
 """
 
-__version__ = "0.2.0"
+from zmqflow.common.version import __version__  # noqa: F401  (one home: common/version.py)
 
 
 def __getattr__(name):
