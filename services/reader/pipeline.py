@@ -157,8 +157,8 @@ class ReaderPipeline:
     def __init__(self, broker, files, format_kind, format_options=None, *, queue="train", container="",
                  queue_kind="shuffle", capacity=10_000, min_after_dequeue=None, seed=None, num_epochs=1,
                  shuffle_files=True, readers=1, features=None, cast=None, filename_capacity=DEFAULT_CAPACITY,
-                 lease_s=DEFAULT_LEASE_S, enqueue_timeout=DEFAULT_ENQUEUE_TIMEOUT, in_flight=2, name="reader", progress_every=10.0, pool=None,
-                 at_least_once=False, rejoin_s=DEFAULT_REJOIN_S):
+                 lease_s=DEFAULT_LEASE_S, enqueue_timeout=DEFAULT_ENQUEUE_TIMEOUT, in_flight=2, name="reader",
+                 progress_every=10.0, pool=None, at_least_once=False, rejoin_s=DEFAULT_REJOIN_S):
         for what, value in (("readers", readers), ("in_flight", in_flight)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidArgumentError(f"{what} must be an int >= 1, got {value!r}")
