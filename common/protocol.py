@@ -42,6 +42,14 @@ class BrokerOps:
     EXTEND = "extend"
     LEASE_OPS = (ACK, NACK, EXTEND)
     """Settle or renew a lease a leased dequeue answered (services/broker/queues/leases.py)."""
+    REGISTER_PRODUCER = "register_producer"
+    BEAT = "beat"
+    PRODUCER_DONE = "producer_done"
+    PRODUCER_FAILED = "producer_failed"
+    PRODUCERS = "producers"
+    PRODUCER_OPS = (REGISTER_PRODUCER, BEAT, PRODUCER_DONE, PRODUCER_FAILED, PRODUCERS)
+    """A queue's producers: register, beat within the lease, say done or failed; the broker closes or
+    fails the queue (services/broker/queues/producers.py); `producers` shows their state."""
     ADMIN = frozenset({RESET, SHUTDOWN})
     """Need a credential (CURVE, or the admin token without it): they destroy queues or stop the broker."""
 

@@ -14,6 +14,10 @@ several threads: each thread talks to the broker over its own socket.
 Every dequeue takes `lease=` (seconds) for at-least-once delivery: it then
 returns a `Lease` (common/leases.py) whose elements the broker keeps until
 `ack()`, and gives back to the queue if this client dies or the lease expires.
+
+`attach(name, role="producer", lease=...)` registers this process as one of the
+queue's producers (common/producers.py): the broker closes the queue when the last
+one is done and fails it, for every consumer, when one vanishes mid-work.
 """
 
 import os
@@ -160,6 +164,11 @@ class QueueBase:
     def is_closed(self):
         return self._client.call(BrokerOps.IS_CLOSED, {"queue": self.handle})[0]["closed"]
 
+    def producers(self):
+        """The broker's state of this queue's producers (common/producers.py): closed None, 'ok' or
+        'failed', closed_by, the error, and per producer done, exhausted, lease_s and progress."""
+        return self._client.call(BrokerOps.PRODUCERS, {"queue": self.handle})[0]
+
 
 def open_queue(declaration, broker, pool=None, timeout=USE_DEFAULT):
     """Declare a queue on `broker`: the one of that shared name if it exists, else a new one.
@@ -172,9 +181,13 @@ def _nothing(result, tensors):
     return None
 
 
-def attach(shared_name, container="", broker=None, pool=None, timeout=30.0):
+def attach(shared_name, container="", broker=None, pool=None, timeout=30.0, role="consumer", lease=None, name=None):
     """The existing queue `shared_name` with the declaration its creator gave, waiting up to
-    `timeout` seconds for it to be created (workers start before or after the reader)."""
+    `timeout` seconds for it to be created (workers start before or after the reader). With
+    role="producer" this process also registers as one of its producers (`queue.producer`, a
+    common/producers.Producer named `name`, beating within `lease` seconds)."""
+    if role not in ("consumer", "producer"):
+        raise InvalidArgumentError(f"role must be 'consumer' or 'producer', got {role!r:.40}")
     import time
     from zmqflow.common.errors import NotFoundError
     broker = broker or os.environ.get(DEFAULT_BROKER_ENV)
@@ -193,6 +206,9 @@ def attach(shared_name, container="", broker=None, pool=None, timeout=30.0):
     queue = object.__new__(_CLASSES[decl["kind"]])
     queue.broker, queue._pool, queue.handle, queue.name = broker, pool or default_pool, result["handle"], result["name"]
     queue.dtypes, queue.shapes, queue.names = decl["dtypes"], decl["shapes"], decl["names"]
+    if role == "producer":
+        from zmqflow.common.producers import DEFAULT_LEASE_S, Producer
+        queue.producer = Producer(queue, lease or DEFAULT_LEASE_S, name)
     return queue
 
 

@@ -6,6 +6,8 @@ a call completed (after the queue's loop finished, so replies are atomic). A lea
 dequeue's reply carries its lease id; leases expire on the loop's timer and go back
 when their client is gone (`on_client_gone`). A plain dequeue's answer that cannot be
 delivered (its client vanished before the socket monitor said so) gives its elements back.
+A queue's registered producers (queues/producers.py) are watched the same way: a producer
+whose connection drops or whose beats stop past its lease fails its queue.
 """
 
 import dataclasses
@@ -13,12 +15,14 @@ import logging
 import time
 from collections import deque
 
-from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError
+from zmqflow.common.errors import OK, UNAUTHENTICATED as MAX_CODE, DeadlineExceededError, InvalidArgumentError
 from zmqflow.common.limits import DEFAULT_LIMITS
 from zmqflow.common.memory import release_freed_memory
 from zmqflow.common.rpc_service import PARKED, Service
 from zmqflow.services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
 from zmqflow.services.broker.queues.leases import LeaseBook, check_lease_seconds
+from zmqflow.common.producers import DEFAULT_REJOIN_S
+from zmqflow.services.broker.queues.producers import ProducerBook
 from zmqflow.services.broker.queues.ticket import DEQUEUE_OPS
 from zmqflow.services.broker.queues.quota import BrokerLimits
 from zmqflow.common.protocol import BrokerOps
@@ -38,7 +42,8 @@ class BrokerService(Service):
         self.broker_limits = broker_limits or BrokerLimits()
         self.registry = QueueRegistry(self.broker_limits)
         self.leases = LeaseBook()
-        self._lease_wake = None  # when the loop is woken next for an expiring lease (monotonic s)
+        self.producers = ProducerBook()
+        self._wake = None  # when the loop is woken next for an expiring lease or producer (monotonic s)
         self._trim_from = 0  # bytes held at the last trim, or the most since: housekeeping trims below half of it
         for op in BrokerOps.QUEUE_OPS:
             self.handlers[op] = self._queue_op
@@ -46,7 +51,11 @@ class BrokerService(Service):
                               BrokerOps.SIZE: self._size, BrokerOps.IS_CLOSED: self._is_closed,
                               BrokerOps.RESET: self._reset, BrokerOps.LIST_QUEUES: self._list_queues,
                               BrokerOps.SHUTDOWN: self._shutdown, BrokerOps.ACK: self._ack,
-                              BrokerOps.NACK: self._nack, BrokerOps.EXTEND: self._extend})
+                              BrokerOps.NACK: self._nack, BrokerOps.EXTEND: self._extend,
+                              BrokerOps.REGISTER_PRODUCER: self._register_producer, BrokerOps.BEAT: self._beat,
+                              BrokerOps.PRODUCER_DONE: self._producer_done,
+                              BrokerOps.PRODUCER_FAILED: self._producer_failed,
+                              BrokerOps.PRODUCERS: self._producers})
 
     def _shutdown(self, call):
         """The chief says the job is over: exit 0, so compose and Kubernetes see it complete."""
@@ -88,6 +97,8 @@ class BrokerService(Service):
         while tickets:
             ticket = tickets.popleft()
             call = ticket.tag
+            if call is None:  # the broker's own close of a queue whose producers are done (producers.py)
+                continue
             queue = call.state[0]  # before the answer: answering lets go of the call's state (rpc_service.Call)
             if ticket.error is not None:
                 self.fail(call, ticket.error)
@@ -103,7 +114,7 @@ class BrokerService(Service):
     def _answer_leased(self, call, queue, ticket):
         """The elements stay the broker's until the lease is settled: the reply names the lease."""
         lease = self.leases.grant(queue, call.identity, ticket.leased or [], ticket.lease, time.monotonic())
-        self._wake_for_lease(lease.expires)
+        self._wake_by(lease.expires)
         self.reply(call, {"lease": lease.id, "lease_s": lease.seconds}, ticket.result or ())
 
     # ------------------------------------------------ leases (queues/leases.py)
@@ -128,31 +139,88 @@ class BrokerService(Service):
     def _extend(self, call):
         seconds = check_lease_seconds(call.args.get("seconds"), "extend's seconds")
         lease = self.leases.extend(self._lease_id(call), call.identity, seconds, time.monotonic())
-        self._wake_for_lease(lease.expires)
+        self._wake_by(lease.expires)
         return {"lease": lease.id, "lease_s": lease.seconds}
 
-    def _wake_for_lease(self, expires):
-        """One wake-up for the earliest lease, not one per lease: a timer per lease filled the deadline heap
-        with one entry per leased batch for the lease's length."""
-        if self._lease_wake is None or expires < self._lease_wake:
-            self._lease_wake = expires
-            self.wake_at(expires)
+    def _wake_by(self, when):
+        """One wake-up for the earliest lease or producer expiry, not one per lease or beat: a timer per lease
+        filled the deadline heap with one entry per leased batch for the lease's length."""
+        if when is not None and (self._wake is None or when < self._wake):
+            self._wake = when
+            self.wake_at(when)
 
     def _expire(self, now):
         super()._expire(now)
-        when = self.leases.next_expiry
-        if when is not None and when <= now:
-            self._answer(self.leases.expire(now))
-        if self._lease_wake is not None and self._lease_wake <= now:  # that wake-up has come: set the next
-            self._lease_wake = None
-            when = self.leases.next_expiry
-            if when is not None:
-                self._wake_for_lease(when)
+        for book in (self.leases, self.producers):
+            when = book.next_expiry
+            if when is not None and when <= now:
+                self._answer(book.expire(now))
+        if self._wake is not None and self._wake <= now:  # that wake-up has come: set the next
+            self._wake = None
+            self._wake_by(min((t for t in (self.leases.next_expiry, self.producers.next_expiry) if t is not None),
+                              default=None))
 
     def on_client_gone(self, identity, error):
         super().on_client_gone(identity, error)
         if self.leases:
             self._answer(self.leases.give_back_owner(identity))
+        if self.producers:
+            self._answer(self.producers.gone(identity, time.monotonic()))
+
+    # ------------------------------------------------ producers (queues/producers.py)
+
+    def _producer_args(self, call):
+        """(queue, name, lease seconds) of a producer op."""
+        name = call.args.get("name")
+        if not isinstance(name, str) or not name or len(name) > self.limits.max_name_length:
+            raise InvalidArgumentError(f"{call.op} needs the producer's 'name' (a non-empty string of at most "
+                                       f"{self.limits.max_name_length} characters), got {name!r:.60}")
+        return self._queue(call), name, check_lease_seconds(call.args.get("lease"), f"{call.op}'s lease")
+
+    def _progress(self, call):
+        progress = call.args.get("progress")
+        if progress is not None and not isinstance(progress, dict):
+            raise InvalidArgumentError(f"{call.op}'s 'progress' must be a dict, got {progress!r:.60}")
+        return progress
+
+    def _register_producer(self, call):
+        queue, name, lease = self._producer_args(call)
+        rejoin = call.args.get("rejoin_s")
+        rejoin = DEFAULT_REJOIN_S if rejoin is None else check_lease_seconds(rejoin, "rejoin_s")
+        source = call.args.get("source")
+        source = None if source is None else self.registry.get(source)
+        state = self.producers.register(queue, call.identity, name, lease, time.monotonic(),
+                                        bool(call.args.get("at_least_once")), rejoin, source)
+        self._wake_by(self.producers.next_expiry)
+        log.info("producer %s registered on queue %r (%d producers)", name, queue.name, len(state["producers"]))
+        return state
+
+    def _beat(self, call):
+        queue, name, lease = self._producer_args(call)
+        state = self.producers.beat(queue, call.identity, name, lease, self._progress(call), time.monotonic())
+        self._wake_by(self.producers.next_expiry)
+        return state
+
+    def _producer_done(self, call):
+        queue, name, lease = self._producer_args(call)
+        state, done = self.producers.done(queue, call.identity, name, lease, bool(call.args.get("exhausted")),
+                                          self._progress(call), time.monotonic())
+        self._answer(done)
+        self._wake_by(self.producers.next_expiry)
+        return state
+
+    def _producer_failed(self, call):
+        queue, name, _ = self._producer_args(call)
+        code, message = call.args.get("code"), call.args.get("error")
+        if type(code) is not int or not OK < code <= MAX_CODE or not isinstance(message, str):
+            raise InvalidArgumentError(f"{call.op} needs an error 'code' (a status code, 1 to {MAX_CODE}) and its "
+                                       f"'error' message, got {code!r:.20}")
+        state, done = self.producers.fail(queue, call.identity, name, code, message)
+        self._answer(done)
+        return state
+
+    def _producers(self, call):
+        return self.producers.state(self._queue(call))
 
     def housekeeping(self, now):
         """Memory back to the system once what the broker holds has fallen to half or less of what it held at
@@ -166,7 +234,7 @@ class BrokerService(Service):
             self._trim_from = max(self._trim_from, held)
 
     def keeps_state_for(self, identity):
-        return self.leases.holds(identity)
+        return self.leases.holds(identity) or self.producers.holds(identity)
 
     def on_deadline(self, call):
         self._withdraw(call, DeadlineExceededError("Timed out waiting for notification"))
@@ -215,6 +283,7 @@ class BrokerService(Service):
         before = len(self.registry.list())
         self._answer(self.registry.reset(container))
         self.leases.forget_freed_queues()
+        self.producers.forget_freed_queues()
         return {"container": container, "freed": before - len(self.registry.list())}
 
     def _list_queues(self, call):

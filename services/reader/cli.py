@@ -32,7 +32,7 @@ from zmqflow.inputs.datasets import DATA_DIR, RECORD_FORMAT
 from zmqflow.common.errors import OpError
 from zmqflow.common.memory import keep_freed_memory
 from zmqflow.common.processes import start_process
-from zmqflow.common.input_pipeline import DEFAULT_LEASE_S, DEFAULT_REJOIN_S, DEFAULT_TOKEN_WAIT_S
+from zmqflow.common.producers import DEFAULT_LEASE_S, DEFAULT_REJOIN_S
 from zmqflow.inputs.formats import FORMATS
 from zmqflow.services.reader.pipeline import DATA_SPEC, DEFAULT_ENQUEUE_TIMEOUT, QUEUE_KINDS
 
@@ -169,41 +169,40 @@ def _tf_config_task():
 @click.option("--skip-malformed", is_flag=True, help="CSV: skip and count malformed lines instead of failing.")
 @click.option("--container", default="", help="Resource container of the pipeline's queues.")
 @click.option("--lease", "lease_s", default=DEFAULT_LEASE_S,
-              help="Seconds without a beat after which the other members take this reader as dead.")
-@click.option("--token-wait", "token_wait_s", default=DEFAULT_TOKEN_WAIT_S,
-              help="Seconds to wait for the pipeline record before taking it as lost.")
+              help="Seconds without a beat after which the broker takes this reader as gone and fails the pipeline.")
 @click.option("--at-least-once", is_flag=True,
               help="Take file names with a lease (extended while the file is read), acked once the file is in the "
                    "instance queue: a reader killed mid-file gives its name back and the file is read again by "
                    "another (or a restarted) reader, its rows arriving twice, instead of failing the pipeline. "
                    "Every reader of the pipeline must pass it. See docs/queues.md.")
 @click.option("--rejoin-wait", "rejoin_s", default=DEFAULT_REJOIN_S, type=click.FloatRange(0, min_open=True),
-              help="With --at-least-once: seconds consumers wait for a reader to join again when every reader "
-                   "died with input left, before they fail the pipeline (the first reader's value counts).")
+              help="With --at-least-once: seconds the broker waits for a reader to join again when every reader "
+                   "died with input left, before it fails the pipeline (the first reader's value counts).")
 @click.option("--enqueue-timeout", default=DEFAULT_ENQUEUE_TIMEOUT,
               help="Seconds one chunk may wait for room in the instance queue before the pipeline fails.")
 @click.option("--progress-every", default=10.0, help="Seconds between progress lines (0: none).")
 @click.option("--stats-file", default=None, type=click.Path(dir_okay=False),
               help="Write this reader's summary as JSON here at exit.")
-@click.option("--name", default=None, help="Member name in the pipeline record (default: reader, or reader:<index> "
+@click.option("--name", default=None, help="Producer name on the broker (default: reader, or reader:<index> "
                                            "from TF_CONFIG); the host and pid are appended.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 @ops_options
 def command(broker, file_patterns, preset, format_kind, format_options, data_config, split, features, cast_values,
             num_epochs, shuffle_files, seed, readers, queue_name, queue_kind, capacity, min_after_dequeue, chunk_size,
-            in_flight, skip_malformed, container, lease_s, token_wait_s, at_least_once, rejoin_s, enqueue_timeout,
+            in_flight, skip_malformed, container, lease_s, at_least_once, rejoin_s, enqueue_timeout,
             progress_every, stats_file, name, log_level):
     """Read files into the broker's instance queue: one reader process of an input pipeline.
 
     The first reader process to join a pipeline expands the globs and feeds the
     file names (NUM_EPOCHS passes, shuffled per epoch) into QUEUE.filenames;
     every reader thread of every reader process on the same --queue takes names
-    from it and pushes the file's instances with enqueue_many. The instance
-    queue is closed once, by the last reader to finish, so consumers get every
-    instance and then OutOfRange. A reader that dies mid-file fails the
-    pipeline: its queues are closed with cancel and the error is recorded for
-    consumers (see common/input_pipeline.py); with --at-least-once its file is
-    read again instead.
+    from it and pushes the file's instances with enqueue_many. Each reader
+    process is a registered producer of the instance queue: the broker closes it
+    once the last one is done, so consumers get every instance and then
+    OutOfRange. A reader that dies mid-file (its connection drops, or it stops
+    beating for --lease seconds) fails the pipeline: consumers get an
+    AbortedError naming it and its file (docs/queue-semantics.md §8); with
+    --at-least-once its file is read again instead.
 
     With --data-config the files, format and components come from a data spec:
     each chunk of rows is made into the model's inputs and `label` with the
@@ -248,7 +247,7 @@ def command(broker, file_patterns, preset, format_kind, format_options, data_con
                                   queue_kind=queue_kind, capacity=capacity, min_after_dequeue=min_after_dequeue,
                                   seed=seed, num_epochs=num_epochs or None, shuffle_files=shuffle_files,
                                   readers=readers, features=features, cast=cast, lease_s=lease_s,
-                                  token_wait_s=token_wait_s, enqueue_timeout=enqueue_timeout, in_flight=in_flight,
+                                  enqueue_timeout=enqueue_timeout, in_flight=in_flight,
                                   name=name, progress_every=progress_every, at_least_once=at_least_once,
                                   rejoin_s=rejoin_s)
         from zmqflow.common import metrics

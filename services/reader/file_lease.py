@@ -21,7 +21,7 @@ class FileLease:
     def __init__(self, lease):
         self.lease = lease
         self.name = lease.values.item()
-        self.period = lease.seconds / 4   # extended as often as a member beats
+        self.period = lease.seconds / 4   # extended as often as the reader beats
         self._kept = time.monotonic()
 
     def keep(self):

@@ -17,7 +17,7 @@ cancel and is raised by `get()`, as TF's coordinator re-raised a queue runner's.
 The input is either
   read_files(...)  files read by the reader pipeline's threads (services/reader), num_epochs passes
                    (None: forever, as TF), file names shuffled per epoch; a dead or failing reader is
-                   raised by get() (the pipeline's close protocol).
+                   raised by get() (the broker fails the queue: docs/queue-semantics.md §8).
   an iterable      of instances, each a dict {name: value} or a tuple of values (of batches of them
                    with enqueue_many=True), shared by the threads; dtypes and shapes are taken from the
                    first item unless `shapes` is given.
@@ -96,7 +96,7 @@ class Batches:
         self.name = shared_name or f"batch-{uuid.uuid4().hex[:12]}"
         self.container = container
         self._error = None
-        self._pipeline = self._watch = None
+        self._pipeline = None
         self._threads = []
         self._stop = threading.Event()
         if isinstance(tensors, FileInput):
@@ -107,7 +107,6 @@ class Batches:
     # ------------------------------------------------ the producing side
 
     def _start_files(self, source, kind, num_threads, capacity, min_after_dequeue, seed):
-        from zmqflow.common.input_pipeline import PipelineWatch
         from zmqflow.services.reader.pipeline import ReaderPipeline
 
         if source.num_epochs is not None and source.num_epochs < 1:
@@ -120,7 +119,6 @@ class Batches:
             name="batch", progress_every=0)
         self._pipeline.start()
         self.queue = self._pipeline.instance_queue
-        self._watch = PipelineWatch(self.queue, self.container)
         self._spawn(self._pipeline.wait)
 
     def _start_iterable(self, tensors, kind, num_threads, capacity, min_after_dequeue, seed, enqueue_many, shapes):
@@ -198,11 +196,10 @@ class Batches:
     def get(self, timeout=None):
         """One batch (a dict by name, or a list of arrays); OutOfRangeError when the input is exhausted."""
         timeout = self.timeout if timeout is None else timeout
-        source = self._watch or self.queue
         try:
             if self.allow_smaller_final_batch:
-                return source.dequeue_up_to(self.batch_size, timeout=timeout)
-            return source.dequeue_many(self.batch_size, timeout=timeout)
+                return self.queue.dequeue_up_to(self.batch_size, timeout=timeout)
+            return self.queue.dequeue_many(self.batch_size, timeout=timeout)
         except OutOfRangeError:
             if self._error is not None:
                 raise self._error from None

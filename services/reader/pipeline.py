@@ -5,18 +5,19 @@
                               num_epochs=2, readers=3)
     summary = pipeline.run()   # returns when the instance queue is closed, or the pipeline failed
 
-One process is one member of the pipeline's close protocol (coordination.py): it
-joins, beats while it works, and finishes when its readers are done; the last
-member to finish closes the instance queue, and a member that stops beating
-fails the pipeline. The first member to join also runs the file-name producer
-(producer.py); every member should be given the same files and epochs.
+One process is one producer of the instance queue on the broker (common/producers.py):
+it registers, beats while it works, and says done when its readers are done; the broker
+closes the instance queue when the last producer is done, and fails it (every consumer gets
+the error) when one vanishes mid-file or reports an error. The first producer to register
+also runs the file-name producer (producer.py); every process should be given the same
+files and epochs.
 
 Each of the `readers` threads dequeues a file name, reads the file chunk by chunk
 with its own format object (formats/) and pushes each chunk with one
 enqueue_many, keeping up to `in_flight` pushes outstanding while it parses the
 next chunk, so the round trips overlap parsing (order is kept: one socket per
 thread, served in arrival order). Threads, as TF's queue runners, because a process
-is the unit of failure and of the close protocol; parsing holds the GIL, so to
+is the unit of failure and of registration; parsing holds the GIL, so to
 use more cores run more reader processes on the same queue (`start_readers` in
 cli.py). Features with a ragged (None) dimension go to a PaddingFIFOQueue one
 instance per enqueue, as one enqueue_many holds instances of one shape only.
@@ -32,7 +33,7 @@ With `at_least_once`, each file name is taken with a lease of `lease_s`, extende
 reading thread while it works on the file, and acked once the file's last enqueue_many
 was acknowledged: a reader killed mid-file gives its name back and the file is read
 again by another (or a restarted) reader; a stop mid-file nacks the name instead of
-failing the pipeline (see common/input_pipeline.py).
+failing the pipeline (docs/queue-semantics.md §8, docs/queues.md).
 """
 
 import collections
@@ -44,10 +45,9 @@ import numpy as np
 
 from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError,
                            OutOfRangeError, UnavailableError)
+from zmqflow.common.producers import CALL_TIMEOUT, DEFAULT_LEASE_S, DEFAULT_REJOIN_S, Producer, producer_name
 from zmqflow.common.queues import FIFOQueue, PaddingFIFOQueue, RandomShuffleQueue
 from zmqflow.common.rpc_client import default_pool
-from zmqflow.common.input_pipeline import (DEFAULT_LEASE_S, DEFAULT_REJOIN_S, DEFAULT_TOKEN_WAIT_S, FILENAMES_SUFFIX,
-                                          Coordinator, PipelineRegister, member_id)
 from zmqflow.services.reader.file_lease import FileLease
 from zmqflow.inputs.formats import open_format
 from zmqflow.inputs.spec_stream import SpecStream
@@ -59,6 +59,7 @@ QUEUE_KINDS = ("shuffle", "fifo", "padding")
 DATA_SPEC = SpecStream.kind  # the format kind of `--data-config`: a data spec's prepared rows
 POLL_S = 1.0
 DEFAULT_ENQUEUE_TIMEOUT = 3600.0
+FILENAMES_SUFFIX = ".filenames"
 
 
 def queue_components(spec, features=None, cast=None):
@@ -150,20 +151,20 @@ class ReaderCounters:
 
 
 class ReaderPipeline:
-    """One reader process's part of a pipeline: its reader threads, the producer if it is first, its beats."""
+    """One reader process's part of a pipeline: its reader threads, the file-name producer if it is the
+    first producer, its beats."""
 
     def __init__(self, broker, files, format_kind, format_options=None, *, queue="train", container="",
                  queue_kind="shuffle", capacity=10_000, min_after_dequeue=None, seed=None, num_epochs=1,
                  shuffle_files=True, readers=1, features=None, cast=None, filename_capacity=DEFAULT_CAPACITY,
-                 lease_s=DEFAULT_LEASE_S, token_wait_s=DEFAULT_TOKEN_WAIT_S,
-                 enqueue_timeout=DEFAULT_ENQUEUE_TIMEOUT, in_flight=2, name="reader", progress_every=10.0, pool=None,
-                 at_least_once=False, rejoin_s=DEFAULT_REJOIN_S):
+                 lease_s=DEFAULT_LEASE_S, enqueue_timeout=DEFAULT_ENQUEUE_TIMEOUT, in_flight=2, name="reader",
+                 progress_every=10.0, pool=None, at_least_once=False, rejoin_s=DEFAULT_REJOIN_S):
         for what, value in (("readers", readers), ("in_flight", in_flight)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidArgumentError(f"{what} must be an int >= 1, got {value!r}")
         self.broker, self.queue_name, self.container = broker, queue, container
         self.format_kind, self.format_options = format_kind, dict(format_options or {})
-        spec = open_reader_format(format_kind, self.format_options).spec  # bad options fail here, before joining
+        spec = open_reader_format(format_kind, self.format_options).spec  # bad options fail here, before registering
         self.components = queue_components(spec, features, cast)
         self.cast = {n: np.dtype(d) for n, d in (cast or {}).items()}
         self.ragged = any(None in s for _, _, s in self.components)
@@ -174,14 +175,15 @@ class ReaderPipeline:
         self.at_least_once, self.rejoin_s = at_least_once, rejoin_s
         if at_least_once and num_epochs:   # every name fits: the producer is done at once (its death would fail)
             self.filename_capacity = max(filename_capacity, len(self.files) * num_epochs)
-        self.lease_s, self.token_wait_s, self.enqueue_timeout = lease_s, token_wait_s, enqueue_timeout
+        self.lease_s, self.enqueue_timeout = lease_s, enqueue_timeout
         self.in_flight = in_flight
-        self.member = member_id(name)
+        self.member = producer_name(name)
         self.progress_every = progress_every
         self.pool = pool or default_pool
         self.counters = ReaderCounters(readers)
         self.role = None
-        self.record = None
+        self.producer = None
+        self.state = None  # the broker's last word on the instance queue's producers (Producer.state)
         self.names_pushed = 0
         self._halt = threading.Event()  # stop working: a stop was asked for, or the pipeline is over
         self._stop_reason = None
@@ -196,19 +198,19 @@ class ReaderPipeline:
     # ------------------------------------------------ lifecycle
 
     def start(self):
-        """Open the queues, join the pipeline, start the threads. Returns self."""
+        """Open the queues, register as a producer of the instance queue, start the threads. Returns self."""
         self.instance_queue = open_instance_queue(self.broker, self.queue_name, self.components,
                                                   container=self.container, pool=self.pool, **self.queue_options)
         self.filename_queue = filename_queue(self.broker, self.queue_name + FILENAMES_SUFFIX, self.container,
                                              self.filename_capacity, self.pool)
-        register = PipelineRegister(self.broker, self.queue_name, self.container, token_wait_s=self.token_wait_s,
-                                    pool=self.pool)
-        self.coordinator = Coordinator(register, self.instance_queue, self.filename_queue, self.member, self.lease_s,
-                                       at_least_once=self.at_least_once, rejoin_s=self.rejoin_s)
-        self.role = self.coordinator.join({"readers": self.readers})
-        log.info("%s joined pipeline %r as %s (%d reader threads)", self.member, self.queue_name, self.role,
+        self.producer = Producer(self.instance_queue, self.lease_s, self.member, at_least_once=self.at_least_once,
+                                 rejoin_s=self.rejoin_s, source=self.filename_queue)
+        self.state = self.producer.state
+        self.role = "closed" if self.producer.closed else "producer" if self.producer.first else "reader"
+        log.info("%s registered on pipeline %r as %s (%d reader threads)", self.member, self.queue_name, self.role,
                  self.readers)
         if self.role == "closed":
+            self.producer.close()
             log.warning("pipeline %r is already closed: nothing to read (use a new queue name, or reset the "
                         "container, to read again)", self.queue_name)
             return self
@@ -233,7 +235,7 @@ class ReaderPipeline:
         self._stop_requested.set()
 
     def wait(self):
-        """Until this member is done and the pipeline closed (or failed, or stopped); returns the summary."""
+        """Until this process is done and the pipeline closed (or failed, or stopped); returns the summary."""
         if self.role == "closed":
             return self.summary()
         while any(t.is_alive() for t in self._threads):
@@ -249,39 +251,40 @@ class ReaderPipeline:
                                       "that input is lost"))
         elif self._local_error is None:
             try:
-                exhausted = len(self._exhausted) == self.readers
-                self._note(self.coordinator.finish(self.counters.snapshot(), exhausted))
+                self._note(self.producer.done(len(self._exhausted) == self.readers, self.counters.snapshot()))
             except OpError as exc:
                 self._local_error = exc
-        while (self._local_error is None and self._stop_reason is None
-               and (self.record is None or self.record.closed is None)):
+            if self.state["closed"] == "ok" and self.state["closed_by"] == self.member:
+                log.info("every producer is done: %s closed the instance queue %r", self.member, self.queue_name)
+        while self._local_error is None and self._stop_reason is None and self.state["closed"] is None:
             if self._stop_requested.is_set():
                 self._stop_reason = self._stop_reason or "stopped"
                 break
             self._stop_requested.wait(min(POLL_S, self.lease_s / 4))
         self._halt.set()
         if self._beat_thread is not None:
-            self._beat_thread.join(self.token_wait_s + 5)
+            self._beat_thread.join(CALL_TIMEOUT + 5)
+        self.producer.close()
         summary = self.summary()
         log.info("%s: %s", self.member, _describe(summary))
         return summary
 
     def summary(self):
-        """outcome: 'ok' (closed after every member finished), 'failed' (the record's error), 'error' (this
-        member lost the broker or the record), 'stopped' (left between files), 'already-closed';
+        """outcome: 'ok' (closed after every producer was done), 'failed' (the broker's error), 'error' (this
+        process lost the broker), 'stopped' (left between files), 'already-closed';
         stopped: the reason given to request_stop, if any."""
-        record = self.record
+        state = self.state
         if self._local_error is not None:
             outcome, error = "error", str(self._local_error)
-        elif record is not None and record.closed is not None:
-            outcome, error = record.closed, record.doc["error"]
+        elif state is not None and state["closed"] is not None and self.role != "closed":
+            outcome, error = state["closed"], state["error"]
         else:
             outcome = "already-closed" if self.role == "closed" else "stopped" if self._stop_reason else None
             error = None
         return {"member": self.member, "queue": self.queue_name, "role": self.role, "outcome": outcome,
                 "error": error, "stopped": self._stop_reason,
                 "peer_lost": isinstance(self._local_error, UnavailableError),
-                "closed_by": record.doc["closed_by"] if record else None,
+                "closed_by": state["closed_by"] if state else None,
                 "names_pushed": self.names_pushed, **self.counters.snapshot()}
 
     # ------------------------------------------------ threads
@@ -386,35 +389,32 @@ class ReaderPipeline:
         period = self.lease_s / 4
         last_log = time.monotonic()
         unreachable_since = None
-        try:
-            while not self._halt.wait(period):
-                try:
-                    record = self.coordinator.beat(self.counters.snapshot())
-                    unreachable_since = None
-                except UnavailableError as exc:  # the broker is away: keep trying for a lease, then give up
-                    unreachable_since = unreachable_since or time.monotonic()
-                    log.warning("beat failed: %s", exc)
-                    if time.monotonic() - unreachable_since > self.lease_s:
-                        self._local_error = exc
-                        self._halt.set()
-                    continue
-                except OpError as exc:  # the record is lost: unblock everyone, and stop
-                    self._local_error = self._local_error or exc
-                    self._fail(exc)
-                    return
-                self._note(record)
-                if record.failed:
+        while not self._halt.wait(period):
+            try:
+                state = self.producer.beat(self.counters.snapshot())
+                unreachable_since = None
+            except UnavailableError as exc:  # the broker is away: keep trying for a lease, then give up
+                unreachable_since = unreachable_since or time.monotonic()
+                log.warning("beat failed: %s", exc)
+                if time.monotonic() - unreachable_since > self.lease_s:
+                    self._local_error = exc
                     self._halt.set()
-                if self.progress_every and time.monotonic() - last_log >= self.progress_every:
-                    last_log = time.monotonic()
-                    log.info("%s", _describe(self.counters.snapshot()))
-        finally:
-            self.pool.close_thread()
+                continue
+            except OpError as exc:  # no longer a producer (its queue freed by a reset): stop
+                self._local_error = self._local_error or exc
+                self._halt.set()
+                return
+            self._note(state)
+            if state["closed"] == "failed":
+                self._halt.set()
+            if self.progress_every and time.monotonic() - last_log >= self.progress_every:
+                last_log = time.monotonic()
+                log.info("%s", _describe(self.counters.snapshot()))
 
-    def _note(self, record):
-        """Keep the newest record seen; a closed one is never replaced (closing is final)."""
-        if self.record is None or self.record.closed is None:
-            self.record = record
+    def _note(self, state):
+        """Keep the newest state seen; a closed one is never replaced (closing is final)."""
+        if self.state is None or self.state["closed"] is None:
+            self.state = state
 
     # ------------------------------------------------ stopping and failing
 
@@ -438,11 +438,10 @@ class ReaderPipeline:
             self._local_error = self._local_error or error
             log.error("%s lost the broker: %s", self.member, error)
             return
-        self.coordinator.fail(error)
         try:
-            self._note(self.coordinator.register.read())
+            self._note(self.producer.fail(error))
         except OpError as exc:
-            log.error("could not read the pipeline record after failing: %s", exc)
+            log.error("could not fail the pipeline on the broker (%s) after: %s", exc, error)
             self._local_error = self._local_error or error
 
 

@@ -4,7 +4,8 @@ parameters already in flight while computing (between-graph replication).
 Task 0 (or the `chief` job) is the chief: it initializes or restores the
 variables (the others wait until the shards are ready), saves checkpoints,
 waits for the other workers at the end, saves the final checkpoint and
-evaluates on the held-out set. End of input is the queue's OutOfRange.
+evaluates on the held-out set. End of input is the queue's OutOfRange; a failed input (a reader
+that died mid-file) is the error the broker answers the dequeue with (docs/queue-semantics.md §8).
 """
 
 import logging
@@ -15,7 +16,6 @@ from collections import deque
 import numpy as np
 
 from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError, OutOfRangeError, UnavailableError
-from zmqflow.common.input_pipeline import raise_if_failed
 from zmqflow.models.protocol import every_gradient, input_signature, zero_inputs, zero_labels
 from zmqflow.services.worker.hooks import StepContext
 from zmqflow.services.worker.leased_batches import LeasedBatches
@@ -23,8 +23,6 @@ from zmqflow.services.worker.leased_batches import LeasedBatches
 log = logging.getLogger("worker")
 
 
-PIPELINE_WATCH_S = 0.5
-"""How often a worker waiting for a batch looks at the reader pipeline's beats."""
 FINAL_LOSS_STEPS = 20
 """The summary's final_loss is the mean loss of this many last steps."""
 
@@ -38,7 +36,6 @@ class Trainer:
         self.batch_size, self.mode, self.hooks, self.seed = batch_size, mode, list(hooks), seed
         self.checkpoint_dir, self.examples_per_epoch = checkpoint_dir, examples_per_epoch
         self.sync_timeout, self.end_timeout, self.dequeue_timeout = sync_timeout, end_timeout, dequeue_timeout
-        self._pipeline = None  # the PipelineWatch of a reader-fed queue, made on the first wait
         self.config = config or {}
         self.container = container
         self.global_step = 0
@@ -111,8 +108,6 @@ class Trainer:
                 try:
                     x, y = self._batch(self._arrived(next_batch))
                 except OutOfRangeError:
-                    if getattr(self.queue, "broker", None):  # a failed reader pipeline is no end of data
-                        raise_if_failed(self.queue, self.container)
                     break
                 except DeadlineExceededError:
                     raise DeadlineExceededError(
@@ -149,17 +144,7 @@ class Trainer:
         return self.queue.dequeue_up_to_async(self.batch_size, timeout=self.dequeue_timeout)
 
     def _arrived(self, pending):
-        """The dequeued batch. While it is awaited, the reader pipeline feeding the queue is watched
-        as its members watch each other (common/input_pipeline.py's PipelineWatch): readers that
-        stopped beating fail it, its queues are closed with cancel, and its error is raised here,
-        within the pipeline's lease, instead of after the dequeue timeout."""
-        if self._pipeline is None and getattr(self.queue, "broker", None):
-            from zmqflow.common.input_pipeline import PipelineWatch
-            self._pipeline = PipelineWatch(self.queue, self.container)
-        if self._pipeline is not None:
-            self._pipeline.look_if_due()     # also when batches never keep us waiting: beats are timed as seen
-        while self._pipeline is not None and not pending.wait(PIPELINE_WATCH_S):
-            self._pipeline.check()
+        """The dequeued batch (held on its lease, at least once)."""
         return self.leases.arrived(pending.result()) if self.leases else pending.result()
 
     def _step(self, params, x, y):

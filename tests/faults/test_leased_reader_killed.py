@@ -2,9 +2,9 @@
 
 In the default mode a reader killed mid-file fails the pipeline (test_only_reader_killed.py). With
 --at-least-once its leased file name goes back to the queue when its connection drops, the other
-reader reads the whole file again, the dead member is dropped from the record, and the consumer gets
-every row at least once (the rows the dead reader had pushed, twice), then OutOfRange. When every
-reader is gone with input left, the consumer fails after the rejoin wait instead of hanging.
+reader reads the whole file again, the broker drops the dead producer, and the consumer gets every
+row at least once (the rows the dead reader had pushed, twice), then OutOfRange. When every reader
+is gone with input left, the consumer fails after the rejoin wait instead of hanging.
 """
 
 import collections
@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 from zmqflow.common import queues
-from zmqflow.common.errors import AbortedError, OutOfRangeError
-from zmqflow.common.input_pipeline import PipelineRegister, PipelineWatch
+from zmqflow.common.errors import AbortedError, NotFoundError, OutOfRangeError
 from zmqflow.services.reader.cli import start_readers
 from tests.reader import data_path
 from tests.reader.conftest import ID_OPTIONS, write_shards
@@ -38,27 +37,30 @@ def id_shards(tmp_path_factory):
 def leased_readers(broker, processes, count, queue, pattern, **options):
     options = {"files": [pattern], "format_kind": "csv", "format_options": ID_OPTIONS, "queue": queue,
                "queue_kind": "fifo", "capacity": 300, "chunk_size": 50, "num_epochs": 1, "progress_every": 0,
-               "lease": 1.5, "token_wait": 5.0, "at_least_once": True, **options}
+               "lease": 1.5, "at_least_once": True, **options}
     return [processes.adopt(proc) for proc in start_readers(broker, processes=count, log_dir=processes.log_dir,
                                                             **options)]
 
 
-def record_of(broker, queue):
-    """The pipeline's record, or None while no reader has created it yet."""
-    register = PipelineRegister.find(broker, queue, token_wait_s=5)
-    return register.read() if register is not None else None
+def state_of(broker, queue):
+    """The broker's state of the queue's producers, or None while no reader has registered yet."""
+    try:
+        return queues.attach(queue, broker=broker, timeout=0).producers()
+    except NotFoundError:
+        return None
 
 
 def every_member_reading(broker, queue, count):
-    record = record_of(broker, queue)
-    return record is not None and len(record.members) == count and all(m["progress"].get("reading") for m in record.members.values())
+    state = state_of(broker, queue)
+    return state is not None and len(state["producers"]) == count and all(
+        p["progress"].get("reading") for p in state["producers"].values())
 
 
-def drain_ids(watch, limit_s):
+def drain_ids(queue, limit_s):
     ids, deadline = [], time.monotonic() + limit_s
     while (left := deadline - time.monotonic()) > 0:
         try:
-            ids.append(watch.dequeue_up_to(250, timeout=min(10, left))["id"])
+            ids.append(queue.dequeue_up_to(250, timeout=min(10, left))["id"])
         except OutOfRangeError:
             return np.concatenate(ids)
     raise AssertionError(f"the queue did not end within {limit_s} s")
@@ -72,17 +74,17 @@ def test_a_reader_killed_mid_file_is_dropped_and_its_file_read_again(broker, id_
     victim, survivor = procs
     victim.kill()
     killed = time.monotonic()
-    ids = drain_ids(PipelineWatch(queue, poll_s=0.2), limit_s=30)
+    ids = drain_ids(queue, limit_s=30)
     took = time.monotonic() - killed
     assert survivor.proc.wait(10) == 0, survivor.log()[-2000:]
-    record = record_of(broker, "alo-killed")
+    state = state_of(broker, "alo-killed")
     counts = collections.Counter(ids.tolist())
     twice = sum(1 for c in counts.values() if c > 1)
-    print(f"\nat-least-once reader SIGKILLed mid-file: pipeline {record.closed}, every row of {rows} delivered "
+    print(f"\nat-least-once reader SIGKILLed mid-file: pipeline {state['closed']}, every row of {rows} delivered "
           f"({len(ids)} in all, {twice} twice: the dead reader's file read again), queue ended {took:.1f} s after "
           f"the kill")
     assert set(counts) == set(range(rows)) and max(counts.values()) <= 2    # none lost
-    assert record.closed == "ok" and [f":{survivor.pid}" in m for m in record.members] == [True]  # victim dropped
+    assert state["closed"] == "ok" and [f":{survivor.pid}" in m for m in state["producers"]] == [True]  # victim dropped
     assert took <= 20.0
 
 
@@ -94,7 +96,7 @@ def test_with_every_leased_reader_gone_the_consumer_fails_after_the_rejoin_wait(
     reader.kill()
     killed = time.monotonic()
     with pytest.raises(AbortedError, match="no live reader left .* none joined again within 2 s"):
-        drain_ids(PipelineWatch(queue, poll_s=0.2), limit_s=20)
+        drain_ids(queue, limit_s=20)
     took = time.monotonic() - killed
     print(f"\nthe only at-least-once reader SIGKILLed: the consumer failed {took:.1f} s after the kill "
           f"(lease 1.5 s + rejoin wait 2 s)")

@@ -1,13 +1,13 @@
-"""Issue: with its only reader SIGKILLed, a worker waited the whole dequeue timeout (600 s). The worker
-watches the reader pipeline while it waits for a batch, as the readers watch each other: the dead
-reader's lease (3.5 s) runs out, the pipeline is failed and its queues closed, and the worker ends with
-a clear error naming the reader, exit 3 (a peer lost), within seconds."""
+"""Issue: with its only reader SIGKILLed, a worker waited the whole dequeue timeout (600 s). The reader
+is a registered producer of the queue: the broker sees its connection drop (or its beats stop within
+its lease, 3.5 s), fails the queue, and answers the worker's dequeue with a clear error naming the
+reader, so the worker ends, exit 3 (a peer lost), within seconds."""
 
 import time
 
 import pytest
 
-from zmqflow.common.input_pipeline import PipelineRegister
+from zmqflow.common import queues
 from zmqflow.inputs.datasets import mnist_split, write_record_shards
 from tests.support import wait_for
 
@@ -27,10 +27,10 @@ def test_workers_end_within_seconds_when_their_only_reader_is_killed(processes, 
     worker = processes.process("zmqflow.services.worker", ["--broker", broker.endpoint, "--ps", ps.endpoint,
                                                            "--backend", "numpy", "--log-every", "20"])
     wait_for(lambda: "Step:" in worker.log(), 60, "the worker to train")
-    register = PipelineRegister.find(broker.endpoint, "train", token_wait_s=5)
+    queue = queues.attach("train", broker=broker.endpoint)
     reader.kill()
     killed = time.monotonic()
-    wait_for(lambda: register.read().failed, 20, "the pipeline to be failed", interval=0.05)
+    wait_for(lambda: queue.producers()["closed"] == "failed", 20, "the pipeline to be failed", interval=0.05)
     failed = time.monotonic() - killed
     wait_for(lambda: not worker.alive(), 20, "the worker to end")
     took = time.monotonic() - killed

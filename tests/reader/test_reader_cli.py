@@ -10,7 +10,6 @@ from click.testing import CliRunner
 from zmqflow.common import queues
 from zmqflow.common.errors import CancelledError, OutOfRangeError
 from zmqflow.cli.main import main
-from zmqflow.common.input_pipeline import PipelineRegister, raise_if_failed
 from zmqflow.services.reader.cli import reader_args, resolve_input
 from tests.reader import mnist_csv
 from tests.support import wait_for
@@ -58,7 +57,7 @@ def test_sigterm_mid_file_exits_zero_and_the_consumer_gets_cancelled(broker, pro
     assert "stopped (SIGTERM) while reading" in proc.log()
     assert queue.is_closed()
     with pytest.raises(CancelledError, match="SIGTERM"):
-        raise_if_failed(queue)
+        queue.dequeue(timeout=5)
 
 
 def test_a_pipeline_already_closed_is_left_alone(broker, processes):
@@ -69,8 +68,8 @@ def test_a_pipeline_already_closed_is_left_alone(broker, processes):
     assert first.proc.wait(30) == 0
     again = CliRunner().invoke(main, ["reader", *args])
     assert again.exit_code == 0, again.output
-    record = PipelineRegister.find(broker, "cli-twice").read()
-    assert record.closed == "ok" and len(record.members) == 1
+    state = queues.attach("cli-twice", broker=broker).producers()
+    assert state["closed"] == "ok" and len(state["producers"]) == 1
 
 
 @pytest.mark.unit

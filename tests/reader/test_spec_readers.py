@@ -13,7 +13,7 @@ from zmqflow.common.errors import OutOfRangeError
 from zmqflow.inputs.data_spec import fit, load_spec, load_tables, model_inputs, labels, to_config
 from zmqflow.services.reader.cli import start_readers
 from tests.inputs.test_spec_stream import spec_dict, write_parts
-from tests.reader.test_reader_processes import wait_for_record
+from tests.reader.test_reader_processes import wait_for_state
 
 pytestmark = pytest.mark.service
 
@@ -29,7 +29,7 @@ def config_file(directory, **extra):
 
 
 def spec_readers(broker, processes, count, data_config, queue, **options):
-    options = {"data_config": data_config, "queue": queue, "progress_every": 0, "lease": 2.0, "token_wait": 5.0,
+    options = {"data_config": data_config, "queue": queue, "progress_every": 0, "lease": 2.0,
                "chunk_size": 16, **options}
     return [processes.adopt(p) for p in start_readers(broker, processes=count, log_dir=processes.log_dir,
                                                       stats_dir=processes.log_dir, **options)]
@@ -55,7 +55,7 @@ def test_two_readers_deliver_every_prepared_row_of_the_split_each_epoch(broker, 
     procs = spec_readers(broker, processes, 2, data_config, "spec-2r", num_epochs=3, queue_kind="shuffle",
                          capacity=40, min_after_dequeue=8, seed=5)
     queue = queues.attach("spec-2r", broker=broker, timeout=30)
-    wait_for_record(broker, "spec-2r", lambda r: len(r.members) == 2)   # the small queue holds the first back
+    wait_for_state(broker, "spec-2r", lambda s: len(s["producers"]) == 2)   # the small queue holds the first back
     got = drain(queue)
     assert [p.proc.wait(30) for p in procs] == [0, 0], [p.log()[-2000:] for p in procs]
     assert queue.is_closed()

@@ -3,7 +3,7 @@
 The server turns each request into a `Ticket`, calls `QueueBase.submit` /
 `cancel` on the queue the `QueueRegistry` gives it, and replies to every
 ticket those calls return. docs/queue-semantics.md is the specification; leases.py
-adds at-least-once dequeues (docs/queues.md).
+adds at-least-once dequeues (docs/queues.md), producers.py a queue's registered producers (§8).
 """
 
 from zmqflow.services.broker.queues.base import QueueBase

@@ -22,7 +22,7 @@ from zmqflow.common import dtypes as wire_dtypes
 from zmqflow.common.errors import CancelledError, InvalidArgumentError, OutOfRangeError, ResourceExhaustedError
 from zmqflow.services.broker.queues.declaration import format_shape
 from zmqflow.services.broker.queues.quota import Quota, element_overhead, fixed_row_bytes, nbytes
-from zmqflow.services.broker.queues.ticket import BATCH_DEQUEUE_OPS, ENQUEUE_OPS, OPS
+from zmqflow.services.broker.queues.ticket import BATCH_DEQUEUE_OPS, ENQUEUE_OPS, OPS, Ticket
 
 COMPLETE, PROGRESS, NO_PROGRESS = 2, 1, 0
 
@@ -93,6 +93,7 @@ class QueueBase:
         self._row_bytes = fixed_row_bytes(self._dtypes, self._shapes)  # None: elements vary, count each
         self.held_bytes = 0  # stored elements + pending enqueues' rest (see quota.py)
         self._closed = False
+        self._error = None  # set by fail(): what every dequeue answers from then on (producers.py)
         self._leased = 0  # elements handed out on leases not settled yet (leases.py): held, not stored
         self._lease_acked = self._lease_returned = 0   # leased elements acked, and given back, so far
         self.freed = False
@@ -180,10 +181,30 @@ class QueueBase:
         """Let go of storage this queue no longer needs; the bytes it took (a kind with storage of its own)."""
         return 0
 
+    def fail(self, error):
+        """zmqflow's extension (§8): the queue's input failed. It closes with cancel_pending_enqueues, its
+        elements are dropped, and every dequeue, waiting or later, answers `error`, as does any enqueue:
+        consumers get the failure, never a quietly short input. The tickets that completed."""
+        if self._error is not None:
+            return []
+        self._error = error
+        close = Ticket("close", cancel_pending_enqueues=True)
+        done = [t for t in self._cancelling_close(close) if t is not close]
+        self._release(self.held_bytes)  # what is left is the stored elements'
+        self._elements.clear()
+        return done
+
+    def failure(self):
+        """The error the queue failed with (fail), or None."""
+        return self._error
+
     def give_back(self, elements):
         """Elements of an unsettled lease return (as a withdrawn batch's do, §5) and wake dequeuers."""
         self._leased -= len(elements)
         self._lease_returned += len(elements)
+        if self._error is not None:  # a failed queue holds nothing: they go
+            self._release(self._elements_bytes(elements))
+            return []
         self._restore(elements)
         done = []
         self._run(done)
@@ -193,7 +214,7 @@ class QueueBase:
         """A plain dequeue whose answer could not be delivered (its client is gone): the elements it took
         return as a withdrawn batch's do (§5) and are held again; the tickets that completes."""
         held, ticket.handed = ticket.handed, None
-        if not held or self.freed:  # a queue freed meanwhile (container reset) holds nothing again
+        if not held or self.freed or self._error is not None:  # a freed or failed queue holds nothing again
             return []
         n = self._elements_bytes(held)
         self.held_bytes += n
@@ -350,7 +371,7 @@ class QueueBase:
     # ------------------------------------------------ try() per op (§3)
 
     def _closed_error(self):
-        return CancelledError(f"{self.kind} '{self.name}' is closed.")
+        return self._error or CancelledError(f"{self.kind} '{self.name}' is closed.")
 
     def _try_enqueue(self, t):
         if self._closed:
@@ -377,6 +398,9 @@ class QueueBase:
 
     def _try_dequeue(self, t):
         elements = self._elements
+        if self._error is not None:
+            t.error = self._error
+            return COMPLETE
         if self._closed:
             if not elements:
                 if self._leased:
@@ -409,6 +433,12 @@ class QueueBase:
         have = len(held) if held else 0
         need = t.n - have
         size = len(elements)
+        if self._error is not None:
+            if held:
+                self._restore(held)
+                t._held = None
+            t.error = self._error
+            return COMPLETE
         if self._closed and size < need and not (t.op == "dequeue_many" and size + self._leased >= need):
             if held:
                 self._restore(held)
@@ -466,7 +496,7 @@ class QueueBase:
         for e in self._enq:
             self._release(self._request_bytes(e))
             e._queue = None
-            e.error = CancelledError("Enqueue operation was cancelled")
+            e.error = self._error or CancelledError("Enqueue operation was cancelled")
             e.done = True
             done.append(e)
         self._enq.clear()
