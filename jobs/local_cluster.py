@@ -156,16 +156,10 @@ class LocalCluster:
             self.workers = [self._start(task, env=compute_thread_env(threads)) for task in workers]
         return self
 
-    def _config_file(self, task):
-        path = os.path.join(self.log_dir, f"{task.name}.json")
-        with open(path, "w") as f:
-            json.dump(task.config(), f, indent=1)
-        return path
-
     def _start(self, task, service=False, **kwargs):
         """Start a task with its --config; a `service` is waited for until it listens (its endpoint known)."""
         start = self.supervisor.start_service if service else self.supervisor.start_process
-        return start(f"zmqflow.services.{task.role}", ["--config", self._config_file(task)], name=task.name, **kwargs)
+        return start(f"zmqflow.services.{task.role}", task.config_args(self.log_dir), name=task.name, **kwargs)
 
     def _pipeline_stages(self):
         """How many workers the model's layers name (1: no pipeline)."""

@@ -17,6 +17,7 @@ shipped deployment is `DEPLOYMENT`); the scaling, run and failure groups follow 
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 
 from zmqflow.common.cli_support import to_flags
@@ -225,6 +226,13 @@ class TaskSpec:
     def config(self):
         """The options as `--config TASK.json` holds them."""
         return {k: v for k, v in self.options.items() if v is not None and v is not False}
+
+    def config_args(self, directory):
+        """["--config", DIRECTORY/NAME.json], the file written: how local processes get their options."""
+        path = os.path.join(directory, f"{self.name}.json")
+        with open(path, "w") as f:
+            json.dump(self.config(), f, indent=1)
+        return ["--config", path]
 
 
 def tasks(spec, placement):
