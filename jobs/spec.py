@@ -236,17 +236,17 @@ class TaskSpec:
 
 
 def tasks(spec, placement):
-    """Every task of the job, in start order: [keys, data] (a deployment), broker, ps shards, readers, workers,
+    """Every task of the job, in start order: [keys, broker, data] (a deployment), ps shards, readers, workers,
     [model servers, aggregator, gateway] (a deployment with serving)."""
     deployed = placement.cluster is not None
     out = []
     if deployed:
         out.append(TaskSpec("keys", 0, ["keys", "generate", "/keys"], {"keep": True}))
+        out.append(_server("broker", 0, ["broker"], BROKER_PORT, {}))
         model = spec.model if isinstance(spec.model, str) or spec.model is None else json.dumps(spec.model)
         out.append(TaskSpec("data", 0, ["data", "prepare"], {"data": spec.data or "mnist", "model": model,
                                                                    "model-opt": list(spec.model_options),
                                                                    "out": placement.prepared}))
-        out.append(_server("broker", 0, ["broker"], BROKER_PORT, {}))
     for i in range(spec.cluster.ps):
         out.append(_ps_task(spec, placement, i))
     if spec.input.kind == "readers":
