@@ -68,9 +68,10 @@ def start_readers(broker, processes=1, log_dir=None, env=None, stats_dir=None, *
 
 def prepare_data(spec, directory):
     """The job's data spec (default: the shipped MNIST sample) fitted on its train split, every split prepared
-    as the model's inputs, and the input mode the job takes (`spec.input.kind`, else: from memory when the
-    prepared train split is at most spec_stream.FEED_FROM_MEMORY_MAX_BYTES and nothing may stop the job early
-    (readers take the chief's early close as a failure), else reader processes). model.json (the model fitted
+    as the model's inputs, and the input mode the job takes (`spec.input.kind`, else: readers for the shipped
+    sample; a data spec from memory, unless it is a CSV whose prepared train split passes
+    spec_stream.FEED_FROM_MEMORY_MAX_BYTES and nothing may stop the job early (readers take the chief's early
+    close as a failure): then reader processes stream it). model.json (the model fitted
     to the data) and data-config.json are written to `directory`, as a deployment's `data prepare` writes them;
     for readers, a train split they cannot stream (not CSV) as record shards too.
     Returns (the spec with its input mode, DataSpec, {split: Prepared})."""
@@ -85,8 +86,9 @@ def prepare_data(spec, directory):
     kind = spec.input.kind
     if kind is None:
         size = sum(v.nbytes for v in columns_of(prepared["train"]).values())
-        small = size <= spec_stream.FEED_FROM_MEMORY_MAX_BYTES and not spec.validation.early_stop_patience
-        kind = "preloaded" if spec.data is not None and small else "readers"
+        streamed = (data.format in spec_stream.STREAMED_FORMATS and not spec.validation.early_stop_patience
+                    and size > spec_stream.FEED_FROM_MEMORY_MAX_BYTES)
+        kind = "readers" if spec.data is None or streamed else "preloaded"
     shards = 8 if kind == "readers" and data.format not in spec_stream.STREAMED_FORMATS else 0
     model = with_options(resolve_model(spec.model), spec.model_options)
     write_prepared(data, prepared["train"], model, directory, shards=shards, seed=spec.training.seed)

@@ -218,7 +218,7 @@ class TaskSpec:
 
     @property
     def name(self):
-        return f"{self.role}{self.index}" if self.role in ("ps", "worker", "serve") else self.role
+        return f"{self.role}{self.index}" if self.role in ("ps", "worker", "serve", "reader") else self.role
 
     def argv(self):
         return ["zmqflow", *self.command, *to_flags(self.options)]
