@@ -37,6 +37,7 @@ COMMANDS = {
     "keys": "zmqflow.cli.keys:keys",
     "shutdown": "zmqflow.cli.ops:shutdown",
     "k8s": "zmqflow.cli.k8s:k8s",
+    "compose": "zmqflow.cli.compose:compose",
     "status": "zmqflow.cli.status:command",
     "data": "zmqflow.cli.data:data",
     "checkpoint": "zmqflow.cli.checkpoint:checkpoint",

@@ -1,4 +1,4 @@
-"""`zmqflow train`: flags -> zmqflow.jobs.local_cluster.run_training."""
+"""`zmqflow train`: flags -> a JobSpec (jobs/spec.py) -> zmqflow.jobs.local_cluster.run_training."""
 
 import json
 
@@ -6,7 +6,8 @@ import click
 
 from zmqflow.common.cli_support import launcher_curve_option
 from zmqflow.common.errors import OpError
-from zmqflow.jobs.local_cluster import DEFAULT_OPTIMIZER, INPUTS, run_training
+from zmqflow.jobs.local_cluster import run_training
+from zmqflow.jobs.spec import DEFAULT_OPTIMIZER, INPUTS, job_spec
 from zmqflow.models.registry import load_model
 from zmqflow.models.spec import resolve_model, with_options
 
@@ -25,9 +26,10 @@ from zmqflow.models.spec import resolve_model, with_options
 @click.option("--shuffle-queue/--fifo-queue", default=None, help="Feed through a RandomShuffleQueue "
               "(tf.train.shuffle_batch) or a FIFOQueue. Default: shuffle for readers, FIFO for preloaded input "
               "(the feeder already shuffles every epoch).")
-@click.option("--input", "input_kind", default="readers", type=click.Choice(INPUTS),
-              help="readers: a reader process reads record files every epoch; preloaded: fed from this "
-                 "process's memory; ps: held once on ps 0 and sliced by the workers (the seeds' preloading).")
+@click.option("--input", "input_kind", default=None, type=click.Choice(INPUTS),
+              help="readers: reader processes read the data's files every epoch; preloaded: fed from this "
+                 "process's memory; ps: held once on ps 0 and sliced by the workers (the seeds' preloading). "
+                 "Default: readers, or with --data preloaded when its rows fit in memory and no early stop.")
 @click.option("--bf16", is_flag=True, help="bfloat16 pulls and pushes.")
 @click.option("--at-least-once", is_flag=True, help="Workers dequeue batches and readers file names with leases, "
               "acked once the gradients are on the ps (the file in the queue): a task that dies gives its input "
@@ -42,8 +44,8 @@ from zmqflow.models.spec import resolve_model, with_options
               help="A model option (repeatable), e.g. --model cnn --model-opt filters=[8,16] --model-opt dense=128.")
 @click.option("--data", "data_spec", default=None, metavar="SPEC",
               help="Train on your data: a data spec (YAML: files, features, label; see `zmqflow data inspect`) or "
-                   "`mnist`. Its train split is fed from memory, the model is fitted to its inputs and classes, and "
-                   "the final checkpoint is scored on its test split. Default: the shipped MNIST sample.")
+                   "`mnist`. The model is fitted to its inputs and classes, and the final checkpoint is scored on "
+                   "its test split. Default: the shipped MNIST sample.")
 @click.option("--validate-every-steps", default=100, type=click.IntRange(min=0),
               help="With --data that has a validation split: the chief scores it every N global steps (0: never) "
                    "and keeps the best checkpoint in CHECKPOINT_DIR/best.")
@@ -82,7 +84,6 @@ def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learn
                 monitored(data.label.task, early_stop_metric)     # a metric the task reports
             except OpError as exc:
                 raise click.BadParameter(str(exc), param_hint="--early-stop-metric") from None
-        input_kind = "preloaded"
     try:
         model = with_options(resolve_model(model_spec), model_opts)
         if data is not None:
@@ -98,13 +99,13 @@ def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learn
     if optimizer_kind == "momentum":
         optimizer["momentum"] = 0.9
     try:
-        summary = run_training(progress=not as_json, num_ps=num_ps, num_workers=num_workers, mode=mode, epochs=epochs,
-                               batch_size=batch_size, optimizer=optimizer, backend=backend, spare_replicas=spare_replicas,
-                               shuffle_queue=shuffle_queue, checkpoint_dir=checkpoint_dir,
-                               checkpoint_every_steps=checkpoint_every_steps, bf16=bf16, input=input_kind,
-                               model=model, data=data, validate_every_steps=validate_every_steps,
-                               early_stop_patience=early_stop_patience, validate_every_secs=validate_every_secs,
-                               early_stop_metric=early_stop_metric, at_least_once=at_least_once)
+        spec = job_spec(num_ps=num_ps, num_workers=num_workers, mode=mode, spare_replicas=spare_replicas, epochs=epochs,
+                        batch_size=batch_size, optimizer=optimizer, backend=backend, shuffle_queue=shuffle_queue,
+                        input=input_kind, bf16=bf16, at_least_once=at_least_once, checkpoint_dir=checkpoint_dir,
+                        checkpoint_every_steps=checkpoint_every_steps, model=model, data=data,
+                        validate_every_steps=validate_every_steps, validate_every_secs=validate_every_secs,
+                        early_stop_patience=early_stop_patience, early_stop_metric=early_stop_metric)
+        summary = run_training(spec, progress=not as_json)
     except OpError as exc:
         raise click.ClickException(str(exc)) from None
     if summary_out:

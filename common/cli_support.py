@@ -1,6 +1,7 @@
 """What every service's command line shares: bind, ready file, logging, limits."""
 
 import dataclasses
+import json
 import logging
 import os
 
@@ -167,3 +168,59 @@ def run_service_instance(build, task, ready_file, log_level, max_message_bytes):
         write_ready_file(ready_file, service.endpoint)
     profiled(service.run, task=task)
     logging.getLogger(service.name).info("%s stopped", service.name)
+
+
+TASK_CONFIG = "zmqflow.task_config"
+"""ctx.meta key of the task configuration's entries that no flag takes (the worker's config-only fields)."""
+
+
+def task_config_option(extra_fields=()):
+    """--config TASK.json: one task's options as JSON, {"flag-name": value} (or the parameter's name), what a
+    launcher renders for a task (jobs/spec.py) in place of dozens of flags. Flags given on the command line
+    win over it; `extra_fields` are the keys the command takes from the file only (left in ctx.meta)."""
+    def use_config(ctx, param, path):
+        if not path:
+            return
+        try:
+            with open(path, encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise click.BadParameter(f"cannot read {path}: {exc}") from None
+        if not isinstance(config, dict):
+            raise click.BadParameter(f"{path}: expected a JSON object of options, not {type(config).__name__}")
+        names = {}
+        for option in ctx.command.params:
+            for opt in option.opts:
+                names[opt.lstrip("-")] = option.name
+            names[option.name] = option.name
+        defaults, extra = {}, {}
+        for key, value in config.items():
+            if key in names and names[key] != param.name:
+                defaults[names[key]] = value
+            elif key.replace("-", "_") in extra_fields:
+                extra[key.replace("-", "_")] = value
+            else:
+                raise click.BadParameter(f"{path}: {key!r} is not an option of `{ctx.command.name}`")
+        ctx.default_map = {**(ctx.default_map or {}), **defaults}
+        ctx.meta[TASK_CONFIG] = extra
+    return click.option("--config", "task_config", default=None, is_eager=True, expose_value=False,
+                        callback=use_config, type=click.Path(dir_okay=False), metavar="TASK.json",
+                        help="This task's options as JSON ({\"option-name\": value}), as launchers write them; "
+                             "flags given here win.")
+
+
+def to_flags(options):
+    """The command-line flags of {"option-name": value}: True a bare flag, None and False none, a list the flag
+    repeated, anything else its text. Underscores in names become dashes."""
+    argv = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            argv += [arg for item in value for arg in (flag, str(item))]
+        else:
+            argv += [flag, str(value)]
+    return argv

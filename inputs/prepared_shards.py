@@ -59,18 +59,26 @@ def prepare_for_readers(data, directory, model, shards=8, seed=0):
     spec = load_spec(data)
     tables = load_tables(spec)
     fit(spec, tables["train"])
+    done = write_prepared(spec, prepare(spec, tables["train"]), model, directory, shards, seed)
+    return {"name": spec.name, "task": spec.label.task, "rows": done["rows"],
+            "splits": {s: len(t) for s, t in tables.items()}, "record_bytes": record_layout(spec)["record_bytes"],
+            "shards": done["shards"], "model": done["model"]["type"], "directory": os.path.abspath(directory)}
+
+
+def write_prepared(spec, train, model, directory, shards=8, seed=0):
+    """A fitted spec's prepared train split (`train`) as `shards` record files (none with 0), its
+    data-config.json and model.json (`model` fitted to the data) in `directory`: what every task of a job
+    reads. Returns {rows, shards, model}."""
+    os.makedirs(directory, exist_ok=True)
     fitted = model_for_data(spec, model)
-    prepared = prepare(spec, tables["train"])
-    paths = write_prepared_shards(spec, prepared, directory, shards, seed)
-    config = {**to_config(spec), "train_rows": prepared.rows,
-              "shards": {"files": os.path.join(os.path.abspath(directory), SHARD_PATTERN),
-                         "format": "fixed_length", "options": record_layout(spec)}}
+    paths = write_prepared_shards(spec, train, directory, shards, seed) if shards else []
+    config = {**to_config(spec), "train_rows": train.rows}
+    if shards:
+        config["shards"] = {"files": os.path.join(os.path.abspath(directory), SHARD_PATTERN),
+                            "format": "fixed_length", "options": record_layout(spec)}
     _write_json(os.path.join(directory, "data-config.json"), config)
     _write_json(os.path.join(directory, "model.json"), fitted)
-    return {"name": spec.name, "task": spec.label.task, "rows": prepared.rows, "splits": {s: len(t) for s, t in
-                                                                                           tables.items()},
-            "record_bytes": record_layout(spec)["record_bytes"], "shards": paths, "model": fitted["type"],
-            "directory": os.path.abspath(directory)}
+    return {"rows": train.rows, "shards": paths, "model": fitted}
 
 
 def _write_json(path, value):

@@ -11,8 +11,9 @@
 
 `with zmqflow.Job(...) as job:` (or `zmqflow.local_cluster(...)`, the same) starts it and always stops
 it; `job.run()` is start, wait and stop in one call. A job the program forgets to stop is stopped
-when the handle is collected or the interpreter exits. The processes are LocalCluster's
-(jobs/local_cluster.py); what LocalCluster offers besides (`ps_stats`, `log_dir`, ...) the handle offers too.
+when the handle is collected or the interpreter exits. The job is a JobSpec (jobs/spec.py) and its
+processes are LocalCluster's (jobs/local_cluster.py); what LocalCluster offers besides (`ps_stats`,
+`log_dir`, ...) the handle offers too.
 """
 
 import os
@@ -26,18 +27,17 @@ from zmqflow.jobs.local_cluster import LocalCluster
 class Job:
     """start / metrics / wait / stop over a LocalCluster; `status` says where it is."""
 
-    def __init__(self, ps=1, workers=2, data=None, model=None, model_options=None, **options):
+    def __init__(self, ps=None, workers=None, data=None, model=None, model_options=None, spec=None, **options):
         from zmqflow.models.spec import resolve_model
-        spec = {**resolve_model(model), **(model_options or {})}
-        if data is not None:
-            from zmqflow.inputs.data_spec import fit, load_spec, load_tables, model_for_data
+        if model_options:
+            model = {**resolve_model(model), **model_options}
+        if data is not None:      # bad data fails here, before any process starts
+            from zmqflow.inputs.data_spec import fit, load_spec, load_tables
             data = load_spec(data)
             fit(data, load_tables(data)["train"])
-            spec = model_for_data(data, spec)
-            options.setdefault("input", "preloaded")
         if options.get("log_dir"):
             os.makedirs(options["log_dir"], exist_ok=True)
-        self.cluster = LocalCluster(num_ps=ps, num_workers=workers, model=spec, data=data, **options)
+        self.cluster = LocalCluster(spec, num_ps=ps, num_workers=workers, model=model, data=data, **options)
         self.summary = None
         self._status = "created"
         self._finalizer = weakref.finalize(self, self.cluster.supervisor.stop_all)
@@ -135,14 +135,15 @@ class Job:
         return getattr(self.cluster, name)
 
     def __repr__(self):
-        return f"<zmqflow.Job {self.status}: {self.cluster.num_ps} ps, {self.cluster.num_workers} workers>"
+        cluster = self.cluster.spec.cluster
+        return f"<zmqflow.Job {self.status}: {cluster.ps} ps, {cluster.workers} workers>"
 
     def _require_started(self):
         if self._status == "created":
             raise FailedPreconditionError("the job has not been started: call start() (or use `with`)")
 
 
-def local_cluster(ps=1, workers=2, data=None, model=None, model_options=None, **options):
+def local_cluster(ps=None, workers=None, data=None, model=None, model_options=None, spec=None, **options):
     """A training job of real processes on this machine (a `zmqflow.Job`), always stopped when the block ends:
 
         with zmqflow.local_cluster(ps=1, workers=2, data="flowers.yaml", model="mlp", epochs=8) as job:
@@ -152,6 +153,7 @@ def local_cluster(ps=1, workers=2, data=None, model=None, model_options=None, **
 
     `data`: a data spec (a YAML path, a dict, or `mnist`; default the shipped MNIST sample); `model`:
     a built-in name, `path.py:build`, a spec dict or file, fitted to the data's inputs and classes;
-    `model_options`: {option: value}; other options as LocalCluster's (mode, epochs, batch_size,
-    optimizer, checkpoint_dir, validate_every_steps, ...)."""
-    return Job(ps=ps, workers=workers, data=data, model=model, model_options=model_options, **options)
+    `model_options`: {option: value}; `spec`: a JobSpec (jobs/spec.py) the other options change; other
+    options by the flat names job_spec takes (mode, epochs, batch_size, optimizer, input, checkpoint_dir,
+    validate_every_steps, ...)."""
+    return Job(ps=ps, workers=workers, data=data, model=model, model_options=model_options, spec=spec, **options)

@@ -57,7 +57,7 @@ def stream(cluster, interval=0.5, check=lambda: None):
             try:
                 stats = ps0.stats(timeout=min(2.0, max(interval, 0.2)))
                 point["global_step"] = stats["version"]
-                point["examples"] = stats["pushes_applied"] * cluster.batch_size
+                point["examples"] = stats["pushes_applied"] * cluster.spec.training.batch_size
             except OpError:
                 pass          # ps 0 exits at the end (the chief shuts it down): keep its last figures
             if not running:   # the final figures are the workers' result files: ps 0 may be gone already

@@ -25,12 +25,11 @@ from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.replica_device_setter import active_setter, replica_device_setter
 from zmqflow.common.ps_client import PsClient
 from zmqflow.models.registry import load_model, model_variables
+from zmqflow.jobs.spec import DEFAULT_OPTIMIZER
 from zmqflow.models.spec import resolve_model
 from zmqflow.services.worker import hooks as H
 from zmqflow.services.worker.hooks import StepContext
 from zmqflow.services.worker.trainer import Trainer
-
-DEFAULT_OPTIMIZER = {"kind": "adam", "learning_rate": 0.004}
 
 
 class Server:

@@ -42,19 +42,17 @@ import yaml
 from zmqflow.common import curve
 from zmqflow.common.cluster import ClusterSpec
 from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.jobs.spec import (AGGREGATOR_PORT, BROKER_PORT, DEPLOYMENT, GATEWAY_PORT, METRICS_OFFSET, PS_PORT,
+                               READER_METRICS_PORT, SERVE_PORT, WORKER_PORT, deployment, job_spec, tasks)
 from zmqflow.models.spec import with_options
 
 DEFAULT_IMAGE = "zmqflow:latest"
-DEFAULT_SERVE = 3
-DEFAULT_EPOCHS = 5
-DEFAULT_DATA = "mnist"         # the shipped sample's built-in data spec
-DEFAULT_MODEL = "mlp"
-DEFAULT_MODEL_NAME = "model"   # the model servers' --name
+DEFAULT_SERVE = DEPLOYMENT.serving.replicas
+DEFAULT_EPOCHS = DEPLOYMENT.training.epochs
+DEFAULT_DATA = DEPLOYMENT.data             # the shipped sample's built-in data spec
+DEFAULT_MODEL = DEPLOYMENT.model
+DEFAULT_MODEL_NAME = DEPLOYMENT.serving.name   # the model servers' --name
 
-BROKER_PORT, PS_PORT, WORKER_PORT, SERVE_PORT, AGGREGATOR_PORT = 5555, 5600, 5610, 5700, 5800
-READER_METRICS_PORT = 6620
-GATEWAY_PORT = 8000            # HTTP (the Open Inference Protocol); its metrics on 9000, like everyone's + 1000
-METRICS_OFFSET = 1000          # every task serves Prometheus metrics on its ZeroMQ port + 1000
 MAX_PORT = 65535 - METRICS_OFFSET
 
 UID = 10001                    # the image's `zmqflow` user
@@ -66,15 +64,10 @@ TFJOB_NAME = "zmqflow-train"
 CONFIG_DIR = "/etc/zmqflow"
 CURVE_DIR = "/etc/zmqflow-curve"   # ZMQFLOW_CURVE_DIR in every container with --curve
 DATA_DIR = "/data"
-CHECKPOINTS = "/data/ckpt"
 PREPARED = "/prepared"        # each pod's own emptyDir: `zmqflow data prepare --out` of its initContainer
-MODEL_JSON = f"{PREPARED}/model.json"
-DATA_CONFIG = f"{PREPARED}/data-config.json"
 
 ZMQFLOW = ["zmqflow"]
 ENTRY = ["sh", f"{CONFIG_DIR}/entrypoint.sh"]
-OPTIMIZER = '{"kind": "adam", "learning_rate": 0.004}'
-CHECKPOINT_EVERY_STEPS = "50"
 
 # (cpu request, memory request, memory limit) per container; no cpu limit (no throttling mid-step).
 RESOURCES = {
@@ -142,6 +135,12 @@ class Options:
             raise InvalidArgumentError(f"model_opts must be a tuple of key=value strings, not {self.model_opts!r}")
         with_options({}, self.model_opts)   # key=value, the value YAML, as `data prepare --model-opt` reads it
 
+    @property
+    def spec(self):
+        """The JobSpec these options render: the shipped deployment's, resized."""
+        return job_spec(DEPLOYMENT, num_ps=self.ps, num_workers=self.workers, epochs=self.epochs, data=self.data,
+                        model=self.model, model_options=self.model_opts, replicas=self.serve, name=self.model_name)
+
     def command_line(self, out=None):
         """The `zmqflow k8s render` command that renders these options (the files' header)."""
         argv = ["zmqflow", "k8s", "render", "--ps", str(self.ps), "--workers", str(self.workers)]
@@ -177,74 +176,27 @@ class Component(NamedTuple):
 # ------------------------------------------------------------------ the cluster spec
 
 
+def _host(role, index):
+    return f"{role}-{index}.{role}"      # a StatefulSet pod's stable name under its headless Service
+
+
 def cluster_spec(options):
     """The spec every StatefulSet pod reads: ps-i.ps:5600+i, worker-j.worker:5610+j, broker:5555."""
-    return ClusterSpec({
-        "ps": [f"ps-{i}.ps:{PS_PORT + i}" for i in range(options.ps)],
-        "worker": [f"worker-{j}.worker:{WORKER_PORT + j}" for j in range(options.workers)],
-        "broker": [f"broker:{BROKER_PORT}"],
-    }).validate(require_dense=True)
+    return ClusterSpec(deployment(options.spec, _host).cluster).validate(require_dense=True)
 
 
 # ------------------------------------------------------------------ the services' command lines
-# (docker-compose.yml's commands without "zmqflow"; hosts are the Kubernetes Service names, and the
-# prepared files are in the pod's own /prepared where compose has /data/prepared)
+# The job's tasks (jobs/spec.py), as docker-compose.yml runs them; hosts are the Kubernetes Service names,
+# and the prepared files are in the pod's own /prepared. A StatefulSet's pods share one command: task 0's
+# (a deployment's tasks of one role differ only in TF_CONFIG and the metrics port of the environment).
 
 
-def _metrics(port):
-    return f"0.0.0.0:{port}"
-
-
-def broker_args():
-    return ["broker", "--bind", f"tcp://0.0.0.0:{BROKER_PORT}",
-            "--metrics-port", _metrics(BROKER_PORT + METRICS_OFFSET)]
-
-
-def ps_args():
-    # every ps pod serves its metrics on 6600 (its own IP); its ZeroMQ port comes from TF_CONFIG
-    return ["ps", "--model", MODEL_JSON, "--optimizer", OPTIMIZER, "--restore-from", CHECKPOINTS,
-            "--metrics-port", _metrics(PS_PORT + METRICS_OFFSET)]
-
-
-def worker_args():
-    # metrics from ZMQFLOW_METRICS_PORT (as in docker-compose.yml, where the workers share this command)
-    # the epoch length comes from the data config (the prepared train rows); the chief scores the test split
-    return ["worker", "--broker", f"tcp://broker:{BROKER_PORT}", "--queue", "train", "--evaluate",
-            "--model", MODEL_JSON, "--data-config", DATA_CONFIG,
-            "--shutdown-ps", "--shutdown-broker", "--checkpoint-dir", CHECKPOINTS,
-            "--checkpoint-every-steps", CHECKPOINT_EVERY_STEPS]
-
-
-def data_args(options):
-    argv = ["data", "prepare", "--data", options.data, "--model", options.model]
-    for option in options.model_opts:
-        argv += ["--model-opt", option]
-    return argv + ["--out", PREPARED]
-
-
-def reader_args(epochs):
-    return ["reader", "--broker", f"tcp://broker:{BROKER_PORT}", "--data-config", DATA_CONFIG, "--queue", "train",
-            "--num-epochs", str(epochs), "--capacity", "20000", "--min-after-dequeue", "2000", "--seed", "0",
-            "--metrics-port", _metrics(READER_METRICS_PORT)]
-
-
-def serve_args(i, name=DEFAULT_MODEL_NAME):
-    port = SERVE_PORT + i
-    return ["serve", "--checkpoint", CHECKPOINTS, "--bind", f"tcp://0.0.0.0:{port}", "--refresh-secs", "5",
-            "--name", name, "--metrics-port", _metrics(port + METRICS_OFFSET)]
-
-
-def aggregator_args(members):
-    argv = ["aggregator", "--bind", f"tcp://0.0.0.0:{AGGREGATOR_PORT}", "--mode", "replica"]
-    for i in range(members):
-        argv += ["--member", f"tcp://serve{i}:{SERVE_PORT + i}"]
-    return argv + ["--deadline-ms", "1000", "--min-members", "1",
-                   "--metrics-port", _metrics(AGGREGATOR_PORT + METRICS_OFFSET)]
-
-
-def gateway_args():
-    return ["gateway", "--aggregator", f"tcp://aggregator:{AGGREGATOR_PORT}", "--bind", f"0.0.0.0:{GATEWAY_PORT}",
-            "--metrics-port", _metrics(GATEWAY_PORT + METRICS_OFFSET)]
+def task_args(options, role, index=0):
+    """The zmqflow subcommand and options of a task of the job (argv without the leading "zmqflow")."""
+    for task in tasks(options.spec, deployment(options.spec, _host, prepared=PREPARED)):
+        if task.role == role and task.index == index:
+            return task.argv()[1:]
+    raise KeyError(f"the job has no task {role}:{index}")
 
 
 # ------------------------------------------------------------------ pieces of pods
@@ -377,7 +329,7 @@ def _mount_prepared(read_only=True):
 
 def _data_init(options):
     """The initContainer that writes this pod's /prepared: compose's one-shot `data` command."""
-    return _container(options, "data", "data", data_args(options), mounts=[_mount_prepared(read_only=False)],
+    return _container(options, "data", "data", task_args(options, "data"), mounts=[_mount_prepared(read_only=False)],
                       init=True)
 
 
@@ -485,7 +437,7 @@ def curve_component(options, files):
 def broker_component(options):
     labels = _labels("broker")
     metrics = BROKER_PORT + METRICS_OFFSET
-    main = _container(options, "broker", "broker", broker_args(), ports=_zmq_container_ports(BROKER_PORT),
+    main = _container(options, "broker", "broker", task_args(options, "broker"), ports=_zmq_container_ports(BROKER_PORT),
                       readiness=ready_when(_ping(BROKER_PORT)),
                       liveness=alive_while(_ping(BROKER_PORT) + ["--timeout", "5"]))
     return Component("broker", [
@@ -514,7 +466,7 @@ def _task_ports(job, base, count):
 def ps_component(options):
     labels = _labels("ps")
     metrics = PS_PORT + METRICS_OFFSET
-    main = _container(options, "ps", "ps", ps_args(), command=ENTRY + ZMQFLOW, ports=[_port("metrics", metrics)],
+    main = _container(options, "ps", "ps", task_args(options, "ps"), command=ENTRY + ZMQFLOW, ports=[_port("metrics", metrics)],
                       env=[POD_NAME_ENV], mounts=[{"name": "cluster", "mountPath": CONFIG_DIR},
                                                   {"name": "data", "mountPath": DATA_DIR}, _mount_prepared()],
                       readiness=ready_when(_ordinal_ping(PS_PORT)),
@@ -524,7 +476,7 @@ def ps_component(options):
     return Component("ps", [
         (f"ps shards: {options.ps} pods with the stable names ps-0.ps, ps-1.ps, ... from the headless Service;\n"
          f"shard i listens on {PS_PORT} + i (the port of its task in cluster.json). Each pod's initContainer\n"
-         f"fits the model to the data ({MODEL_JSON}) as the reader's prepares its shards: the same bytes\n"
+         f"fits the model to the data ({PREPARED}/model.json) as the reader's prepares its shards: the same bytes\n"
          "in every pod.",
          _service(options, "ps", labels, _task_ports("ps", PS_PORT, options.ps), headless=True)),
         ("", _stateful_set(options, "ps", options.ps, template)),
@@ -532,13 +484,13 @@ def ps_component(options):
 
 
 def _worker_env(metrics):
-    return [{"name": "ZMQFLOW_METRICS_PORT", "value": _metrics(metrics)}]   # --metrics-port, as in compose
+    return [{"name": "ZMQFLOW_METRICS_PORT", "value": f"0.0.0.0:{metrics}"}]   # --metrics-port, as in compose
 
 
 def worker_component(options):
     labels = _labels("worker")
     metrics = WORKER_PORT + METRICS_OFFSET
-    main = _container(options, "worker", "worker", worker_args(), command=ENTRY + ZMQFLOW,
+    main = _container(options, "worker", "worker", task_args(options, "worker"), command=ENTRY + ZMQFLOW,
                       ports=[_port("metrics", metrics)], env=[POD_NAME_ENV] + _worker_env(metrics),
                       mounts=[{"name": "cluster", "mountPath": CONFIG_DIR}, {"name": "data", "mountPath": DATA_DIR},
                               _mount_prepared()],
@@ -567,10 +519,10 @@ def tfjob_component(options):
                                  init_containers=[_data_init(options)])
         return {"replicas": count, "restartPolicy": "OnFailure", "template": template}
 
-    ps = replica("ps", options.ps, PS_PORT, ps_args(),
+    ps = replica("ps", options.ps, PS_PORT, task_args(options, "ps"),
                  dict(readiness=ready_when(_ping(PS_PORT)), liveness=alive_while(_ping(PS_PORT) + ["--timeout", "5"])))
     worker_metrics = WORKER_PORT + METRICS_OFFSET
-    worker = replica("worker", options.workers, WORKER_PORT, worker_args(),
+    worker = replica("worker", options.workers, WORKER_PORT, task_args(options, "worker"),
                      dict(env=_worker_env(worker_metrics),
                           readiness=ready_when(["zmqflow", "cluster", "check"], period=10, timeout=10),
                           liveness=alive_while_metrics_answer(), startup=started_when_metrics_answer()))
@@ -594,7 +546,7 @@ def tfjob_component(options):
 
 def reader_component(options):
     labels = _labels("reader")
-    main = _container(options, "reader", "reader", reader_args(options.epochs),
+    main = _container(options, "reader", "reader", task_args(options, "reader"),
                       ports=[_port("metrics", READER_METRICS_PORT)], mounts=[_mount_prepared()],
                       readiness=ready_when(["sh", "-c", f"zmqflow queues tcp://broker:{BROKER_PORT} | grep -q train"],
                                            period=10, timeout=10),
@@ -615,7 +567,7 @@ def serve_component(options):
     for i in range(options.serve):
         name, port = f"serve{i}", SERVE_PORT + i
         labels = _labels("serve", member=str(i))
-        main = _container(options, "serve", "serve", serve_args(i, options.model_name),
+        main = _container(options, "serve", "serve", task_args(options, "serve", i),
                           ports=_zmq_container_ports(port),
                           mounts=[{"name": "data", "mountPath": DATA_DIR, "readOnly": True}],
                           readiness=ready_when(_ping(port)), liveness=alive_while(_ping(port) + ["--timeout", "5"]))
@@ -631,7 +583,7 @@ def serve_component(options):
 
 def aggregator_component(options):
     labels = _labels("aggregator")
-    main = _container(options, "aggregator", "aggregator", aggregator_args(options.serve),
+    main = _container(options, "aggregator", "aggregator", task_args(options, "aggregator"),
                       ports=_zmq_container_ports(AGGREGATOR_PORT), readiness=ready_when(_ping(AGGREGATOR_PORT)),
                       liveness=alive_while(_ping(AGGREGATOR_PORT) + ["--timeout", "5"]))
     template = _pod_template(options, labels, AGGREGATOR_PORT + METRICS_OFFSET, [main])
@@ -644,7 +596,7 @@ def aggregator_component(options):
 
 def gateway_component(options):
     labels = _labels("gateway")
-    main = _container(options, "gateway", "gateway", gateway_args(),
+    main = _container(options, "gateway", "gateway", task_args(options, "gateway"),
                       ports=[_port("http", GATEWAY_PORT), _port("metrics", GATEWAY_PORT + METRICS_OFFSET)],
                       readiness=_http_get("/v2/health/ready", 5, 5, 3),
                       liveness=_http_get("/v2/health/live", 20, 10, 3, delay=10))

@@ -7,6 +7,7 @@ worker with cores/parallel compute threads. A run that fails (exit code, timeout
 checkpoint) becomes a failed entry with its error; the others go on.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -28,6 +29,8 @@ from zmqflow.common.rpc_client import default_pool
 from zmqflow.jobs.sweep.curve import CURVE_ENV, HOOK, read_curve
 from zmqflow.jobs.sweep.space import model_options
 from zmqflow.jobs.local_cluster import feed_columns
+from zmqflow.jobs.spec import (DATA_CONFIG, CheckpointConfig, ClusterConfig, InputConfig, JobSpec, Placement,
+                               TrainConfig, tasks)
 from zmqflow.common.ps_client import PsShardClient
 
 INPUTS = ("preloaded", "ps")
@@ -131,27 +134,33 @@ class SweepRunner:
         model_file = os.path.join(ckpt_dir, "model.json")
         with open(model_file, "w") as f:
             json.dump(entry["model"], f, indent=1)
-        result_file, curve_file = os.path.join(run_dir, "result.json"), os.path.join(run_dir, "curve.jsonl")
+        curve_file = os.path.join(run_dir, "curve.jsonl")
         point, stop = entry["hyperparameters"], threading.Event()
         supervisor = Supervisor(log_dir=log_dir, admin_token_value=self.admin_token)   # this run's ps and worker
+        spec = JobSpec(ClusterConfig(ps=1, workers=1), model=entry["model"], data=self.data,
+                       input=InputConfig(self.input, queue=QUEUE),
+                       training=TrainConfig(epochs=point["epochs"], batch_size=point["batch_size"],
+                                            optimizer=entry["optimizer"], backend=self.backend, log_every=1000),
+                       checkpoint=CheckpointConfig(dir=ckpt_dir, keep=1))
+        if self.data_config:     # beside model.json: the run's tasks read both from its checkpoint directory
+            shutil.copy(self.data_config, os.path.join(ckpt_dir, DATA_CONFIG))
+        placement = Placement(self.broker.endpoint, prepared=ckpt_dir, log_dir=run_dir, train_rows=len(self.train[1]),
+                              container=name if self.input == "preloaded" else None, hooks=(HOOK,),
+                              evaluate=self.data is None)
+        ps_task, = tasks(spec, placement)[:1]
         try:
-            ps = supervisor.start_service("zmqflow.services.ps", ["--task-index", "0", "--num-ps", "1", "--mode", "async",
-                                               "--model", json.dumps(entry["model"]),
-                                               "--optimizer", json.dumps(entry["optimizer"])], name="ps0")
-            input_args = self._start_input(name, ps.endpoint, point["epochs"], stop)
-            args = ["--task-index", "0", "--num-workers", "1", "--ps", ps.endpoint, "--backend", self.backend,
-                    "--batch-size", str(point["batch_size"]), "--model", json.dumps(entry["model"]),
-                    "--examples-per-epoch", str(len(self.train[1])), "--result-file", result_file,
-                    "--checkpoint-dir", ckpt_dir, "--keep-checkpoints", "1", "--shutdown-ps",
-                    *(["--evaluate"] if self.data is None else ["--data-config", self.data_config]),
-                    "--hook", HOOK, "--log-every", "1000", *input_args]
-            worker = supervisor.start_process("zmqflow.services.worker", args, name="worker0",
+            ps = supervisor.start_service("zmqflow.services.ps", ps_task.config_args(run_dir), name="ps0")
+            self._start_input(name, ps.endpoint, point["epochs"], stop)
+            worker_task = tasks(spec, dataclasses.replace(placement, ps=(ps.endpoint,)))[-1]
+            worker = supervisor.start_process("zmqflow.services.worker", worker_task.config_args(run_dir), name="worker0",
                                               env={**compute_thread_env(self.threads), CURVE_ENV: curve_file})
             self._wait(worker)
         finally:
             stop.set()
             supervisor.stop_all()
             self._free_container(name)
+        result_file = os.path.join(run_dir, "result.json")   # the run's directory: result.json, curve.jsonl, logs
+        os.replace(worker_task.options["result-file"], result_file)
         with open(result_file) as f:
             result = json.load(f)
         validation = self.validate(ckpt_dir, entry["model"])
@@ -165,13 +174,13 @@ class SweepRunner:
                 "curve_points": len(read_curve(curve_file))}
 
     def _start_input(self, container, ps_endpoint, epochs, stop):
-        """Feed the run's data; returns the worker's input options."""
+        """Feed the run's data: preloaded on its ps, or into its container's queue by a thread here."""
         x, y = self.train
         columns = {**(dict(x) if isinstance(x, dict) else {"image" if self.data is None else "input": x}), "label": y}
         if self.input == "ps":  # held once on the run's own ps task, sliced by the worker
             with PsShardClient(ps_endpoint) as client:
                 client.preload(QUEUE, columns, timeout=60)
-            return ["--preloaded", QUEUE, "--epochs", str(epochs)]
+            return
         queue = queues.FIFOQueue(5_000, [str(v.dtype) for v in columns.values()],
                                  shapes=[list(v.shape[1:]) for v in columns.values()], names=list(columns),
                                  shared_name=QUEUE, container=container, broker=self.broker.endpoint)
@@ -185,7 +194,6 @@ class SweepRunner:
                 default_pool.close_thread()
 
         threading.Thread(target=feeder, daemon=True, name=f"feed-{container}").start()
-        return ["--broker", self.broker.endpoint, "--container", container, "--queue", QUEUE]
 
     def _wait(self, worker):
         deadline = time.monotonic() + self.timeout

@@ -4,7 +4,7 @@ import logging
 
 import click
 
-from zmqflow.common.cli_support import run_service_instance, service_options
+from zmqflow.common.cli_support import run_service_instance, service_options, task_config_option
 from zmqflow.models.spec import resolve_model
 from zmqflow.models.registry import model_variables
 from zmqflow.common.placement import place
@@ -12,6 +12,7 @@ from zmqflow.common.task_options import model_options, parse_json_option, task_f
 
 
 @click.command(name="ps", context_settings={"show_default": True})
+@task_config_option()
 @service_options(default_bind="tcp://127.0.0.1:5600")
 @click.option("--task-index", default=None, type=int, help="This shard's index (default: TF_CONFIG, else 0).")
 @click.option("--num-ps", default=None, type=int, help="Number of ps shards (default: TF_CONFIG, else 1).")

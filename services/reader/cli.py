@@ -10,13 +10,8 @@ in the same instance queue the workers expect: `image` float32 [784] in [0, 1]
 and `label` int32. `--data-config` (a data spec and its train-split statistics, as
 data_spec.to_config writes them) streams the spec's files as the model's prepared inputs
 and `label` (inputs/spec_stream.py), into the queue the workers of `zmqflow train --data` read.
-`start_readers` starts reader processes for launchers (zmqflow train), benchmarks and tests:
-
-    procs = start_readers(broker, processes=2, log_dir=d, files=["shards/*.csv"], preset="mnist-csv",
-                          queue="train", queue_kind="shuffle", capacity=20_000, min_after_dequeue=2_000,
-                          num_epochs=10, seed=0)
-    ...                      # workers dequeue from "train" until OutOfRange
-    for p in procs: p.stop() # by PID; they exit by themselves once the pipeline closed
+Launchers render a job's readers from its JobSpec (jobs/spec.py) and pass them `--config TASK.json`;
+`reader_args` writes one reader's flags (jobs/local_cluster.py's `start_readers` starts several).
 """
 
 import json
@@ -27,11 +22,10 @@ import sys
 import click
 
 from zmqflow.common import health
-from zmqflow.common.cli_support import curve_option, ops_options, setup_logging
+from zmqflow.common.cli_support import curve_option, ops_options, setup_logging, task_config_option, to_flags
 from zmqflow.inputs.datasets import DATA_DIR, RECORD_FORMAT
 from zmqflow.common.errors import OpError
 from zmqflow.common.memory import keep_freed_memory
-from zmqflow.common.processes import start_process
 from zmqflow.common.producers import DEFAULT_LEASE_S, DEFAULT_REJOIN_S
 from zmqflow.inputs.formats import FORMATS
 from zmqflow.services.reader.pipeline import DATA_SPEC, DEFAULT_ENQUEUE_TIMEOUT, QUEUE_KINDS
@@ -129,6 +123,7 @@ def _tf_config_task():
 
 
 @click.command(name="reader", context_settings={"show_default": True})
+@task_config_option()
 @curve_option()
 @click.option("--broker", default=None, envvar="ZMQFLOW_BROKER",
               help="The queue-broker endpoint. Default: $ZMQFLOW_BROKER, else the 'broker' job of TF_CONFIG.")
@@ -275,46 +270,15 @@ def reader_args(files=(), preset=None, format_kind=None, format_options=None, **
     """The command line of one reader process: keyword arguments named like the CLI options, dashes as
     underscores (queue="train", num_epochs=2, queue_kind="fifo", lease=2.0, skip_malformed=True,
     shuffle_files=False, cast={"label": "int32"}, features=["image", "label"], ...)."""
-    args = [arg for pattern in files for arg in ("--files", os.fspath(pattern))]
-    if preset:
-        args += ["--preset", preset]
-    if format_kind:
-        args += ["--format", format_kind]
-    if format_options:
-        args += ["--format-options", json.dumps(format_options)]
+    args = to_flags({"files": [os.fspath(pattern) for pattern in files], "preset": preset, "format": format_kind,
+                     "format-options": json.dumps(format_options) if format_options else None})
     for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
         if key == "shuffle_files":
-            args.append("--shuffle-files" if value else "--no-shuffle-files")
-        elif value is None or value is False:
-            continue
-        elif value is True:
-            args.append(flag)
+            key, value = ("shuffle_files" if value else "no_shuffle_files"), True
         elif key == "cast":
-            args += [arg for name, dtype in value.items() for arg in ("--cast", f"{name}={dtype}")]
-        elif key == "features":
-            args += [arg for name in value for arg in ("--features", name)]
-        else:
-            args += [flag, str(value)]
+            value = [f"{name}={dtype}" for name, dtype in value.items()]
+        args += to_flags({key: value})
     return args
-
-
-def start_readers(broker, processes=1, log_dir=None, env=None, stats_dir=None, **options):
-    """Start `processes` reader processes on one pipeline (options as in reader_args); returns their
-    ServiceProcess handles, to be stopped by PID (`stop()` sends SIGTERM). With `stats_dir`, reader i
-    writes its summary to stats_dir/reader-i.json."""
-    procs = []
-    try:
-        for i in range(processes):
-            args = ["--broker", broker, *reader_args(**options)]
-            if stats_dir:
-                args += ["--stats-file", os.path.join(stats_dir, f"reader-{i}.json")]
-            procs.append(start_process("zmqflow.services.reader", args, env=env, log_dir=log_dir, name=f"reader{i}"))
-    except BaseException:
-        for proc in procs:
-            proc.stop()
-        raise
-    return procs
 
 
 def main():

@@ -92,7 +92,7 @@ def training_hooks(config):
         hooks.append(tensorboard)
     if config.is_chief and (config.validate_every_steps or config.validate_every_secs):
         if not config.data_config:
-            raise UsageError("--validate-every-steps/-secs need --data-config (the data spec with a validation split)")
+            raise UsageError("validation needs --data-config (the data spec with a validation split)")
         from zmqflow.services.worker.validation import ValidationHook
         hooks.append(ValidationHook(recorded(config), config.validate_every_steps, config.checkpoint_dir, tensorboard,
                                     early_stop_patience=config.early_stop_patience, summaries=summaries,

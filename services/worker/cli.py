@@ -3,21 +3,22 @@
 import click
 
 from zmqflow.common import health
-from zmqflow.common.cli_support import curve_option, ops_options, profiled, setup_logging
+from zmqflow.common.cli_support import (TASK_CONFIG, curve_option, ops_options, profiled, setup_logging,
+                                        task_config_option)
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.memory import keep_freed_memory
 from zmqflow.common.task_options import model_options
-from zmqflow.services.worker.config import UsageError, WorkerConfig
+from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
 
 
 @click.command(name="worker", context_settings={"show_default": True})
+@task_config_option(extra_fields=CONFIG_ONLY)
 @curve_option("Keys for CURVE: as a client, checks the ps, broker and peers against DIR/server.key; "
               "with --serve, also encrypts and accepts only the clients in DIR/authorized/")
 @click.option("--ps", "ps_endpoints", multiple=True, help="A ps shard endpoint, in shard order (repeat); "
               "default: the ps job of TF_CONFIG.")
 @click.option("--broker", default=None, envvar="ZMQFLOW_BROKER", help="The queue-broker endpoint.")
 @click.option("--queue", "queue_name", default="train", help="shared_name of the instance queue to train from.")
-@click.option("--container", default="", help="Resource container of the instance queue.")
 @click.option("--preloaded", default=None, help="Train from this data set preloaded on ps 0 (sliced by row) "
               "instead of a broker queue.")
 @click.option("--epochs", default=1, help="With --preloaded: passes over the data set.")
@@ -45,8 +46,6 @@ from zmqflow.services.worker.config import UsageError, WorkerConfig
 @click.option("--checkpoint-every-steps", default=None, type=int)
 @click.option("--checkpoint-every-secs", default=None, type=float)
 @click.option("--keep-checkpoints", default=5)
-@click.option("--summaries", default=None, type=click.Path(dir_okay=False), help="JSON lines here: step, loss, examples/s "
-              "(every --summary-every-steps steps), and the chief's validations.")
 @click.option("--summary-dir", default=None, type=click.Path(file_okay=False),
               help="Chief: TensorBoard event files here (loss, examples/s, staleness, accuracy). "
                    "Default: CHECKPOINT_DIR/train with --checkpoint-dir, else none; 'off' for none.")
@@ -58,23 +57,9 @@ from zmqflow.services.worker.config import UsageError, WorkerConfig
 @click.option("--shutdown-broker", is_flag=True, help="Chief: tell the broker to exit when training ends "
               "(every worker is done by then), so the whole job completes with exit 0.")
 @click.option("--result-file", default=None, type=click.Path(dir_okay=False), help="Write the summary as JSON here.")
-@click.option("--validate-every-steps", default=None, type=click.IntRange(min=1),
-              help="Chief: score the data's validation split every N global steps (and at the end), log the task's "
-                   "metrics, keep the best checkpoint in CHECKPOINT_DIR/best. Needs --data-config.")
-@click.option("--early-stop-patience", default=None, type=click.IntRange(min=1),
-              help="Chief, with validation: end the job when the validation metric has not improved for this many "
-                   "validations (the input queue is closed, every worker finishes as at the end of the data).")
-@click.option("--validate-every-secs", default=None, type=click.FloatRange(min=0, min_open=True),
-              help="Chief: also validate when this many seconds passed since the last validation (whichever of "
-                   "steps and seconds comes first).")
-@click.option("--early-stop-metric", default=None,
-              type=click.Choice(["accuracy", "log_loss", "macro_f1", "auc", "rmse", "mae", "r2"]),
-              help="Chief: the validation metric the best checkpoint and early stopping follow (lower is better for "
-                   "log_loss, rmse, mae). Default: accuracy, or rmse for a regression.")
 @click.option("--data-config", default=None, type=click.Path(dir_okay=False),
               help="Chief: a JSON file of the data spec and its train-split statistics, recorded in every checkpoint "
                    "so `zmqflow predict` and `evaluate` transform inputs as training did (zmqflow train writes it).")
-@click.option("--examples-per-epoch", default=None, type=int, help="For the epoch column of the log.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 @click.option("--device", default=None, help="Device of the layers, a TF device string (/gpu:0, /cpu:0, "
               "/job:worker/task:1/gpu:0). Default: /gpu:0 if CuPy sees a GPU, else /cpu:0.")
@@ -91,9 +76,6 @@ from zmqflow.services.worker.config import UsageError, WorkerConfig
 @click.option("--pipeline-next", default=None,
               help="A model whose layers run on several workers (/job:worker/task:N): the endpoint the next "
                    "stage (worker task+1) listens on; every stage but the last needs it.")
-@click.option("--micro-batches", default=2, type=click.IntRange(min=1),
-              help="Pipelined model: micro-batches per batch, so the stages work at the same time; more of them "
-                   "shrink the idle time at a batch's ends but pay a hop each.")
 @click.option("--pipeline-timeout", default=120.0, type=click.FloatRange(min=0, min_open=True),
               help="Pipelined model: seconds to wait for a neighbouring stage before giving up.")
 @click.option("--bind", default="tcp://127.0.0.1:5700",
@@ -101,15 +83,7 @@ from zmqflow.services.worker.config import UsageError, WorkerConfig
 @click.option("--ready-file", default=None, type=click.Path(dir_okay=False),
               help="With --serve, or as a later pipeline stage: write the bound endpoint here once listening.")
 @ops_options
-def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task_index, num_workers, model_spec, placement_strategy,
-            max_shard_bytes, backend, batch_size, dequeue_timeout, at_least_once, lease, mode, bf16, max_steps, log_every, checkpoint_dir,
-            checkpoint_every_steps, checkpoint_every_secs, keep_checkpoints, summaries, user_hooks, evaluate,
-            shutdown_ps, shutdown_broker, result_file, validate_every_steps, validate_every_secs, early_stop_metric,
-            early_stop_patience, data_config,
-            examples_per_epoch, log_level,
-            device, placement_function, allow_soft_placement, log_device_placement, gpu_memory_fraction, towers,
-            summary_dir, summary_every_steps, pipeline_next, micro_batches, pipeline_timeout, serve_checkpoint, bind,
-            ready_file):
+def command(**options):
     """Train: dequeue mini-batches from the broker, pull parameters, push gradients.
 
     Task 0 (or the chief job of TF_CONFIG) is the chief: it initializes or
@@ -122,10 +96,11 @@ def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task
     With --serve DIR the worker trains nothing: it is a model server over the
     latest checkpoint in DIR (see `zmqflow serve --help` for batching options).
     """
-    if serve_checkpoint:
-        return _serve(serve_checkpoint, bind, backend, log_level, ready_file, model_spec)
+    if options["serve_checkpoint"]:
+        return _serve(**{k: options[k] for k in ("serve_checkpoint", "bind", "backend", "log_level", "ready_file",
+                                                 "model_spec")})
     try:
-        config = WorkerConfig.from_options(**click.get_current_context().params)
+        config = WorkerConfig.from_options(**options, **click.get_current_context().meta.get(TASK_CONFIG, {}))
     except UsageError as exc:
         raise click.UsageError(str(exc)) from None
     setup_logging(config.log_level, config.name)
@@ -140,10 +115,10 @@ def command(ps_endpoints, broker, queue_name, container, preloaded, epochs, task
         raise click.ClickException(f"InvalidArgumentError: {exc}") from None
 
 
-def _serve(checkpoint, bind, backend, log_level, ready_file, model_spec):
+def _serve(serve_checkpoint, bind, backend, log_level, ready_file, model_spec):
     """Serve mode: the model server over the latest checkpoint (zmqflow serve)."""
     from zmqflow.services.serve.cli import command as serve_command
-    args = ["--checkpoint", checkpoint, "--bind", bind, "--backend", backend, "--log-level", log_level]
+    args = ["--checkpoint", serve_checkpoint, "--bind", bind, "--backend", backend, "--log-level", log_level]
     args += ["--ready-file", ready_file] if ready_file else []
     args += ["--model", model_spec] if model_spec else []
     return serve_command.main(args=args, prog_name="zmqflow worker --serve", standalone_mode=True)

@@ -9,6 +9,11 @@ import os
 from zmqflow.common.task_options import task_from_tf_config
 
 
+CONFIG_ONLY = ("container", "summaries", "validate_every_steps", "validate_every_secs", "early_stop_patience",
+               "early_stop_metric", "examples_per_epoch", "micro_batches")
+"""What launchers set and nobody types: taken from `--config TASK.json` only (no flag of their own)."""
+
+
 class UsageError(ValueError):
     """The flags cannot make a worker (no ps shards, no input): the command says so and exits 2."""
 

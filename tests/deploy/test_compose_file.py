@@ -166,7 +166,7 @@ def test_every_training_task_uses_what_the_data_service_prepares(project):
     for name in ("worker0", "worker1"):
         worker = parse_zmqflow(project.services[name].command)
         assert worker["data_config"] == f"{prepared}/data-config.json" and worker["evaluate"]
-        assert worker["examples_per_epoch"] is None                       # the prepared train rows, recorded
+        assert "examples_per_epoch" not in worker      # no flag (launchers' --config only): the prepared rows, recorded
 
 
 def test_data_and_model_variables_are_read():

@@ -135,3 +135,21 @@ def test_early_stopping_ends_every_worker_once_validation_stops_improving(tmp_pa
     assert summary["stopped_early_at"] is not None and summary["worker_exit_codes"] == [0, 0]
     assert summary["global_step"] < 60 * 140 / 2              # far short of the 8,400 steps of 60 epochs
     assert summary["best_validation"]["accuracy"] > 0.9 and summary["test_metrics"]["accuracy"] > 0.9
+
+
+@pytest.mark.parametrize("input_kind", ["readers", "ps"])
+def test_every_input_mode_trains_a_csv_data_spec(tmp_path, input_kind):
+    """No MNIST path: reader processes stream the CSV, or ps 0 holds its prepared rows; each task started
+    with the --config its launcher rendered from the job's spec."""
+    spec = write_flowers(tmp_path)
+    done = train("--data", spec, "--input", input_kind, "--epochs", "10", "--learning-rate", "0.02",
+                 "--backend", "numpy")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["worker_exit_codes"] == [0, 0] and summary["examples"] == 10 * 630
+    assert summary["test_split"] == "test" and summary["test_metrics"]["accuracy"] > 0.9, summary
+    logs = summary["log_dir"]
+    chief = json.loads(open(os.path.join(logs, "worker0.json")).read())
+    assert chief["data-config"] == os.path.join(logs, "prepared", "data-config.json") and chief["batch-size"] == 100
+    assert ("preloaded" in chief) == (input_kind == "ps") and os.path.exists(os.path.join(logs, "reader0.json")) == (
+        input_kind == "readers")

@@ -10,7 +10,7 @@ import pytest
 
 from zmqflow.common import queues
 from zmqflow.common.errors import AbortedError, NotFoundError, OutOfRangeError
-from zmqflow.services.reader.cli import start_readers
+from zmqflow.jobs.local_cluster import start_readers
 from tests.reader.conftest import ID_OPTIONS
 from tests.support import wait_for
 

@@ -11,7 +11,7 @@ import pytest
 from zmqflow.common import queues
 from zmqflow.common.errors import OutOfRangeError
 from zmqflow.inputs.data_spec import fit, load_spec, load_tables, model_inputs, labels, to_config
-from zmqflow.services.reader.cli import start_readers
+from zmqflow.jobs.local_cluster import start_readers
 from tests.inputs.test_spec_stream import spec_dict, write_parts
 from tests.reader.test_reader_processes import wait_for_state
 

@@ -43,7 +43,7 @@ def test_training_job(tmp_path):
     print(f"\nthe queue held {held[0]} rows when sampling began, {held[1]} at its end (capacity {CAPACITY})")
     for name in pids:
         bounds = Bounds(rss_mb=Bounds.rss_mb + CAPACITY * ROW_BYTES / MB) if name == "broker" else Bounds()
-        check(name, sampler, steps, f"steps of {cluster.batch_size} examples", seconds, bounds)
+        check(name, sampler, steps, f"steps of {cluster.spec.training.batch_size} examples", seconds, bounds)
 
 
 def _reader(cluster):

