@@ -161,7 +161,8 @@ class LayerModel:
     def _host(self, v, value):
         """A gradient in host memory, in the model's dtype."""
         kernels = self._placed.get(self._layer_of[v.name]) if self._placed else None
-        return (value if kernels is None else kernels.to_host(value)).astype(self.dtype, copy=False)
+        value = value if kernels is None else kernels.to_host(value)
+        return value if value.dtype == self.dtype else value.astype(self.dtype)
 
     # ------------------------------------------------ parts, for pipeline stages (models/pipeline.py)
 

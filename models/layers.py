@@ -137,13 +137,13 @@ class Dense(Layer):
         self.weight(kernel, (input_shape[-1], self.units), self.kernel_initializer)
         if self.use_bias:
             self.weight(bias, (self.units,), "zeros")
+        self._keys = f"{self.name}/{kernel}", f"{self.name}/{bias}"
         self.output_shape = self.input_shape[:-1] + (self.units,)
         return self.output_shape
 
     def forward(self, params, x, ctx):
-        kernel, bias = self.weight_names
-        y = ops.dense(x, self.param(params, kernel), self.param(params, bias) if self.use_bias else None,
-                      self._fused, ctx.kernels(self))
+        kernel, bias = self._keys
+        y = ops.dense(x, params[kernel], params[bias] if self.use_bias else None, self._fused, ctx.kernels(self))
         return y if self._fused != "none" else self.activation(y)
 
 

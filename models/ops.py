@@ -63,8 +63,8 @@ def dense(x, kernel, bias, activation, kernels=REFERENCE):
                  (x, kernel) if bias is None else (x, kernel, bias))
 
     def backward(g):
-        dx, dw, db = kernels.dense_grad(g.reshape(y.shape), flat, kernel.value, y, activation, x.requires_grad,
-                                        bias is not None)
+        dx, dw, db = kernels.dense_grad(g if flat is x.value else g.reshape(y.shape), flat, kernel.value, y,
+                                        activation, x.requires_grad, bias is not None)
         if dx is not None:
             x.accumulate(dx.reshape(x.shape))
         kernel.accumulate(dw)

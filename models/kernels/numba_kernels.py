@@ -165,14 +165,14 @@ class Kernels(numpy_kernels.Kernels):
         return np.dot(d, w.T) if need_dx else None, np.dot(x.T, d), db if need_db else None
 
     def softmax_cross_entropy(self, logits, labels):
-        d = np.array(logits, order="C")
+        d = logits.copy()
         loss = softmax_xent_grad(d, labels)
         if loss < 0:
             check_labels(labels, d.shape[1])  # raises: the kernel found a label that is not a class id
         return float(loss), d
 
     def softmax(self, logits):
-        probs = np.array(logits, order="C")
+        probs = logits.copy()
         softmax_rows(probs)
         return probs
 
