@@ -222,3 +222,24 @@ def test_sgd_training_reduces_mnist_loss(mnist):
     end = model.step(params, (x, y))[0]
     accuracy = (model.predict(params, x).argmax(axis=1) == y).mean()
     assert start > 2.0 and end < 0.6 and accuracy > 0.85, (start, end, accuracy)
+
+
+CHECKPOINT = pathlib.Path(__file__).parent / "data" / "mlp_checkpoint_before_the_engine" / "ckpt-42"
+
+
+def test_a_checkpoint_of_the_mlp_before_the_engine_loads_and_answers_the_same():
+    """Written by models/mlp.py (the fused kernels) before the MLP ran on the layer engine: the same
+    variables, and the engine's predictions and loss from its values are what that MLP answered."""
+    from zmqflow.common.checkpoint import Checkpoint
+    checkpoint = Checkpoint(CHECKPOINT)
+    model = load_model(checkpoint.config["model"], "numba")
+    assert [(v.name, v.shape, v.dtype) for v in checkpoint.variables()] == sorted(
+        (v.name, v.shape, v.dtype) for v in model.variables())
+    params = {v.name: checkpoint.read(v.name)[0] for v in model.variables()}
+    for name, value in model.initial_values().items():     # the seeds' first values, drawn the same way
+        np.testing.assert_array_equal(value, params[name], err_msg=name)
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(2, 6)
+    np.testing.assert_allclose(model.predict(params, x), [[0.18797601759433746, 0.2672295570373535, 0.5447943806648254],
+                                                          [0.22414447367191315, 0.5240653157234192, 0.25179019570350647]],
+                               rtol=1e-6)
+    assert model.step(params, (x, np.array([0, 2])))[0] == pytest.approx(1.5253000259399414, rel=1e-6)
