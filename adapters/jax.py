@@ -103,10 +103,6 @@ class JaxModel:
             metrics["accuracy"] = float(np.mean(np.argmax(np.asarray(outputs), axis=-1) == np.asarray(y)))
         return float(loss), {n: np.asarray(g, self.dtype) for n, g in zip(self.names, grads)}, metrics
 
-    def loss_and_gradients(self, params, x, y, out=None):
-        loss, grads, _ = self.step(params, (x, y))
-        return loss, grads
-
     def predict(self, params, x):
         return np.asarray(self._predict(self._list(params), np.asarray(x, self.dtype)))
 

@@ -86,12 +86,6 @@ class TorchModel:
             metrics["updates"] = {_name(n): b.detach().cpu().numpy().copy() for n, b in self._buffers.items()}
         return loss_value, grads, metrics
 
-    def loss_and_gradients(self, params, x, y, out=None):
-        loss, grads, _ = self.step(params, (x, y))
-        for v in self._variables:
-            grads.setdefault(v.name, np.zeros(v.shape, v.dtype))
-        return loss, grads
-
     def predict(self, params, x):
         torch = self.torch
         self._load(params)

@@ -1,9 +1,9 @@
 """Forward + backward steps/s of the MNIST MLP and the tutorial CNN, against JAX on the CPU.
 
-Each phase runs `loss and gradients` on one batch of 100 MNIST rows for a fixed
-time after a warm-up (numba and XLA compile first). zmqflow's figures: the MLP
-on its fused numba kernels (what workers run) and on the layer library (numpy
-autograd), the CNN on the layer library. The baseline is the same network in
+Each phase runs a training step (loss and gradients) on one batch of 100 MNIST rows for a
+fixed time after a warm-up (numba and XLA compile first). zmqflow's figures: the built-in
+MLP on the engine's numba backend (what workers run) and on its numpy backend (the
+reference), the CNN on the numpy backend. The baseline is the same network in
 JAX, `jax.jit(jax.value_and_grad(loss))`, measured in the same run on the same
 threads (both use every core: numpy's BLAS and XLA's thread pool).
 """
@@ -14,11 +14,7 @@ import time
 import numpy as np
 
 from zmqflow.inputs.datasets import load_mnist
-from zmqflow.models.builtin import cnn
-from zmqflow.models.layer_model import LayerModel
-from zmqflow.models.layers import Dense
-from zmqflow.models.mlp import MLP
-from zmqflow.models.network import Sequential
+from zmqflow.models.registry import load_model
 from zmqflow.models.spec import MNIST_MLP
 
 BATCH = 100
@@ -42,20 +38,19 @@ def run(seconds=3.0, progress=None):
     x, y = x[:BATCH].astype(np.float32), y[:BATCH].astype(np.int64)
     result = {"batch": BATCH, "cpu_count": os.cpu_count(), "seconds_per_phase": seconds}
 
-    mlp = MLP(MNIST_MLP, backend="numba")
+    mlp = load_model(MNIST_MLP, backend="numba")
     params = mlp.initial_values()
-    result["mlp_numba_steps_per_s"] = round(steps_per_s(lambda: mlp.loss_and_gradients(params, x, y), seconds), 1)
-    say(f"MLP 784-100-10, numba kernels: {result['mlp_numba_steps_per_s']} steps/s")
+    result["mlp_numba_steps_per_s"] = round(steps_per_s(lambda: mlp.step(params, (x, y)), seconds), 1)
+    say(f"MLP 784-100-10, numba backend: {result['mlp_numba_steps_per_s']} steps/s")
 
-    layers = LayerModel(Sequential([Dense(100, activation="sigmoid"), Dense(10)], input_shape=(784,)))
-    layer_params = layers.initial_values()
-    result["mlp_layers_steps_per_s"] = round(steps_per_s(lambda: layers.step(layer_params, (x, y)), seconds), 1)
-    say(f"MLP 784-100-10, layer library: {result['mlp_layers_steps_per_s']} steps/s")
+    reference = load_model(MNIST_MLP, backend="numpy")
+    result["mlp_layers_steps_per_s"] = round(steps_per_s(lambda: reference.step(params, (x, y)), seconds), 1)
+    say(f"MLP 784-100-10, numpy backend: {result['mlp_layers_steps_per_s']} steps/s")
 
-    model = cnn({"type": "cnn"})
+    model = load_model({"type": "cnn"})
     cnn_params = model.initial_values()
     result["cnn_layers_steps_per_s"] = round(steps_per_s(lambda: model.step(cnn_params, (x, y)), seconds), 2)
-    say(f"CNN conv5x5x32-pool-conv5x5x64-pool-dense1024-dense10, layer library: "
+    say(f"CNN conv5x5x32-pool-conv5x5x64-pool-dense1024-dense10, numpy backend: "
         f"{result['cnn_layers_steps_per_s']} steps/s")
 
     try:

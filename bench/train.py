@@ -5,7 +5,7 @@
   input (TF's example fed from memory too), and 1 ps + 2 workers fed by a reader process
   that parses record files every epoch;
 - the same model and kernels in one process with no services (the ceiling);
-- one forward+backward step with numba vs numpy kernels;
+- one forward+backward step on the numba vs the numpy backend;
 - pulls/pushes of the MLP's variables against a plain pyzmq round trip of the same bytes;
 - pull + push of 16 M float32 through a ps against a plain pyzmq round trip of 64 MB.
 """
@@ -31,10 +31,10 @@ BATCH = 100
 def kernel_steps_per_s(backend, x, y, seconds=1.0):
     model = load_model(MNIST_MLP, backend)
     params = model.initial_values(1)
-    model.loss_and_gradients(params, x[:BATCH], y[:BATCH])  # compile / warm up
+    model.step(params, (x[:BATCH], y[:BATCH]))  # compile / warm up
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        model.loss_and_gradients(params, x[:BATCH], y[:BATCH])
+        model.step(params, (x[:BATCH], y[:BATCH]))
         steps += 1
     return steps / (time.perf_counter() - start)
 
@@ -46,7 +46,7 @@ def single_process_examples_per_s(x, y, epochs=2):
     start = time.perf_counter()
     for _ in range(epochs):
         for i in range(0, len(y) - BATCH + 1, BATCH):
-            _, grads = model.loss_and_gradients(params, x[i:i + BATCH], y[i:i + BATCH])
+            _, grads, _ = model.step(params, (x[i:i + BATCH], y[i:i + BATCH]))
             for name, g in grads.items():
                 params[name] -= 0.5 * g
     return epochs * (len(y) // BATCH) * BATCH / (time.perf_counter() - start)

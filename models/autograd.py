@@ -6,26 +6,32 @@ respect to this tensor, adds each parent's share into `parent.grad`. Ops
 (zmqflow.models.ops, zmqflow.models.conv_ops) build that closure next to
 their forward computation, so each op's two halves are read together.
 
-`loss.backward()` visits the graph once in reverse topological order. Only
-tensors that need a gradient (variables, and what was computed from them)
-get one; inputs and labels are constants.
+`loss.backward()` visits the graph once in reverse topological order: a tensor
+is made after the tensors it is computed from, so the reverse of the order of
+making is one. Only tensors that need a gradient (variables, and what was
+computed from them) get one; inputs and labels are constants.
 """
 
+import itertools
+
 import numpy as np
+
+_made = itertools.count()    # the order tensors are made in
 
 
 class Tensor:
     """A node of the graph. `value`: the array; `grad`: d loss / d value after backward() (or None)."""
 
-    __slots__ = ("value", "grad", "parents", "backward_fn", "requires_grad", "name")
+    __slots__ = ("value", "grad", "parents", "backward_fn", "requires_grad", "name", "order")
 
     def __init__(self, value, parents=(), backward_fn=None, requires_grad=None, name=None):
         self.value = value
         self.grad = None
-        self.parents = tuple(parents)
+        self.parents = parents
         self.backward_fn = backward_fn
-        self.requires_grad = any(p.requires_grad for p in self.parents) if requires_grad is None else requires_grad
+        self.requires_grad = any([p.requires_grad for p in parents]) if requires_grad is None else requires_grad
         self.name = name
+        self.order = next(_made)
 
     @property
     def shape(self):
@@ -47,20 +53,15 @@ class Tensor:
 
     def backward(self, grad=None):
         """Propagate d self / d x to every tensor `self` depends on. `self` is usually a scalar loss."""
-        order, seen = [], set()
-        stack = [(self, False)]
-        while stack:                       # iterative post-order: deep networks do not hit the recursion limit
-            node, expanded = stack.pop()
-            if expanded:
-                order.append(node)
-                continue
-            if id(node) in seen or not node.requires_grad:
-                continue
-            seen.add(id(node))
-            stack.append((node, True))
-            stack.extend((p, False) for p in node.parents)
-        self.grad = np.ones_like(self.value) if grad is None else grad
-        for node in reversed(order):
+        found, stack = {}, [self]
+        while stack:                       # no recursion: deep networks do not hit the recursion limit
+            node = stack.pop()
+            if node.requires_grad and node.order not in found:
+                found[node.order] = node
+                stack.extend(node.parents)
+        self.grad = np.ones(np.shape(self.value), self.dtype) if grad is None else grad
+        for key in sorted(found, reverse=True):
+            node = found[key]
             if node.backward_fn is not None and node.grad is not None:
                 node.backward_fn(node.grad)
 

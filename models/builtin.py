@@ -1,5 +1,7 @@
-"""Built-in models by name, each a small spec over zmqflow's layers (the MLP has kernels of its own).
+"""Built-in models by name, each a small spec over zmqflow's layers.
 
+    {"type": "mlp", "layers": [784, 100, 10], "activation": "sigmoid"}   the seeds' MLP (models/spec.py):
+                           Dense layers `hidden` ... `softmax` with TF's variable names, weights and biases
     {"type": "cnn"}        the TensorFlow tutorial's MNIST CNN: conv 5x5x32, pool, conv 5x5x64, pool,
                            dense 1024 (relu), dense 10; flat 784-pixel rows (or `inputs` of any
                            shape) reshaped to `image`, 28x28x1
@@ -11,6 +13,7 @@ from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.models.layer_model import LayerModel
 from zmqflow.models.layers import Conv2D, Dense, Dropout, Flatten, MaxPool2D, Reshape
 from zmqflow.models.network import Sequential
+from zmqflow.models.spec import layer_names
 
 CNN_DEFAULTS = {"inputs": 784, "image": [28, 28, 1], "classes": 10, "filters": [32, 64], "kernel_size": 5,
                 "dense": 1024, "dropout": 0.0, "seed": 0, "dtype": "float32"}
@@ -26,7 +29,20 @@ def _options(spec, defaults):
     return {**defaults, **{k: v for k, v in spec.items() if k != "type"}}
 
 
-def cnn(spec):
+def mlp(spec, backend):
+    """The MLP of a validated spec: its variables, their names and first values are the seeds' (the
+    checkpoints it wrote load as they are)."""
+    sizes, init = spec["layers"], spec["init"]
+    initializer = f"truncated_normal:{init['stddev']}" if init["kind"] == "truncated_normal" else init["kind"]
+    hidden = None if spec["activation"] == "none" else spec["activation"]
+    names = layer_names(len(sizes) - 1)
+    layers = [Dense(units, hidden if i < len(names) - 1 else None, kernel_initializer=initializer, name=name,
+                    weight_names=("weights", "biases")) for i, (name, units) in enumerate(zip(names, sizes[1:]))]
+    return LayerModel(Sequential(layers, input_shape=(sizes[0],), input_dtype=spec["dtype"]), dtype=spec["dtype"],
+                      seed=spec["seed"], backend=backend)
+
+
+def cnn(spec, backend):
     o = _options(spec, CNN_DEFAULTS)
     layers = [Reshape(o["image"])]
     for filters in o["filters"]:
@@ -34,7 +50,8 @@ def cnn(spec):
     layers += [Flatten(), Dense(o["dense"], activation="relu")]
     layers += [Dropout(o["dropout"])] if o["dropout"] else []
     layers += [Dense(o["classes"])]
-    return LayerModel(Sequential(layers, input_shape=_shape(o["inputs"])), dtype=o["dtype"], seed=o["seed"])
+    return LayerModel(Sequential(layers, input_shape=_shape(o["inputs"])), dtype=o["dtype"], seed=o["seed"],
+                      backend=backend)
 
 
 def _shape(inputs):
@@ -42,25 +59,26 @@ def _shape(inputs):
     return tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
 
 
-def logistic(spec):
+def logistic(spec, backend):
     o = _options(spec, LOGISTIC_DEFAULTS)
-    return LayerModel(Sequential([Dense(o["classes"])], input_shape=(o["inputs"],)), dtype=o["dtype"], seed=o["seed"])
+    return LayerModel(Sequential([Dense(o["classes"])], input_shape=(o["inputs"],)), dtype=o["dtype"], seed=o["seed"],
+                      backend=backend)
 
 
-def linear(spec):
+def linear(spec, backend):
     o = _options(spec, LINEAR_DEFAULTS)
     if o["loss"] not in ("mse", "huber"):
         raise InvalidArgumentError(f"model spec field 'loss' of a linear model is 'mse' or 'huber', not {o['loss']!r}")
     return LayerModel(Sequential([Dense(o["outputs"])], input_shape=(o["inputs"],)), loss=o["loss"],
-                      dtype=o["dtype"], seed=o["seed"])
+                      dtype=o["dtype"], seed=o["seed"], backend=backend)
 
 
-BUILDERS = {"cnn": cnn, "logistic": logistic, "linear": linear}
+BUILDERS = {"mlp": mlp, "cnn": cnn, "logistic": logistic, "linear": linear}
 
 
-def build(spec):
-    """The built-in model of `spec`; errors name the spec field."""
+def build(spec, backend="numpy"):
+    """The built-in model of a validated `spec` on the ops backend `backend`; errors name the spec field."""
     try:
-        return BUILDERS[spec["type"]](spec)
+        return BUILDERS[spec["type"]](spec, backend)
     except (ValueError, TypeError) as exc:
         raise InvalidArgumentError(f"model spec {spec['type']!r}: {exc}") from None

@@ -7,8 +7,12 @@
 Heads: `softmax_cross_entropy` (integer class ids; predict gives probabilities),
 `sigmoid_cross_entropy` (0/1 targets per output, multi-label; predict gives
 probabilities), `mse` and `huber` (regression; predict gives the values).
+
+`backend` names the ops' backend on the CPU (zmqflow.models.kernels: numpy, numba);
+`place` puts layers on other backends (a GPU's), as the worker's device placement decides.
 """
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -18,19 +22,20 @@ from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.variables import IndexedSlices, VariableSpec
 from zmqflow.models import ops
 from zmqflow.models.autograd import constant, variable
+from zmqflow.models.kernels import get_backend
 from zmqflow.models.layers import Context, initial_value, weight_rng
 from zmqflow.models.protocol import checked_param
 
-HEADS = {
-    "softmax_cross_entropy": (ops.softmax_cross_entropy, lambda z: ops.softmax(z).value),
-    "sigmoid_cross_entropy": (ops.sigmoid_cross_entropy, lambda z: ops.sigmoid(z).value),
-    "mse": (ops.mean_squared_error, lambda z: z.value),
-    "huber": (ops.huber, lambda z: z.value),
+HEADS = {   # loss(logits, labels, kernels), outputs(logits, kernels)
+    "softmax_cross_entropy": (ops.softmax_cross_entropy, lambda z, k: k.softmax(z.value)),
+    "sigmoid_cross_entropy": (lambda z, t, k: ops.sigmoid_cross_entropy(z, t), lambda z, k: ops.sigmoid(z).value),
+    "mse": (lambda z, t, k: ops.mean_squared_error(z, t), lambda z, k: z.value),
+    "huber": (lambda z, t, k: ops.huber(z, t), lambda z, k: z.value),
 }
 
 
 class LayerModel:
-    def __init__(self, network, loss="softmax_cross_entropy", dtype="float32", seed=0):
+    def __init__(self, network, loss="softmax_cross_entropy", dtype="float32", seed=0, backend="numpy"):
         if loss not in HEADS:
             raise InvalidArgumentError(f"loss {loss!r} is not one of {', '.join(HEADS)}")
         self.network, self.loss_name, self.seed = network, loss, seed
@@ -49,8 +54,12 @@ class LayerModel:
         self._row_inputs = {f"{node.layer.name}/embeddings": node.inputs[0].name for node in network.nodes
                             if node.layer is not None and node.layer.kind == "embedding" and node.layer.sparse
                             and node.inputs[0].layer is None}
+        self._trainable = [v for v in self._variables if v.trainable]
         self._layer_of = {f"{layer.name}/{w.name}": layer.name for layer in network.layers for w in layer.weights}
-        self._gpu_layers = frozenset()
+        self.kernels = get_backend(backend) if isinstance(backend, str) else backend
+        self._signature = [(node.name, tuple(node.shape), self.dtype if np.dtype(node.dtype).kind == "f" else
+                            np.dtype(node.dtype)) for node in network.inputs]   # floats in the model's dtype
+        self.placements, self._placed, self._scope = [], {}, contextlib.nullcontext
         self._steps = 0
 
     # ------------------------------------------------ declarations
@@ -87,41 +96,27 @@ class LayerModel:
         tensors = {v.name: (variable if v.trainable else constant)(self._on_device(
             v, self._param(params, v, rows.get(v.name))), v.name) for v in self._variables}
         self._steps += 1
-        ctx = Context(training=True, seed=(self.seed, self._steps), rows=rows, gpu_layers=self._gpu_layers)
-        logits = ops.to_device(self.network.forward(tensors, self._inputs(x), ctx), False)   # the head on the host
-        loss = self._loss(logits, self._labels(y, logits))
-        loss.backward()
+        ctx = self.context(training=True, seed=(self.seed, self._steps), rows=rows)
+        with self._scope():
+            logits = self.network.forward(tensors, self._inputs(x), ctx)     # the head on the host
+            loss = self.head_loss(logits, y)
+            loss.backward()
         grads = {}
-        for v in self._variables:
-            if v.trainable:
-                g = tensors[v.name].grad
-                shape = tensors[v.name].value.shape
-                grads[v.name] = (np.zeros(shape, self.dtype) if g is None else _host(g)).astype(self.dtype, copy=False)
-                if v.name in rows:
-                    grads[v.name] = IndexedSlices(rows[v.name], grads[v.name])
+        for v in self._trainable:
+            tensor = tensors[v.name]
+            g = np.zeros(tensor.shape, self.dtype) if tensor.grad is None else self._host(v, tensor.grad)
+            grads[v.name] = IndexedSlices(rows[v.name], g) if v.name in rows else g
         metrics = {"loss": float(loss.value)}
         if self.loss_name == "softmax_cross_entropy":
-            metrics["accuracy"] = float(np.mean(np.argmax(logits.value, axis=-1) == np.asarray(y)))
+            metrics["accuracy"] = np.count_nonzero(logits.value.argmax(axis=-1) == np.asarray(y)) / len(y)
         if ctx.updates:
             metrics["updates"] = {name: _host(value) for name, value in ctx.updates.items()}
-        return float(loss.value), grads, metrics
-
-    def loss_and_gradients(self, params, x, y, out=None):
-        """The workers' form: a gradient for every variable (zeros for the non-trainable ones)."""
-        loss, grads, _ = self.step(params, (x, y))
-        for v in self._variables:
-            if not v.trainable:
-                grads[v.name] = np.zeros(v.shape, self.dtype)
-        if out is not None:
-            for name, g in grads.items():
-                out[name][...] = g
-            return loss, out
-        return loss, grads
+        return metrics["loss"], grads, metrics
 
     def predict(self, params, x):
         tensors = {v.name: constant(self._on_device(v, self._param(params, v))) for v in self._variables}
-        logits = self.network.forward(tensors, self._inputs(x), Context(training=False, gpu_layers=self._gpu_layers))
-        return self._outputs(ops.to_device(logits, False))
+        with self._scope():
+            return self._outputs(self.network.forward(tensors, self._inputs(x), self.context()), self.kernels)
 
     def zero_labels(self, rows):
         """Zero labels in the head's shape: class ids, or a value per output (multi-label, regression)."""
@@ -131,23 +126,43 @@ class LayerModel:
 
     # ------------------------------------------------ devices
 
-    def use_gpu(self, layers):
-        """Compute `layers` (names) on the current CuPy device, the others on the CPU; variables,
-        activations and gradients cross between them where the layers do (`ops.to_device`)."""
-        unknown = sorted(set(layers) - {layer.name for layer in self.network.layers})
+    def place(self, kernels, placements=()):
+        """Compute each layer named in `kernels` ({layer name: Kernels of zmqflow.models.kernels, e.g. a
+        GPU's}) on that backend, the others on the model's; variables, activations and gradients move
+        where layers' devices differ (`ops.move`). `placements` (with .layer.name and .device) are kept
+        for reports (`devices`). Dense layers select their own GPU; the other layers compute on CuPy's
+        current device, so those on GPUs must share one."""
+        unknown = sorted(set(kernels) - {layer.name for layer in self.network.layers})
         if unknown:
             raise InvalidArgumentError(f"no layers {unknown} in the model")
-        self._gpu_layers = frozenset(layers)
+        kinds = {layer.name: layer.kind for layer in self.network.layers}
+        shared = {k.device: k for name, k in kernels.items() if k.device is not None and kinds[name] != "dense"}
+        if len(shared) > 1:
+            raise InvalidArgumentError(
+                f"the layers use GPUs {sorted(index for _, index in shared)}: one worker runs a layer model on one "
+                "GPU (Dense layers may spread over several; --towers splits batches over several)")
+        self._placed = {name: k for name, k in kernels.items() if k is not self.kernels}
+        self._scope = getattr(next(iter(shared.values()), None), "current", contextlib.nullcontext)
+        self.placements = list(placements)
 
     @property
-    def gpu_layers(self):
-        return sorted(self._gpu_layers)
+    def devices(self):
+        """{layer name: device string} of the placement (empty when the model was not placed)."""
+        return {p.layer.name: str(p.device) for p in self.placements}
+
+    def context(self, training=False, seed=0, rows=None):
+        """The Context of a forward pass on the model's backends."""
+        return Context(training=training, seed=seed, rows=rows, kernels=self.kernels, placed=self._placed)
 
     def _on_device(self, v, value):
-        if self._layer_of[v.name] not in self._gpu_layers:
-            return value
-        import cupy
-        return cupy.asarray(value)
+        kernels = self._placed.get(self._layer_of[v.name]) if self._placed else None
+        return value if kernels is None else kernels.to_device(value)
+
+    def _host(self, v, value):
+        """A gradient in host memory, in the model's dtype."""
+        kernels = self._placed.get(self._layer_of[v.name]) if self._placed else None
+        value = value if kernels is None else kernels.to_host(value)
+        return value if value.dtype == self.dtype else value.astype(self.dtype)
 
     # ------------------------------------------------ parts, for pipeline stages (models/pipeline.py)
 
@@ -160,8 +175,8 @@ class LayerModel:
         return self._inputs(x)
 
     def head_loss(self, logits, y):
-        """The loss tensor of the head on `logits` for labels `y`."""
-        return self._loss(logits, self._labels(y, logits))
+        """The loss tensor of the head on `logits` (on the host) for labels `y`."""
+        return self._loss(logits, self._labels(y, logits), self.kernels)
 
     # ------------------------------------------------ checks
 
@@ -175,35 +190,35 @@ class LayerModel:
         return np.asarray(value, dtype=self.dtype)
 
     def _inputs(self, x):
-        signature = self.input_signature()
         if not isinstance(x, dict):
-            if len(signature) != 1:
-                raise InvalidArgumentError(f"the model has inputs {list(signature)}: pass a dict of arrays")
-            x = {next(iter(signature)): x}
+            if len(self._signature) != 1:
+                raise InvalidArgumentError(f"the model has inputs {list(self._signature)}: pass a dict of arrays")
+            x = {self._signature[0][0]: x}
         tensors = {}
-        for name, (shape, dtype) in signature.items():
+        for name, shape, dtype in self._signature:
             if name not in x:
-                raise InvalidArgumentError(f"input {name!r} is missing (inputs: {list(signature)})")
+                raise InvalidArgumentError(f"input {name!r} is missing (inputs: {[s[0] for s in self._signature]})")
             value = np.asarray(x[name])
-            if value.shape[1:] != tuple(shape):
+            if value.ndim == 0 or len(value) == 0:
+                raise InvalidArgumentError(f"input {name!r} holds no examples (shape {list(value.shape)})")
+            if value.shape[1:] != shape:
                 raise InvalidArgumentError(f"input {name!r} has per-example shape {list(value.shape[1:])}, "
                                            f"the model expects {list(shape)}")
-            value = value.astype(self.dtype if np.dtype(dtype).kind == "f" else dtype, copy=False)
-            tensors[name] = constant(value, name)
+            tensors[name] = constant(value.astype(dtype, copy=False), name)
         return tensors if len(tensors) > 1 else next(iter(tensors.values()))
 
     def _labels(self, y, logits):
+        """The labels as the head takes them; the backend checks that class ids are in range."""
         y = np.asarray(y)
         if len(y) != logits.shape[0]:
             raise InvalidArgumentError(f"{len(y)} labels for a batch of {logits.shape[0]}")
         if self.loss_name == "softmax_cross_entropy":
-            classes = logits.shape[-1]
-            y = y.astype(np.int64).reshape(-1)
-            if y.size and (y.min() < 0 or y.max() >= classes):
-                raise InvalidArgumentError(f"labels must be class ids in [0, {classes}), got {int(y.min())}..{int(y.max())}")
+            if y.dtype.kind not in "iu":
+                raise InvalidArgumentError(f"labels must be integer class ids, got {y.dtype}")
+            return y.reshape(-1)
         return y
 
 
 def _host(array):
-    """A numpy array of `array` (from GPU memory if it is a CuPy array)."""
+    """A numpy array of `array` (from GPU memory if it is a CuPy array): BatchNorm's updates."""
     return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) else array

@@ -31,18 +31,26 @@ class Context:
     """What a forward pass knows besides its inputs: training or not, a seeded RNG for dropout,
     `updates` ({variable name: new value}) for non-trainable weights, `rows` ({table name:
     sorted row ids}) for tables given as only the rows the batch reads (sparse embeddings), and
-    which layers compute on the GPU."""
+    the backend (zmqflow.models.kernels) each layer computes on: `placed` {layer name: Kernels},
+    the others on `kernels`, which is also where the inputs are given and the output is wanted."""
 
-    def __init__(self, training=False, seed=0, rows=None, gpu_layers=frozenset()):
-        self.training = training
-        self.rng = np.random.default_rng(seed)
+    def __init__(self, training=False, seed=0, rows=None, kernels=ops.REFERENCE, placed=None):
+        self.training, self.seed = training, seed
         self.updates = {}
         self.rows = rows or {}
-        self.gpu_layers = gpu_layers      # names of the layers that compute on the GPU
+        self.host, self.placed = kernels, placed or {}
+        self._rng = None
 
-    def place(self, layer, tensor):
-        """`tensor` on the device of `layer` (a no-op while no layer is on a GPU)."""
-        return ops.to_device(tensor, layer.name in self.gpu_layers) if self.gpu_layers else tensor
+    @property
+    def rng(self):
+        """Made when a layer first draws (dropout): seeding costs more than a small step's arithmetic."""
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.seed)
+        return self._rng
+
+    def kernels(self, layer):
+        """The backend `layer` computes on."""
+        return self.placed.get(layer.name, self.host)
 
 
 class Node:
@@ -110,26 +118,33 @@ def _padding(padding):
 
 
 class Dense(Layer):
+    """activation(x @ kernel + bias), one fused op on the layer's backend. `weight_names` name the
+    kernel and bias variables (Keras' kernel and bias; the built-in MLP keeps TF's weights and biases)."""
+
     kind = "dense"
 
-    def __init__(self, units, activation=None, use_bias=True, name=None, device=None):
+    def __init__(self, units, activation=None, use_bias=True, kernel_initializer="glorot_uniform", name=None,
+                 device=None, weight_names=("kernel", "bias")):
         super().__init__(name, device)
         self.units, self.use_bias = _positive(units, "Dense units"), use_bias
         self.activation_name, self.activation = activation, ops.activation(activation)
+        self.kernel_initializer, self.weight_names = kernel_initializer, tuple(weight_names)
+        self._fused = activation if activation in ops.FUSED else "none"   # the backend applies it itself
 
     def build(self, input_shape):
         self.input_shape = tuple(input_shape)
-        self.weight("kernel", (input_shape[-1], self.units))
+        kernel, bias = self.weight_names
+        self.weight(kernel, (input_shape[-1], self.units), self.kernel_initializer)
         if self.use_bias:
-            self.weight("bias", (self.units,), "zeros")
+            self.weight(bias, (self.units,), "zeros")
+        self._keys = f"{self.name}/{kernel}", f"{self.name}/{bias}"
         self.output_shape = self.input_shape[:-1] + (self.units,)
         return self.output_shape
 
     def forward(self, params, x, ctx):
-        y = ops.matmul(x, self.param(params, "kernel"))
-        if self.use_bias:
-            y = ops.add(y, self.param(params, "bias"))
-        return self.activation(y)
+        kernel, bias = self._keys
+        y = ops.dense(x, params[kernel], params[bias] if self.use_bias else None, self._fused, ctx.kernels(self))
+        return y if self._fused != "none" else self.activation(y)
 
 
 class Conv2D(Layer):
@@ -380,8 +395,13 @@ def initial_value(initializer, shape, rng):
         fan_in, fan_out = shape[-2] * receptive if len(shape) > 1 else shape[0], shape[-1] * receptive
         limit = math.sqrt(6.0 / (fan_in + fan_out))
         return rng.uniform(-limit, limit, size=shape)
-    if kind == "truncated_normal":
-        return spec.initial_value({"kind": kind, "stddev": float(arg or 0.05)}, shape, rng)
+    if kind == "truncated_normal":   # values beyond two standard deviations are drawn again, as in TF
+        values = rng.standard_normal(size=shape)
+        bad = np.abs(values) > 2.0
+        while bad.any():
+            values[bad] = rng.standard_normal(size=int(bad.sum()))
+            bad = np.abs(values) > 2.0
+        return values * float(arg or 0.05)
     raise ValueError(f"unknown initializer {initializer!r}")
 
 

@@ -5,6 +5,7 @@ names in order (`dense`, `dense_1`, `conv2d`, ...), and run a forward pass
 over tensors: `network.forward(params, inputs, ctx)`.
 """
 
+from zmqflow.models import ops
 from zmqflow.models.layers import Input, Node
 
 
@@ -80,17 +81,21 @@ class Network:
         return self.output.shape
 
     def forward(self, params, inputs, ctx):
-        """`inputs`: {input name: Tensor} (or one Tensor for one input) -> the output Tensor."""
+        """`inputs`: {input name: Tensor} (or one Tensor for one input) -> the output Tensor. Each layer
+        computes on its backend (`ctx.kernels(layer)`); tensors move where consecutive layers' devices
+        differ, and the output comes back to `ctx.host`."""
         if not isinstance(inputs, dict):
             inputs = {self.inputs[0].name: inputs}
-        values = {}
+        values, where = {}, {}
         for node in self.nodes:
             if node.layer is None:
-                values[id(node)] = inputs[node.name]
+                values[node], where[node] = inputs[node.name], ctx.host
                 continue
-            args = [ctx.place(node.layer, values[id(i)]) for i in node.inputs]
-            values[id(node)] = node.layer.forward(params, args if len(args) > 1 else args[0], ctx)
-        return values[id(self.output)]
+            here = where[node] = ctx.kernels(node.layer)
+            args = [values[i] if where[i] is here else ops.move(values[i], where[i], here) for i in node.inputs]
+            values[node] = node.layer.forward(params, args if len(args) > 1 else args[0], ctx)
+        out = values[self.output]
+        return out if where[self.output] is ctx.host else ops.move(out, where[self.output], ctx.host)
 
     def summary(self):
         """One line per layer: name, kind, output shape."""

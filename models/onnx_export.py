@@ -1,4 +1,4 @@
-"""ONNX graphs of zmqflow's own models: networks of the layer library (LayerModel) and the built-in MLP.
+"""ONNX graphs of zmqflow's own models: networks of the layer library (LayerModel, the built-in MLP too).
 
     proto = to_onnx(model, params, name="mnist", step=1200)     # an onnx.ModelProto, checked
 
@@ -20,9 +20,7 @@ import numpy as np
 
 from zmqflow.common.errors import FailedPreconditionError, InvalidArgumentError, UnimplementedError
 from zmqflow.models import conv_ops, layers, ops
-from zmqflow.models.mlp import MLP
 from zmqflow.models.protocol import input_signature
-from zmqflow.models.spec import layer_names
 
 DEFAULT_OPSET = 17
 """The first opset with LayerNormalization; onnxruntime 1.14 (2023) and later run it."""
@@ -59,16 +57,11 @@ def to_onnx(model, params, opset=DEFAULT_OPSET, name="model", step=None, version
     graph = GraphBuilder(onnx, np.dtype(getattr(model, "dtype", "float32")))
     inputs = {input_name: graph.add_input(input_name, shape, dtype)
               for input_name, (shape, dtype) in input_signature(model).items()}
-    if hasattr(model, "network"):
-        logits = _network(graph, model.network, params, inputs)
-        head = model.loss_name
-    elif isinstance(model, MLP):
-        logits, head = _mlp(graph, model.spec, params, next(iter(inputs.values()))), "softmax_cross_entropy"
-    else:
+    if not hasattr(model, "network"):
         raise UnimplementedError(f"{type(model).__name__} has no ONNX mapping: zmqflow exports models built from "
-                                 "its layers (LayerModel) and the built-in MLP")
-    out = _head(graph, logits, head)
-    graph.add_output(out, output_name(model), _output_shape(model))
+                                 "its layers (LayerModel, the built-in models among them)")
+    out = _head(graph, _network(graph, model.network, params, inputs), model.loss_name)
+    graph.add_output(out, output_name(model), tuple(model.output_shape()))
     metadata = {"zmqflow.model": name, "zmqflow.version": version, "zmqflow.step": "" if step is None else str(step),
                 **(extra_metadata or {})}
     proto = graph.model(name, opset, metadata, version)
@@ -82,11 +75,6 @@ def _refuse_adapted(model):
         raise UnimplementedError(f"{type(model).__name__} is adapted from {model.framework}: zmqflow exports only "
                                  f"models built from its own layers; export this one from {model.framework} with "
                                  f"{exporter}")
-
-
-def _output_shape(model):
-    method = getattr(model, "output_shape", None)
-    return tuple(method()) if method is not None else (int(model.spec["layers"][-1]),)
 
 
 # ------------------------------------------------ the graph under construction
@@ -185,21 +173,6 @@ class GraphBuilder:
         return proto
 
 
-# ------------------------------------------------ the built-in MLP
-
-
-def _mlp(graph, spec, params, x):
-    names = layer_names(len(spec["layers"]) - 1)
-    activation = None if spec["activation"] == "none" else spec["activation"]
-    for i, scope in enumerate(names):
-        kernel = graph.weight(f"{scope}/weights", params[f"{scope}/weights"])
-        y = graph.op("MatMul", [x.name, kernel], f"{scope}/matmul")
-        x = Value(graph.op("Add", [y, graph.weight(f"{scope}/biases", params[f"{scope}/biases"])], f"{scope}/add"))
-        if i < len(names) - 1:
-            x = _activation(graph, x, activation, scope, f"the MLP's layer {scope}")
-    return x
-
-
 # ------------------------------------------------ layer networks
 
 
@@ -222,9 +195,10 @@ def _network(graph, network, params, inputs):
 
 def _dense(graph, layer, w, x):
     x = graph.channels_last(graph.floating(x))
-    y = graph.op("MatMul", [x.name, graph.weight(f"{layer.name}/kernel", w["kernel"])], f"{layer.name}/matmul")
+    kernel, bias = layer.weight_names
+    y = graph.op("MatMul", [x.name, graph.weight(f"{layer.name}/{kernel}", w[kernel])], f"{layer.name}/matmul")
     if layer.use_bias:
-        y = graph.op("Add", [y, graph.weight(f"{layer.name}/bias", w["bias"])], f"{layer.name}/add")
+        y = graph.op("Add", [y, graph.weight(f"{layer.name}/{bias}", w[bias])], f"{layer.name}/add")
     return _layer_activation(graph, Value(y), layer)
 
 
@@ -323,10 +297,10 @@ def _layer_activation(graph, x, layer):
     if id(layer.activation) not in names:
         raise UnimplementedError(f"layer {layer.name!r}: its activation {layer.activation!r} has no ONNX mapping; "
                                  f"activations that export: {', '.join(str(k) for k in ops.ACTIVATIONS if k)}")
-    return _activation(graph, x, names[id(layer.activation)], layer.name, f"layer {layer.name!r}")
+    return _activation(graph, x, names[id(layer.activation)], layer.name)
 
 
-def _activation(graph, x, name, scope, owner):
+def _activation(graph, x, name, scope):
     if name in (None, "linear"):
         return x
     simple = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh"}
@@ -336,7 +310,7 @@ def _activation(graph, x, name, scope, owner):
         return Value(graph.op("Softmax", [graph.channels_last(x).name], f"{scope}/softmax", axis=-1))
     if name == "gelu":
         return Value(_gelu(graph, x.name, scope), x.channels_first)
-    raise UnimplementedError(f"{owner}: activation {name!r} has no ONNX mapping")
+    raise UnimplementedError(f"layer {scope!r}: activation {name!r} has no ONNX mapping")
 
 
 def _gelu(graph, x, scope):

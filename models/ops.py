@@ -2,8 +2,10 @@
 
 Every op takes and returns `Tensor`s (zmqflow.models.autograd) and works on
 numpy or CuPy arrays alike (`xp_of` picks the array module of the values), so
-the same layer code runs on the CPU and the GPU. Convolution and pooling live
-in conv_ops.py.
+the same layer code runs on the CPU and the GPU. The ops that pay to be fused
+(dense, softmax cross-entropy) call a backend of zmqflow.models.kernels (numpy,
+numba, CuPy), which the model picks per layer. Convolution and pooling live in
+conv_ops.py.
 """
 
 import math
@@ -11,6 +13,10 @@ import math
 import numpy as np
 
 from zmqflow.models.autograd import Tensor, constant, unbroadcast
+from zmqflow.models.kernels import numpy_kernels
+
+REFERENCE = numpy_kernels.Kernels()
+"""The backend of ops called without one: the numpy reference."""
 
 
 def xp_of(value):
@@ -46,16 +52,24 @@ def mul(a, b):
     return out
 
 
-def matmul(a, b):
-    """[..., n] @ [n, m] -> [..., m] (b is a weight matrix)."""
-    a, b = constant(a), constant(b)
-    out = Tensor(a.value @ b.value, (a, b))
+def dense(x, kernel, bias, activation, kernels=REFERENCE):
+    """activation(x @ kernel + bias) for x [..., n], on a backend of zmqflow.models.kernels: one
+    fused op, so the numba and CuPy backends add the bias and apply the activation in one pass.
+    `bias` may be None; `activation` is one of the backends' ("sigmoid", "relu", "tanh", "none")."""
+    x = constant(x)
+    flat = x.value if x.value.ndim == 2 else x.value.reshape(-1, x.shape[-1])
+    y = kernels.dense(flat, kernel.value, None if bias is None else bias.value, activation)
+    out = Tensor(y if flat is x.value else y.reshape(x.shape[:-1] + y.shape[-1:]),
+                 (x, kernel) if bias is None else (x, kernel, bias))
 
     def backward(g):
-        a.accumulate(g @ b.value.T)
-        if b.requires_grad:
-            flat_a, flat_g = a.value.reshape(-1, a.shape[-1]), g.reshape(-1, g.shape[-1])
-            b.accumulate(flat_a.T @ flat_g)
+        dx, dw, db = kernels.dense_grad(g if flat is x.value else g.reshape(y.shape), flat, kernel.value, y,
+                                        activation, x.requires_grad, bias is not None)
+        if dx is not None:
+            x.accumulate(dx.reshape(x.shape))
+        kernel.accumulate(dw)
+        if bias is not None:
+            bias.accumulate(db)
     out.backward_fn = backward
     return out
 
@@ -90,25 +104,22 @@ def mean(a):
 # ------------------------------------------------ activations
 
 
-def relu(a):
-    out = Tensor(xp_of(a.value).maximum(a.value, 0), (a,))
-    out.backward_fn = lambda g: a.accumulate(g * (a.value > 0))
-    return out
+def _elementwise(name):
+    """Activation `name` of the reference backend's tables as an op (they are ufuncs: any device)."""
+    function, derivative = numpy_kernels.ACTIVATIONS[name], numpy_kernels.DERIVATIVES[name]
+
+    def op(a):
+        y = function(a.value).astype(a.dtype, copy=False)
+        out = Tensor(y, (a,))
+        out.backward_fn = lambda g: a.accumulate(g * derivative(y))
+        return out
+    op.__name__ = name
+    return op
 
 
-def sigmoid(a):
-    xp = xp_of(a.value)
-    y = 1.0 / (1.0 + xp.exp(-a.value))
-    out = Tensor(y.astype(a.dtype, copy=False), (a,))
-    out.backward_fn = lambda g: a.accumulate(g * y * (1.0 - y))
-    return out
-
-
-def tanh(a):
-    y = xp_of(a.value).tanh(a.value)
-    out = Tensor(y, (a,))
-    out.backward_fn = lambda g: a.accumulate(g * (1.0 - y * y))
-    return out
+relu, sigmoid, tanh = _elementwise("relu"), _elementwise("sigmoid"), _elementwise("tanh")
+FUSED = ("relu", "sigmoid", "tanh")
+"""The activations that a backend's `dense` applies itself."""
 
 
 _GELU_C = math.sqrt(2.0 / math.pi)
@@ -155,14 +166,13 @@ def activation(name):
 # ------------------------------------------------ layers' ops
 
 
-def to_device(a, gpu):
-    """`a` in GPU memory (`gpu` True: CuPy's current device) or host memory; its gradient goes back to
-    where `a` was. Layers on different devices meet through this op."""
-    if (xp_of(a.value) is not np) == gpu:
+def move(a, source, target):
+    """`a` from the memory of backend `source` to that of `target` (through the host); its gradient
+    goes back. Layers on different devices meet through this op."""
+    if source.device == target.device:
         return a
-    import cupy
-    out = Tensor(cupy.asarray(a.value) if gpu else cupy.asnumpy(a.value), (a,))
-    out.backward_fn = lambda g: a.accumulate(cupy.asnumpy(g) if gpu else cupy.asarray(g))
+    out = Tensor(target.to_device(source.to_host(a.value)), (a,))
+    out.backward_fn = lambda g: a.accumulate(source.to_device(target.to_host(g)))
     return out
 
 
@@ -215,21 +225,12 @@ def normalize(a, axes, epsilon):
 # ------------------------------------------------ losses (scalar means over the batch)
 
 
-def softmax_cross_entropy(logits, labels):
-    """Mean of -log softmax(logits)[label] over the batch; labels are integer class ids."""
-    xp = xp_of(logits.value)
-    labels = labels.value if isinstance(labels, Tensor) else labels
-    shifted = logits.value - logits.value.max(axis=-1, keepdims=True)
-    log_z = xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
-    log_p = shifted - log_z
-    rows = xp.arange(len(labels))
-    out = Tensor(-log_p[rows, labels].mean(), (logits,))
-
-    def backward(g):
-        d = xp.exp(log_p)
-        d[rows, labels] -= 1.0
-        logits.accumulate(d * (g / len(labels)))
-    out.backward_fn = backward
+def softmax_cross_entropy(logits, labels, kernels=REFERENCE):
+    """Mean of -log softmax(logits)[label] over the batch; labels are integer class ids. The backend
+    computes the loss and its gradient in one pass."""
+    loss, d = kernels.softmax_cross_entropy(logits.value, labels.value if isinstance(labels, Tensor) else labels)
+    out = Tensor(np.asarray(loss, logits.dtype), (logits,))
+    out.backward_fn = lambda g: logits.accumulate(d * g)
     return out
 
 

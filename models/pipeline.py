@@ -18,7 +18,6 @@ import numpy as np
 from zmqflow.common.device import DeviceSpec
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.models.autograd import constant, variable
-from zmqflow.models.layers import Context
 
 
 def is_pipelined(model):
@@ -90,7 +89,7 @@ class Stage:
         tensors = {v.name: (variable if v.trainable else constant)(self.model.param(params, v), v.name)
                    for v in self.variables}
         a = inputs = self.model.input_tensor(x) if self.index == 0 else variable(np.asarray(x, self.model.dtype))
-        ctx = Context(training=training, seed=seed)
+        ctx = self.model.context(training=training, seed=seed)
         for layer in self.layers:
             a = layer.forward(tensors, a, ctx)
         return a.value, Tape(inputs, a, tensors, ctx.updates)

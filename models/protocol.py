@@ -16,10 +16,7 @@ A model
   for classifiers).
 
 `params` are {variable name: array}. `x` is an array for a model of one input,
-else {input name: array}. The workers still call the older
-`loss_and_gradients(params, x, y)` -> (loss, {name: gradient of every
-variable}); `step_of` and `loss_and_gradients_of` turn either form into the
-other, so a model may implement just one of them.
+else {input name: array}.
 """
 
 from typing import Protocol, runtime_checkable
@@ -31,13 +28,13 @@ from zmqflow.common.errors import InvalidArgumentError
 
 @runtime_checkable
 class Model(Protocol):
-    """The four methods every model has (see the module docstring for step/input_signature)."""
+    """The four methods every model has (see the module docstring; input_signature is optional)."""
 
     def variables(self) -> list: ...
 
     def initial_values(self, seed: int) -> dict: ...
 
-    def loss_and_gradients(self, params: dict, x, y) -> tuple: ...
+    def step(self, params: dict, batch) -> tuple: ...
 
     def predict(self, params: dict, x) -> np.ndarray: ...
 
@@ -82,15 +79,6 @@ def output_width(model):
     if method is not None:
         return int(np.prod(method()))
     return int(model.variables()[-1].shape[-1])
-
-
-def step_of(model, params, batch):
-    """(loss, grads, metrics) from a model that has `step`, or from its loss_and_gradients."""
-    if hasattr(model, "step"):
-        return model.step(params, batch)
-    x, y = batch
-    loss, grads = model.loss_and_gradients(params, x, y)
-    return loss, grads, {"loss": float(loss)}
 
 
 def every_gradient(model, grads):

@@ -1,22 +1,19 @@
-"""The model registry: a spec's `type` -> the model object (the MLP, a built-in of models/builtin.py,
-or `module:Class(spec)`)."""
+"""The model registry: a spec's `type` -> the model object (a built-in of models/builtin.py, a function
+in a model file, or `module:Class(spec)`)."""
 
 import importlib
 
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.models.builtin import BUILDERS, build
-from zmqflow.models.mlp import MLP
-from zmqflow.models.spec import Model, is_model_file, mlp_variables, validate_spec
+from zmqflow.models.spec import Model, is_model_file, validate_spec
 from zmqflow.models.user_file import build_from_file
 
 
 def load_model(spec, backend="numpy"):
-    """The model object for a spec: the built-in MLP on kernel `backend`, or `module:Class(spec)`."""
+    """The model object for a spec: a built-in on the ops backend `backend`, or `module:Class(spec)`."""
     spec = validate_spec(spec)
-    if spec["type"] == "mlp":
-        return MLP(spec, backend=backend)
     if spec["type"] in BUILDERS:
-        return build(spec)
+        return build(spec, backend)
     if is_model_file(spec["type"]):
         return build_from_file(spec)
     module_name, _, class_name = spec["type"].partition(":")
@@ -27,12 +24,10 @@ def load_model(spec, backend="numpy"):
     model = cls(spec)
     if not isinstance(model, Model):
         raise InvalidArgumentError(
-            f"model class {spec['type']!r} does not implement variables, initial_values, "
-            "loss_and_gradients and predict")
+            f"model class {spec['type']!r} does not implement variables, initial_values, step and predict")
     return model
 
 
 def model_variables(spec):
-    """The variable list of any model spec (built-in or `module:Class`), without building kernels."""
-    spec = validate_spec(spec)
-    return mlp_variables(spec) if spec["type"] == "mlp" else load_model(spec).variables()
+    """The variable list of any model spec (built-in or `module:Class`)."""
+    return load_model(spec).variables()

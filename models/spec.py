@@ -4,7 +4,7 @@ A spec is a dict (read from JSON or YAML). Every task validates the same spec an
 derives the same ordered variable list and the same initial values from its seed, so
 no task has to ship the initial model to another.
 
-The built-in model is a multilayer perceptron with softmax cross-entropy loss:
+The built-in MLP (models/builtin.py builds it from Dense layers) has softmax cross-entropy loss:
 
     {"type": "mlp", "layers": [784, 100, 10], "activation": "sigmoid",
      "init": {"kind": "truncated_normal", "stddev": 0.1}, "seed": 1, "dtype": "float32"}
@@ -27,11 +27,10 @@ from collections.abc import Mapping
 import numpy as np
 import yaml
 
-from zmqflow.common.variables import VariableSpec
 from zmqflow.common.errors import InvalidArgumentError, NotFoundError
 from zmqflow.models import protocol as _protocol
 
-BUILTIN_TYPES = ("mlp", "cnn", "logistic", "linear")   # models/builtin.py builds all but the MLP
+BUILTIN_TYPES = ("mlp", "cnn", "logistic", "linear")   # models/builtin.py builds them
 ACTIVATIONS = ("sigmoid", "relu", "tanh", "none")
 INITIALIZERS = ("glorot_uniform", "truncated_normal", "zeros")
 MODEL_DTYPES = ("float32", "float64")
@@ -170,52 +169,10 @@ def layer_names(n_layers):
     return [f"hidden{i + 1}" for i in range(hidden)] + ["softmax"]
 
 
-def mlp_variables(spec):
-    """The ordered (weights, biases) variables of each dense layer of a validated MLP spec."""
-    sizes, dtype = spec["layers"], spec["dtype"]
-    out = []
-    for name, n_in, n_out in zip(layer_names(len(sizes) - 1), sizes[:-1], sizes[1:]):
-        out.append(VariableSpec(f"{name}/weights", (n_in, n_out), dtype))
-        out.append(VariableSpec(f"{name}/biases", (n_out,), dtype))
-    return out
-
-
-def mlp_initial_values(spec, seed=None):
-    """Deterministic initial values of an MLP: each variable draws from its own stream, keyed by
-    (seed, crc32(name)), so the values do not depend on the order or on which task asks."""
-    seed = spec["seed"] if seed is None else _check_seed(seed)
-    values = {}
-    for var in mlp_variables(spec):
-        if var.name.endswith("/biases"):
-            values[var.name] = np.zeros(var.shape, dtype=var.dtype)
-            continue
-        values[var.name] = initial_value(spec["init"], var.shape, variable_rng(seed, var.name)).astype(var.dtype)
-    return values
-
-
 def variable_rng(seed, name):
     """Each variable draws from its own stream, keyed by (seed, crc32(name)): the values depend
     neither on the order of the variables nor on which task asks."""
     return np.random.default_rng([seed, zlib.crc32(name.encode())])
-
-
-def initial_value(init, shape, rng):
-    """One weight matrix drawn as TensorFlow's initializer of that name draws it (float64)."""
-    kind = init["kind"]
-    if kind == "zeros":
-        return np.zeros(shape)
-    if kind == "glorot_uniform":
-        fan_in, fan_out = shape[0], shape[-1]
-        limit = np.sqrt(6.0 / (fan_in + fan_out))
-        return rng.uniform(-limit, limit, size=shape)
-    # truncated_normal: values beyond two standard deviations are drawn again, as in TF.
-    stddev = init["stddev"]
-    values = rng.standard_normal(size=shape)
-    bad = np.abs(values) > 2.0
-    while bad.any():
-        values[bad] = rng.standard_normal(size=int(bad.sum()))
-        bad = np.abs(values) > 2.0
-    return values * stddev
 
 
 MNIST_MLP = {"type": "mlp", "layers": [784, 100, 10], "activation": "sigmoid",

@@ -36,7 +36,7 @@ def build_from_file(spec):
         raise InvalidArgumentError(f"{path}:{function} failed: {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, Model):
         raise InvalidArgumentError(f"{path}:{function} returned {type(model).__name__}, which lacks the model "
-                                   "protocol's variables, initial_values, loss_and_gradients and predict")
+                                   "protocol's variables, initial_values, step and predict")
     return model
 
 

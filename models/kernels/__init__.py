@@ -1,7 +1,8 @@
-"""Compute backends of the MLP, one module each: numpy (reference), numba (CPU), cupy (GPU).
+"""Backends of the engine's ops, one module each: numpy (reference), numba (CPU), cupy (GPU).
 
-`get_backend(name)` returns a fresh `Kernels` object (each keeps its own scratch
-buffers, so use one per thread). The interface is described in numpy_kernels.
+A backend is a table of ops (dense, its gradient, softmax cross-entropy, softmax) that
+zmqflow.models.ops wraps as differentiable ops for every model; `get_backend(name)` returns
+a `Kernels` object of one. The interface is described in numpy_kernels.
 """
 
 from zmqflow.common.errors import InvalidArgumentError
@@ -20,8 +21,8 @@ def available_backends():
     return ["numpy", "numba"] + (["cupy"] if gpu_count() > 0 else [])
 
 
-def get_backend(name):
-    """A new `Kernels` object of backend 'numpy', 'numba' or 'cupy'."""
+def get_backend(name, gpu=None):
+    """A `Kernels` object of backend 'numpy', 'numba' or 'cupy' (on GPU `gpu`, CuPy's current one by default)."""
     if name == "numpy":
         from zmqflow.models.kernels.numpy_kernels import Kernels
     elif name == "numba":
@@ -31,7 +32,7 @@ def get_backend(name):
         if cupy_kernels.gpu_count() == 0:
             raise InvalidArgumentError(
                 f"kernel backend 'cupy' needs a GPU, but {cupy_kernels.why_no_gpu()}; use 'numba' or 'numpy'")
-        Kernels = cupy_kernels.Kernels
+        return cupy_kernels.Kernels(gpu)
     else:
         raise InvalidArgumentError(f"unknown kernel backend {name!r}; expected one of {', '.join(BACKENDS)}")
     return Kernels()

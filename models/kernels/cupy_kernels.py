@@ -1,4 +1,5 @@
-"""GPU kernels of the MLP with CuPy: cuBLAS matmuls (`@`), fused elementwise kernels.
+"""The CuPy backend of the engine's ops (interface: numpy_kernels): cuBLAS matmuls (`@`),
+fused elementwise kernels.
 
 Same structure as the numba backend: one elementwise kernel for bias add + activation,
 one for upstream gradient * activation derivative, and the softmax cross-entropy
@@ -6,7 +7,7 @@ gradient in one kernel after two row reductions; bias gradients are column sums.
 
 CuPy is imported only when a `Kernels` object is made, so this module imports on
 machines without CuPy; `gpu_count()` says whether one can be made. Arrays live on the
-current CuPy device (choose it with CUDA_VISIBLE_DEVICES or `cupy.cuda.Device(i).use()`).
+GPU the `Kernels` object was made for (CuPy's current device by default).
 """
 
 import functools
@@ -22,11 +23,10 @@ _ACTIVATION = {  # y = f(z + b)
     "tanh": "y = tanh(z + b);",
     "none": "y = z + b;",
 }
-_DERIVATIVE = {  # d *= f'(z), from the output a = f(z)
-    "sigmoid": "d *= a * ((T)1 - a);",
-    "relu": "if (a <= (T)0) d = (T)0;",
-    "tanh": "d *= (T)1 - a * a;",
-    "none": "",
+_DERIVATIVE = {  # d = g * f'(z), from the output a = f(z)
+    "sigmoid": "d = g * a * ((T)1 - a);",
+    "relu": "d = a > (T)0 ? g : (T)0;",
+    "tanh": "d = g * ((T)1 - a * a);",
 }
 
 
@@ -62,8 +62,8 @@ def _kernels():
     cupy = _import_cupy()
     bias_act = {name: cupy.ElementwiseKernel("T z, T b", "T y", body, f"zmqflow_bias_{name}")
                 for name, body in _ACTIVATION.items()}
-    act_grad = {name: cupy.ElementwiseKernel("T a", "T d", body, f"zmqflow_grad_{name}")
-                for name, body in _DERIVATIVE.items() if body}
+    act_grad = {name: cupy.ElementwiseKernel("T a, T g", "T d", body, f"zmqflow_grad_{name}")
+                for name, body in _DERIVATIVE.items()}
     exp_shift = cupy.ElementwiseKernel("T top", "T z", "z = exp(z - top);", "zmqflow_exp_shift")
     xent_grad = cupy.ElementwiseKernel(
         "T total, raw L labels, int32 classes, T scale", "T p",
@@ -73,52 +73,57 @@ def _kernels():
 
 
 class Kernels:
-    """The CuPy backend (interface: see numpy_kernels). Not thread-safe: one per thread."""
+    """The CuPy backend (interface: see numpy_kernels) on GPU `index` (None: CuPy's current device).
+    Every op runs with its GPU current, so layers on several GPUs compute each on its own."""
 
     name = "cupy"
 
-    def __init__(self):
+    def __init__(self, index=None):
         self.xp = _import_cupy()
+        self.index = self.xp.cuda.runtime.getDevice() if index is None else index
+        self.device = ("GPU", self.index)
         self._bias_act, self._act_grad, self._exp_shift, self._xent_grad = _kernels()
 
-    def to_device(self, array, dtype):
-        return self.xp.ascontiguousarray(self.xp.asarray(array, dtype=dtype))
+    def current(self):
+        """CuPy's `with` scope that makes this GPU current."""
+        return self.xp.cuda.Device(self.index)
 
-    def to_host(self, array, out=None):
-        return array.get(out=out) if out is not None else array.get()
+    def to_device(self, array, dtype=None):
+        with self.current():
+            return self.xp.ascontiguousarray(self.xp.asarray(array, dtype=dtype))
 
-    def _forward(self, weights, biases, x, activation):
-        hidden = [x]
-        for w, b in zip(weights[:-1], biases[:-1]):
-            z = hidden[-1] @ w
-            hidden.append(self._bias_act[activation](z, b, z))
-        logits = hidden[-1] @ weights[-1]
-        return hidden, self._bias_act["none"](logits, biases[-1], logits)
+    def to_host(self, array):
+        with self.current():
+            return array.get()
 
-    def predict(self, weights, biases, x, activation):
-        logits = self._forward(weights, biases, x, activation)[1]
-        self._exp_shift(logits.max(axis=1, keepdims=True), logits)
-        logits /= logits.sum(axis=1, keepdims=True)
-        return logits
+    def dense(self, x, w, b, activation):
+        with self.current():
+            z = x @ w
+            return self._bias_act[activation](z, 0 if b is None else b, z)
 
-    def loss_and_gradients(self, weights, biases, x, y, activation, out=None):
-        xp, n, classes = self.xp, x.shape[0], weights[-1].shape[1]
-        if isinstance(y, np.ndarray):  # checked on the host, before the copy, without a device sync
-            check_labels(y, classes)
-        y = xp.asarray(y)
-        hidden, d = self._forward(weights, biases, x, activation)
-        top = d.max(axis=1, keepdims=True)
-        picked = d[xp.arange(n), y]
-        self._exp_shift(top, d)
-        total = d.sum(axis=1, keepdims=True)
-        loss = float(xp.mean(xp.log(total[:, 0]) + top[:, 0] - picked))
-        self._xent_grad(total, y, np.int32(classes), d.dtype.type(1.0 / n), d)
-        grads_w, grads_b = out if out is not None else ([None] * len(weights), [None] * len(biases))
-        for i in range(len(weights) - 1, -1, -1):
-            grads_w[i] = xp.matmul(hidden[i].T, d, out=grads_w[i])
-            grads_b[i] = xp.sum(d, axis=0, out=grads_b[i])
-            if i > 0:
-                d = d @ weights[i].T
-                if activation != "none":
-                    self._act_grad[activation](hidden[i], d)
-        return loss, grads_w, grads_b
+    def dense_grad(self, g, x, w, y, activation, need_dx, need_db):
+        with self.current():
+            d = g if activation == "none" else self._act_grad[activation](y, g, self.xp.empty_like(g))
+            return d @ w.T if need_dx else None, x.T @ d, d.sum(axis=0) if need_db else None
+
+    def softmax_cross_entropy(self, logits, labels):
+        xp, (n, classes) = self.xp, logits.shape
+        if isinstance(labels, np.ndarray):  # checked on the host, before the copy, without a device sync
+            check_labels(labels, classes)
+        with self.current():
+            labels = xp.asarray(labels)
+            d = logits.copy()
+            top = d.max(axis=1, keepdims=True)
+            picked = d[xp.arange(n), labels]
+            self._exp_shift(top, d)
+            total = d.sum(axis=1, keepdims=True)
+            loss = float(xp.mean(xp.log(total[:, 0]) + top[:, 0] - picked))
+            self._xent_grad(total, labels, np.int32(classes), d.dtype.type(1.0 / n), d)
+            return loss, d
+
+    def softmax(self, logits):
+        with self.current():
+            probs = logits.copy()
+            self._exp_shift(probs.max(axis=1, keepdims=True), probs)
+            probs /= probs.sum(axis=1, keepdims=True)
+            return probs

@@ -1,29 +1,28 @@
-"""CPU kernels of the MLP: BLAS for the matmuls, numba to fuse the elementwise work.
+"""The numba backend of the engine's ops (interface: numpy_kernels): BLAS for the matmuls,
+numba to fuse the elementwise work.
 
 Numba loops reach a fraction of BLAS's speed on matmuls, so every matmul stays a numpy
-`np.dot(..., out=...)` into a reused buffer; numba does, in one pass each:
+`np.dot`; numba does, in one pass each:
 - bias add + activation, in place on the matmul's output;
-- softmax + cross-entropy + its gradient + the last bias gradient;
+- softmax + cross-entropy + its gradient;
 - upstream gradient * activation derivative + that layer's bias gradient (column sums).
 
-Scratch buffers are kept per (batch size, dtype, layer widths), so a step allocates
-nothing but the returned gradients (and not those when `out=` is given). The kernels are
-serial: with 2 threads, `parallel=True` saved 3.5 us of a ~380 us step (batch 100) on the
-sigmoid and nothing elsewhere, below run-to-run noise, and the launcher gives each
-computing process one thread anyway. A `Kernels` object is not thread-safe: one per thread.
+The kernels are serial: with 2 threads, `parallel=True` saved 3.5 us of a ~380 us step
+(batch 100) on the sigmoid and nothing elsewhere, below run-to-run noise, and the launcher
+gives each computing process one thread anyway. Kernels keep no state: one object serves
+every thread.
 """
 
 import math
-from collections import OrderedDict
 
 import numpy as np
 from numba import njit, prange
 
+from zmqflow.models.kernels import numpy_kernels
 from zmqflow.models.kernels.numpy_kernels import check_labels
 
 SIGMOID, RELU, TANH, NONE = 0, 1, 2, 3
 ACTIVATION_CODES = {"sigmoid": SIGMOID, "relu": RELU, "tanh": TANH, "none": NONE}
-_MAX_WORKSPACES = 4  # a few batch sizes (the last, shorter batch of an epoch) stay warm
 
 
 @njit(cache=True, nogil=True)  # towers on CPU threads overlap
@@ -74,34 +73,35 @@ def bias_sigmoid_f32(z, b):
 
 
 @njit(cache=True, nogil=True)  # towers on CPU threads overlap
-def activation_grad(d, a, act, db):
-    """d *= f'(z) (from the output a = f(z)) in place, and db = column sums of the result."""
-    n, m = d.shape
-    one = d.dtype.type(1)
+def activation_grad(g, a, act, d, db):
+    """d = g * f'(z) (from the output a = f(z)) and db = column sums of d; d may be g itself."""
+    n, m = g.shape
+    one = g.dtype.type(1)
     db[:] = 0
     for i in range(n):
-        row, out = d[i], a[i]
+        row, out, res = g[i], a[i], d[i]
         if act == SIGMOID:
             for j in range(m):
-                row[j] *= out[j] * (one - out[j])
+                res[j] = row[j] * out[j] * (one - out[j])
         elif act == RELU:
             for j in range(m):
-                if out[j] <= 0:
-                    row[j] = 0
+                res[j] = row[j] if out[j] > 0 else 0
         elif act == TANH:
             for j in range(m):
-                row[j] *= one - out[j] * out[j]
+                res[j] = row[j] * (one - out[j] * out[j])
+        else:
+            for j in range(m):
+                res[j] = row[j]
         for j in range(m):
-            db[j] += row[j]
+            db[j] += res[j]
 
 
 @njit(cache=True, nogil=True)  # towers on CPU threads overlap
-def softmax_xent_grad(logits, labels, db):
-    """Mean cross-entropy of `labels`; logits become (softmax - onehot) / batch in place and
-    db their column sums. Returns -1 - i if labels[i] is not a class id."""
+def softmax_xent_grad(logits, labels):
+    """Mean cross-entropy of `labels`; logits become (softmax - onehot) / batch in place.
+    Returns -1 - i if labels[i] is not a class id."""
     n, m = logits.shape
     scale = logits.dtype.type(1.0 / n)
-    db[:] = 0
     total = 0.0
     for i in range(n):
         row = logits[i]
@@ -121,8 +121,6 @@ def softmax_xent_grad(logits, labels, db):
         for j in range(m):
             row[j] *= inv
         row[label] -= scale
-        for j in range(m):
-            db[j] += row[j]
     return total / n
 
 
@@ -142,76 +140,41 @@ def softmax_rows(logits):
             row[j] *= inv
 
 
-class Kernels:
-    """The numba backend (interface: see numpy_kernels)."""
+class Kernels(numpy_kernels.Kernels):
+    """The numba backend: host memory as numpy's, its own ops."""
 
     name = "numba"
-    xp = np
 
-    def __init__(self):
-        self._workspaces = OrderedDict()
-
-    def to_device(self, array, dtype):
-        return np.ascontiguousarray(array, dtype=dtype)
-
-    def to_host(self, array):
-        return np.asarray(array)
-
-    def _workspace(self, weights, x):
-        """Per-layer output buffers for this batch size, dtype and layer widths."""
-        key = (x.shape[0], x.dtype.str) + tuple(w.shape[1] for w in weights)
-        ws = self._workspaces.get(key)
-        if ws is None:
-            ws = [np.empty((x.shape[0], w.shape[1]), x.dtype) for w in weights]
-            ws += [np.empty((x.shape[0], w.shape[0]), x.dtype) for w in weights[1:]]
-            self._workspaces[key] = ws
-            if len(self._workspaces) > _MAX_WORKSPACES:
-                self._workspaces.popitem(last=False)
+    def dense(self, x, w, b, activation):
+        z = np.dot(x, w)
+        act = ACTIVATION_CODES[activation]
+        if b is None and act == NONE:
+            return z
+        if b is None:
+            b = np.zeros(z.shape[1], z.dtype)
+        if act == SIGMOID and z.dtype == np.float32:
+            bias_sigmoid_f32(z, b)
         else:
-            self._workspaces.move_to_end(key)
-        return ws
+            bias_activation(z, b, act)
+        return z
 
-    def _forward(self, weights, biases, x, act, ws):
-        """Fill ws[:L] with every layer's output; the last one holds the raw logits."""
-        inputs = x
-        for i, (w, b) in enumerate(zip(weights, biases)):
-            np.dot(inputs, w, out=ws[i])
-            if i < len(weights) - 1 and act == SIGMOID and x.dtype == np.float32:
-                bias_sigmoid_f32(ws[i], b)
-            elif i < len(weights) - 1:
-                bias_activation(ws[i], b, act)
-            inputs = ws[i]
-        logits = ws[len(weights) - 1]
-        bias_activation(logits, biases[-1], NONE)
-        return logits
+    def dense_grad(self, g, x, w, y, activation, need_dx, need_db):
+        g = np.ascontiguousarray(g)
+        d, db = g if activation == "none" else np.empty_like(g), np.empty(g.shape[1], g.dtype)
+        activation_grad(g, y, ACTIVATION_CODES[activation], d, db)
+        return np.dot(d, w.T) if need_dx else None, np.dot(x.T, d), db if need_db else None
 
-    def predict(self, weights, biases, x, activation):
-        logits = self._forward(weights, biases, x, ACTIVATION_CODES[activation], self._workspace(weights, x))
+    def softmax_cross_entropy(self, logits, labels):
+        d = logits.copy()
+        loss = softmax_xent_grad(d, labels)
+        if loss < 0:
+            check_labels(labels, d.shape[1])  # raises: the kernel found a label that is not a class id
+        return float(loss), d
+
+    def softmax(self, logits):
         probs = logits.copy()
         softmax_rows(probs)
         return probs
-
-    def loss_and_gradients(self, weights, biases, x, y, activation, out=None):
-        act, n_layers = ACTIVATION_CODES[activation], len(weights)
-        if out is None:
-            out = ([np.empty_like(w) for w in weights], [np.empty_like(b) for b in biases])
-        grads_w, grads_b = out
-        ws = self._workspace(weights, x)
-        d = self._forward(weights, biases, x, act, ws)
-        loss = softmax_xent_grad(d, y, grads_b[-1])
-        if loss < 0:
-            check_labels(y, d.shape[1])  # raises: the kernel found a label that is not a class id
-        for i in range(n_layers - 1, -1, -1):
-            below = x if i == 0 else ws[i - 1]
-            np.dot(below.T, d, out=grads_w[i])
-            if i > 0:
-                upstream = ws[n_layers + i - 1]
-                np.dot(d, weights[i].T, out=upstream)
-                activation_grad(upstream, below, act, grads_b[i - 1])
-                d = upstream
-        return float(loss), grads_w, grads_b
-
-
 
 
 @njit(cache=True, nogil=True, parallel=True)

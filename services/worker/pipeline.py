@@ -132,9 +132,9 @@ class PipelineModel:
     def predict(self, params, x):
         return self.model.predict(params, x)
 
-    def loss_and_gradients(self, params, x, y, out=None):
-        """The whole model in this process (the Trainer's warm-up compiles the kernels with it)."""
-        return self.model.loss_and_gradients(params, x, y, out)
+    def warm_up(self, params, batch):
+        """The whole model's step in this process, nothing sent (the Trainer's warm-up compiles the kernels)."""
+        return self.model.step(params, batch)
 
     def remote_variables(self):
         """The later stages' variables: they pull these themselves, so worker 0 leaves them out."""

@@ -27,7 +27,7 @@ def split_sizes(batch, towers):
 
 
 class TowerModel:
-    """The Model protocol over towers. `model_factory(device)` builds one tower's model and is
+    """The model protocol over towers. `model_factory(device)` builds one tower's model and is
     called once per device, in order: every tower needs its own, as kernels reuse scratch buffers.
     `towers` is a list of device strings (tower_devices(n, visible_gpu_count()) spreads n over the GPUs).
 
@@ -47,16 +47,14 @@ class TowerModel:
     def initial_values(self, seed=None):
         return self.towers[0].initial_values(seed)
 
-    def loss_and_gradients(self, params, x, y):
-        results, sizes = self._map(lambda tower, xs, ys: tower.loss_and_gradients(params, xs, ys), x, y)
-        total = sum(sizes)
-        loss = sum(tower_loss * n for (tower_loss, _), n in zip(results, sizes)) / total
-        grads = {}
-        for name in results[0][1]:
-            grads[name] = results[0][1][name] * (sizes[0] / total)
-            for (_, tower_grads), n in zip(results[1:], sizes[1:]):
-                grads[name] += tower_grads[name] * (n / total)
-        return float(loss), grads
+    def step(self, params, batch):
+        x, y = batch
+        results, sizes = self._map(lambda tower, xs, ys: tower.step(params, (xs, ys)), x, y)
+        if len(results) == 1:
+            return results[0]
+        weights = [n / sum(sizes) for n in sizes]
+        loss, grads, metrics = (_weighted([result[i] for result in results], weights) for i in range(3))
+        return float(loss), grads, metrics
 
     def predict(self, params, x):
         results, _ = self._map(lambda tower, xs, _: tower.predict(params, xs), x, None)
@@ -80,3 +78,10 @@ class TowerModel:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+
+
+def _weighted(values, weights):
+    """The towers' results averaged with `weights`: numbers and arrays, or dicts of them."""
+    if isinstance(values[0], dict):
+        return {key: _weighted([v[key] for v in values], weights) for key in values[0]}
+    return sum(v * w for v, w in zip(values, weights))

@@ -83,9 +83,9 @@ class Trainer:
             log.info("worker %d: the model is ready", self.replica)
 
     def _warm_up(self):
-        params = self.model.initial_values(self.seed)
-        x = zero_inputs(self.model, self.batch_size)
-        self.model.loss_and_gradients(params, x, zero_labels(self.model, self.batch_size))
+        """A step on zeros compiles the kernels; a pipelined model's `warm_up` sends nothing to its stages."""
+        batch = zero_inputs(self.model, self.batch_size), zero_labels(self.model, self.batch_size)
+        getattr(self.model, "warm_up", self.model.step)(self.model.initial_values(self.seed), batch)
 
     # ------------------------------------------------ the loop
 
@@ -185,10 +185,6 @@ class Trainer:
         """(loss, a gradient for every variable). A model of the protocol's `step` may also compute
         new values of non-trainable variables (BatchNorm's moving statistics): they go to the ps
         as an assign, at most one in flight, and the ps checkpoints and serves them."""
-        if not hasattr(self.model, "step"):
-            loss, grads = self.model.loss_and_gradients(params, x, y)
-            self._check_loss(loss, x)
-            return loss, grads
         if self._row_tables:
             rows = self.model.sparse_rows(x)
             params = {**params, **{table: self.ps.pull_rows(table, ids) for table, ids in rows.items()}}

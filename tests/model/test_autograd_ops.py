@@ -37,8 +37,9 @@ def check(build, *shapes, tolerance=1e-6, values=None):
 def test_arithmetic_with_broadcasting():
     check(ops.add, (4, 3), (3,))
     check(ops.mul, (4, 3), (1, 3))
-    check(ops.matmul, (5, 4), (4, 3))
-    check(ops.matmul, (2, 5, 4), (4, 3))
+    for activation in ("none", "sigmoid", "relu", "tanh"):   # dense: the fused matmul + bias + activation
+        check(lambda x, w, b: ops.dense(x, w, b, activation), (5, 4), (4, 3), (3,))
+        check(lambda x, w: ops.dense(x, w, None, activation), (2, 5, 4), (4, 3))
     check(lambda a: ops.reshape(a, (3, 8)), (4, 6))
     check(lambda a, b: ops.concat([a, b]), (4, 2), (4, 3))
     check(ops.mean, (3, 5))

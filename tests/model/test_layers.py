@@ -9,7 +9,7 @@ from zmqflow.models.layer_model import LayerModel
 from zmqflow.models.layers import (Activation, AvgPool2D, BatchNorm, Concatenate, Conv2D, Dense, Dropout, Embedding,
                                    Flatten, Input, LayerNorm, MaxPool2D, Reshape)
 from zmqflow.models.network import Network, Sequential
-from zmqflow.models.protocol import Model, input_signature, step_of, zero_inputs
+from zmqflow.models.protocol import Model, every_gradient, input_signature, zero_inputs
 from tests.model.gradients import numeric_gradient
 
 pytestmark = pytest.mark.unit
@@ -73,7 +73,7 @@ def test_batch_norm_moving_statistics_are_non_trainable_and_used_for_inference()
     assert "batch_normalization/moving_mean" not in grads
     np.testing.assert_allclose(metrics["updates"]["batch_normalization/moving_mean"], 0.5 * x.mean(axis=0))
     np.testing.assert_allclose(metrics["updates"]["batch_normalization/moving_variance"], 0.5 + 0.5 * x.var(axis=0))
-    _, all_grads = model.loss_and_gradients(params, x, [0, 1])
+    all_grads = every_gradient(model, model.step(params, (x, [0, 1]))[1])
     assert not all_grads["batch_normalization/moving_mean"].any()   # the workers' form: zeros, never applied
     params["batch_normalization/moving_mean"] = np.array([1.0, 2.0, 3.0])
     params["batch_normalization/moving_variance"] = np.array([4.0, 1.0, 0.25]) - 1e-3
@@ -146,7 +146,7 @@ def test_layers_learn_a_task():
     model = LayerModel(net, seed=0)
     params = model.initial_values()
     for _ in range(60):
-        loss, grads, metrics = step_of(model, params, batch(32))
+        loss, grads, metrics = model.step(params, batch(32))
         for name, g in grads.items():
             params[name] -= 0.3 * g
     x, y = batch(200)
@@ -175,7 +175,7 @@ def test_bad_parameters_and_labels_are_named():
     with pytest.raises(InvalidArgumentError, match=r"'dense/kernel' has shape \[3, 3\], expected \[4, 5\]"):
         model.predict(params, np.zeros((1, 36)))
     params = model.initial_values()
-    with pytest.raises(InvalidArgumentError, match=r"labels must be class ids in \[0, 3\)"):
+    with pytest.raises(InvalidArgumentError, match=r"label value of 3 which is outside the valid range of \[0, 3\)"):
         model.step(params, (np.zeros((2, 36)), [0, 3]))
     assert isinstance(Activation("relu"), object)
 

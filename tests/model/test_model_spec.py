@@ -7,7 +7,8 @@ import pytest
 
 from zmqflow.common.errors import InvalidArgumentError, NotFoundError
 from zmqflow.models.registry import load_model
-from zmqflow.models.spec import Model, VariableSpec, mlp_initial_values, mlp_variables, read_spec, validate_spec
+from zmqflow.common.variables import VariableSpec
+from zmqflow.models.spec import Model, read_spec, validate_spec
 
 pytestmark = pytest.mark.unit
 
@@ -32,11 +33,21 @@ class TinyLinear:
         e = np.exp(z - z.max(axis=1, keepdims=True))
         return e / e.sum(axis=1, keepdims=True)
 
-    def loss_and_gradients(self, params, x, y):
+    def step(self, params, batch):
+        x, y = batch
         p = self.predict(params, x)
         loss = float(-np.log(p[np.arange(len(y)), y]).mean())
         p[np.arange(len(y)), y] -= 1
-        return loss, {"linear/weights": x.T @ p / len(y)}
+        return loss, {"linear/weights": x.T @ p / len(y)}, {"loss": loss}
+
+
+def mlp_variables(spec):
+    """(name, shape, dtype) of the built-in MLP's variables: its checkpoints' layout."""
+    return [(v.name, v.shape, v.dtype) for v in load_model(spec).variables()]
+
+
+def mlp_initial_values(spec, seed=None):
+    return load_model(spec).initial_values(seed)
 
 
 class NotAModel:
@@ -46,18 +57,18 @@ class NotAModel:
 
 def test_mnist_variable_list():
     assert mlp_variables(validate_spec(MNIST)) == [
-        VariableSpec("hidden/weights", (784, 100), "float32"),
-        VariableSpec("hidden/biases", (100,), "float32"),
-        VariableSpec("softmax/weights", (100, 10), "float32"),
-        VariableSpec("softmax/biases", (10,), "float32"),
+        ("hidden/weights", (784, 100), "float32"),
+        ("hidden/biases", (100,), "float32"),
+        ("softmax/weights", (100, 10), "float32"),
+        ("softmax/biases", (10,), "float32"),
     ]
 
 
 def test_layer_names_for_other_depths():
     deep = validate_spec({"type": "mlp", "layers": [8, 6, 4, 3]})
-    assert [v.name for v in mlp_variables(deep)] == [
+    assert [v[0] for v in mlp_variables(deep)] == [
         "hidden1/weights", "hidden1/biases", "hidden2/weights", "hidden2/biases", "softmax/weights", "softmax/biases"]
-    assert [v.name for v in mlp_variables(validate_spec({"type": "mlp", "layers": [8, 3]}))] == [
+    assert [v[0] for v in mlp_variables(validate_spec({"type": "mlp", "layers": [8, 3]}))] == [
         "softmax/weights", "softmax/biases"]
 
 
@@ -128,7 +139,7 @@ def test_read_spec_from_json_yaml_and_files(tmp_path):
 def test_load_model_builtin_mlp():
     model = load_model(MNIST)
     assert isinstance(model, Model)
-    assert [v.name for v in model.variables()] == [v.name for v in mlp_variables(validate_spec(MNIST))]
+    assert [v.name for v in model.variables()] == [v[0] for v in mlp_variables(validate_spec(MNIST))]
 
 
 def test_load_model_user_class():
@@ -136,7 +147,7 @@ def test_load_model_user_class():
     assert isinstance(model, TinyLinear)
     params = model.initial_values(0)
     x, y = np.eye(4, dtype=np.float32), np.array([0, 1, 2, 0])
-    loss, grads = model.loss_and_gradients(params, x, y)
+    loss, grads, _ = model.step(params, (x, y))
     assert loss > 0 and grads["linear/weights"].shape == (4, 3)
     np.testing.assert_allclose(model.predict(params, x).sum(axis=1), 1, rtol=1e-6)
 

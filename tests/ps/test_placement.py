@@ -7,13 +7,15 @@ import pytest
 from click.testing import CliRunner
 
 from zmqflow.common.errors import InvalidArgumentError, NotFoundError
-from zmqflow.models.spec import MNIST_MLP, VariableSpec, mlp_variables, validate_spec
+from zmqflow.common.variables import VariableSpec
+from zmqflow.models.registry import model_variables
+from zmqflow.models.spec import MNIST_MLP
 from zmqflow.common.placement import Piece, place, row_blocks
 from zmqflow.cli.placement import placement as placement_command
 
 pytestmark = pytest.mark.unit
 
-MNIST_VARS = mlp_variables(validate_spec(MNIST_MLP))  # hidden/weights, hidden/biases, softmax/weights, softmax/biases
+MNIST_VARS = model_variables(MNIST_MLP)  # hidden/weights, hidden/biases, softmax/weights, softmax/biases
 
 
 def shards(placement):

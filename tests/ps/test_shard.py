@@ -8,7 +8,7 @@ import pytest
 
 from zmqflow.common.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, NotFoundError
 from zmqflow.services.ps.shard import ShardState
-from zmqflow.models.mlp import MLP
+from zmqflow.models.registry import load_model
 
 pytestmark = pytest.mark.unit
 
@@ -77,7 +77,7 @@ def test_async_updates_follow_the_optimizer(optimizer, reference):
 @pytest.mark.parametrize("optimizer", [{"kind": "sgd", "learning_rate": 0.5},
                                        {"kind": "momentum", "learning_rate": 0.1, "momentum": 0.9}])
 def test_sync_replicas_equal_one_big_batch(optimizer):
-    model = MLP({"type": "mlp", "layers": [784, 100, 10], "init": {"kind": "truncated_normal", "stddev": 0.1},
+    model = load_model({"type": "mlp", "layers": [784, 100, 10], "init": {"kind": "truncated_normal", "stddev": 0.1},
                  "seed": 1, "dtype": "float64"})
     pieces = {v.name: (v.shape, v.dtype) for v in model.variables()}
     replicas = 3
@@ -90,9 +90,9 @@ def test_sync_replicas_equal_one_big_batch(optimizer):
         x, y = rng.random((24, 784)), rng.integers(0, 10, 24)
         params = many.pull()[1]
         for r, (xs, ys) in enumerate(zip(np.split(x, replicas), np.split(y, replicas))):
-            result = many.push(model.loss_and_gradients(params, xs, ys)[1], version=step, replica=r)
+            result = many.push(model.step(params, (xs, ys))[1], version=step, replica=r)
             assert result.applied == (r == replicas - 1) and not result.dropped
-        one.push(model.loss_and_gradients(one.pull()[1], x, y)[1], version=step, replica=0)
+        one.push(model.step(one.pull()[1], (x, y))[1], version=step, replica=0)
         assert many.version == one.version == step + 1
     for name, value in many.pull()[1].items():
         np.testing.assert_allclose(value, one.pull()[1][name], rtol=1e-10, atol=1e-12)

@@ -1,8 +1,8 @@
-"""A stub GPU for the device tests: numpy underneath, but strict about where arrays live.
+"""A stub GPU for the device tests: the numpy backend underneath, but strict about where arrays live.
 
 Arrays "on the GPU" are `FakeGpuArray`s; any ufunc (matmul, add, exp, sums...) that mixes one
 with a plain host array fails, as CuPy refuses to mix numpy and CuPy arrays, so a missing
-move between devices shows up. `xp` is not numpy itself, so the MLP treats the stub as a device.
+move between devices shows up. Its `device` is not the host's, so the engine moves tensors to it.
 """
 
 import numpy as np
@@ -22,35 +22,23 @@ class FakeGpuArray(np.ndarray):
         return result.view(FakeGpuArray) if isinstance(result, np.ndarray) else result
 
 
-class FakeXp:
-    """The stub's array module: numpy's functions, but a different object than numpy."""
-
-    def __getattr__(self, name):
-        return getattr(np, name)
-
-
 class FakeGpuKernels(NumpyKernels):
     """The numpy kernels on FakeGpuArrays; counts the copies to and from the host."""
 
     name = "fake-gpu"
-    xp = FakeXp()
 
     def __init__(self, index=0):
-        self.index, self.to_device_calls, self.to_host_calls = index, 0, 0
+        self.index, self.device, self.to_device_calls, self.to_host_calls = index, ("GPU", index), 0, 0
 
-    def to_device(self, array, dtype):
+    def to_device(self, array, dtype=None):
         self.to_device_calls += 1
         assert not isinstance(array, FakeGpuArray), "device-to-device copies go through the host"
         return np.ascontiguousarray(array, dtype=dtype).copy().view(FakeGpuArray)
 
-    def to_host(self, array, out=None):
+    def to_host(self, array):
         assert isinstance(array, FakeGpuArray), f"to_host of a {type(array).__name__}"
         self.to_host_calls += 1
-        host = array.view(np.ndarray).copy()
-        if out is not None:
-            np.copyto(out, host)
-            return out
-        return host
+        return array.view(np.ndarray).copy()
 
 
 class FakeGpus:

@@ -50,14 +50,15 @@ def test_towers_run_on_threads_and_get_contiguous_slices():
         def __init__(self, device):
             self.mlp = load_model(MNIST_MLP)
 
-        def loss_and_gradients(self, params, x, y):
+        def step(self, params, batch):
+            x, _ = batch
             with lock:
                 seen.append((threading.current_thread().name, x[0, 0], len(x)))
-            return self.mlp.loss_and_gradients(params, x, y)
+            return self.mlp.step(params, batch)
 
     model = TowerModel(Recording, ["/cpu:0"] * 3)
     x, y = batch(10)
-    model.loss_and_gradients(random_params(model.towers[0].mlp), x, y)
+    model.step(random_params(model.towers[0].mlp), (x, y))
     assert sorted((first, size) for _, first, size in seen) == sorted([(x[0, 0], 4), (x[4, 0], 3), (x[7, 0], 3)])
     assert all(name.startswith("tower") for name, _, _ in seen)
     model.close()
@@ -67,9 +68,9 @@ def test_a_towers_error_reaches_the_caller():
     model = TowerModel(lambda device: load_model(MNIST_MLP), ["/cpu:0", "/cpu:0"])
     x, y = batch(6)
     with pytest.raises(InvalidArgumentError, match="outside the valid range"):
-        model.loss_and_gradients(random_params(model.towers[0]), x, np.array([0, 1, 2, 3, 4, 10]))
-    with pytest.raises(InvalidArgumentError, match="inputs must have shape"):
-        model.loss_and_gradients(random_params(model.towers[0]), x[:0], y[:0])
+        model.step(random_params(model.towers[0]), (x, np.array([0, 1, 2, 3, 4, 10])))
+    with pytest.raises(InvalidArgumentError, match="holds no examples"):
+        model.step(random_params(model.towers[0]), (x[:0], y[:0]))
 
 
 def test_build_model_with_towers_on_two_stub_gpus(caplog):
