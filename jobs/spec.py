@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from zmqflow.common.cli_support import to_flags
 from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.models.spec import with_options
 
 INPUTS = ("readers", "preloaded", "ps")
 MODES = ("async", "sync")
@@ -130,6 +131,10 @@ class JobSpec:
                                    ("batch_size", self.training.batch_size, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise InvalidArgumentError(f"{name} must be an integer >= {least}, not {value!r}")
+        for name, value in (("data", self.data), ("model", self.model), ("serving name", self.serving.name)):
+            if isinstance(value, str) and not value.strip():
+                raise InvalidArgumentError(f"{name} must be a non-empty string, not {value!r}")
+        with_options({}, self.model_options)   # KEY=VALUE, the value YAML, as `data prepare --model-opt` reads it
         if self.input.at_least_once and self.input.kind == "ps":
             raise InvalidArgumentError("at-least-once input leases batches of the broker's queue; input 'ps' is "
                                        "sliced by row on ps 0 (nothing to lease): use input 'readers' or 'preloaded'")
@@ -200,6 +205,11 @@ class Placement:
 
 def deployment(spec, host=lambda role, index: f"{role}{index}", prepared=PREPARED):
     """The placement of a deployment: task i of a role on `host(role, i)` at its fixed port."""
+    for name, count, base in (("ps", spec.cluster.ps, PS_PORT), ("workers", spec.total_workers, WORKER_PORT),
+                              ("serving replicas", spec.serving.replicas, SERVE_PORT)):
+        if base + count - 1 > 65535 - METRICS_OFFSET:
+            raise InvalidArgumentError(f"{name}={count}: the ports {base}.. (and their metrics ports) would pass "
+                                       f"65535; at most {65535 - METRICS_OFFSET - base + 1}")
     cluster = {"ps": [f"{host('ps', i)}:{PS_PORT + i}" for i in range(spec.cluster.ps)],
                "worker": [f"{host('worker', i)}:{WORKER_PORT + i}" for i in range(spec.total_workers)],
                "broker": [f"broker:{BROKER_PORT}"]}
