@@ -31,6 +31,13 @@ DEFAULT_OPTIMIZER = {"kind": "adam", "learning_rate": 0.004}
 (async with its staleness, sync with 2 replicas, ps-preloaded; 3 runs each). 0.002 left sync, which
 makes half as many steps, at 0.898-0.912, too close to the 0.90 target; SGD 0.5 stays near 0.89."""
 
+
+
+def optimizer_config(kind, learning_rate):
+    """The optimizer a launcher's --optimizer and --learning-rate name (momentum: 0.9, as TF's examples)."""
+    return {"kind": kind, "learning_rate": learning_rate, **({"momentum": 0.9} if kind == "momentum" else {})}
+
+
 # A deployment's fixed ports (docker-compose.yml, deploy/k8s): every task serves Prometheus metrics on
 # its ZeroMQ port + METRICS_OFFSET.
 BROKER_PORT, PS_PORT, WORKER_PORT, SERVE_PORT, AGGREGATOR_PORT = 5555, 5600, 5610, 5700, 5800

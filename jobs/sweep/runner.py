@@ -30,7 +30,7 @@ from zmqflow.jobs.sweep.curve import CURVE_ENV, HOOK, read_curve
 from zmqflow.jobs.sweep.space import model_options
 from zmqflow.jobs.local_cluster import feed_columns
 from zmqflow.jobs.spec import (DATA_CONFIG, CheckpointConfig, ClusterConfig, InputConfig, JobSpec, Placement,
-                               TrainConfig, tasks)
+                               TrainConfig, optimizer_config, tasks)
 from zmqflow.common.ps_client import PsShardClient
 
 INPUTS = ("preloaded", "ps")
@@ -47,13 +47,6 @@ def model_spec(point, seed=1, base=None):
     else:
         spec = dict(base)
     return {**spec, **model_options(point)}
-
-
-def optimizer_spec(point):
-    spec = {"kind": point["optimizer"], "learning_rate": point["learning_rate"]}
-    if point["optimizer"] == "momentum":
-        spec["momentum"] = 0.9
-    return spec
 
 
 def run_id(index):
@@ -109,7 +102,8 @@ class SweepRunner:
 
     def _run_safely(self, index, point):
         entry = {"run_id": run_id(index), "status": "failed", "hyperparameters": point,
-                 "model": model_spec(point, self.model_seed, self.base_model), "optimizer": optimizer_spec(point)}
+                 "model": model_spec(point, self.model_seed, self.base_model),
+                 "optimizer": optimizer_config(point["optimizer"], point["learning_rate"])}
         started = time.perf_counter()
         try:
             entry.update(self._run(entry))
