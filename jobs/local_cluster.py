@@ -27,25 +27,40 @@ from zmqflow.common.errors import AbortedError, InvalidArgumentError, OpError
 from zmqflow.common.processes import compute_thread_env, start_process
 from zmqflow.common.ps_client import PsShardClient
 from zmqflow.common.queues import FIFOQueue, RandomShuffleQueue
+from zmqflow.common.rpc_client import default_pool
 from zmqflow.common.supervisor import Supervisor
 from zmqflow.jobs.spec import Placement, job_spec, tasks
 from zmqflow.services.reader.cli import reader_args
 
 
-def feed_columns(queue, columns, epochs, seed, stop):
-    """`epochs` shuffled passes over in-memory {component: rows}, then close the queue."""
-    rng = np.random.default_rng(seed)
-    rows = len(next(iter(columns.values())))
-    try:
-        for _ in range(epochs):
-            order = rng.permutation(rows)
-            for start in range(0, len(order), 500):
-                if stop.is_set():
-                    return
-                idx = order[start:start + 500]
-                queue.enqueue_many({name: values[idx] for name, values in columns.items()}, timeout=600)
-    finally:
-        queue.close(cancel_pending_enqueues=stop.is_set())
+def start_feeder(columns, epochs, stop, broker, queue="train", capacity=20_000, min_after_dequeue=None, seed=0,
+                 container=""):
+    """Preloaded input: declare the queue of in-memory {component: rows} (a RandomShuffleQueue with
+    `min_after_dequeue`, else a FIFOQueue) and start a thread that enqueues `epochs` passes over the rows,
+    shuffled every epoch, then closes it (cancelling pending enqueues when `stop` is set)."""
+    declaration = dict(names=list(columns), dtypes=[str(v.dtype) for v in columns.values()],
+                       shapes=[list(v.shape[1:]) for v in columns.values()], shared_name=queue, container=container,
+                       broker=broker)
+    queue = (RandomShuffleQueue(capacity, min_after_dequeue, seed=seed, **declaration)
+             if min_after_dequeue is not None else FIFOQueue(capacity, **declaration))
+    rng, rows = np.random.default_rng(seed), len(next(iter(columns.values())))
+
+    def feed():
+        try:
+            for _ in range(epochs):
+                order = rng.permutation(rows)
+                for start in range(0, len(order), 500):
+                    if stop.is_set():
+                        break
+                    idx = order[start:start + 500]
+                    queue.enqueue_many({name: values[idx] for name, values in columns.items()}, timeout=600)
+            queue.close(cancel_pending_enqueues=stop.is_set())
+        except OpError:
+            pass   # the queue was closed or reset under it: an early stop, or the job's (or run's) end
+        finally:
+            default_pool.close_thread()
+
+    threading.Thread(target=feed, daemon=True, name=f"feed-{container or declaration['shared_name']}").start()
 
 
 def start_readers(broker, processes=1, log_dir=None, env=None, stats_dir=None, **options):
@@ -144,8 +159,10 @@ class LocalCluster:
         if spec.input.kind == "ps":    # held once on ps 0, sliced by the workers
             with PsShardClient(self.shards[0].endpoint) as client:
                 client.preload(spec.input.queue, train, timeout=30)
-        elif spec.input.kind == "preloaded":
-            self._start_feeder(train)
+        elif spec.input.kind == "preloaded":   # a thread here enqueues shuffled epochs from memory
+            start_feeder(train, spec.training.epochs, self._stop, self.broker.endpoint, spec.input.queue,
+                         spec.input.capacity, min(spec.input.min_after_dequeue, len(train["label"]) // 2)
+                         if spec.input.shuffled else None, spec.training.seed)
         for task in planned:
             if task.role == "reader":
                 self._start(task, env=compute_thread_env(1))
@@ -185,26 +202,6 @@ class LocalCluster:
             next_endpoint = worker.endpoint if task.index else None
             started.insert(0, worker)
         self.workers = started
-
-    def _start_feeder(self, columns):
-        """Preloaded input: a thread enqueues shuffled epochs of the prepared train split from memory."""
-        from zmqflow.inputs.spec_stream import queue_components
-        components = queue_components(self.data)
-        declaration = dict(names=[n for n, _, _ in components], dtypes=[d for _, d, _ in components],
-                           shapes=[s for _, _, s in components], shared_name=self.spec.input.queue,
-                           broker=self.broker.endpoint)
-        capacity, seed = self.spec.input.capacity, self.spec.training.seed
-        queue = (RandomShuffleQueue(capacity, min(self.spec.input.min_after_dequeue, len(columns["label"]) // 2),
-                                    seed=seed, **declaration) if self.spec.input.shuffled
-                 else FIFOQueue(capacity, **declaration))
-
-        def feeder():
-            try:
-                feed_columns(queue, columns, self.spec.training.epochs, seed, self._stop)
-            except OpError:
-                pass   # the queue was closed under it: an early stop, or the job's end
-
-        threading.Thread(target=feeder, daemon=True, name="feeder").start()
 
     def _score_test_split(self, summary):
         """The final checkpoint on the data's test split (or its validation split when it has no test)."""

@@ -28,7 +28,7 @@ from zmqflow.common.supervisor import Supervisor
 from zmqflow.common.rpc_client import default_pool
 from zmqflow.jobs.sweep.curve import CURVE_ENV, HOOK, read_curve
 from zmqflow.jobs.sweep.space import model_options
-from zmqflow.jobs.local_cluster import feed_columns
+from zmqflow.jobs.local_cluster import start_feeder
 from zmqflow.jobs.spec import (DATA_CONFIG, CheckpointConfig, ClusterConfig, InputConfig, JobSpec, Placement,
                                TrainConfig, optimizer_config, tasks)
 from zmqflow.common.ps_client import PsShardClient
@@ -175,19 +175,7 @@ class SweepRunner:
             with PsShardClient(ps_endpoint) as client:
                 client.preload(QUEUE, columns, timeout=60)
             return
-        queue = queues.FIFOQueue(5_000, [str(v.dtype) for v in columns.values()],
-                                 shapes=[list(v.shape[1:]) for v in columns.values()], names=list(columns),
-                                 shared_name=QUEUE, container=container, broker=self.broker.endpoint)
-
-        def feeder():
-            try:
-                feed_columns(queue, columns, epochs, 0, stop)
-            except Exception:
-                pass  # the run was stopped (its container reset): the worker's outcome tells what happened
-            finally:
-                default_pool.close_thread()
-
-        threading.Thread(target=feeder, daemon=True, name=f"feed-{container}").start()
+        start_feeder(columns, epochs, stop, self.broker.endpoint, QUEUE, capacity=5_000, container=container)
 
     def _wait(self, worker):
         deadline = time.monotonic() + self.timeout
