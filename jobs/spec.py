@@ -58,6 +58,7 @@ class ClusterConfig:
     mode: str = "async"
     replicas_to_aggregate: int | None = None   # sync: default every worker (spares apart)
     readers: int = 1                    # reader processes (input "readers")
+    max_shard_bytes: int | None = None  # variables larger than this split into row blocks over the ps shards
 
 
 @dataclass(frozen=True)
@@ -295,7 +296,7 @@ def _ps_task(spec, placement, index):
                "mode": "sync" if sync else None,
                "replicas-to-aggregate": (spec.cluster.replicas_to_aggregate or spec.cluster.workers) if sync else None,
                "total-num-replicas": spec.total_workers if sync else None,
-               "restore-from": spec.checkpoint.dir}
+               "restore-from": spec.checkpoint.dir, "max-shard-bytes": spec.cluster.max_shard_bytes}
     if placement.cluster is None:
         return TaskSpec("ps", index, ["ps"], {"task-index": index, "num-ps": spec.cluster.ps, **options})
     port = PS_PORT + index
@@ -326,6 +327,7 @@ def _worker_task(spec, placement, index):
                "preloaded": spec.input.queue if spec.input.kind == "ps" else None,
                "epochs": spec.training.epochs if spec.input.kind == "ps" else None,
                "container": placement.container, "model": f"{placement.prepared}/{MODEL_JSON}",
+               "max-shard-bytes": spec.cluster.max_shard_bytes,
                "batch-size": spec.training.batch_size, "backend": spec.training.backend,
                "log-every": spec.training.log_every,
                "mode": "sync" if spec.cluster.mode == "sync" else None,
