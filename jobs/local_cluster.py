@@ -29,8 +29,7 @@ from zmqflow.common.ps_client import PsShardClient
 from zmqflow.common.queues import FIFOQueue, RandomShuffleQueue
 from zmqflow.common.rpc_client import default_pool
 from zmqflow.common.supervisor import Supervisor
-from zmqflow.jobs.spec import Placement, job_spec, tasks
-from zmqflow.services.reader.cli import reader_args
+from zmqflow.jobs.spec import Placement, TaskSpec, job_spec, tasks
 
 
 def start_feeder(columns, epochs, stop, broker, queue="train", capacity=20_000, min_after_dequeue=None, seed=0,
@@ -64,16 +63,17 @@ def start_feeder(columns, epochs, stop, broker, queue="train", capacity=20_000, 
 
 
 def start_readers(broker, processes=1, log_dir=None, env=None, stats_dir=None, **options):
-    """Start `processes` reader processes on one pipeline (options as in services/reader/cli.py's
-    reader_args); returns their ServiceProcess handles, to be stopped by PID (`stop()` sends SIGTERM).
-    With `stats_dir`, reader i writes its summary to stats_dir/reader-i.json."""
-    procs = []
+    """Start `processes` reader processes on one pipeline, each with a `--config` of `options` by the reader's
+    option or parameter names (queue="train", num_epochs=2, shuffle_files=False, format_options=JSON text,
+    cast=["label=int32"], ...); returns their ServiceProcess handles, to be stopped by PID (`stop()` sends
+    SIGTERM). With `stats_dir`, reader i writes its summary to stats_dir/reader-i.json."""
+    configs, procs = tempfile.mkdtemp(prefix="readers-", dir=log_dir), []
     try:
         for i in range(processes):
-            args = ["--broker", broker, *reader_args(**options)]
-            if stats_dir:
-                args += ["--stats-file", os.path.join(stats_dir, f"reader-{i}.json")]
-            procs.append(start_process("zmqflow.services.reader", args, env=env, log_dir=log_dir, name=f"reader{i}"))
+            stats = {"stats-file": os.path.join(stats_dir, f"reader-{i}.json")} if stats_dir else {}
+            task = TaskSpec("reader", i, ["reader"], {"broker": broker, **options, **stats})
+            procs.append(start_process("zmqflow.services.reader", task.config_args(configs), env=env, log_dir=log_dir,
+                                       name=task.name))
     except BaseException:
         for proc in procs:
             proc.stop()

@@ -230,7 +230,7 @@ class TaskSpec:
     role: str
     index: int
     command: list                      # the zmqflow subcommand and its arguments
-    options: dict                      # {"option-name": value}: None and False left out
+    options: dict                      # {"option-name": value}: None left out (and False, in argv)
     env: dict = field(default_factory=dict)
     ports: dict = field(default_factory=dict)   # {"zmq" | "http" | "metrics": port} of a deployment
 
@@ -243,7 +243,7 @@ class TaskSpec:
 
     def config(self):
         """The options as `--config TASK.json` holds them."""
-        return {k: v for k, v in self.options.items() if v is not None and v is not False}
+        return {k: v for k, v in self.options.items() if v is not None}
 
     def config_args(self, directory):
         """["--config", DIRECTORY/NAME.json], the file written: how local processes get their options."""
