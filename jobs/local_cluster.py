@@ -14,7 +14,6 @@ data's test split, and every process is stopped by PID.
 """
 
 import dataclasses
-import json
 import os
 import tempfile
 import threading
@@ -29,6 +28,7 @@ from zmqflow.common.ps_client import PsShardClient
 from zmqflow.common.queues import FIFOQueue, RandomShuffleQueue
 from zmqflow.common.rpc_client import default_pool
 from zmqflow.common.supervisor import Supervisor
+from zmqflow.jobs import job_metrics
 from zmqflow.jobs.spec import Placement, TaskSpec, job_spec, tasks
 
 
@@ -228,9 +228,13 @@ class LocalCluster:
         """Wait for every worker to exit; return the job's summary. When any task of the job fails (exits
         non-zero), every other one is stopped and AbortedError names it, its exit code and its last log lines."""
         started, training = time.perf_counter(), self.spec.training
+        steps, deadline = training.epochs * self.examples_per_epoch // training.batch_size, time.monotonic() + timeout
         try:
-            _follow(self.shards[0].endpoint, self.workers, training.epochs * self.examples_per_epoch //
-                    training.batch_size, progress, self._raise_on_failure, timeout)
+            with tqdm(total=steps, desc="training", unit="step", disable=not progress) as bar:
+                for point in job_metrics.stream(self, 0.2, self._raise_on_failure):   # until every worker exits
+                    bar.update(max(0, min(point["global_step"], steps) - bar.n))
+                    if time.monotonic() > deadline:
+                        raise AbortedError(f"the job did not end within {timeout:.0f} s")
             self._raise_on_failure()
         except AbortedError:
             self.stop()
@@ -239,7 +243,7 @@ class LocalCluster:
         elapsed = time.perf_counter() - started
         if codes[0] != 0 or not os.path.exists(self.result_files[0]):
             raise AbortedError(f"the chief failed (exit {codes[0]}):\n{self.workers[0].log()[-3000:]}")
-        results = [read_json(f) for f in self.result_files]
+        results = [job_metrics.read_json(f) for f in self.result_files]
         done = [r for r in results if r]
         examples = sum(r["examples"] for r in done)
         training_seconds = max(r["seconds"] for r in done)
@@ -281,31 +285,3 @@ def run_training(spec=None, progress=True, **options):
     with LocalCluster(spec, **options) as cluster:
         cluster.start()
         return cluster.wait(progress)
-
-
-def read_json(path):
-    """A JSON file's value, or None while it is missing or half written."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def _follow(ps0, workers, total_steps, progress, check=lambda: None, timeout=600):
-    """A progress bar on ps 0's version until every worker has exited; `check()` raises when a task failed."""
-    bar = tqdm(total=total_steps, desc="training", unit="step", disable=not progress)
-    deadline = time.monotonic() + timeout
-    with PsShardClient(ps0, heartbeat_interval=2.0) as client:
-        while any(w.alive() for w in workers):
-            check()
-            if time.monotonic() > deadline:
-                bar.close()
-                raise AbortedError(f"the job did not end within {timeout:.0f} s")
-            try:
-                stats = client.stats(timeout=2.0)
-                bar.update(max(0, min(stats["version"], total_steps) - bar.n))
-            except Exception:
-                pass  # the ps exits at the end (the chief shuts it down)
-            time.sleep(0.2)
-    bar.close()
