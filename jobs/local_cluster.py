@@ -32,8 +32,7 @@ from zmqflow.jobs import job_metrics
 from zmqflow.jobs.spec import Placement, TaskSpec, job_spec, tasks
 
 
-def start_feeder(columns, epochs, stop, broker, queue="train", capacity=20_000, min_after_dequeue=None, seed=0,
-                 container=""):
+def start_feeder(columns, epochs, stop, broker, queue, capacity, min_after_dequeue=None, seed=0, container=""):
     """Preloaded input: declare the queue of in-memory {component: rows} (a RandomShuffleQueue with
     `min_after_dequeue`, else a FIFOQueue) and start a thread that enqueues `epochs` passes over the rows,
     shuffled every epoch, then closes it (cancelling pending enqueues when `stop` is set)."""

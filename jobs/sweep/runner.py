@@ -34,7 +34,7 @@ from zmqflow.jobs.spec import (DATA_CONFIG, CheckpointConfig, ClusterConfig, Inp
 from zmqflow.common.ps_client import PsShardClient
 
 INPUTS = ("preloaded", "ps")
-QUEUE = "train"
+QUEUE = InputConfig().queue   # the job description's default
 
 
 def model_spec(point, seed=1, base=None):
@@ -132,7 +132,7 @@ class SweepRunner:
         point, stop = entry["hyperparameters"], threading.Event()
         supervisor = Supervisor(log_dir=log_dir, admin_token_value=self.admin_token)   # this run's ps and worker
         spec = JobSpec(ClusterConfig(ps=1, workers=1), model=entry["model"], data=self.data,
-                       input=InputConfig(self.input, queue=QUEUE),
+                       input=InputConfig(self.input),
                        training=TrainConfig(epochs=point["epochs"], batch_size=point["batch_size"],
                                             optimizer=entry["optimizer"], backend=self.backend, log_every=1000),
                        checkpoint=CheckpointConfig(dir=ckpt_dir, keep=1))
