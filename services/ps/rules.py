@@ -46,6 +46,8 @@ from zmqflow.services.ps.store import is_int
 NONFINITE_POLICIES = ("skip", "refuse")
 """What a shard does with a push holding NaN or Inf: skip it (counted), or refuse it with an error."""
 ANSWER, PARK, RELEASE = "answer", "park", "release"
+ASYNC_OPTIONS = {"staleness_bound": None, "staleness_scaling": False, "warmup_steps": 0, "warmup_replica": 0}
+SYNC_OPTIONS = {"replicas_to_aggregate": None}
 
 
 @dataclasses.dataclass
@@ -67,15 +69,15 @@ def update_rule(store, mode="async", **options):
     rules = {"async": AsyncRule, "sync": SyncRule}
     if mode not in rules:
         raise InvalidArgumentError(f"mode must be one of {', '.join(rules)}, got {mode!r}")
-    for option, default in rules[mode].FOREIGN.items():
-        if option in options and options.pop(option) != default:
-            raise InvalidArgumentError(f"{option} applies to {'sync' if mode == 'async' else 'async'} mode only")
+    other = rules["sync" if mode == "async" else "async"]
+    for option, default in other.OPTIONS.items():
+        if options.pop(option, default) != default:
+            raise InvalidArgumentError(f"{option} applies to {other.mode} mode only")
     return rules[mode](store, **options)
 
 
 class UpdateRule:
-    mode = None
-    FOREIGN = {}   # the other rule's options, with their defaults
+    mode, OPTIONS = None, {}   # OPTIONS: the rule's own, with their defaults
 
     def __init__(self, store, total_num_replicas=None, nonfinite="skip", live=lambda waiter: True):
         if nonfinite not in NONFINITE_POLICIES:
@@ -217,12 +219,12 @@ class UpdateRule:
 
     def config(self):
         """The resolved settings, JSON-able (for logs)."""
-        return {"mode": self.mode, "total_num_replicas": self.total_num_replicas, **self.store.config()}
+        return {"mode": self.mode, "total_num_replicas": self.total_num_replicas,
+                **{option: getattr(self, option) for option in self.OPTIONS}, **self.store.config()}
 
 
 class AsyncRule(UpdateRule):
-    mode = "async"
-    FOREIGN = {"replicas_to_aggregate": None}
+    mode, OPTIONS = "async", ASYNC_OPTIONS
 
     def __init__(self, store, staleness_bound=None, staleness_scaling=False, warmup_steps=0, warmup_replica=0,
                  **options):
@@ -246,14 +248,9 @@ class AsyncRule(UpdateRule):
         self.store.apply(grads, sparse, scale)
         return self._updated(staleness, 1)
 
-    def config(self):
-        return {**super().config(), "staleness_bound": self.staleness_bound, "staleness_scaling":
-                self.staleness_scaling, "warmup_steps": self.warmup_steps, "warmup_replica": self.warmup_replica}
-
 
 class SyncRule(UpdateRule):
-    mode = "sync"
-    FOREIGN = {"staleness_bound": None, "staleness_scaling": False, "warmup_steps": 0, "warmup_replica": 0}
+    mode, OPTIONS = "sync", SYNC_OPTIONS
 
     def __init__(self, store, replicas_to_aggregate=None, total_num_replicas=None, **options):
         if not is_int(replicas_to_aggregate, 1):
@@ -361,9 +358,6 @@ class SyncRule(UpdateRule):
         return {"mode": "sync", "step": self.store.version, "needed": self.needed(), "lost": sorted(self.lost),
                 "contributed": sorted(self._complete), "partial": sorted(partial),
                 "missing": [r for r in range(self.total_num_replicas) if r not in self._complete]}
-
-    def config(self):
-        return {**super().config(), "replicas_to_aggregate": self.replicas_to_aggregate}
 
 
 def _nonfinite_piece(arrays):

@@ -50,12 +50,11 @@ def _ps_lost(method):
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
-    """One step's outcome: its loss, the batch's rows, the global step after it, and its seconds."""
+    """One step's outcome: its loss, the batch's rows, and the global step after it."""
 
     loss: float
     batch_size: int
     global_step: int
-    seconds: float
 
 
 class Trainer:
@@ -90,11 +89,12 @@ class Trainer:
     def resolved_config(self):
         return {"mode": self.mode, "batch_size": self.batch_size, "num_workers": self.num_workers, **self.config}
 
-    # ------------------------------------------------ start
+    # ------------------------------------------------ begin
 
-    def start(self):
-        """Chief: restore the latest checkpoint if any, else initialize. Others: wait until ready.
-        Every worker first runs one step on zeros, so kernel compilation is not counted as training."""
+    def begin(self, hooks=()):
+        """Before the first step. Chief: restore the latest checkpoint if any, else initialize. Others: wait
+        until ready. Then the hooks' begin and the first pull. Every worker first runs one step on zeros,
+        so kernel compilation is not counted as training."""
         from zmqflow.common.checkpoint import latest_checkpoint
         self._warm_up()
         if self.is_chief:
@@ -114,6 +114,12 @@ class Trainer:
         else:
             self.ps.wait_ready(timeout=self.end_timeout)
             log.info("worker %d: the model is ready", self.replica)
+        self.hooks = list(hooks)
+        for hook in self.hooks:
+            hook.begin(self)
+        self._started = time.perf_counter()
+        self.params = self.ps.pull(exclude=self._not_pulled)
+        self.global_step = self.ps.versions[0]
 
     def _warm_up(self):
         params = self.model.initial_values(self.seed)
@@ -142,17 +148,6 @@ class Trainer:
                 input.cancel()
                 return
 
-    def begin(self, hooks=()):
-        """Before the first step: start (initialize, restore or wait), the hooks' begin, the first pull."""
-        self.start()
-        self.hooks = list(hooks)
-        for hook in self.hooks:
-            hook.begin(self)
-        self._started = time.perf_counter()
-        self.params = self.ps.pull(exclude=self._not_pulled)
-        self.global_step = self.ps.versions[0]
-        self._push = self._assign = None
-
     @_ps_lost
     def step(self, batch):
         """One step on `batch`, (x, y) or a dequeued element (see `_batch`): its gradients pushed, the
@@ -170,12 +165,11 @@ class Trainer:
             self.leases.pushed()
             self.params = next_params.result()
             self.global_step = self.ps.versions[0]
-        seconds = time.perf_counter() - started
-        self.leases.step_took(seconds)
+        self.leases.step_took(time.perf_counter() - started)
         self.steps += 1
         self.examples += len(y)
         self.losses.append(loss)
-        return StepResult(float(loss), len(y), self.global_step, seconds)
+        return StepResult(float(loss), len(y), self.global_step)
 
     def after_step(self, result):
         """Show the hooks a step; True when one asks to stop."""
