@@ -18,8 +18,7 @@ from zmqflow.common.limits import DEFAULT_LIMITS
 from zmqflow.common.memory import release_freed_memory
 from zmqflow.common.rpc_service import PARKED, Service
 from zmqflow.services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
-from zmqflow.services.broker.queues.leases import LeaseBook, check_lease_seconds
-from zmqflow.services.broker.queues.ticket import DEQUEUE_OPS
+from zmqflow.services.broker.queues.leases import LeaseBook
 from zmqflow.services.broker.queues.quota import BrokerLimits
 from zmqflow.common.protocol import BrokerOps
 
@@ -31,7 +30,7 @@ _TRIM_MIN_BYTES = 16 * 2 ** 20  # below this, what a trim could give back is not
 
 class BrokerService(Service):
     name = "queue-broker"
-    admin_ops = BrokerOps.ADMIN   # reset, shutdown: CURVE or the admin token (common/admin_token.py)
+    protocol = BrokerOps
 
     def __init__(self, bind, limits=DEFAULT_LIMITS, client_timeout=30.0, context=None, broker_limits=None, **options):
         super().__init__(bind, limits, client_timeout, context, **options)
@@ -40,42 +39,26 @@ class BrokerService(Service):
         self.leases = LeaseBook()
         self._lease_wake = None  # when the loop is woken next for an expiring lease (monotonic s)
         self._trim_from = 0  # bytes held at the last trim, or the most since: housekeeping trims below half of it
-        for op in BrokerOps.QUEUE_OPS:
-            self.handlers[op] = self._queue_op
-        self.handlers.update({BrokerOps.OPEN_QUEUE: self._open_queue, BrokerOps.ATTACH_QUEUE: self._attach_queue,
-                              BrokerOps.SIZE: self._size, BrokerOps.IS_CLOSED: self._is_closed,
-                              BrokerOps.RESET: self._reset, BrokerOps.LIST_QUEUES: self._list_queues,
-                              BrokerOps.SHUTDOWN: self._shutdown, BrokerOps.ACK: self._ack,
-                              BrokerOps.NACK: self._nack, BrokerOps.EXTEND: self._extend})
+        self.serve(dict.fromkeys(BrokerOps.QUEUE_OPS, self._queue_op))
+        self.serve({BrokerOps.OpenQueue: self._open_queue, BrokerOps.AttachQueue: self._attach_queue,
+                    BrokerOps.Size: self._size, BrokerOps.IsClosed: self._is_closed, BrokerOps.Reset: self._reset,
+                    BrokerOps.ListQueues: self._list_queues, BrokerOps.Shutdown: self._shutdown,
+                    BrokerOps.Ack: self._ack, BrokerOps.Nack: self._nack, BrokerOps.Extend: self._extend})
 
     def _shutdown(self, call):
         """The chief says the job is over: exit 0, so compose and Kubernetes see it complete."""
-        log.info("queue-broker shutting down (asked by %s)", call.args.get("by", "a client"))
+        log.info("queue-broker shutting down (asked by %s)", call.args.by)
         self.stop()
         return {"queues": len(self.registry)}
 
     # ------------------------------------------------ queue requests
 
-    def _queue(self, call):
-        handle = call.args.get("queue")
-        if type(handle) is not int:
-            raise InvalidArgumentError(f"'queue' must be a queue handle (int), got {handle!r:.60}")
-        return self.registry.get(handle)
-
     def _queue_op(self, call):
-        queue = self._queue(call)
         args = call.args
-        n = args.get("n")
-        if call.op in ("dequeue_many", "dequeue_up_to") and type(n) is not int:
-            raise InvalidArgumentError(f"{call.op} needs an int 'n', got {n!r:.60}")
-        lease = args.get("lease")
-        if lease is not None:
-            if call.op not in DEQUEUE_OPS:
-                raise InvalidArgumentError(f"{call.op} takes no lease: only dequeues are leased")
-            lease = check_lease_seconds(lease)
-        ticket = Ticket(call.op, components=call.tensors, n=n,
-                        cancel_pending_enqueues=bool(args.get("cancel_pending_enqueues", False)),
-                        owner=call.identity, tag=call, lease=lease)
+        queue = self.registry.get(args.queue)
+        ticket = Ticket(call.op, components=call.tensors, n=getattr(args, "n", None),
+                        cancel_pending_enqueues=getattr(args, "cancel_pending_enqueues", False),
+                        owner=call.identity, tag=call, lease=getattr(args, "lease", None))
         call.state = (queue, ticket)
         completed = queue.submit(ticket)
         if not ticket.done:
@@ -108,26 +91,18 @@ class BrokerService(Service):
 
     # ------------------------------------------------ leases (queues/leases.py)
 
-    def _lease_id(self, call):
-        lease_id = call.args.get("lease")
-        if type(lease_id) is not int:
-            raise InvalidArgumentError(f"{call.op} needs the int 'lease' a leased dequeue answered, "
-                                       f"got {lease_id!r:.60}")
-        return lease_id
-
     def _ack(self, call):
-        lease, done = self.leases.ack(self._lease_id(call), call.identity)
+        lease, done = self.leases.ack(call.args.lease, call.identity)
         self._answer(done)
         return {"lease": lease.id, "acked": len(lease.elements)}
 
     def _nack(self, call):
-        lease, done = self.leases.nack(self._lease_id(call), call.identity)
+        lease, done = self.leases.nack(call.args.lease, call.identity)
         self._answer(done)
         return {"lease": lease.id, "returned": len(lease.elements)}
 
     def _extend(self, call):
-        seconds = check_lease_seconds(call.args.get("seconds"), "extend's seconds")
-        lease = self.leases.extend(self._lease_id(call), call.identity, seconds, time.monotonic())
+        lease = self.leases.extend(call.args.lease, call.identity, call.args.seconds, time.monotonic())
         self._wake_for_lease(lease.expires)
         return {"lease": lease.id, "lease_s": lease.seconds}
 
@@ -184,7 +159,7 @@ class BrokerService(Service):
     # ------------------------------------------------ registry requests
 
     def _open_queue(self, call):
-        declaration = QueueDeclaration.from_dict(call.args.get("declaration"))
+        declaration = QueueDeclaration.from_dict(call.args.declaration)
         for field in ("shared_name", "container"):
             if len(getattr(declaration, field)) > self.limits.max_name_length:
                 raise InvalidArgumentError(f"{field} longer than {self.limits.max_name_length} characters")
@@ -195,23 +170,18 @@ class BrokerService(Service):
 
     def _attach_queue(self, call):
         """Attach by name alone and learn the declaration (a broker extension: TF needs the declaration)."""
-        name, container = call.args.get("shared_name"), call.args.get("container", "")
-        if not isinstance(name, str) or not name or not isinstance(container, str):
-            raise InvalidArgumentError("attach_queue needs a non-empty 'shared_name' and a string 'container'")
-        handle = self.registry.find(container, name)
+        handle = self.registry.find(call.args.container, call.args.shared_name)
         queue = self.registry.get(handle)
         return {"handle": handle, "created": False, "name": queue.name, "declaration": queue.decl.to_dict()}
 
     def _size(self, call):
-        return {"size": self._queue(call).size()}
+        return {"size": self.registry.get(call.args.queue).size()}
 
     def _is_closed(self, call):
-        return {"closed": self._queue(call).is_closed()}
+        return {"closed": self.registry.get(call.args.queue).is_closed()}
 
     def _reset(self, call):
-        container = call.args.get("container", "")
-        if not isinstance(container, str):
-            raise InvalidArgumentError("'container' must be a string")
+        container = call.args.container
         before = len(self.registry.list())
         self._answer(self.registry.reset(container))
         self.leases.forget_freed_queues()
