@@ -1,20 +1,15 @@
 """The client side of the RPC protocol without I/O: what a call to one service is, whoever drives it.
 
-`Calls` keeps request ids, the calls in flight and their deadlines (the service's deadline plus a
-grace, so the service's own DEADLINE_EXCEEDED arrives first and an element is never handed to a
-client that stopped waiting), builds the frames of requests, cancels, pings and bye, takes in
-replies (a reply nobody waits for any more is dropped; a ping's answer says which calls the service
-lost), gives up calls whose deadline and grace passed, and keeps the back-off after a lost service
-(0.25 s doubling to 2 s, the zguide's Paranoid Pirate). It never touches a socket or a clock:
-drivers pass `now` and move the frames, as h11 leaves I/O to its caller. The drivers:
-
-- blocking, one thread: `RpcClient` (common/rpc_client.py), which pumps its socket while it waits;
-- asyncio: `AsyncRpcClient` (common/rpc_async.py), the gateway's;
-- a service's own loop: `LoopClient` (common/rpc_service.py), the aggregator's calls to its members.
-
-Each driver's socket is a DEALER (common/sockets.py: CURVE when ZMQFLOW_CURVE_DIR is set, checking the
-service's key) connected to the address the service's host name resolves to (common/resolver.py),
-never to the name: libzmq would look it up in the I/O thread of the context, which other sockets share.
+`Calls` keeps request ids, the calls in flight and their deadlines (the service's deadline plus a grace,
+so the service's own DEADLINE_EXCEEDED arrives first and an element is never handed to a client that
+stopped waiting), builds the frames of requests, cancels, pings and bye, takes in replies (one nobody
+waits for any more is dropped; a ping's answer says which calls the service lost), gives up calls past
+their deadline and grace, and keeps the back-off after a lost service (0.25 s doubling to 2 s, the
+zguide's Paranoid Pirate). Like h11 it never touches a socket or a clock: drivers pass `now` and move
+the frames. The drivers: `RpcClient` (blocking, common/rpc_client.py), `AsyncRpcClient` (asyncio,
+common/rpc_async.py) and `LoopClient` (a service's own loop, common/rpc_service.py). Each connects a
+DEALER (CURVE when ZMQFLOW_CURVE_DIR is set) to the address the service's name resolves to
+(common/resolver.py), never to the name: libzmq would look it up in the I/O thread other sockets share.
 """
 
 import itertools
@@ -37,13 +32,6 @@ BACKOFF_START, BACKOFF_MAX = 0.25, 2.0
 def grace_for(timeout):
     """How much longer than its deadline a client waits for the service's answer."""
     return 1.0 + 0.1 * timeout
-
-
-def op_and_args(op, args):
-    """(op name, args dict) of a declared request (common/protocol.py), or of an op's name and its args."""
-    if isinstance(op, Request):
-        return op.OP, op.encode()
-    return op, args
 
 
 def client_socket(context, limits, name, curve_dir=USE_DEFAULT, hwm=100_000, send_timeout_ms=0):
@@ -92,10 +80,9 @@ class Calls:
 
     def endpoint_to_connect(self):
         """The service's resolved address when the driver's socket should connect to it now (once), else None."""
-        if self.endpoint is not None:
-            return None
-        self.endpoint = self.resolver.endpoint(self.address)
-        return self.endpoint
+        if self.endpoint is None:
+            self.endpoint = self.resolver.endpoint(self.address)
+            return self.endpoint
 
     def unresolved(self):
         reason = self.resolver.error(self.address) or "its lookup has not answered yet"
@@ -107,7 +94,8 @@ class Calls:
         """(the Call, its frames): `op` a declared request or an op's name with `args`; `timeout` (s, None: no
         deadline) is the service's deadline, the call's is `grace` later (default `grace_for`). Refused now if over
         the service's limit. `rid`: the caller's own request id (unique among its calls in flight)."""
-        op, args = op_and_args(op, args)
+        if isinstance(op, Request):
+            op, args = op.OP, op.encode()
         rid, frames, size = self._frames(op, args, tensors, timeout, rid)
         deadline = None if timeout is None else now + timeout + (grace_for(timeout) if grace is None else grace)
         call = self.pending[rid] = self.call_class(rid, op, deadline, size, waiter)
@@ -157,7 +145,11 @@ class Calls:
             result = header.get("result") or {}
             if type(result.get("max_message_bytes")) is int:
                 self.service_max_bytes = result["max_message_bytes"]
-            self._forget_unknown(result.get("unknown", []))
+            for lost in [self.pending.pop(rid) for rid in result.get("unknown", []) if rid in self.pending]:
+                # the service no longer holds it and its reply never came (a reconnect lost it), or dropped it unread
+                oversize = self.service_max_bytes is not None and lost.size > self.service_max_bytes
+                lost.finish(error=self._oversize(lost.op, lost.size) if oversize else UnavailableError(
+                    f"service at {self.address} lost request {lost.id} ({lost.op}); the connection was interrupted"))
             return None
         call = self.pending.pop(rid, None)
         if call is None:
@@ -176,18 +168,6 @@ class Calls:
         except Exception as exc:
             call.finish(error=exc)
         return call
-
-    def _forget_unknown(self, ids):
-        """The service no longer holds these requests and their replies never came (a reconnect lost them)."""
-        for rid in ids:
-            call = self.pending.pop(rid, None)
-            if call is None:
-                continue
-            if self.service_max_bytes is not None and call.size > self.service_max_bytes:  # dropped unread
-                call.finish(error=self._oversize(call.op, call.size))
-            else:
-                call.finish(error=UnavailableError(f"service at {self.address} lost request {rid} ({call.op}); "
-                                                   "the connection was interrupted"))
 
     def _oversize(self, op, size):
         return InvalidArgumentError(f"request {op} of {size} bytes exceeds the limit of {self.service_max_bytes} "
