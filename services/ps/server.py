@@ -1,24 +1,7 @@
 """The ps-shard service: messages in, calls out on the shard's update rule (rules.py) and the store
 of its variables (store.py).
 
-Ops (all tensors travel in the order of `names`):
-  init       chief: initial values of this shard's pieces (args: step, names)
-  restore    chief: load this shard's rows from a checkpoint (args: dir [, path])
-  wait_ready park until the shard is initialized (non-chief workers at start)
-  pull       all of the shard's variables in one message (or the pieces in `names`);
-             `newer_than` answers without tensors when nothing changed; `min_version`
-             parks until the shard reaches that version (how sync workers wait)
-  push       gradients tagged with the version they were computed from; pieces named
-             in `sparse` come as (indices, rows): one update with the dense ones
-  push_sparse / pull_rows   rows of one variable (indices + values)
-  assign     new values of non-trainable variables (BatchNorm's moving statistics), no optimizer
-  save       write this shard's pieces into a checkpoint's staging directory
-  worker_done  a worker finished (or, `lost: true`, the chief gave up on a silent one):
-             parked sync waits are released so nobody waits for a step that can no
-             longer complete
-  stats, shutdown
-Admin ops (PsOps.ADMIN: init, restore, shutdown) need CURVE or the admin token (common/rpc_service.py).
-`bf16: true` on pull/push sends values as bfloat16 (half the bytes).
+Each op's args, answer and role: common/protocol.py's PsOps (docs/protocol.md).
 
 Lost replicas (sync): while pulls wait for a step, a replica the step misses that has said nothing
 for `lost_after` seconds (no push, no request, no heartbeat of its client) is lost. By `lost_policy`
@@ -48,7 +31,7 @@ LOST_CHECK_S = 0.5   # how often waiting pulls make the shard look for lost repl
 
 class PsService(Service):
     name = "ps-shard"
-    admin_ops = PsOps.ADMIN   # init, restore, shutdown: CURVE or the admin token (common/admin_token.py)
+    protocol = PsOps
 
     def __init__(self, bind, shard_index, pieces, state_options, lost_after=5.0, lost_policy="continue",
                  **service_options):
@@ -67,26 +50,24 @@ class PsService(Service):
         self.names = list(pieces)
         self._ready_waiters = []
         self.preloaded = {}  # name -> {component: array}: a data set held once, never trained
-        self.handlers.update({PsOps.INIT: self._init, PsOps.RESTORE: self._restore, PsOps.WAIT_READY: self._wait_ready,
-                              PsOps.PULL: self._pull, PsOps.PUSH: self._push, PsOps.PUSH_SPARSE: self._push_sparse,
-                              PsOps.PULL_ROWS: self._pull_rows, PsOps.ASSIGN: self._assign, PsOps.SAVE: self._save,
-                              PsOps.WORKER_DONE: self._worker_done, PsOps.STATS: self._stats,
-                              PsOps.PRELOAD: self._preload, PsOps.TAKE_ROWS: self._take_rows,
-                              PsOps.SHUTDOWN: self._shutdown})
+        self.serve({PsOps.Init: self._init, PsOps.Restore: self._restore, PsOps.WaitReady: self._wait_ready,
+                    PsOps.Pull: self._pull, PsOps.Push: self._push, PsOps.PushSparse: self._push_sparse,
+                    PsOps.PullRows: self._pull_rows, PsOps.Assign: self._assign, PsOps.Save: self._save,
+                    PsOps.WorkerDone: self._worker_done, PsOps.Stats: self._stats, PsOps.Preload: self._preload,
+                    PsOps.TakeRows: self._take_rows, PsOps.Shutdown: self._shutdown})
 
     # ------------------------------------------------ initialization
 
     def _init(self, call):
         values = self._named_tensors(call)
-        self.store.initialize(values, step=_int(call.args.get("step", 0), "step"), force=bool(call.args.get("force")))
+        self.store.initialize(values, step=call.args.step, force=call.args.force)
         self._wake_ready()
         return {"version": self.store.version}
 
     def _restore(self, call):
-        result = self.restore_latest(_str(call.args.get("dir"), "dir"), call.args.get("path"))
-        at_least = call.args.get("at_least")
-        if at_least is not None:        # in step with the shards that kept their state: versions never go back
-            self.store.advance_to(_int(at_least, "at_least"))
+        result = self.restore_latest(call.args.dir, call.args.path)
+        if call.args.at_least is not None:  # in step with the shards that kept their state: versions never go back
+            self.store.advance_to(call.args.at_least)
             self._wake_versions()
             result["version"] = self.store.version
         return result
@@ -121,10 +102,10 @@ class PsService(Service):
 
     def _pull(self, call):
         self._require_ready()
-        min_version = call.args.get("min_version")
+        min_version = call.args.min_version
         if self._aborted is not None and min_version is not None:
             raise AbortedError(self._aborted)
-        decision = self.rule.on_pull(None if min_version is None else _int(min_version, "min_version"))
+        decision = self.rule.on_pull(min_version)
         if decision == PARK:
             self.rule.park(call, min_version)
             self._schedule_lost_check()
@@ -132,17 +113,14 @@ class PsService(Service):
         return self._pull_answer(call, released=decision == RELEASE)
 
     def _pull_answer(self, call, released=False):
-        newer_than = call.args.get("newer_than")
-        names = call.args.get("names")   # a subset (a worker leaves out the tables it reads by rows)
-        if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
-            raise InvalidArgumentError("'names' of a pull must be a list of piece names")
-        version, values = self.store.pull(names, newer_than=None if newer_than is None else _int(newer_than, "newer_than"))
+        names = call.args.names   # a subset (a worker leaves out the tables it reads by rows)
+        version, values = self.store.pull(names, newer_than=call.args.newer_than)
         result = {"version": version, "released": released}
         if values is None:
             return result, ()
         names = self.names if names is None else names
         tensors = [values[n] for n in names]
-        if call.args.get("bf16"):
+        if call.args.bf16:
             tensors = [t.astype(BF16) for t in tensors]
         return {**result, "names": names}, tensors
 
@@ -201,7 +179,7 @@ class PsService(Service):
         if call.op == "pull":
             wait = self.rule.waiting_for()
             self.fail(call, DeadlineExceededError(
-                f"ps:{self.shard_index} still at version {self.store.version} (waiting for {call.args['min_version']}): "
+                f"ps:{self.shard_index} still at version {self.store.version} (waiting for {call.args.min_version}): "
                 f"step {wait.get('step')} has gradients from replicas {wait.get('contributed')} and misses "
                 f"{wait.get('missing')}"))
         elif call.op == "wait_ready":
@@ -214,9 +192,7 @@ class PsService(Service):
         """Tensors: one per name in `names` (dense gradients), then (indices, rows) for each piece
         named in `sparse` (the rows of an embedding table the batch touched)."""
         self._require_ready()
-        sparse_names = call.args.get("sparse") or []
-        if not isinstance(sparse_names, list):
-            raise InvalidArgumentError("'sparse' must list the pieces sent as (indices, rows)")
+        sparse_names = call.args.sparse
         dense_count = len(call.tensors) - 2 * len(sparse_names)
         if dense_count < 0:
             raise InvalidArgumentError(f"push names {len(sparse_names)} sparse pieces but carries "
@@ -225,10 +201,10 @@ class PsService(Service):
         sparse = {}
         for k, name in enumerate(sparse_names):
             indices, rows = call.tensors[dense_count + 2 * k:dense_count + 2 * k + 2]
-            sparse[_str(name, "sparse[]")] = (indices, rows.astype(np.float32) if rows.dtype == BF16 else rows)
-        replica = _int(call.args.get("replica", 0), "replica")
+            sparse[name] = (indices, rows.astype(np.float32) if rows.dtype == BF16 else rows)
+        replica = call.args.replica
         self._heard_from(replica, call.identity)
-        result = self.rule.push(grads, _int(call.args.get("version"), "version"), replica, sparse)
+        result = self.rule.push(grads, call.args.version, replica, sparse)
         self._wake_versions()
         return vars(result)
 
@@ -238,10 +214,9 @@ class PsService(Service):
             raise InvalidArgumentError("push_sparse takes two tensors: indices and rows")
         indices, rows = call.tensors
         rows = rows.astype(np.float32) if rows.dtype == BF16 else rows
-        replica = _int(call.args.get("replica", 0), "replica")
+        replica = call.args.replica
         self._heard_from(replica, call.identity)
-        result = self.rule.push_sparse(_str(call.args.get("name"), "name"), indices, rows,
-                                        _int(call.args.get("version"), "version"), replica)
+        result = self.rule.push_sparse(call.args.name, indices, rows, call.args.version, replica)
         self._wake_versions()
         return vars(result)
 
@@ -253,14 +228,14 @@ class PsService(Service):
         self._require_ready()
         if len(call.tensors) != 1:
             raise InvalidArgumentError("pull_rows takes one tensor: the row indices")
-        rows = self.store.pull_rows(_str(call.args.get("name"), "name"), call.tensors[0])
+        rows = self.store.pull_rows(call.args.name, call.tensors[0])
         return {"version": self.store.version}, [rows]
 
     # ------------------------------------------------ preloaded data (the seeds' preloading)
 
     def _preload(self, call):
         """Hold a small data set as non-trainable tensors that workers slice by row."""
-        name, data = _str(call.args.get("name"), "name"), self._named_tensors(call)
+        name, data = call.args.name, self._named_tensors(call)
         rows = {len(t) if t.ndim else -1 for t in data.values()}
         if len(rows) != 1 or -1 in rows:
             raise InvalidArgumentError(f"preloaded data {name!r}: every component needs the same number of rows")
@@ -270,7 +245,7 @@ class PsService(Service):
         return {"rows": len(next(iter(data.values()))), "names": list(data)}
 
     def _take_rows(self, call):
-        name = _str(call.args.get("name"), "name")
+        name = call.args.name
         data = self.preloaded.get(name)
         if data is None:
             raise NotFoundError(f"ps:{self.shard_index} holds no preloaded data {name!r}")
@@ -287,18 +262,14 @@ class PsService(Service):
     def _save(self, call):
         self._require_ready()
         own_step, values, slots = self.store.snapshot_for_checkpoint()
-        step = _int(call.args.get("step", own_step), "step")  # the chief's global step names the checkpoint
-        directory = _str(call.args.get("dir"), "dir")
-        metadata = call.args.get("metadata") or {}
-        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in [*metadata, *metadata.values()]):
-            raise InvalidArgumentError("save's metadata must map strings to strings")
-        checkpoint.write_shard(directory, step, self.shard_index,
-                               {k: (self.pieces[k], values[k], slots[k]) for k in self.names}, metadata=metadata)
+        step = own_step if call.args.step is None else call.args.step  # the chief's global step names it
+        checkpoint.write_shard(call.args.dir, step, self.shard_index, {k: (self.pieces[k], values[k], slots[k])
+                                                                       for k in self.names},
+                               metadata=call.args.metadata or {})
         return {"step": step}
 
     def _worker_done(self, call):
-        replica = _int(call.args.get("replica", 0), "replica")
-        self._release(self.rule.worker_done(replica, lost=bool(call.args.get("lost"))))
+        self._release(self.rule.worker_done(call.args.replica, lost=call.args.lost))
         return {"done": sorted(self.rule.done), "lost": self.rule.given_up()}
 
     def _release(self, waiters):
@@ -362,19 +333,8 @@ class PsService(Service):
 
     def _named_tensors(self, call, tensors=None):
         tensors = call.tensors if tensors is None else tensors
-        names = call.args.get("names")
-        if not isinstance(names, list) or len(names) != len(tensors):
+        names = call.args.names
+        if len(names) != len(tensors):
             raise InvalidArgumentError(f"'names' must list one name per tensor ({len(tensors)} tensors)")
-        return {_str(n, "names[]"): (t.astype(np.float32) if t.dtype == BF16 else t) for n, t in zip(names, tensors)}
+        return {n: (t.astype(np.float32) if t.dtype == BF16 else t) for n, t in zip(names, tensors)}
 
-
-def _int(value, what):
-    if type(value) is not int:
-        raise InvalidArgumentError(f"'{what}' must be an int, got {value!r:.40}")
-    return value
-
-
-def _str(value, what):
-    if not isinstance(value, str) or not value:
-        raise InvalidArgumentError(f"'{what}' must be a non-empty string, got {value!r:.40}")
-    return value
