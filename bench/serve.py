@@ -45,7 +45,7 @@ from zmqflow.common.processes import compute_thread_env, start_service
 from zmqflow.common.rpc_client import RpcClient
 from zmqflow.common.serve_client import ModelClient, PendingPredict
 from zmqflow.loadtest.open_loop import SHED, run_open_loop, run_phases
-from zmqflow.common.protocol import ServeOps
+from zmqflow.common.protocol import AggregatorOps, ServeOps
 
 TARGETS = {"agg3_p99_ms": 5.0, "agg3_overhead_p50_ms": 0.5, "dead_slack_ms": 5.0, "overload_goodput_ratio": 0.9}
 
@@ -67,14 +67,14 @@ def closed_loop_qps(endpoint, x, seconds):
         return n / (time.perf_counter() - start)
 
 
-def open_loop(endpoint, x, rate, seconds, args=None, deadline_ms=None, warmup=50):
+def open_loop(endpoint, x, rate, seconds, request=ServeOps.Predict(), deadline_ms=None, warmup=50):
     """Send predict at `rate`/s for `seconds` without waiting (the load test's open-loop driver);
     (latencies ms of answers, counts of errors by kind)."""
     with RpcClient(endpoint, name="bench-serve") as client:
         timeout = None if deadline_ms is None else deadline_ms / 1000.0
 
         def submit():
-            return client.submit(ServeOps.PREDICT, args or {}, [x], timeout=timeout)  # the aggregator's op too
+            return client.submit(request, tensors=[x], timeout=timeout)
         if warmup:
             run_open_loop(submit, client.poll, rate, warmup / rate)
         outcomes = run_open_loop(submit, client.poll, rate, seconds).outcomes
@@ -138,7 +138,7 @@ def run(seconds=3.0, rate=500, deadline_ms=50, members=3, profile_dir=None, prog
                 f"p99 {result['gateway_p99_ms']} ms vs ZeroMQ p50 {result['zmq_p50_ms']} ms: overhead "
                 f"{result['gateway_overhead_p50_ms']} ms (binary tensors: {result['gateway_binary_overhead_p50_ms']} ms)")
 
-        lat, errors = open_loop(agg.endpoint, x, rate, seconds, args={"mode": "replica"}, deadline_ms=1000)
+        lat, errors = open_loop(agg.endpoint, x, rate, seconds, AggregatorOps.Predict(mode="replica"), deadline_ms=1000)
         result.update(agg3_replica_p50_ms=_pct(lat, 50), agg3_replica_p99_ms=_pct(lat, 99),
                       agg3_replica_errors=sum(errors.values()))
         say(f"the same aggregator in replica mode: p50 {result['agg3_replica_p50_ms']} ms, "
@@ -199,8 +199,8 @@ def drive(endpoint, x, phases, deadline_ms):
     """Open-loop predicts over `phases` [(rate, seconds), ...] in one schedule; the driver's Run."""
     with RpcClient(endpoint, name="bench-overload") as client:
         def submit():
-            args = {"deadline_ms": deadline_ms, "sent_at": time.time()}  # as AggregatorClient sends them
-            return PendingPredict(client.submit(ServeOps.PREDICT, args, [x], timeout=deadline_ms / 1000.0))
+            request = AggregatorOps.Predict(deadline_ms=deadline_ms, sent_at=time.time())  # as AggregatorClient's
+            return PendingPredict(client.submit(request, tensors=[x], timeout=deadline_ms / 1000.0))
         return run_phases(submit, client.poll, phases, drain_s=2.0)
 
 

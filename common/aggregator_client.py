@@ -21,12 +21,12 @@ class AggregatorClient(OpClient):
 
     def predict_async(self, x, deadline_ms=None, min_members=None, combine=None, mode=None, records=None):
         """`x`: one array or {input name: array}; or `records` {column: [values]} instead (x None)."""
-        args, tensors = ({"records": records_args(records)}, []) if records is not None else request_tensors(x)
-        args.update({k: v for k, v in (("deadline_ms", deadline_ms), ("min_members", min_members),
-                                       ("combine", combine), ("mode", mode)) if v is not None})
-        args["sent_at"] = time.time()  # the aggregator tells from it how long the request waited to be read
+        names, tensors = (None, []) if records is not None else request_tensors(x)
+        # sent_at: the aggregator tells from it how long the request waited to be read
+        request = AggregatorOps.Predict(names, records and records_args(records), deadline_ms, min_members, combine,
+                                        mode, sent_at=time.time())
         timeout = self.rpc.default_timeout if deadline_ms is None else deadline_ms / 1000.0
-        return PendingPredict(self.rpc.submit(AggregatorOps.PREDICT, args, tensors, timeout=timeout))
+        return PendingPredict(self.rpc.submit(request, tensors=tensors, timeout=timeout))
 
     def predict(self, x, deadline_ms=None, min_members=None, combine=None, mode=None):
         """(probabilities [n, classes] float32, info); DeadlineExceededError when too few members answered;
@@ -39,13 +39,13 @@ class AggregatorClient(OpClient):
 
     def members(self, timeout=5.0):
         """One dict per member: address, weight, healthy, outstanding, requests, answers, timeouts, errors, ..."""
-        return self.rpc.call(AggregatorOps.MEMBERS, timeout=timeout)[0]["members"]
+        return self.rpc.call(AggregatorOps.Members(), timeout=timeout)[0]["members"]
 
     def add_member(self, address, weight=1.0, timeout=5.0):
-        return self.rpc.call(AggregatorOps.ADD_MEMBER, {"address": address, "weight": weight}, timeout=timeout)[0]["member"]
+        return self.rpc.call(AggregatorOps.AddMember(address, weight), timeout=timeout)[0]["member"]
 
     def remove_member(self, address, timeout=5.0):
-        return self.rpc.call(AggregatorOps.REMOVE_MEMBER, {"address": address}, timeout=timeout)[0]["member"]
+        return self.rpc.call(AggregatorOps.RemoveMember(address), timeout=timeout)[0]["member"]
 
     def stats(self, timeout=5.0):
-        return self.rpc.call(AggregatorOps.STATS, timeout=timeout)[0]
+        return self.rpc.call(AggregatorOps.Stats(), timeout=timeout)[0]

@@ -10,12 +10,12 @@ class BrokerClient(OpClient):
 
     def list_queues(self, timeout=5.0):
         """One dict per queue: handle, container, name, kind, size, capacity, closed, waiting requests."""
-        return self.rpc.call(BrokerOps.LIST_QUEUES, timeout=timeout)[0]["queues"]
+        return self.rpc.call(BrokerOps.ListQueues(), timeout=timeout)[0]["queues"]
 
     def reset(self, container="", timeout=5.0):
         """Free every queue of a container (its pending requests fail)."""
-        return self.rpc.call(BrokerOps.RESET, {"container": container}, timeout=timeout)[0]
+        return self.rpc.call(BrokerOps.Reset(container), timeout=timeout)[0]
 
     def shutdown(self, by="a client", timeout=5.0):
         """Ask the broker to exit 0 (the chief does at the end of training)."""
-        return self.rpc.call(BrokerOps.SHUTDOWN, {"by": by}, timeout=timeout)[0]
+        return self.rpc.call(BrokerOps.Shutdown(by), timeout=timeout)[0]

@@ -36,28 +36,28 @@ class Lease:
         self.settled = False
 
     def _call(self, op, args, timeout):
-        return self.queue._client.call(op, {"lease": self.id, **args}, timeout=timeout)[0]
+        return self.queue._client.call(op(self.id, **args), timeout=timeout)[0]
 
     def ack(self, timeout=SETTLE_TIMEOUT):
         """The elements are processed: the broker drops them for good. An expired lease raises
         FailedPreconditionError (its elements went back and may reach another consumer)."""
         self.settled = True
-        return self._call(BrokerOps.ACK, {}, timeout)
+        return self._call(BrokerOps.Ack, {}, timeout)
 
     def ack_async(self, timeout=SETTLE_TIMEOUT):
         """ack() sent now, its answer collected later with `.result()` (which raises what ack() would).
         A request this thread sends next reaches the broker after it, with no round trip between."""
         self.settled = True
-        return self.queue._client.submit(BrokerOps.ACK, {"lease": self.id}, [], timeout)
+        return self.queue._client.submit(BrokerOps.Ack(self.id), timeout=timeout)
 
     def nack(self, timeout=SETTLE_TIMEOUT):
         """The elements could not be processed: back to the queue at once, for any consumer."""
         self.settled = True
-        return self._call(BrokerOps.NACK, {}, timeout)
+        return self._call(BrokerOps.Nack, {}, timeout)
 
     def extend(self, seconds=None, timeout=SETTLE_TIMEOUT):
         """Keep the lease `seconds` (default: its own length) from now."""
-        answer = self._call(BrokerOps.EXTEND, {"seconds": self.seconds if seconds is None else seconds}, timeout)
+        answer = self._call(BrokerOps.Extend, {"seconds": self.seconds if seconds is None else seconds}, timeout)
         self.seconds = answer["lease_s"]
         return answer
 

@@ -11,9 +11,9 @@ from zmqflow.common.errors import OpError
 from zmqflow.common.protocol import AggregatorOps, BrokerOps, Ops, PsOps, ServeOps
 from zmqflow.common.rpc_client import RpcClient
 
-DETAIL_OPS = {"queue-broker": BrokerOps.LIST_QUEUES, "ps-shard": PsOps.STATS, "serve": ServeOps.MODEL_INFO,
-              "aggregator": AggregatorOps.STATS}
-"""The op that tells what a service holds, by the `service` its info names."""
+DETAIL_OPS = {"queue-broker": BrokerOps.ListQueues, "ps-shard": PsOps.Stats, "serve": ServeOps.ModelInfo,
+              "aggregator": AggregatorOps.Stats}
+"""The request that tells what a service holds, by the `service` its info names."""
 
 
 @dataclasses.dataclass
@@ -45,11 +45,11 @@ def probe(address, timeout=2.0, detail=False, name="probe"):
     try:
         with RpcClient(address, heartbeat_interval=timeout, heartbeat_liveness=1, name=name) as client:
             rtt = client.ping(timeout=timeout)
-            info, _ = client.call(Ops.INFO, timeout=timeout)
+            info, _ = client.call(Ops.Info(), timeout=timeout)
             result = Probe(address, True, rtt, info)
-            op = DETAIL_OPS.get(info.get("service")) if detail else None
-            if op:
-                result.detail, _ = client.call(op, timeout=timeout)
+            request = DETAIL_OPS.get(info.get("service")) if detail else None
+            if request:
+                result.detail, _ = client.call(request(), timeout=timeout)
             return result
     except OpError as exc:
         return Probe(address, False, error=f"{type(exc).__name__}: {exc}",

@@ -49,7 +49,7 @@ class Producer:
         self._lock = threading.Lock()
         self._rpc = RpcClient(queue.broker, name="producer")
         try:
-            self._call(BrokerOps.REGISTER_PRODUCER, at_least_once=bool(at_least_once), rejoin_s=rejoin_s,
+            self._call(BrokerOps.RegisterProducer, at_least_once=bool(at_least_once), rejoin_s=rejoin_s,
                        source=None if source is None else source.handle)
         except BaseException:
             self.close()
@@ -69,15 +69,15 @@ class Producer:
     def beat(self, progress=None):
         """Alive, with `progress` (a JSON-able dict; `reading`, `instances` and `files_done` are named when
         the broker reports this producer gone); the queue's state."""
-        return self._call(BrokerOps.BEAT, progress=progress)
+        return self._call(BrokerOps.Beat, progress=progress)
 
     def done(self, exhausted=True, progress=None):
         """Every element of this producer is in (`exhausted`: it saw its input's end, not a stop)."""
-        return self._call(BrokerOps.PRODUCER_DONE, exhausted=bool(exhausted), progress=progress)
+        return self._call(BrokerOps.ProducerDone, exhausted=bool(exhausted), progress=progress)
 
     def fail(self, error):
         """Fail the queue with `error` (an OpError keeps its code; anything else is Aborted)."""
-        return self._call(BrokerOps.PRODUCER_FAILED, code=getattr(error, "code", ABORTED),
+        return self._call(BrokerOps.ProducerFailed, code=getattr(error, "code", ABORTED),
                           error=str(error) or type(error).__name__)
 
     def close(self):
@@ -87,10 +87,10 @@ class Producer:
                 self._rpc.close()
                 self._rpc = None
 
-    def _call(self, op, **args):
+    def _call(self, request, **args):
         with self._lock:
-            self.state = self._rpc.call(op, {"queue": self.queue.handle, "name": self.name, "lease": self.lease_s,
-                                             **args}, timeout=self.timeout)[0]
+            self.state = self._rpc.call(request(queue=self.queue.handle, name=self.name, lease=self.lease_s, **args),
+                                        timeout=self.timeout)[0]
             return self.state
 
     def __repr__(self):

@@ -25,17 +25,15 @@ class PsShardClient(OpClient):
 
     def stats(self, timeout=5.0):
         """version (the global step on ps 0), pushes, pulls, workers heard from, ..."""
-        return self.rpc.call(PsOps.STATS, timeout=timeout)[0]
+        return self.rpc.call(PsOps.Stats(), timeout=timeout)[0]
 
     def shutdown(self, timeout=5.0):
         """Ask the shard to exit 0 (an admin op: CURVE or the admin token)."""
-        return self.rpc.call(PsOps.SHUTDOWN, timeout=timeout)[0]
+        return self.rpc.call(PsOps.Shutdown(), timeout=timeout)[0]
 
     def preload(self, name, data, timeout=60.0):
         """Hold `data` ({component: array with rows}) on this shard, for workers to slice."""
-        names = list(data)
-        return self.rpc.call(PsOps.PRELOAD, {"name": name, "names": names}, [data[n] for n in names],
-                             timeout=timeout)[0]
+        return self.rpc.call(PsOps.Preload(name, list(data)), tensors=list(data.values()), timeout=timeout)[0]
 
 
 class PsClient:
@@ -55,20 +53,20 @@ class PsClient:
     def initialize(self, values, step=0):
         """Chief: send every shard the initial values of its pieces."""
         pieces = self._split(values)
-        calls = [c.submit(PsOps.INIT, {"step": step, "names": keys}, [pieces[k] for k in keys])
+        calls = [c.submit(PsOps.Init(keys, step), tensors=[pieces[k] for k in keys])
                  for c, keys in zip(self.clients, self.shard_keys)]
         return [call.result()[0]["version"] for call in calls]
 
     def restore(self, directory, shards=None, at_least=None):
         """Chief: the shards (indices; default every one) load their rows of the latest checkpoint in
         `directory`, their version raised to `at_least` when given (the others' current version)."""
-        args = {"dir": str(directory), **({"at_least": int(at_least)} if at_least is not None else {})}
+        request = PsOps.Restore(str(directory), at_least=None if at_least is None else int(at_least))
         indices = range(len(self.clients)) if shards is None else shards
-        calls = [self.clients[i].submit(PsOps.RESTORE, args) for i in indices]
+        calls = [self.clients[i].submit(request) for i in indices]
         return [call.result()[0] for call in calls]
 
     def wait_ready(self, timeout=60.0):
-        calls = [c.submit(PsOps.WAIT_READY, timeout=timeout) for c in self.clients]
+        calls = [c.submit(PsOps.WaitReady(), timeout=timeout) for c in self.clients]
         return [call.result()[0]["version"] for call in calls]
 
     # ------------------------------------------------ the step
@@ -93,14 +91,11 @@ class PsClient:
             raise InvalidArgumentError(f"cannot leave out {unknown} of a pull: not variables of the model")
         calls = []
         for i, client in enumerate(self.clients):
-            args = {"bf16": self.bf16}
-            if min_versions is not None:
-                args["min_version"] = min_versions[i]
-            if newer_than is not None:
-                args["newer_than"] = newer_than[i]
-            if exclude:
-                args["names"] = [p.key for p in self.placement.for_shard(i) if p.variable not in exclude]
-            calls.append(client.submit(PsOps.PULL, args, timeout=timeout or self.timeout))
+            request = PsOps.Pull(self.bf16, None if min_versions is None else min_versions[i],
+                                 None if newer_than is None else newer_than[i],
+                                 [p.key for p in self.placement.for_shard(i) if p.variable not in exclude] if exclude
+                                 else None)
+            calls.append(client.submit(request, timeout=timeout or self.timeout))
         return _Gathered(calls, lambda replies: self._assemble_pull(replies, exclude))
 
     def _per_shard(self, value):
@@ -132,7 +127,7 @@ class PsClient:
         """Rows `indices` of `variable` (in that order), from every shard that holds some of them."""
         indices = np.asarray(indices, dtype=np.int64).reshape(-1)
         pieces = self.placement.pieces_of(variable)
-        calls = [(positions, self.clients[piece.shard].submit(PsOps.PULL_ROWS, {"name": piece.key}, [local]))
+        calls = [(positions, self.clients[piece.shard].submit(PsOps.PullRows(piece.key), tensors=[local]))
                  for piece, positions, local in self._row_routes(variable, indices)]
         parts = [(positions, call.result()[1][0]) for positions, call in calls]
         dtype = parts[0][1].dtype if parts else np.dtype(pieces[0].dtype)
@@ -149,8 +144,7 @@ class PsClient:
         for piece, positions, local in self._row_routes(variable, indices):
             part = rows[positions].astype(BF16) if self.bf16 else rows[positions]
             calls.append(self.clients[piece.shard].submit(
-                PsOps.PUSH_SPARSE, {"name": piece.key, "version": self.versions[piece.shard], "replica": replica},
-                [local, part]))
+                PsOps.PushSparse(piece.key, self.versions[piece.shard], replica), tensors=[local, part]))
         results = [call.result()[0] for call in calls]
         return results[0] if len(results) == 1 else results
 
@@ -175,10 +169,8 @@ class PsClient:
                 tensors += list(rows[k])
             if self.bf16:
                 tensors = [t.astype(BF16) if t.dtype.kind == "f" else t for t in tensors]
-            args = {"version": self.versions[i], "replica": replica, "names": dense, "bf16": self.bf16}
-            if mine:
-                args["sparse"] = mine
-            calls.append(client.submit(PsOps.PUSH, args, tensors))
+            request = PsOps.Push(self.versions[i], dense, replica, mine or None, self.bf16)
+            calls.append(client.submit(request, tensors=tensors))
         return _Gathered(calls, lambda replies: [r[0] for r in replies])
 
     def push(self, grads, replica=0):
@@ -192,15 +184,14 @@ class PsClient:
         for client, keys in zip(self.clients, self.shard_keys):
             mine = [k for k in keys if k in pieces]
             if mine:
-                calls.append(client.submit(PsOps.ASSIGN, {"names": mine}, [pieces[k] for k in mine]))
+                calls.append(client.submit(PsOps.Assign(mine), tensors=[pieces[k] for k in mine]))
         return _Gathered(calls, lambda replies: [r[0] for r in replies])
 
     # ------------------------------------------------ preloaded data
 
     def preload(self, name, data, shard=0):
         """Hold `data` ({component: array with rows}) on one shard, for workers to slice."""
-        names = list(data)
-        return self.clients[shard].call(PsOps.PRELOAD, {"name": name, "names": names}, [data[n] for n in names])[0]
+        return self.clients[shard].call(PsOps.Preload(name, list(data)), tensors=list(data.values()))[0]
 
     def preloaded_rows(self, name, shard=0, timeout=120.0):
         """Rows of the preloaded data set `name`, waiting (bounded) until someone has preloaded it."""
@@ -209,14 +200,14 @@ class PsClient:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                return self.clients[shard].call(PsOps.TAKE_ROWS, {"name": name}, [np.zeros(0, np.int64)])[0]["rows"]
+                return self.clients[shard].call(PsOps.TakeRows(name), tensors=[np.zeros(0, np.int64)])[0]["rows"]
             except NotFoundError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
 
     def take_rows_async(self, name, indices, shard=0):
-        pending = self.clients[shard].submit(PsOps.TAKE_ROWS, {"name": name}, [np.asarray(indices, dtype=np.int64)])
+        pending = self.clients[shard].submit(PsOps.TakeRows(name), tensors=[np.asarray(indices, dtype=np.int64)])
         return _Gathered([pending], lambda replies: dict(zip(replies[0][0]["names"], replies[0][1])))
 
     # ------------------------------------------------ checkpoints and the end
@@ -224,23 +215,23 @@ class PsClient:
     def save(self, directory, keep=5, config=None):
         """Every shard writes its pieces, then the checkpoint is committed (atomic, `latest` updated)."""
         from zmqflow.common import checkpoint
-        step = self.clients[0].call(PsOps.STATS)[0]["version"]  # the global step lives on ps 0
-        args = {"dir": str(directory), "step": step, "metadata": checkpoint.file_metadata(config)}
-        calls = [c.submit(PsOps.SAVE, args) for c in self.clients]
+        step = self.clients[0].call(PsOps.Stats())[0]["version"]  # the global step lives on ps 0
+        request = PsOps.Save(str(directory), step, checkpoint.file_metadata(config))
+        calls = [c.submit(request) for c in self.clients]
         for call in calls:
             call.result()
         return checkpoint.commit(str(directory), step, len(self.clients), config or {}, keep=keep)
 
     def stats(self):
-        return [c.call(PsOps.STATS, timeout=5.0)[0] for c in self.clients]
+        return [c.call(PsOps.Stats(), timeout=5.0)[0] for c in self.clients]
 
     def worker_done(self, replica, lost=False):
         """`replica` finished its input; `lost=True` is the chief counting a silent worker as finished."""
-        for call in [c.submit(PsOps.WORKER_DONE, {"replica": replica, "lost": lost}) for c in self.clients]:
+        for call in [c.submit(PsOps.WorkerDone(replica, lost)) for c in self.clients]:
             call.result()
 
     def shutdown(self):
-        for call in [c.submit(PsOps.SHUTDOWN, timeout=5.0) for c in self.clients]:
+        for call in [c.submit(PsOps.Shutdown(), timeout=5.0) for c in self.clients]:
             call.result()
 
     def close(self):

@@ -107,35 +107,34 @@ class QueueBase:
             return dict(zip(self.names, tensors))
         return tensors[0] if len(tensors) == 1 else tensors
 
-    def _submit(self, op, args, tensors, timeout, convert):
-        args = {"queue": self.handle, **args}
-        return QueueFuture(self._client.submit(op, args, tensors, timeout), convert)
+    def _submit(self, request, tensors, timeout, convert):
+        return QueueFuture(self._client.submit(request, tensors=tensors, timeout=timeout), convert)
 
-    def _dequeue(self, op, args, timeout, lease):
-        if lease is None:
-            return self._submit(op, args, [], timeout, self._values)
-        return self._submit(op, {**args, "lease": lease}, [], timeout,
+    def _dequeue(self, request, timeout):
+        if request.lease is None:
+            return self._submit(request, [], timeout, self._values)
+        return self._submit(request, [], timeout,
                             lambda result, tensors: Lease(self, result, self._values(result, tensors)))
 
     # ------------------------------------------------ TensorFlow's methods
 
     def enqueue_async(self, vals, timeout=USE_DEFAULT):
-        return self._submit(BrokerOps.ENQUEUE, {}, self._components(vals), timeout, _nothing)
+        return self._submit(BrokerOps.Enqueue(self.handle), self._components(vals), timeout, _nothing)
 
     def enqueue_many_async(self, vals, timeout=USE_DEFAULT):
-        return self._submit(BrokerOps.ENQUEUE_MANY, {}, self._components(vals), timeout, _nothing)
+        return self._submit(BrokerOps.EnqueueMany(self.handle), self._components(vals), timeout, _nothing)
 
     def dequeue_async(self, timeout=USE_DEFAULT, lease=None):
-        return self._dequeue(BrokerOps.DEQUEUE, {}, timeout, lease)
+        return self._dequeue(BrokerOps.Dequeue(self.handle, lease), timeout)
 
     def dequeue_many_async(self, n, timeout=USE_DEFAULT, lease=None):
-        return self._dequeue(BrokerOps.DEQUEUE_MANY, {"n": n}, timeout, lease)
+        return self._dequeue(BrokerOps.DequeueMany(self.handle, n, lease), timeout)
 
     def dequeue_up_to_async(self, n, timeout=USE_DEFAULT, lease=None):
-        return self._dequeue(BrokerOps.DEQUEUE_UP_TO, {"n": n}, timeout, lease)
+        return self._dequeue(BrokerOps.DequeueUpTo(self.handle, n, lease), timeout)
 
     def close_async(self, cancel_pending_enqueues=False, timeout=USE_DEFAULT):
-        return self._submit(BrokerOps.CLOSE, {"cancel_pending_enqueues": bool(cancel_pending_enqueues)}, [], timeout, _nothing)
+        return self._submit(BrokerOps.Close(self.handle, bool(cancel_pending_enqueues)), [], timeout, _nothing)
 
     def enqueue(self, vals, timeout=USE_DEFAULT):
         return self.enqueue_async(vals, timeout).result()
@@ -159,22 +158,22 @@ class QueueBase:
         return self.close_async(cancel_pending_enqueues, timeout).result()
 
     def size(self):
-        return self._client.call(BrokerOps.SIZE, {"queue": self.handle})[0]["size"]
+        return self._client.call(BrokerOps.Size(self.handle))[0]["size"]
 
     def is_closed(self):
-        return self._client.call(BrokerOps.IS_CLOSED, {"queue": self.handle})[0]["closed"]
+        return self._client.call(BrokerOps.IsClosed(self.handle))[0]["closed"]
 
     def producers(self):
         """The broker's state of this queue's producers (common/producers.py): closed None, 'ok' or
         'failed', closed_by, the error, and per producer done, exhausted, lease_s and progress."""
-        return self._client.call(BrokerOps.PRODUCERS, {"queue": self.handle})[0]
+        return self._client.call(BrokerOps.Producers(self.handle))[0]
 
 
 def open_queue(declaration, broker, pool=None, timeout=USE_DEFAULT):
     """Declare a queue on `broker`: the one of that shared name if it exists, else a new one.
     The broker's answer: handle, name and whether this call created it."""
     client = (pool or default_pool).get(broker)
-    return client.call(BrokerOps.OPEN_QUEUE, {"declaration": declaration}, timeout=timeout)[0]
+    return client.call(BrokerOps.OpenQueue(declaration), timeout=timeout)[0]
 
 
 def _nothing(result, tensors):
@@ -195,8 +194,7 @@ def attach(shared_name, container="", broker=None, pool=None, timeout=30.0, role
     deadline = time.monotonic() + timeout
     while True:
         try:
-            result, _ = client.call(BrokerOps.ATTACH_QUEUE, {"shared_name": shared_name, "container": container},
-                                    timeout=max(1.0, timeout))
+            result, _ = client.call(BrokerOps.AttachQueue(shared_name, container), timeout=max(1.0, timeout))
             break
         except NotFoundError:
             if time.monotonic() > deadline:
@@ -239,4 +237,4 @@ def reset(containers, broker=None, pool=None):
     """Free every queue in `containers` (like Session.reset); pending requests fail Cancelled."""
     broker = broker or os.environ.get(DEFAULT_BROKER_ENV)
     client = (pool or default_pool).get(broker)
-    return [client.call(BrokerOps.RESET, {"container": c})[0] for c in ([containers] if isinstance(containers, str) else containers)]
+    return [client.call(BrokerOps.Reset(c))[0] for c in ([containers] if isinstance(containers, str) else containers)]

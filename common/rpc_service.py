@@ -10,10 +10,13 @@ Built-in ops every service answers: `ping` (liveness, and which of the caller's
 requests the service no longer holds), `cancel` (withdraw a parked request),
 `bye` (the client is leaving: cancel its parked requests) and `info`.
 
-Admin ops (a subclass's `admin_ops`, e.g. shutdown) need a credential: with CURVE the handshake
-is one (only authorized client keys get through); without it the request header must carry the
-service's admin token (common/admin_token.py). A refused one is answered UNAUTHENTICATED (no
-token) or PERMISSION_DENIED (a wrong one) before its handler runs, and counted.
+A subclass serves the ops its `protocol` table declares (common/protocol.py): `serve({Request: handler})`.
+Before a declared op's handler runs, its sender is checked against the declared role (`_authorize`,
+the one check point) and its args become the declaration (`validate`), so `call.args` is typed; an
+undeclared op (a test's toy service) gets its args as the dict that came. Admin ops need a credential:
+with CURVE the handshake is one (only authorized client keys get through); without it the request
+header must carry the service's admin token (common/admin_token.py). A refused one is answered
+UNAUTHENTICATED (no token) or PERMISSION_DENIED (a wrong one) before its handler runs, and counted.
 
 A client that holds parked requests must be heard from (any message, pings
 included) at least every `client_timeout` seconds; otherwise it is taken as
@@ -43,7 +46,10 @@ from zmqflow.common import admin_token, curve, health, wire
 from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError)
 from zmqflow.common.limits import DEFAULT_LIMITS
 from zmqflow.common.memory import release_freed_memory
-from zmqflow.common.protocol import Ops
+from zmqflow.common.protocol import ADMIN, Ops, ops_with_role
+from zmqflow.common.resolver import default_resolver
+from zmqflow.common.rpc_calls import Calls, client_socket
+from zmqflow.common.sockets import connect_resolved
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +84,8 @@ class Service:
     """Subclass and register handlers with `self.handlers[op] = fn(call)`."""
 
     name = "service"
-    admin_ops = frozenset()
-    """The ops that need a credential (common/protocol.py's `ADMIN` sets): CURVE, or the admin token."""
+    protocol = None
+    """The table of ops this service answers besides the common ones (common/protocol.py's BrokerOps, ...)."""
 
     def __init__(self, bind, limits=DEFAULT_LIMITS, client_timeout=30.0, context=None, curve_dir=None):
         self.limits = limits
@@ -101,6 +107,7 @@ class Service:
         health.announce(self.endpoint)
         # without CURVE, admin ops need this token (from the environment, else made and written to a 0600 file)
         self.admin_token, self._admin_token_file = None, None
+        self.admin_ops = ops_with_role(self.protocol, ADMIN) if self.protocol else set()
         if self.admin_ops and not self.curve_dir:
             self.admin_token, self._admin_token_file = admin_token.for_service(self.endpoint, sorted(self.admin_ops))
         self.parked = {}
@@ -114,11 +121,18 @@ class Service:
         self.stats = {"requests": 0, "errors": 0, "bad_requests": 0, "deadlines": 0, "admin_refused": 0}
         self.op_stats = None  # zmqflow.common.metrics.OpStats: requests timed per op, only with --metrics-port
         self.metrics_address = None
-        self.handlers = {Ops.PING: self._ping, Ops.CANCEL: self._cancel, Ops.BYE: self._bye, Ops.INFO: self._info}
+        self.handlers, self.requests = {}, {}  # op -> handler; op -> its declaration (the declared ones)
+        self.serve({Ops.Ping: self._ping, Ops.Cancel: self._cancel, Ops.Bye: self._bye, Ops.Info: self._info})
         self._poller = zmq.Poller()
         self._poller.register(self.socket, zmq.POLLIN)
         self._extra_sockets = {}  # socket -> on_readable(): a subclass's own sockets polled by this loop
         self.add_socket(self._monitor, self._watch_connections)
+
+    def serve(self, handlers):
+        """Answer each declared request ({Request class: fn(call)}) with its handler."""
+        for request, handler in handlers.items():
+            self.handlers[request.OP] = handler
+            self.requests[request.OP] = request
 
     # ------------------------------------------------ hooks for subclasses
 
@@ -292,8 +306,10 @@ class Service:
             handler = self.handlers.get(op)
             if handler is None:
                 raise InvalidArgumentError(f"unknown op {op!r} for {self.name}; known: {', '.join(sorted(self.handlers))}")
-            if op in self.admin_ops and self.admin_token is not None:
-                self._check_admin(op, header)
+            request = self.requests.get(op)
+            if request is not None:
+                self._authorize(request, header)
+                args = request.validate(args)
             tensors = wire.decode_tensors(header.get("tensors", []), frames, self.limits)
             deadline = None if deadline_ms is None else now + deadline_ms / 1000.0
             call = Call(identity, rid, op, args, tensors, deadline, now)
@@ -312,12 +328,17 @@ class Service:
                 self.op_stats.observe(self._op_label(header), now, InternalError.code, False)
             self._send(identity, wire.reply_frames(rid, InternalError.code, f"internal error: {exc!r}"))
 
-    def _check_admin(self, op, header):
+    def _authorize(self, request, header):
+        """The one check of a request's sender against the role its declaration names. Only `admin` is
+        enforced today: the admin token, unless CURVE is on (its handshake was the credential); member
+        and client requests pass (their credentials are issue 23's)."""
+        if request.ROLE != ADMIN or self.admin_token is None:
+            return
         try:
-            admin_token.check(self.admin_token, header.get(admin_token.HEADER), op, self.name, self.endpoint)
+            admin_token.check(self.admin_token, header.get(admin_token.HEADER), request.OP, self.name, self.endpoint)
         except OpError as exc:
             self.stats["admin_refused"] += 1
-            log.warning("refused %s: %s", op, exc)
+            log.warning("refused %s: %s", request.OP, exc)
             raise
 
     def _refuse(self, identity, header, rid, error, now):
@@ -382,14 +403,11 @@ class Service:
     # ------------------------------------------------ built-in ops
 
     def _ping(self, call):
-        ids = call.args.get("ids", [])
-        if not isinstance(ids, list):
-            raise InvalidArgumentError("ping ids must be a list")
-        unknown = [i for i in ids if (call.identity, i) not in self.parked]
+        unknown = [i for i in call.args.ids if (call.identity, i) not in self.parked]
         return {"unknown": unknown, "service": self.name, "max_message_bytes": self.limits.max_message_bytes}
 
     def _cancel(self, call):
-        target = self.parked.get((call.identity, call.args.get("target")))
+        target = self.parked.get((call.identity, call.args.target))
         if target is None:
             return {"cancelled": False}
         self.on_cancel(target, CancelledError(f"request {target.id} ({target.op}) was cancelled by the client"))
@@ -406,3 +424,92 @@ class Service:
                 "timers": len(self._deadlines),
                 "stats": dict(self.stats), "curve": bool(self.curve_dir), "metrics": self.metrics_address,
                 **self.describe()}
+
+
+class LoopClient:
+    """Calls from a service's own loop to the service at `address`: the in-loop driver of common/rpc_calls.py.
+
+    The socket and its monitor are polled by `service`'s loop: an answer calls `on_reply(call)` (its value
+    the reply's (header, frames), for the owner to check), a dropped connection `on_lost()`, so a peer whose
+    process died is known at once. Nothing waits: `connect()` connects to where the name resolves now; the
+    owner keeps its own deadlines (the service's heap), and `expire(now)` gives up, cancelling at the peer,
+    the calls past their deadline and grace, so nothing is kept for a peer that never answers.
+
+    Each client has a ZeroMQ context, so an I/O thread, of its own: libzmq resolves a host name in its I/O
+    thread on every reconnect, and a name that stopped resolving (10 s a lookup where the upstream DNS is
+    unreachable) would block every socket on that thread (one dead member stalled a whole ensemble).
+    """
+
+    def __init__(self, service, address, name, on_reply, on_lost, resolver=default_resolver, hwm=10_000):
+        self.service, self.address, self.on_reply, self.on_lost = service, address, on_reply, on_lost
+        self.calls = Calls(address, service.limits, resolver, decode=False)
+        self.context = zmq.Context(io_threads=1)
+        # a full queue fails the send at once instead of blocking the loop; CURVE checks the peer's key
+        self.sock = client_socket(self.context, service.limits, name, hwm=hwm, send_timeout_ms=0)
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        service.add_socket(self.sock, self._drain)
+        service.add_socket(self.monitor, self._watch)
+
+    @property
+    def endpoint(self):
+        return self.calls.endpoint
+
+    def connect(self):
+        """Connect to the address the name resolves to now, leaving the one connected before; that address,
+        or None while the name does not resolve (the lookup goes on in the background)."""
+        endpoint = self.calls.resolver.endpoint(self.address)
+        if endpoint is not None and endpoint != self.calls.endpoint:
+            if self.calls.endpoint is not None:
+                self.sock.disconnect(self.calls.endpoint)
+            connect_resolved(self.sock, endpoint)
+            self.calls.endpoint = endpoint
+        return endpoint
+
+    def submit(self, op, args=None, tensors=(), timeout=None, rid=None):
+        """Send a request now (`rid`: the owner's id, unique among its calls here); its Call. A send that
+        cannot go at once raises zmq.ZMQError."""
+        call, frames = self.calls.request(op, args, tensors, timeout, time.monotonic(), rid=rid)
+        try:
+            wire.send_message(self.sock, frames)
+        except zmq.ZMQError:
+            self.calls.pending.pop(call.id, None)
+            raise
+        return call
+
+    def cancel(self, call):
+        """Withdraw `call` at the peer; its answer, if one still comes, is dropped."""
+        if self.calls.pending.pop(call.id, None) is not None:
+            try:
+                wire.send_message(self.sock, self.calls.cancel(call))
+            except zmq.ZMQError:
+                pass
+
+    def expire(self, now):
+        for call in self.calls.overdue(now):
+            try:
+                wire.send_message(self.sock, self.calls.give_up(call))
+            except zmq.ZMQError:
+                pass  # best effort: the peer drops the request at its deadline anyway
+
+    def _drain(self):
+        sock, calls = self.sock, self.calls
+        while not sock.closed and wire.readable(sock):
+            call = calls.received(*wire.recv_message(sock, False, calls.limits)[1:])
+            if call is not None:
+                self.on_reply(call)
+
+    def _watch(self):
+        lost = False
+        while not self.sock.closed and wire.readable(self.monitor):
+            lost = recv_monitor_message(self.monitor)["event"] == zmq.EVENT_DISCONNECTED or lost
+        if lost:
+            self.calls.resolver.refresh(self.address)  # reconnected by the owner to where the name points then
+            self.on_lost()
+
+    def close(self):
+        self.service.remove_socket(self.sock)
+        self.service.remove_socket(self.monitor)
+        self.sock.disable_monitor()
+        self.monitor.close(0)
+        self.sock.close(0)
+        self.context.term()

@@ -39,27 +39,27 @@ class ModelClient(OpClient):
         super().__init__(address, timeout, name, **rpc_options)
 
     def predict_async(self, x, timeout=USE_DEFAULT):
-        args, tensors = request_tensors(x)
-        return PendingPredict(self.rpc.submit(ServeOps.PREDICT, args, tensors, timeout=timeout))
+        names, tensors = request_tensors(x)
+        return PendingPredict(self.rpc.submit(ServeOps.Predict(names), tensors=tensors, timeout=timeout))
 
     def predict(self, x, timeout=USE_DEFAULT):
         return self.predict_async(x, timeout).result()
 
     def predict_records(self, records, timeout=USE_DEFAULT):
         """(outputs, info) for raw feature columns {column: [values]}; info["predicted"] per row."""
-        return PendingPredict(self.rpc.submit(ServeOps.PREDICT, {"records": records_args(records)}, [],
+        return PendingPredict(self.rpc.submit(ServeOps.Predict(records=records_args(records)),
                                               timeout=timeout)).result()
 
     def model_info(self, timeout=5.0):
-        return self.rpc.call(ServeOps.MODEL_INFO, timeout=timeout)[0]
+        return self.rpc.call(ServeOps.ModelInfo(), timeout=timeout)[0]
 
 
 def request_tensors(x):
-    """(args, tensors) of a predict: one array as it is (floats as float32), or named arrays."""
+    """(input names or None, tensors) of a predict: one array as it is (floats as float32), or named arrays."""
     if isinstance(x, dict):
         names = list(x)
-        return {"inputs": names}, [_contiguous(x[name]) for name in names]
-    return {}, [_contiguous(x)]
+        return names, [_contiguous(x[name]) for name in names]
+    return None, [_contiguous(x)]
 
 
 def _contiguous(x):

@@ -149,7 +149,8 @@ class LocalCluster:
         self.stages = self._pipeline_stages()   # a pipelined model is one replica over all the workers
         self.broker = self.supervisor.start_service("zmqflow.services.broker", name="broker")
         self.placement = Placement(self.broker.endpoint, prepared=self.prepared_dir, log_dir=self.log_dir,
-                                   splits=tuple(self.prepared), train_rows=self.examples_per_epoch)
+                                   splits=tuple(self.prepared), train_rows=self.examples_per_epoch,
+                                   stages=self.stages)
         planned = tasks(spec, self.placement)
         self._ps_tasks = {t.index: t for t in planned if t.role == "ps"}
         for i in range(spec.cluster.ps):
@@ -188,8 +189,6 @@ class LocalCluster:
         if stages > 1 and stages != self.spec.total_workers:
             raise InvalidArgumentError(f"the model's layers run on {stages} workers (/job:worker/task:0..{stages - 1}); "
                                        f"train it with --num-workers {stages} (got {self.spec.total_workers})")
-        if stages > 1 and self.spec.cluster.mode == "sync":
-            raise InvalidArgumentError("a pipelined model is one replica over all the workers: train it in async mode")
         return stages
 
     def _start_pipeline(self, workers, env):

@@ -18,7 +18,6 @@ with `shutdown_ps` (default), tells the ps tasks to exit so their `join()` retur
 """
 
 import threading
-import time
 
 from zmqflow.common.cluster import CHIEF_JOBS, ClusterSpec
 from zmqflow.common.errors import InvalidArgumentError
@@ -28,7 +27,6 @@ from zmqflow.models.registry import load_model, model_variables
 from zmqflow.jobs.spec import DEFAULT_OPTIMIZER
 from zmqflow.models.spec import resolve_model
 from zmqflow.services.worker import hooks as H
-from zmqflow.services.worker.hooks import StepContext
 from zmqflow.services.worker.trainer import Trainer
 
 
@@ -127,32 +125,22 @@ class MonitoredTrainingSession:
         hooks = list(hooks)
         if is_chief and checkpoint_dir:
             hooks.append(H.CheckpointHook(checkpoint_dir, every_steps=save_checkpoint_steps))
-        self.trainer = Trainer(self.model, self.ps, queue=None, replica=server.replica,
-                               num_workers=server.num_workers, is_chief=is_chief, mode=server.mode, hooks=hooks,
-                               seed=seed, checkpoint_dir=checkpoint_dir, config={"model": server.model_spec})
-        self._params, self._stop, self._started = None, False, None
+        self.hooks = hooks
+        self.trainer = Trainer(self.model, self.ps, replica=server.replica, num_workers=server.num_workers,
+                               is_chief=is_chief, mode=server.mode, seed=seed, checkpoint_dir=checkpoint_dir,
+                               config={"model": server.model_spec})
+        self._stop = False
 
     def __enter__(self):
-        self.trainer.start()
-        for hook in self.trainer.hooks:
-            hook.begin(self.trainer)
-        self._params = self.ps.pull(exclude=self.trainer._not_pulled)
-        self.trainer.global_step = self.ps.versions[0]
-        self._started = time.perf_counter()
+        self.trainer.begin(self.hooks)
         return self
 
     def run(self, x, y):
         """One training step on the batch (x, y); returns its loss."""
-        trainer = self.trainer
-        loss, self._params = trainer._step(self._params, x, y)
-        trainer.steps += 1
-        trainer.examples += len(y)
-        trainer.losses.append(loss)
-        ctx = StepContext(trainer, trainer.steps, trainer.global_step, float(loss), trainer.examples, 0, len(y),
-                          time.perf_counter() - self._started)
-        if any([hook.after_step(ctx) for hook in trainer.hooks]):
+        result = self.trainer.step((x, y))
+        if self.trainer.after_step(result):
             self._stop = True
-        return loss
+        return result.loss
 
     def should_stop(self):
         return self._stop
@@ -169,13 +157,11 @@ class MonitoredTrainingSession:
         trainer = self.trainer
         try:
             if exc[0] is None:
-                trainer._settle_push()
-                trainer.elapsed = time.perf_counter() - self._started
-                self.summary = trainer.finish()
+                self.summary = trainer.end()
                 if trainer.is_chief and self.shutdown_ps:
                     self.ps.shutdown()
         finally:
-            for hook in trainer.hooks:        # after every hook's end: one may still report to another
+            for hook in self.hooks:        # after every hook's end: one may still report to another
                 if callable(getattr(hook, "close", None)):
                     hook.close()
             self.ps.close()

@@ -209,6 +209,7 @@ class Placement:
     container: str | None = None       # a resource container of the broker's queues (a sweep's run)
     hooks: tuple = ()                  # the workers' user hooks (module:Class)
     evaluate: bool = False             # the chief scores the test split at the end (no launcher does)
+    stages: int = 1                    # a model split over the workers by its layers: one replica of them all
 
 
 def deployment(spec, host=lambda role, index: f"{role}{index}", prepared=PREPARED):
@@ -292,10 +293,12 @@ def _tf_config(placement, role, index):
 
 def _ps_task(spec, placement, index):
     sync = spec.cluster.mode == "sync"
+    replicas = 1 if placement.stages > 1 else spec.total_workers
     options = {"model": f"{placement.prepared}/{MODEL_JSON}", "optimizer": json.dumps(spec.training.optimizer),
                "mode": "sync" if sync else None,
-               "replicas-to-aggregate": (spec.cluster.replicas_to_aggregate or spec.cluster.workers) if sync else None,
-               "total-num-replicas": spec.total_workers if sync else None,
+               "replicas-to-aggregate": (spec.cluster.replicas_to_aggregate or min(replicas, spec.cluster.workers))
+               if sync else None,
+               "total-num-replicas": replicas if sync else None,
                "restore-from": spec.checkpoint.dir, "max-shard-bytes": spec.cluster.max_shard_bytes}
     if placement.cluster is None:
         return TaskSpec("ps", index, ["ps"], {"task-index": index, "num-ps": spec.cluster.ps, **options})

@@ -1,12 +1,13 @@
 """`Aggregator`: one predict request fanned out to model servers, answered by the deadline.
 
-Why one DEALER per member polled by the service's own loop: a request costs no thread and
-nothing blocks; the client's call is parked with its deadline, every member's reply is
-matched by the member-side request id, and the call is answered as soon as every asked
-member has responded, or AT the deadline (the base deadline heap) with what arrived. A request
-the members are too busy to answer in time is shed at once (RESOURCE_EXHAUSTED, counted `shed`). Each
-member socket's monitor is polled too, so a member whose connection drops (its process
-died) is known at once, not at the deadline. Probes of unhealthy members ride the same heap.
+Why one LoopClient per member (common/rpc_service.py: its socket polled by the service's own loop): a
+request costs no thread and nothing blocks; the client's call is parked with its deadline, every
+member's reply is matched by the member-side request id, and the call is answered as soon as every
+asked member has responded, or AT the deadline (the base deadline heap) with what arrived. A request
+the members are too busy to answer in time is shed at once (RESOURCE_EXHAUSTED, counted `shed`). A
+member whose connection drops (its process died) is known at once, not at the deadline. Probes of
+unhealthy members ride the same heap. Links connect to the address a member's name resolves to,
+never to the name (common/resolver.py).
 
 This file only moves messages: whom to ask, what is in flight, retries, health, ejection
 and probing are the fan-out policy's (fanout.py), which gets every reply, failure, dropped
@@ -19,73 +20,26 @@ import time
 
 import numpy as np
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
-from zmqflow.common import curve, wire
+from zmqflow.common import wire
 from zmqflow.common.errors import InvalidArgumentError, OpError, ResourceExhaustedError
-from zmqflow.common.rpc_service import PARKED, Service
+from zmqflow.common.rpc_service import PARKED, LoopClient, Service
 from zmqflow.common.resolver import default_resolver
-from zmqflow.common.sockets import connect_resolved, dealer_socket
 from zmqflow.services.aggregator.admission import Admission, QueueDelay
 from zmqflow.services.aggregator.combine import COMBINERS, CustomCombine, check_combine
 from zmqflow.services.aggregator.fanout import FanOut, Probe
 from zmqflow.services.aggregator.gather import Gather
 from zmqflow.services.aggregator.stats import AggregatorStats
-from zmqflow.common.protocol import AggregatorOps
+from zmqflow.common.protocol import AggregatorOps, Ops, ServeOps
 
 log = logging.getLogger(__name__)
 
 MODES = ("ensemble", "replica")
 
 
-class _Link:
-    """The aggregator's socket to one member and its monitor (whether the connection dropped).
-
-    libzmq resolves a host name in its I/O thread on every reconnect, and a name that stopped
-    resolving (a container gone from Compose's network: 10 s per lookup where the upstream DNS is
-    unreachable) blocks that thread and every socket on it: one dead member stalled the whole
-    ensemble. So the link connects to the address the resolver found (`connect`), never to the
-    name, and each link has a ZeroMQ context, so an I/O thread, of its own as well.
-    """
-
-    __slots__ = ("address", "endpoint", "context", "sock", "monitor")
-
-    def __init__(self, address, limits, name):
-        self.address, self.endpoint = address, None
-        self.context = zmq.Context(io_threads=1)
-        keys = curve.curve_dir_from_env()
-        # a full queue fails the send at once instead of blocking the loop; CURVE checks the member's
-        # key, not its name, so connecting to its address keeps it
-        self.sock = dealer_socket(self.context, limits, name, curve.ClientKeys(keys) if keys else None,
-                                  hwm=10_000, send_timeout_ms=0)
-        # the connection's events: a member whose process dies is known at once, not after timeouts
-        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-
-    def connect(self, endpoint):
-        """Connect to `endpoint` (the member's resolved address), leaving the address connected before."""
-        if self.endpoint is not None:
-            self.sock.disconnect(self.endpoint)
-        connect_resolved(self.sock, endpoint)
-        self.endpoint = endpoint
-
-    def lost_connection(self):
-        """True if the monitor reported the connection to the member gone (reads every pending event)."""
-        lost = False
-        while wire.readable(self.monitor):
-            event = recv_monitor_message(self.monitor)
-            lost = lost or event["event"] == zmq.EVENT_DISCONNECTED
-        return lost
-
-    def close(self):
-        self.sock.disable_monitor()
-        self.monitor.close(0)
-        self.sock.close(0)
-        self.context.term()
-
-
 class Aggregator(Service):
     name = "aggregator"
-    admin_ops = AggregatorOps.ADMIN   # add_member, remove_member: CURVE or the admin token (common/admin_token.py)
+    protocol = AggregatorOps
 
     def __init__(self, bind, members=(), mode="ensemble", deadline_ms=1000, min_members=1, combine="mean",
                  unhealthy_after=3, probe_ms=500, min_healthy=None, admit_share=0.5, resolver=default_resolver,
@@ -109,16 +63,17 @@ class Aggregator(Service):
         self._timer_at = None
         for address, weight in members:
             self._add(address, weight)
-        self.handlers.update({AggregatorOps.PREDICT: self._predict, AggregatorOps.ADD_MEMBER: self._add_member,
-                              AggregatorOps.REMOVE_MEMBER: self._remove_member, AggregatorOps.MEMBERS: self._members,
-                              AggregatorOps.STATS: self._stats})
+        self.serve({AggregatorOps.Predict: self._predict, AggregatorOps.AddMember: self._add_member,
+                    AggregatorOps.RemoveMember: self._remove_member, AggregatorOps.Members: self._members,
+                    AggregatorOps.Stats: self._stats})
 
     # ------------------------------------------------ membership
 
     def _add(self, address, weight=1.0):
         address = normalize_address(address)
         member = self.fanout.add(address, weight)
-        link = _Link(address, self.limits, "aggregator")
+        link = LoopClient(self, address, "aggregator", lambda call: self._member_replied(address, call),
+                          lambda: self._member_lost(address), self.resolver)
         try:
             self._connect(member, link, time.monotonic())
         except zmq.ZMQError as exc:
@@ -126,8 +81,6 @@ class Aggregator(Service):
             self.fanout.remove(address)
             raise InvalidArgumentError(f"cannot connect to member {address!r}: {exc}") from None
         self.links[address] = link
-        self.add_socket(link.sock, lambda: self._drain_member(link))
-        self.add_socket(link.monitor, lambda: self._watch_member(link))
         log.info("member %s added (weight %g)", address, member.weight)
         return member
 
@@ -135,26 +88,21 @@ class Aggregator(Service):
         """Connect `link` to the member's address as the resolver knows it now, without waiting for a
         lookup. A name that does not resolve (yet) leaves the member unhealthy: each probe looks it up
         again. True if the link is connected (maybe still to the address it had before)."""
-        endpoint = self.resolver.endpoint(link.address)
+        endpoint = link.connect()
         if endpoint is None:
             self.fanout.unresolved(member, now, self.resolver.error(link.address))
-        elif endpoint != link.endpoint:
-            link.connect(endpoint)
+        elif endpoint != member.connected_to:
             member.connected_to = endpoint
             log.info("member %s connected to %s", member.address, endpoint)
         return link.endpoint is not None
 
     def _add_member(self, call):
-        return {"member": self._add(call.args.get("address"), call.args.get("weight", 1.0)).describe()}
+        return {"member": self._add(call.args.address, call.args.weight).describe()}
 
     def _remove_member(self, call):
-        address = call.args.get("address")
-        address = normalize_address(address) if isinstance(address, str) and address else address
+        address = normalize_address(call.args.address)
         member, lost = self.fanout.remove(address)
-        link = self.links.pop(address)
-        self.remove_socket(link.sock)
-        self.remove_socket(link.monitor)
-        link.close()
+        self.links.pop(address).close()
         now = time.monotonic()
         for gather in lost:
             self._advance(gather, now)
@@ -169,12 +117,10 @@ class Aggregator(Service):
     def _predict(self, call):
         rows = _check_request(call)
         args = call.args
-        mode = _check_mode(args.get("mode") or self.mode)
-        combine = check_combine(args.get("combine") or self.combine, self.custom)
-        deadline_ms = args.get("deadline_ms")
-        deadline_ms = self.deadline_ms if deadline_ms is None else _check_int("deadline_ms", deadline_ms, 1)
-        min_members = args.get("min_members")
-        min_members = self.min_members if min_members is None else _check_int("min_members", min_members, 1)
+        mode = args.mode or self.mode
+        combine = check_combine(args.combine or self.combine, self.custom)
+        deadline_ms = args.deadline_ms or self.deadline_ms
+        min_members = args.min_members or self.min_members
         now = time.monotonic()
         self.agg_stats.counters["requests"] += 1
         waited = self._waited(call) if self.fanout.admission.enabled else 0.0
@@ -192,10 +138,8 @@ class Aggregator(Service):
         except ResourceExhaustedError:
             self.agg_stats.counters["shed"] += 1  # answered at once by the base loop, with its retry hint
             raise
-        if targets:
-            frames = self._request(gather, now)  # encoded once, however many members are asked
-            for member in targets:
-                self._send_to(member, gather, frames, now)
+        for member in targets:
+            self._send_to(member, gather, now)
         if gather.finished():
             self._finish(gather, now)
             return PARKED  # already answered by _finish
@@ -204,42 +148,34 @@ class Aggregator(Service):
 
     def _waited(self, call):
         """Seconds the request waited before it was read, when its client said when it sent it (`sent_at`)."""
-        sent_at = call.args.get("sent_at")
-        if isinstance(sent_at, bool) or not isinstance(sent_at, (int, float)) or not math.isfinite(sent_at):
+        sent_at = call.args.sent_at
+        if sent_at is None:
             return 0.0
         return self.queue_delay.waited(call.identity, float(sent_at), time.time() - (time.monotonic() - call.received))
 
-    def _request(self, gather, now):
-        """The frames of `gather`'s predict to members, under its current member-side id and the time left."""
-        return wire.request_frames("predict", gather.rid, _member_args(gather.call.args), gather.call.tensors,
-                                   max(1, int((gather.call.deadline - now) * 1000)))
-
-    def _send_to(self, member, gather, frames, now):
+    def _send_to(self, member, gather, now):
+        """`gather`'s predict to `member`, under its current member-side id, with the time left as deadline."""
+        call = gather.call
         try:
-            wire.send_message(self.links[member.address].sock, frames)
+            self.links[member.address].submit(_member_request(call.args), None, call.tensors,
+                                              max(0.001, call.deadline - now), gather.rid)
         except zmq.ZMQError as exc:
             self.fanout.unsent(member, gather, f"error: send failed: {exc}", now)
 
     # ------------------------------------------------ member replies
 
-    def _drain_member(self, link):
-        sock, member = link.sock, self.members.get(link.address)
-        while not sock.closed and wire.readable(sock):
-            _, header, frames, error = wire.recv_message(sock, False, self.limits)
-            now = time.monotonic()
-            if header is None:
-                log.warning("malformed reply from member %s dropped: %s", link.address, error)
-                continue
-            rid, code = header.get("id"), header.get("code", 0)
-            entry = self.fanout.awaiting(member, rid)
-            if entry is None:
-                self.agg_stats.counters["late_dropped"] += 1
-            elif isinstance(entry, Probe):
-                self.fanout.probe_answered(member, rid, code, header.get("error"), now)
-            elif code:
-                self._go_on(entry, self.fanout.refused(member, entry, code, header.get("error"), now), now)
-            else:
-                self._take_answer(member, entry, header, frames, now)
+    def _member_replied(self, address, call):
+        member, now = self.members.get(address), time.monotonic()
+        entry = self.fanout.awaiting(member, call.id)
+        code, message = (call.error.code, call.error.message) if call.error is not None else (0, None)
+        if entry is None:
+            self.agg_stats.counters["late_dropped"] += 1
+        elif isinstance(entry, Probe):
+            self.fanout.probe_answered(member, call.id, code, message, now)
+        elif code:
+            self._go_on(entry, self.fanout.refused(member, entry, code, message, now), now)
+        else:
+            self._take_answer(member, entry, *call.value, now)
 
     def _take_answer(self, member, gather, header, frames, now):
         probs = self._decode_answer(gather, header, frames)
@@ -252,16 +188,13 @@ class Aggregator(Service):
         self.fanout.answered(member, gather, probs)
         self._advance(gather, now)
 
-    def _watch_member(self, link):
+    def _member_lost(self, address):
         """The member's connection dropped (its process died or closed): the policy fails what is in
-        flight to it now; replica retries go out here."""
-        if link.sock.closed or not link.lost_connection():
-            return
-        member = self.members.get(link.address)
+        flight to it now; replica retries go out here. The probes reconnect to where its name points then."""
+        member = self.members.get(address)
         if member is None:
             return
         now = time.monotonic()
-        self.resolver.refresh(link.address)  # reconnected by the probes to where its name points then
         for gather, retry in self.fanout.disconnected(member, now):
             self._go_on(gather, retry, now)
 
@@ -280,7 +213,7 @@ class Aggregator(Service):
     def _go_on(self, gather, retry, now):
         """After a member failed `gather`: send the retry the policy chose, if any; answer if nothing more can come."""
         if retry is not None:
-            self._send_to(retry, gather, self._request(gather, now), now)
+            self._send_to(retry, gather, now)
         self._advance(gather, now)
 
     def _advance(self, gather, now):
@@ -302,7 +235,8 @@ class Aggregator(Service):
             self.fail(call, exc)
             return
         if call.tensors:
-            self._probe_request = (_member_args(call.args), [np.zeros((1,) + t.shape[1:], t.dtype) for t in call.tensors])
+            self._probe_request = (_member_request(call.args), [np.zeros((1,) + t.shape[1:], t.dtype)
+                                                                for t in call.tensors])
         info["latency_ms"] = round((time.monotonic() - call.received) * 1000.0, 3)
         self.agg_stats.record(time.monotonic() - call.received, ok=True, partial=bool(info["missing"]))
         self.reply(call, info, [probs])
@@ -339,14 +273,10 @@ class Aggregator(Service):
             return
         timeout_ms = max(1, int(min(self.deadline_ms, self.fanout.probe_s * 1000)))
         rid = self.fanout.probe(member, now, timeout_ms / 1000.0)
-        if self._probe_request is not None:
-            args, tensors = self._probe_request
-            frames = wire.request_frames("predict", rid, args, tensors, timeout_ms)
-        else:
-            frames = wire.request_frames("ping", rid, {"ids": []}, (), timeout_ms)
+        request, tensors = self._probe_request or (Ops.Ping(), ())
         self.agg_stats.counters["probes"] += 1
         try:
-            wire.send_message(link.sock, frames)
+            link.submit(request, None, tensors, timeout_ms / 1000.0, rid)
         except zmq.ZMQError:
             pass  # no reply will come: the next probe replaces this one
 
@@ -359,6 +289,11 @@ class Aggregator(Service):
             return
         self._timer_at = when
         self.wake_at(when)
+
+    def housekeeping(self, now):
+        """Once a second: member requests past their deadline and grace are given up (their replies drop)."""
+        for link in self.links.values():
+            link.expire(now)
 
     # ------------------------------------------------ introspection
 
@@ -392,8 +327,6 @@ class Aggregator(Service):
 
     def close(self):
         for link in self.links.values():
-            self.remove_socket(link.sock)
-            self.remove_socket(link.monitor)
             link.close()
         self.links.clear()
         super().close()
@@ -424,10 +357,9 @@ def _check_int(name, value, low):
 def _check_request(call):
     """The request's rows: its tensors (one per model input, n >= 1 rows each; floats become float32)
     or its records ({column: [values]}, checked by the members, which know the columns)."""
-    records = call.args.get("records")
+    records = call.args.records
     if records is not None:
-        if call.tensors or not isinstance(records, dict) or not records or \
-                not all(isinstance(v, list) for v in records.values()):
+        if call.tensors or not records or not all(isinstance(v, list) for v in records.values()):
             raise InvalidArgumentError("records is a mapping {column: [values, ...]} sent without tensors")
         lengths = {len(v) for v in records.values()}
         if len(lengths) != 1 or 0 in lengths:
@@ -446,6 +378,6 @@ def _check_request(call):
     return rows.pop()
 
 
-def _member_args(args):
-    """What of a client's predict args the members get: the input names or the records."""
-    return {key: args[key] for key in ("inputs", "records") if args.get(key) is not None}
+def _member_request(args):
+    """What of a client's predict the members get: the input names or the records."""
+    return ServeOps.Predict(args.inputs, args.records)

@@ -20,10 +20,9 @@ from zmqflow.common.limits import DEFAULT_LIMITS
 from zmqflow.common.memory import release_freed_memory
 from zmqflow.common.rpc_service import PARKED, Service
 from zmqflow.services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
-from zmqflow.services.broker.queues.leases import LeaseBook, check_lease_seconds
+from zmqflow.services.broker.queues.leases import LeaseBook
 from zmqflow.common.producers import DEFAULT_REJOIN_S
 from zmqflow.services.broker.queues.producers import ProducerBook
-from zmqflow.services.broker.queues.ticket import DEQUEUE_OPS
 from zmqflow.services.broker.queues.quota import BrokerLimits
 from zmqflow.common.protocol import BrokerOps
 
@@ -35,7 +34,7 @@ _TRIM_MIN_BYTES = 16 * 2 ** 20  # below this, what a trim could give back is not
 
 class BrokerService(Service):
     name = "queue-broker"
-    admin_ops = BrokerOps.ADMIN   # reset, shutdown: CURVE or the admin token (common/admin_token.py)
+    protocol = BrokerOps
 
     def __init__(self, bind, limits=DEFAULT_LIMITS, client_timeout=30.0, context=None, broker_limits=None, **options):
         super().__init__(bind, limits, client_timeout, context, **options)
@@ -45,46 +44,29 @@ class BrokerService(Service):
         self.producers = ProducerBook()
         self._wake = None  # when the loop is woken next for an expiring lease or producer (monotonic s)
         self._trim_from = 0  # bytes held at the last trim, or the most since: housekeeping trims below half of it
-        for op in BrokerOps.QUEUE_OPS:
-            self.handlers[op] = self._queue_op
-        self.handlers.update({BrokerOps.OPEN_QUEUE: self._open_queue, BrokerOps.ATTACH_QUEUE: self._attach_queue,
-                              BrokerOps.SIZE: self._size, BrokerOps.IS_CLOSED: self._is_closed,
-                              BrokerOps.RESET: self._reset, BrokerOps.LIST_QUEUES: self._list_queues,
-                              BrokerOps.SHUTDOWN: self._shutdown, BrokerOps.ACK: self._ack,
-                              BrokerOps.NACK: self._nack, BrokerOps.EXTEND: self._extend,
-                              BrokerOps.REGISTER_PRODUCER: self._register_producer, BrokerOps.BEAT: self._beat,
-                              BrokerOps.PRODUCER_DONE: self._producer_done,
-                              BrokerOps.PRODUCER_FAILED: self._producer_failed,
-                              BrokerOps.PRODUCERS: self._producers})
+        self.serve(dict.fromkeys(BrokerOps.QUEUE_OPS, self._queue_op))
+        self.serve({BrokerOps.OpenQueue: self._open_queue, BrokerOps.AttachQueue: self._attach_queue,
+                    BrokerOps.Size: self._size, BrokerOps.IsClosed: self._is_closed, BrokerOps.Reset: self._reset,
+                    BrokerOps.ListQueues: self._list_queues, BrokerOps.Shutdown: self._shutdown,
+                    BrokerOps.Ack: self._ack, BrokerOps.Nack: self._nack, BrokerOps.Extend: self._extend,
+                    BrokerOps.RegisterProducer: self._register_producer, BrokerOps.Beat: self._beat,
+                    BrokerOps.ProducerDone: self._producer_done, BrokerOps.ProducerFailed: self._producer_failed,
+                    BrokerOps.Producers: self._producers})
 
     def _shutdown(self, call):
         """The chief says the job is over: exit 0, so compose and Kubernetes see it complete."""
-        log.info("queue-broker shutting down (asked by %s)", call.args.get("by", "a client"))
+        log.info("queue-broker shutting down (asked by %s)", call.args.by)
         self.stop()
         return {"queues": len(self.registry)}
 
     # ------------------------------------------------ queue requests
 
-    def _queue(self, call):
-        handle = call.args.get("queue")
-        if type(handle) is not int:
-            raise InvalidArgumentError(f"'queue' must be a queue handle (int), got {handle!r:.60}")
-        return self.registry.get(handle)
-
     def _queue_op(self, call):
-        queue = self._queue(call)
         args = call.args
-        n = args.get("n")
-        if call.op in ("dequeue_many", "dequeue_up_to") and type(n) is not int:
-            raise InvalidArgumentError(f"{call.op} needs an int 'n', got {n!r:.60}")
-        lease = args.get("lease")
-        if lease is not None:
-            if call.op not in DEQUEUE_OPS:
-                raise InvalidArgumentError(f"{call.op} takes no lease: only dequeues are leased")
-            lease = check_lease_seconds(lease)
-        ticket = Ticket(call.op, components=call.tensors, n=n,
-                        cancel_pending_enqueues=bool(args.get("cancel_pending_enqueues", False)),
-                        owner=call.identity, tag=call, lease=lease)
+        queue = self.registry.get(args.queue)
+        ticket = Ticket(call.op, components=call.tensors, n=getattr(args, "n", None),
+                        cancel_pending_enqueues=getattr(args, "cancel_pending_enqueues", False),
+                        owner=call.identity, tag=call, lease=getattr(args, "lease", None))
         call.state = (queue, ticket)
         completed = queue.submit(ticket)
         if not ticket.done:
@@ -119,26 +101,18 @@ class BrokerService(Service):
 
     # ------------------------------------------------ leases (queues/leases.py)
 
-    def _lease_id(self, call):
-        lease_id = call.args.get("lease")
-        if type(lease_id) is not int:
-            raise InvalidArgumentError(f"{call.op} needs the int 'lease' a leased dequeue answered, "
-                                       f"got {lease_id!r:.60}")
-        return lease_id
-
     def _ack(self, call):
-        lease, done = self.leases.ack(self._lease_id(call), call.identity)
+        lease, done = self.leases.ack(call.args.lease, call.identity)
         self._answer(done)
         return {"lease": lease.id, "acked": len(lease.elements)}
 
     def _nack(self, call):
-        lease, done = self.leases.nack(self._lease_id(call), call.identity)
+        lease, done = self.leases.nack(call.args.lease, call.identity)
         self._answer(done)
         return {"lease": lease.id, "returned": len(lease.elements)}
 
     def _extend(self, call):
-        seconds = check_lease_seconds(call.args.get("seconds"), "extend's seconds")
-        lease = self.leases.extend(self._lease_id(call), call.identity, seconds, time.monotonic())
+        lease = self.leases.extend(call.args.lease, call.identity, call.args.seconds, time.monotonic())
         self._wake_by(lease.expires)
         return {"lease": lease.id, "lease_s": lease.seconds}
 
@@ -169,58 +143,47 @@ class BrokerService(Service):
 
     # ------------------------------------------------ producers (queues/producers.py)
 
-    def _producer_args(self, call):
-        """(queue, name, lease seconds) of a producer op."""
-        name = call.args.get("name")
-        if not isinstance(name, str) or not name or len(name) > self.limits.max_name_length:
-            raise InvalidArgumentError(f"{call.op} needs the producer's 'name' (a non-empty string of at most "
-                                       f"{self.limits.max_name_length} characters), got {name!r:.60}")
-        return self._queue(call), name, check_lease_seconds(call.args.get("lease"), f"{call.op}'s lease")
-
-    def _progress(self, call):
-        progress = call.args.get("progress")
-        if progress is not None and not isinstance(progress, dict):
-            raise InvalidArgumentError(f"{call.op}'s 'progress' must be a dict, got {progress!r:.60}")
-        return progress
+    def _producer(self, call):
+        """(queue, name) of a producer op; the name is bounded as the queues' names are."""
+        if len(call.args.name) > self.limits.max_name_length:
+            raise InvalidArgumentError(f"{call.op}'s name is longer than {self.limits.max_name_length} characters")
+        return self.registry.get(call.args.queue), call.args.name
 
     def _register_producer(self, call):
-        queue, name, lease = self._producer_args(call)
-        rejoin = call.args.get("rejoin_s")
-        rejoin = DEFAULT_REJOIN_S if rejoin is None else check_lease_seconds(rejoin, "rejoin_s")
-        source = call.args.get("source")
-        source = None if source is None else self.registry.get(source)
-        state = self.producers.register(queue, call.identity, name, lease, time.monotonic(),
-                                        bool(call.args.get("at_least_once")), rejoin, source)
+        queue, name = self._producer(call)
+        args = call.args
+        source = None if args.source is None else self.registry.get(args.source)
+        state = self.producers.register(queue, call.identity, name, args.lease, time.monotonic(), args.at_least_once,
+                                        DEFAULT_REJOIN_S if args.rejoin_s is None else args.rejoin_s, source)
         self._wake_by(self.producers.next_expiry)
         log.info("producer %s registered on queue %r (%d producers)", name, queue.name, len(state["producers"]))
         return state
 
     def _beat(self, call):
-        queue, name, lease = self._producer_args(call)
-        state = self.producers.beat(queue, call.identity, name, lease, self._progress(call), time.monotonic())
+        queue, name = self._producer(call)
+        state = self.producers.beat(queue, call.identity, name, call.args.lease, call.args.progress, time.monotonic())
         self._wake_by(self.producers.next_expiry)
         return state
 
     def _producer_done(self, call):
-        queue, name, lease = self._producer_args(call)
-        state, done = self.producers.done(queue, call.identity, name, lease, bool(call.args.get("exhausted")),
-                                          self._progress(call), time.monotonic())
+        queue, name = self._producer(call)
+        args = call.args
+        state, done = self.producers.done(queue, call.identity, name, args.lease, args.exhausted, args.progress,
+                                          time.monotonic())
         self._answer(done)
         self._wake_by(self.producers.next_expiry)
         return state
 
     def _producer_failed(self, call):
-        queue, name, _ = self._producer_args(call)
-        code, message = call.args.get("code"), call.args.get("error")
-        if type(code) is not int or not OK < code <= MAX_CODE or not isinstance(message, str):
-            raise InvalidArgumentError(f"{call.op} needs an error 'code' (a status code, 1 to {MAX_CODE}) and its "
-                                       f"'error' message, got {code!r:.20}")
-        state, done = self.producers.fail(queue, call.identity, name, code, message)
+        queue, name = self._producer(call)
+        if not OK < call.args.code <= MAX_CODE:
+            raise InvalidArgumentError(f"{call.op}'s error 'code' must be a status code, 1 to {MAX_CODE}, got {call.args.code}")
+        state, done = self.producers.fail(queue, call.identity, name, call.args.code, call.args.error)
         self._answer(done)
         return state
 
     def _producers(self, call):
-        return self.producers.state(self._queue(call))
+        return self.producers.state(self.registry.get(call.args.queue))
 
     def housekeeping(self, now):
         """Memory back to the system once what the broker holds has fallen to half or less of what it held at
@@ -252,7 +215,7 @@ class BrokerService(Service):
     # ------------------------------------------------ registry requests
 
     def _open_queue(self, call):
-        declaration = QueueDeclaration.from_dict(call.args.get("declaration"))
+        declaration = QueueDeclaration.from_dict(call.args.declaration)
         for field in ("shared_name", "container"):
             if len(getattr(declaration, field)) > self.limits.max_name_length:
                 raise InvalidArgumentError(f"{field} longer than {self.limits.max_name_length} characters")
@@ -263,23 +226,18 @@ class BrokerService(Service):
 
     def _attach_queue(self, call):
         """Attach by name alone and learn the declaration (a broker extension: TF needs the declaration)."""
-        name, container = call.args.get("shared_name"), call.args.get("container", "")
-        if not isinstance(name, str) or not name or not isinstance(container, str):
-            raise InvalidArgumentError("attach_queue needs a non-empty 'shared_name' and a string 'container'")
-        handle = self.registry.find(container, name)
+        handle = self.registry.find(call.args.container, call.args.shared_name)
         queue = self.registry.get(handle)
         return {"handle": handle, "created": False, "name": queue.name, "declaration": queue.decl.to_dict()}
 
     def _size(self, call):
-        return {"size": self._queue(call).size()}
+        return {"size": self.registry.get(call.args.queue).size()}
 
     def _is_closed(self, call):
-        return {"closed": self._queue(call).is_closed()}
+        return {"closed": self.registry.get(call.args.queue).is_closed()}
 
     def _reset(self, call):
-        container = call.args.get("container", "")
-        if not isinstance(container, str):
-            raise InvalidArgumentError("'container' must be a string")
+        container = call.args.container
         before = len(self.registry.list())
         self._answer(self.registry.reset(container))
         self.leases.forget_freed_queues()

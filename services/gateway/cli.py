@@ -59,7 +59,7 @@ def command(aggregator, server, bind, ensemble_name, ready_file, timeout_s, max_
     from zmqflow.common.errors import InvalidArgumentError
     from zmqflow.services.gateway.discovery import Discovery
     from zmqflow.services.gateway.request_stats import RequestStats
-    from zmqflow.services.gateway.upstream import Upstreams
+    from zmqflow.common.rpc_async import AsyncClients
 
     setup_logging(log_level, "gateway")
     try:
@@ -67,7 +67,7 @@ def command(aggregator, server, bind, ensemble_name, ready_file, timeout_s, max_
     except InvalidArgumentError as exc:
         raise click.BadParameter(str(exc), param_hint="--bind") from None
     url = http_server.url_of(sock)
-    upstreams = Upstreams()
+    upstreams = AsyncClients(name="gateway")
     discovery = Discovery(upstreams, aggregator and tcp_address(aggregator), server and tcp_address(server),
                           ensemble_name, refresh_s)
 

@@ -48,12 +48,13 @@ class Discovery:
             await self.refresh()
 
     async def _single(self):
-        info, _ = await self.upstreams.get(self.server).call(ServeOps.MODEL_INFO, timeout=INFO_TIMEOUT_S, grace=0)
+        info, _ = await self.upstreams.get(self.server).call(ServeOps.ModelInfo(), timeout=INFO_TIMEOUT_S, grace=0)
         model = model_from_info(info, SERVER, self.server)
         return Catalog({model.name: model}, loaded=True)
 
     async def _ensemble(self):
-        result, _ = await self.upstreams.get(self.aggregator).call(AggregatorOps.MEMBERS, timeout=INFO_TIMEOUT_S, grace=0)
+        result, _ = await self.upstreams.get(self.aggregator).call(AggregatorOps.Members(), timeout=INFO_TIMEOUT_S,
+                                                                   grace=0)
         members = result.get("members") or []
         answers = await asyncio.gather(*(self._member_info(m["address"]) for m in members))
         models, pairs = {}, []
@@ -71,7 +72,7 @@ class Discovery:
     async def _member_info(self, address):
         """(model_info, answered now) of a member: its last known one when it does not answer; None if never."""
         try:
-            info, _ = await self.upstreams.get(address).call(ServeOps.MODEL_INFO, timeout=INFO_TIMEOUT_S, grace=0)
+            info, _ = await self.upstreams.get(address).call(ServeOps.ModelInfo(), timeout=INFO_TIMEOUT_S, grace=0)
             self._known[address] = info
             return info, True
         except OpError as exc:

@@ -20,18 +20,17 @@ async def infer(upstreams, model, inputs, deadline_ms, default_timeout_s, parame
     or for raw `records` ({column: [values]}, made into inputs by the model servers); an ensemble takes the
     request's min_members and combine parameters too."""
     if records is not None:
-        args, inputs = {"records": records}, []
-    else:
-        args = {"inputs": [spec.name for spec in model.inputs]} if len(inputs) > 1 else {}
+        inputs = []
+    names = [spec.name for spec in model.inputs] if len(inputs) > 1 else None
     timeout = default_timeout_s if deadline_ms is None else deadline_ms / 1000.0
     if model.kind != ENSEMBLE:
-        _, tensors = await upstreams.get(model.address).call(ServeOps.PREDICT, args, inputs, timeout)
+        _, tensors = await upstreams.get(model.address).call(ServeOps.Predict(names, records), tensors=inputs,
+                                                             timeout=timeout)
         return tensors[0], {}
-    if deadline_ms is not None:
-        args["deadline_ms"] = deadline_ms
-    args.update({key: (parameters or {})[key] for key in ENSEMBLE_PARAMETERS if key in (parameters or {})})
+    chosen = {key: parameters[key] for key in ENSEMBLE_PARAMETERS if key in (parameters or {})}
+    request = AggregatorOps.Predict(names, records, deadline_ms, **chosen)
     try:
-        info, tensors = await upstreams.get(model.address).call(AggregatorOps.PREDICT, args, inputs, timeout)
+        info, tensors = await upstreams.get(model.address).call(request, tensors=inputs, timeout=timeout)
     except OpError as exc:  # the aggregator names members by address: name them as the HTTP client knows them
         raise type(exc)(with_member_names(model, str(exc))) from None
     return tensors[0], members_parameters(model, info)

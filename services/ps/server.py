@@ -1,23 +1,7 @@
-"""The ps-shard service: messages in, calls on `ShardState` out.
+"""The ps-shard service: messages in, calls out on the shard's update rule (rules.py) and the store
+of its variables (store.py).
 
-Ops (all tensors travel in the order of `names`):
-  init       chief: initial values of this shard's pieces (args: step, names)
-  restore    chief: load this shard's rows from a checkpoint (args: dir [, path])
-  wait_ready park until the shard is initialized (non-chief workers at start)
-  pull       all of the shard's variables in one message (or the pieces in `names`);
-             `newer_than` answers without tensors when nothing changed; `min_version`
-             parks until the shard reaches that version (how sync workers wait)
-  push       gradients tagged with the version they were computed from; pieces named
-             in `sparse` come as (indices, rows): one update with the dense ones
-  push_sparse / pull_rows   rows of one variable (indices + values)
-  assign     new values of non-trainable variables (BatchNorm's moving statistics), no optimizer
-  save       write this shard's pieces into a checkpoint's staging directory
-  worker_done  a worker finished (or, `lost: true`, the chief gave up on a silent one):
-             parked sync waits are released so nobody waits for a step that can no
-             longer complete
-  stats, shutdown
-Admin ops (PsOps.ADMIN: init, restore, shutdown) need CURVE or the admin token (common/rpc_service.py).
-`bf16: true` on pull/push sends values as bfloat16 (half the bytes).
+Each op's args, answer and role: common/protocol.py's PsOps (docs/protocol.md).
 
 Lost replicas (sync): while pulls wait for a step, a replica the step misses that has said nothing
 for `lost_after` seconds (no push, no request, no heartbeat of its client) is lost. By `lost_policy`
@@ -35,8 +19,8 @@ from zmqflow.common.errors import (AbortedError, DeadlineExceededError, FailedPr
                                    NotFoundError)
 from zmqflow.common.rpc_service import Service
 from zmqflow.common import checkpoint
-from zmqflow.services.ps.replica_sync import PARK, RELEASE, ReplicaSync
-from zmqflow.services.ps.shard import ShardState
+from zmqflow.services.ps.rules import PARK, RELEASE, update_rule
+from zmqflow.services.ps.store import VariableStore
 from zmqflow.common.protocol import PsOps
 
 log = logging.getLogger(__name__)
@@ -47,7 +31,7 @@ LOST_CHECK_S = 0.5   # how often waiting pulls make the shard look for lost repl
 
 class PsService(Service):
     name = "ps-shard"
-    admin_ops = PsOps.ADMIN   # init, restore, shutdown: CURVE or the admin token (common/admin_token.py)
+    protocol = PsOps
 
     def __init__(self, bind, shard_index, pieces, state_options, lost_after=5.0, lost_policy="continue",
                  **service_options):
@@ -60,33 +44,32 @@ class PsService(Service):
         self._lost_check_at = None
         self.shard_index = shard_index
         self.pieces = pieces  # {key: Piece} of this shard, in placement order
-        self.state = ShardState({k: (p.shape, p.dtype) for k, p in pieces.items()}, **state_options)
+        options = dict(state_options)
+        self.store = VariableStore({k: (p.shape, p.dtype) for k, p in pieces.items()}, options.pop("optimizer"))
+        self.rule = update_rule(self.store, live=lambda call: not call.finished, **options)
         self.names = list(pieces)
         self._ready_waiters = []
-        self.sync = ReplicaSync(self.state, live=lambda call: not call.finished)  # parked pulls, done replicas
         self.preloaded = {}  # name -> {component: array}: a data set held once, never trained
-        self.handlers.update({PsOps.INIT: self._init, PsOps.RESTORE: self._restore, PsOps.WAIT_READY: self._wait_ready,
-                              PsOps.PULL: self._pull, PsOps.PUSH: self._push, PsOps.PUSH_SPARSE: self._push_sparse,
-                              PsOps.PULL_ROWS: self._pull_rows, PsOps.ASSIGN: self._assign, PsOps.SAVE: self._save,
-                              PsOps.WORKER_DONE: self._worker_done, PsOps.STATS: self._stats,
-                              PsOps.PRELOAD: self._preload, PsOps.TAKE_ROWS: self._take_rows,
-                              PsOps.SHUTDOWN: self._shutdown})
+        self.serve({PsOps.Init: self._init, PsOps.Restore: self._restore, PsOps.WaitReady: self._wait_ready,
+                    PsOps.Pull: self._pull, PsOps.Push: self._push, PsOps.PushSparse: self._push_sparse,
+                    PsOps.PullRows: self._pull_rows, PsOps.Assign: self._assign, PsOps.Save: self._save,
+                    PsOps.WorkerDone: self._worker_done, PsOps.Stats: self._stats, PsOps.Preload: self._preload,
+                    PsOps.TakeRows: self._take_rows, PsOps.Shutdown: self._shutdown})
 
     # ------------------------------------------------ initialization
 
     def _init(self, call):
         values = self._named_tensors(call)
-        self.state.initialize(values, step=_int(call.args.get("step", 0), "step"), force=bool(call.args.get("force")))
+        self.store.initialize(values, step=call.args.step, force=call.args.force)
         self._wake_ready()
-        return {"version": self.state.version}
+        return {"version": self.store.version}
 
     def _restore(self, call):
-        result = self.restore_latest(_str(call.args.get("dir"), "dir"), call.args.get("path"))
-        at_least = call.args.get("at_least")
-        if at_least is not None:        # in step with the shards that kept their state: versions never go back
-            self.state.advance_to(_int(at_least, "at_least"))
+        result = self.restore_latest(call.args.dir, call.args.path)
+        if call.args.at_least is not None:  # in step with the shards that kept their state: versions never go back
+            self.store.advance_to(call.args.at_least)
             self._wake_versions()
-            result["version"] = self.state.version
+            result["version"] = self.store.version
         return result
 
     def restore_latest(self, directory, path=None):
@@ -98,20 +81,20 @@ class PsService(Service):
         values, slots = {}, {}
         for key, piece in self.pieces.items():
             values[key], slots[key] = ckpt.read_rows(piece.variable, piece.row_start, piece.row_end)
-        self.state.restore(values, slots, ckpt.step)
+        self.store.restore(values, slots, ckpt.step)
         self._wake_ready()
         log.info("ps:%d restored %d pieces at step %d from %s", self.shard_index, len(values), ckpt.step, path)
-        return {"version": self.state.version, "path": str(path)}
+        return {"version": self.store.version, "path": str(path)}
 
     def _wait_ready(self, call):
-        if self.state.initialized:
-            return {"version": self.state.version}
+        if self.store.initialized:
+            return {"version": self.store.version}
         self._ready_waiters.append(call)
         return self.park(call)
 
     def _wake_ready(self):
         for call in self._ready_waiters:
-            self.reply(call, {"version": self.state.version})
+            self.reply(call, {"version": self.store.version})
         self._ready_waiters = []
         self._wake_versions()
 
@@ -119,42 +102,37 @@ class PsService(Service):
 
     def _pull(self, call):
         self._require_ready()
-        min_version = call.args.get("min_version")
+        min_version = call.args.min_version
         if self._aborted is not None and min_version is not None:
             raise AbortedError(self._aborted)
-        decision = self.sync.on_pull(None if min_version is None else _int(min_version, "min_version"))
+        decision = self.rule.on_pull(min_version)
         if decision == PARK:
-            self.sync.park(call, min_version)
+            self.rule.park(call, min_version)
             self._schedule_lost_check()
             return self.park(call)
         return self._pull_answer(call, released=decision == RELEASE)
 
     def _pull_answer(self, call, released=False):
-        newer_than = call.args.get("newer_than")
-        names = call.args.get("names")   # a subset (a worker leaves out the tables it reads by rows)
-        if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
-            raise InvalidArgumentError("'names' of a pull must be a list of piece names")
-        version, values = self.state.pull(names, newer_than=None if newer_than is None else _int(newer_than, "newer_than"))
+        names = call.args.names   # a subset (a worker leaves out the tables it reads by rows)
+        version, values = self.store.pull(names, newer_than=call.args.newer_than)
         result = {"version": version, "released": released}
         if values is None:
             return result, ()
         names = self.names if names is None else names
         tensors = [values[n] for n in names]
-        if call.args.get("bf16"):
+        if call.args.bf16:
             tensors = [t.astype(BF16) for t in tensors]
         return {**result, "names": names}, tensors
 
     # ------------------------------------------------ lost replicas (sync)
 
     def _heard_from(self, replica, identity):
-        self.sync.pushed(replica, time.monotonic())
         self._identity_of[replica] = identity
-        if replica in self.state.lost:
-            self.state.regain_replica(replica)
+        if self.rule.heard_from(replica, time.monotonic()):
             log.warning("ps:%d: replica %d is back: steps wait for it again", self.shard_index, replica)
 
     def _schedule_lost_check(self):
-        if self.lost_after is None or self.state.mode != "sync":
+        if self.lost_after is None or self.rule.mode != "sync":
             return
         now = time.monotonic()
         if self._lost_check_at is None or self._lost_check_at <= now:
@@ -166,46 +144,42 @@ class PsService(Service):
         if self._lost_check_at is not None and now >= self._lost_check_at:
             self._lost_check_at = None
             self._check_lost(now)
-            if self.sync.parked:
+            if self.rule.parked:
                 self._schedule_lost_check()
 
     def _check_lost(self, now):
         """A replica the current step misses, silent past `lost_after`: lost, by the policy."""
-        if not self.sync.parked or self._aborted is not None:
+        if not self.rule.parked or self._aborted is not None:
             return
-        for replica in self.state.waiting_for()["missing"]:
-            identity = self._identity_of.get(replica)
-            if identity is None or replica in self.state.lost or replica in self.sync.done_workers:
-                continue          # never heard from (not started: a spare, a late worker), or already handled
-            heard = max(self._last_seen.get(identity, 0.0), self.sync.last_push.get(replica, 0.0))
-            if now - heard > self.lost_after:
-                self._lose(replica, now - heard)
+        for replica, silent in self.rule.silent(now, self.lost_after,
+                                                lambda r: self._last_seen.get(self._identity_of[r], 0.0)):
+            self._lose(replica, silent)
 
     def _lose(self, replica, silent):
         if self.lost_policy == "abort":
             self._aborted = (f"ps:{self.shard_index}: replica {replica} was lost (silent for {silent:.1f} s) and "
                              "this sync job cannot go on without it (lost_policy abort)")
             log.error("%s", self._aborted)
-            for call in self.sync.release_all():
+            for call in self.rule.release_all():
                 self.fail(call, AbortedError(self._aborted))
             return
-        result = self.state.lose_replica(replica)
+        result = self.rule.lose_replica(replica)
         log.warning("ps:%d: replica %d silent for %.1f s: lost; steps go on with %d replicas", self.shard_index,
-                    replica, silent, self.state.needed())
+                    replica, silent, self.rule.needed())
         if result is not None:
             self._wake_versions()
-        if self.sync.step_cannot_complete():   # the others are done: nobody is left to complete a step
-            self._release(self.sync.release_all())
+        if self.rule.step_cannot_complete():   # the others are done: nobody is left to complete a step
+            self._release(self.rule.release_all())
 
     def _wake_versions(self):
-        for call in self.sync.due():
+        for call in self.rule.due():
             self.reply(call, *self._pull_answer(call))
 
     def on_deadline(self, call):
         if call.op == "pull":
-            wait = self.state.waiting_for()
+            wait = self.rule.waiting_for()
             self.fail(call, DeadlineExceededError(
-                f"ps:{self.shard_index} still at version {self.state.version} (waiting for {call.args['min_version']}): "
+                f"ps:{self.shard_index} still at version {self.store.version} (waiting for {call.args.min_version}): "
                 f"step {wait.get('step')} has gradients from replicas {wait.get('contributed')} and misses "
                 f"{wait.get('missing')}"))
         elif call.op == "wait_ready":
@@ -218,9 +192,7 @@ class PsService(Service):
         """Tensors: one per name in `names` (dense gradients), then (indices, rows) for each piece
         named in `sparse` (the rows of an embedding table the batch touched)."""
         self._require_ready()
-        sparse_names = call.args.get("sparse") or []
-        if not isinstance(sparse_names, list):
-            raise InvalidArgumentError("'sparse' must list the pieces sent as (indices, rows)")
+        sparse_names = call.args.sparse
         dense_count = len(call.tensors) - 2 * len(sparse_names)
         if dense_count < 0:
             raise InvalidArgumentError(f"push names {len(sparse_names)} sparse pieces but carries "
@@ -229,10 +201,10 @@ class PsService(Service):
         sparse = {}
         for k, name in enumerate(sparse_names):
             indices, rows = call.tensors[dense_count + 2 * k:dense_count + 2 * k + 2]
-            sparse[_str(name, "sparse[]")] = (indices, rows.astype(np.float32) if rows.dtype == BF16 else rows)
-        replica = _int(call.args.get("replica", 0), "replica")
+            sparse[name] = (indices, rows.astype(np.float32) if rows.dtype == BF16 else rows)
+        replica = call.args.replica
         self._heard_from(replica, call.identity)
-        result = self.state.push(grads, _int(call.args.get("version"), "version"), replica, sparse)
+        result = self.rule.push(grads, call.args.version, replica, sparse)
         self._wake_versions()
         return vars(result)
 
@@ -242,29 +214,28 @@ class PsService(Service):
             raise InvalidArgumentError("push_sparse takes two tensors: indices and rows")
         indices, rows = call.tensors
         rows = rows.astype(np.float32) if rows.dtype == BF16 else rows
-        replica = _int(call.args.get("replica", 0), "replica")
+        replica = call.args.replica
         self._heard_from(replica, call.identity)
-        result = self.state.push_sparse(_str(call.args.get("name"), "name"), indices, rows,
-                                        _int(call.args.get("version"), "version"), replica)
+        result = self.rule.push_sparse(call.args.name, indices, rows, call.args.version, replica)
         self._wake_versions()
         return vars(result)
 
     def _assign(self, call):
         self._require_ready()
-        return {"assigned": self.state.assign(self._named_tensors(call)), "version": self.state.version}
+        return {"assigned": self.store.assign(self._named_tensors(call)), "version": self.store.version}
 
     def _pull_rows(self, call):
         self._require_ready()
         if len(call.tensors) != 1:
             raise InvalidArgumentError("pull_rows takes one tensor: the row indices")
-        rows = self.state.pull_rows(_str(call.args.get("name"), "name"), call.tensors[0])
-        return {"version": self.state.version}, [rows]
+        rows = self.store.pull_rows(call.args.name, call.tensors[0])
+        return {"version": self.store.version}, [rows]
 
     # ------------------------------------------------ preloaded data (the seeds' preloading)
 
     def _preload(self, call):
         """Hold a small data set as non-trainable tensors that workers slice by row."""
-        name, data = _str(call.args.get("name"), "name"), self._named_tensors(call)
+        name, data = call.args.name, self._named_tensors(call)
         rows = {len(t) if t.ndim else -1 for t in data.values()}
         if len(rows) != 1 or -1 in rows:
             raise InvalidArgumentError(f"preloaded data {name!r}: every component needs the same number of rows")
@@ -274,7 +245,7 @@ class PsService(Service):
         return {"rows": len(next(iter(data.values()))), "names": list(data)}
 
     def _take_rows(self, call):
-        name = _str(call.args.get("name"), "name")
+        name = call.args.name
         data = self.preloaded.get(name)
         if data is None:
             raise NotFoundError(f"ps:{self.shard_index} holds no preloaded data {name!r}")
@@ -290,20 +261,16 @@ class PsService(Service):
 
     def _save(self, call):
         self._require_ready()
-        own_step, values, slots = self.state.snapshot_for_checkpoint()
-        step = _int(call.args.get("step", own_step), "step")  # the chief's global step names the checkpoint
-        directory = _str(call.args.get("dir"), "dir")
-        metadata = call.args.get("metadata") or {}
-        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in [*metadata, *metadata.values()]):
-            raise InvalidArgumentError("save's metadata must map strings to strings")
-        checkpoint.write_shard(directory, step, self.shard_index,
-                               {k: (self.pieces[k], values[k], slots[k]) for k in self.names}, metadata=metadata)
+        own_step, values, slots = self.store.snapshot_for_checkpoint()
+        step = own_step if call.args.step is None else call.args.step  # the chief's global step names it
+        checkpoint.write_shard(call.args.dir, step, self.shard_index, {k: (self.pieces[k], values[k], slots[k])
+                                                                       for k in self.names},
+                               metadata=call.args.metadata or {})
         return {"step": step}
 
     def _worker_done(self, call):
-        replica = _int(call.args.get("replica", 0), "replica")
-        self._release(self.sync.worker_done(replica, lost=bool(call.args.get("lost"))))
-        return {"done": sorted(self.sync.done_workers), "lost": sorted(self.sync.lost_workers)}
+        self._release(self.rule.worker_done(call.args.replica, lost=call.args.lost))
+        return {"done": sorted(self.rule.done), "lost": self.rule.given_up()}
 
     def _release(self, waiters):
         """Answer parked sync waits now, marked `released`: their step will never complete."""
@@ -312,23 +279,23 @@ class PsService(Service):
 
     def _stats(self, call):
         now = time.monotonic()
-        return {"shard": self.shard_index, "initialized": self.state.initialized, **self.state.stats(),
-                "done_workers": sorted(self.sync.done_workers), "lost_workers": sorted(self.sync.lost_workers),
-                "replica_idle_s": {str(r): round(idle, 3) for r, idle in self.sync.idle_seconds(now).items()}}
+        return {"shard": self.shard_index, "initialized": self.store.initialized, **self.rule.stats(),
+                "done_workers": sorted(self.rule.done), "lost_workers": self.rule.given_up(),
+                "replica_idle_s": {str(r): round(idle, 3) for r, idle in self.rule.idle_seconds(now).items()}}
 
     def _shutdown(self, call):
-        log.info("ps:%d shutting down at version %d (asked by the chief)", self.shard_index, self.state.version)
-        self._release(self.sync.release_all())  # nobody is left waiting on a shard that is gone
+        log.info("ps:%d shutting down at version %d (asked by the chief)", self.shard_index, self.store.version)
+        self._release(self.rule.release_all())  # nobody is left waiting on a shard that is gone
         self.stop()
-        return {"version": self.state.version}
+        return {"version": self.store.version}
 
     def describe(self):
-        return {"shard": self.shard_index, "version": self.state.version, "initialized": self.state.initialized}
+        return {"shard": self.shard_index, "version": self.store.version, "initialized": self.store.initialized}
 
     def metric_families(self):
         """The shard's counters for Prometheus, read from its stats at scrape time (common/metrics.py)."""
         from zmqflow.common.metrics import counter_family, gauge_family, histogram_family
-        stats, shard, now = self.state.stats(), (str(self.shard_index),), time.monotonic()
+        stats, shard, now = self.rule.stats(), (str(self.shard_index),), time.monotonic()
         yield gauge_family("zmqflow_ps_version", "The shard's version (global step).", {shard: stats["version"]},
                            ["shard"])
         for key, doc in (("updates", "Updates applied to the variables."),
@@ -351,34 +318,23 @@ class PsService(Service):
                                "Staleness (versions behind) of the pushes received.", ["shard"],
                                {shard: (sum(s * n for s, n in staleness.items()), counts)}, bounds)
         yield gauge_family("zmqflow_ps_done_workers", "Workers that reported done (lost ones included).",
-                           {shard: len(self.sync.done_workers)}, ["shard"])
+                           {shard: len(self.rule.done)}, ["shard"])
         wall = time.time()  # a timestamp, not an age: `time() - zmqflow_ps_replica_last_push_timestamp_seconds`
         yield gauge_family("zmqflow_ps_replica_last_push_timestamp_seconds", "Unix time of each replica's last push.",
-                           {(*shard, str(r)): wall - idle for r, idle in self.sync.idle_seconds(now).items()},
+                           {(*shard, str(r)): wall - idle for r, idle in self.rule.idle_seconds(now).items()},
                            ["shard", "replica"])
 
     # ------------------------------------------------ helpers
 
     def _require_ready(self):
-        if not self.state.initialized:
+        if not self.store.initialized:
             raise FailedPreconditionError(f"variables of ps:{self.shard_index} are not initialized; "
                                           "the chief initializes or restores them")
 
     def _named_tensors(self, call, tensors=None):
         tensors = call.tensors if tensors is None else tensors
-        names = call.args.get("names")
-        if not isinstance(names, list) or len(names) != len(tensors):
+        names = call.args.names
+        if len(names) != len(tensors):
             raise InvalidArgumentError(f"'names' must list one name per tensor ({len(tensors)} tensors)")
-        return {_str(n, "names[]"): (t.astype(np.float32) if t.dtype == BF16 else t) for n, t in zip(names, tensors)}
+        return {n: (t.astype(np.float32) if t.dtype == BF16 else t) for n, t in zip(names, tensors)}
 
-
-def _int(value, what):
-    if type(value) is not int:
-        raise InvalidArgumentError(f"'{what}' must be an int, got {value!r:.40}")
-    return value
-
-
-def _str(value, what):
-    if not isinstance(value, str) or not value:
-        raise InvalidArgumentError(f"'{what}' must be a non-empty string, got {value!r:.40}")
-    return value

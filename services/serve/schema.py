@@ -45,17 +45,17 @@ class RequestSchema:
 
     # ------------------------------------------------ requests
 
-    def inputs(self, tensors, args):
-        """The request's inputs as a list in signature order: its tensors (positional, or named by
-        args["inputs"]) or its raw `records`; every wrong count, name, shape or dtype is refused."""
-        if args.get("records") is not None:
+    def inputs(self, tensors, request):
+        """The inputs of a predict `request` (common/protocol.py) as a list in signature order: its tensors
+        (positional, or named by its `inputs`) or its raw `records`; every wrong count, name, shape or dtype
+        is refused."""
+        if request.records is not None:
             if tensors:
                 raise InvalidArgumentError("send tensors or records, not both")
-            return self.from_records(args["records"])
-        names = args.get("inputs") or self.names
-        if not isinstance(names, list) or sorted(map(str, names)) != sorted(self.names) or \
-                len(tensors) != len(self.names):
-            given = names if args.get("inputs") else f"{len(tensors)} unnamed tensor(s)"
+            return self.from_records(request.records)
+        names = request.inputs or self.names
+        if sorted(names) != sorted(self.names) or len(tensors) != len(self.names):
+            given = names if request.inputs else f"{len(tensors)} unnamed tensor(s)"
             raise InvalidArgumentError(f"predict takes {len(self.names)} tensor(s): {self.shape_text()}; got {given}")
         by_name = dict(zip(names, tensors))
         arrays = [self._checked(name, by_name[name]) for name in self.names]
@@ -77,7 +77,7 @@ class RequestSchema:
         if self.data is None:
             raise InvalidArgumentError("this model's checkpoint records no data spec (it was not trained with "
                                        f"--data): send tensors ({self.shape_text()})")
-        if not isinstance(records, dict) or not records:
+        if not records:
             raise InvalidArgumentError("records is a mapping {column: [values, ...]}")
         columns, rows = {}, None
         for f in self.data.features:

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 class ModelServer(Service):
     name = "serve"
+    protocol = ServeOps
 
     def __init__(self, bind, spec, backend="numpy", max_batch=256, max_delay_ms=2.0, model_name="model",
                  checkpoint_dir=None, ps_endpoints=(), placement_strategy="round_robin", max_shard_bytes=None,
@@ -55,7 +56,7 @@ class ModelServer(Service):
         self.model.predict(self.params, zero_inputs(self.model, 1))  # compile kernels before serving
         self._next_refresh = time.monotonic() + refresh_secs if refresh_secs else None
         self._timer_at = None
-        self.handlers.update({ServeOps.PREDICT: self._predict, ServeOps.MODEL_INFO: self._model_info})
+        self.serve({ServeOps.Predict: self._predict, ServeOps.ModelInfo: self._model_info})
 
     # ------------------------------------------------ parameters
 
@@ -140,7 +141,7 @@ class ModelServer(Service):
             return
         result = {"model": self.model_name, "version": self.version, "batch_rows": sum(sizes)}
         for call, rows in zip(items, parts):
-            answer = {**result, **self.schema.answer(rows)} if call.args.get("records") else result
+            answer = {**result, **self.schema.answer(rows)} if call.args.records else result
             self.reply(call, answer, [rows])
         self.stats["predictions"] += len(items)
         self.stats["batches"] += 1

@@ -1,4 +1,4 @@
-"""A worker from its WorkerConfig, one part per function: model, ps client, input, hooks; then `run`.
+"""A worker from its WorkerConfig, one part per function: model, ps client, input, hooks; then `fit`.
 
 The order is the chief's protocol: the model and its placement first (every task computes
 the same placement from the same variable list), then the input, then the hooks; after
@@ -19,6 +19,7 @@ from zmqflow.services.worker import hooks as H
 from zmqflow.services.worker.config import UsageError
 from zmqflow.services.worker.devices import build_model
 from zmqflow.services.worker.trainer import Trainer
+from zmqflow.services.worker.training_input import TrainingInput
 
 log = logging.getLogger("worker")
 
@@ -56,15 +57,18 @@ def training_input(config, ps):
                          "the ps (nothing to lease): drop one of them")
     if config.preloaded:
         from zmqflow.services.worker.preloaded_input import PreloadedInput
-        return PreloadedInput(ps, config.preloaded, ps.preloaded_rows(config.preloaded), config.epochs,
-                              config.batch_size, config.task_index, config.num_workers)
-    if config.broker:
+        queue = PreloadedInput(ps, config.preloaded, ps.preloaded_rows(config.preloaded), config.epochs,
+                               config.batch_size, config.task_index, config.num_workers)
+    elif config.broker:
         from zmqflow.common import queues
         try:
-            return queues.attach(config.queue_name, container=config.container, broker=config.broker, timeout=120.0)
+            queue = queues.attach(config.queue_name, container=config.container, broker=config.broker, timeout=120.0)
         except OpError as exc:
             stop_on_error(config, exc)
-    raise UsageError("no input: pass --broker (and --queue) or --preloaded")
+    else:
+        raise UsageError("no input: pass --broker (and --queue) or --preloaded")
+    return TrainingInput(queue, config.batch_size, config.dequeue_timeout, config.at_least_once,
+                         config.lease, name=f"worker {config.task_index}")
 
 
 def training_hooks(config):
@@ -154,17 +158,15 @@ def run(config):
         model = PipelineModel(model, stages, StageLink(next_endpoint=config.pipeline_next,
                                                        timeout=config.pipeline_timeout),
                               config.micro_batches, versions=lambda: list(ps.versions))
-    queue = training_input(config, ps)
+    batches = training_input(config, ps)
     hooks, tensorboard = training_hooks(config)
-    trainer = Trainer(model, ps, queue, replica=config.task_index, num_workers=1 if stages else config.num_workers,
-                      is_chief=config.is_chief, batch_size=config.batch_size, mode=config.mode, hooks=hooks,
+    trainer = Trainer(model, ps, replica=config.task_index, num_workers=1 if stages else config.num_workers,
+                      is_chief=config.is_chief, batch_size=config.batch_size, mode=config.mode,
                       checkpoint_dir=config.checkpoint_dir,
                       examples_per_epoch=config.examples_per_epoch or recorded(config).get("train_rows"),
-                      dequeue_timeout=config.dequeue_timeout, container=config.container,
-                      at_least_once=config.at_least_once, lease_s=config.lease,
                       config={"model": spec, "backend": config.backend, **data_config(config)})
     try:
-        summary = trainer.run()
+        summary = trainer.fit(batches, hooks)
     except OpError as exc:  # a peer we cannot do without is gone: say which, exit non-zero
         if stages:
             model.finish(exc)

@@ -1,5 +1,8 @@
-"""The worker's training loop: dequeue, pull, compute, push, with the next batch and
-parameters already in flight while computing (between-graph replication).
+"""The worker's training: `Trainer.step(batch)` makes one step of between-graph replication
+(compute, push, pull, with the next parameters already in flight while computing); `Trainer.fit(input,
+hooks)` is the loop over a `TrainingInput` (training_input.py), restarted from fresh parameters when
+the ps shards went away and came back, as Keras's `fit` over `train_step` and Horovod's elastic `run`
+around a plain loop. jobs/session.py's MonitoredTrainingSession drives `step` itself.
 
 Task 0 (or the `chief` job) is the chief: it initializes or restores the
 variables (the others wait until the shards are ready), saves checkpoints,
@@ -8,6 +11,8 @@ evaluates on the held-out set. End of input is the queue's OutOfRange; a failed 
 that died mid-file) is the error the broker answers the dequeue with (docs/queue-semantics.md §8).
 """
 
+import dataclasses
+import functools
 import logging
 import math
 import time
@@ -15,7 +20,7 @@ from collections import deque
 
 import numpy as np
 
-from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError, OutOfRangeError, UnavailableError
+from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError, UnavailableError
 from zmqflow.models.protocol import every_gradient, input_signature, zero_inputs, zero_labels
 from zmqflow.services.worker.hooks import StepContext
 from zmqflow.services.worker.leased_batches import LeasedBatches
@@ -26,27 +31,55 @@ log = logging.getLogger("worker")
 FINAL_LOSS_STEPS = 20
 """The summary's final_loss is the mean loss of this many last steps."""
 
+
+class PsLostError(UnavailableError):
+    """A ps shard stopped answering a step: what `fit` waits out, unlike an unavailable broker."""
+
+
+def _ps_lost(method):
+    """`method` talks to the ps shards only: their UnavailableError is a PsLostError."""
+    @functools.wraps(method)
+    def calling(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except UnavailableError as exc:
+            if isinstance(exc, PsLostError):
+                raise
+            raise PsLostError(exc.message, exc.details) from exc
+    return calling
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """One step's outcome: its loss, the batch's rows, and the global step after it."""
+
+    loss: float
+    batch_size: int
+    global_step: int
+
+
 class Trainer:
-    def __init__(self, model, ps, queue, replica=0, num_workers=1, is_chief=True, batch_size=100, mode="async",
-                 hooks=(), seed=None, checkpoint_dir=None, examples_per_epoch=None, sync_timeout=30.0,
-                 end_timeout=120.0, dequeue_timeout=600.0, container="", config=None, at_least_once=False,
-                 lease_s=None):
-        self.model, self.ps, self.queue = model, ps, queue
+    def __init__(self, model, ps, replica=0, num_workers=1, is_chief=True, batch_size=100, mode="async",
+                 seed=None, checkpoint_dir=None, examples_per_epoch=None, sync_timeout=30.0, end_timeout=120.0,
+                 config=None):
+        self.model, self.ps = model, ps
         self.replica, self.num_workers, self.is_chief = replica, num_workers, is_chief
-        self.batch_size, self.mode, self.hooks, self.seed = batch_size, mode, list(hooks), seed
+        self.batch_size, self.mode, self.seed = batch_size, mode, seed
         self.checkpoint_dir, self.examples_per_epoch = checkpoint_dir, examples_per_epoch
-        self.sync_timeout, self.end_timeout, self.dequeue_timeout = sync_timeout, end_timeout, dequeue_timeout
+        self.sync_timeout, self.end_timeout = sync_timeout, end_timeout
         self.config = config or {}
-        self.container = container
+        self.hooks = []
         self.global_step = 0
         self.examples = 0
         self.steps = 0
         # the last steps' losses (final_loss is their mean), not every step's: a list of them all grew by 32 bytes a
         # step, about 660 MB a day at 240 steps/s (issue 27)
         self.losses = deque(maxlen=FINAL_LOSS_STEPS)
+        self.params = None                 # the parameters the next step computes with
         self._push = self._assign = None   # at most one push and one assign in flight
-        # at-least-once input: batches dequeued with a lease, acked once their gradients are on the ps
-        self.leases = LeasedBatches(lease_s) if at_least_once else None
+        # the batch in hand and the one whose push is in flight; at-least-once input's leases, acked once their
+        # gradients are on the ps (fit uses its input's)
+        self.leases = LeasedBatches()
         # tables read by rows (sparse embeddings): left out of pulls, their rows pulled per batch
         self._row_tables = (sorted(model.sparse_rows(zero_inputs(model, 1))) if hasattr(model, "sparse_rows")
                             else [])
@@ -57,11 +90,12 @@ class Trainer:
     def resolved_config(self):
         return {"mode": self.mode, "batch_size": self.batch_size, "num_workers": self.num_workers, **self.config}
 
-    # ------------------------------------------------ start
+    # ------------------------------------------------ begin
 
-    def start(self):
-        """Chief: restore the latest checkpoint if any, else initialize. Others: wait until ready.
-        Every worker first runs one step on zeros, so kernel compilation is not counted as training."""
+    def begin(self, hooks=()):
+        """Before the first step. Chief: restore the latest checkpoint if any, else initialize. Others: wait
+        until ready. Then the hooks' begin and the first pull. Every worker first runs one step on zeros,
+        so kernel compilation is not counted as training."""
         from zmqflow.common.checkpoint import latest_checkpoint
         self._warm_up()
         if self.is_chief:
@@ -81,6 +115,12 @@ class Trainer:
         else:
             self.ps.wait_ready(timeout=self.end_timeout)
             log.info("worker %d: the model is ready", self.replica)
+        self.hooks = list(hooks)
+        for hook in self.hooks:
+            hook.begin(self)
+        self._started = time.perf_counter()
+        self.params = self.ps.pull(exclude=self._not_pulled)
+        self.global_step = self.ps.versions[0]
 
     def _warm_up(self):
         """A step on zeros compiles the kernels; a pipelined model's `warm_up` sends nothing to its stages."""
@@ -89,94 +129,69 @@ class Trainer:
 
     # ------------------------------------------------ the loop
 
-    def run(self):
-        self.start()
-        for hook in self.hooks:
-            hook.begin(self)
+    def fit(self, input, hooks=()):
+        """Train on `input` (a TrainingInput) until it ends or a hook asks to stop; returns the summary.
+        A ps shard lost mid-way is waited out: the loop runs again from fresh parameters."""
+        self.leases = input.leases
+        self.begin(hooks)
+        while True:
+            try:
+                self._train(input)
+                break
+            except PsLostError as exc:
+                self._recover(exc)
+        return {**self.end(), **input.summary()}
+
+    def _train(self, input):
+        """The plain loop: a step per batch, hooks after each."""
+        while (batch := input.next(before_waiting=self.settle)) is not None:
+            if self.after_step(self.step(batch)):
+                input.cancel()
+                return
+
+    @_ps_lost
+    def step(self, batch):
+        """One step on `batch`, (x, y) or a dequeued element (see `_batch`): its gradients pushed, the
+        parameters of the next step pulled. Counted in `steps`, `examples` and `losses`."""
         started = time.perf_counter()
-        next_batch = self._dequeue()
-        params = self.ps.pull(exclude=self._not_pulled)
-        self.global_step = self.ps.versions[0]
-        self._push = self._assign = None
-        try:
-            while True:
-                if self.leases and not next_batch.wait(0):
-                    try:   # a closed queue waits for leased elements to come back: ack ours before waiting
-                        self._settle_push()
-                    except UnavailableError as exc:
-                        params = self._recover(exc)
-                try:
-                    x, y = self._batch(self._arrived(next_batch))
-                except OutOfRangeError:
-                    break
-                except DeadlineExceededError:
-                    raise DeadlineExceededError(
-                        f"worker {self.replica}: no mini-batch from queue '{self.queue.name}' at {self.queue.broker} "
-                        f"within {self.dequeue_timeout:.0f} s; is a reader feeding it?") from None
-                next_batch = self._dequeue()  # prefetch while computing
-                step_started = time.perf_counter()
-                try:
-                    if self.leases:
-                        self.leases.keep()
-                    loss, params = self._step(params, x, y)
-                except UnavailableError as exc:
-                    params = self._recover(exc)
-                    continue
-                if self.leases:
-                    self.leases.step_took(time.perf_counter() - step_started)
-                self.steps += 1
-                self.examples += len(y)
-                self.losses.append(loss)
-                ctx = StepContext(self, self.steps, self.global_step, float(loss), self.examples, self._epoch(),
-                                  len(y), time.perf_counter() - started)
-                if any([hook.after_step(ctx) for hook in self.hooks]):
-                    next_batch.cancel()
-                    break
-            self._settle_push()
-        finally:
-            self.elapsed = time.perf_counter() - started
-        return self.finish()
-
-    def _dequeue(self):
-        if self.leases:
-            return self.queue.dequeue_up_to_async(self.batch_size, timeout=self.dequeue_timeout,
-                                                  lease=self.leases.length())
-        return self.queue.dequeue_up_to_async(self.batch_size, timeout=self.dequeue_timeout)
-
-    def _arrived(self, pending):
-        """The dequeued batch (held on its lease, at least once)."""
-        return self.leases.arrived(pending.result()) if self.leases else pending.result()
-
-    def _step(self, params, x, y):
-        """One step: (loss, the parameters for the next step)."""
+        x, y = self._batch(batch)
         if self.mode == "sync":
-            loss, grads = self._compute(params, x, y)
-            return loss, self._sync_exchange(grads)
-        next_params = self.ps.pull_async(exclude=self._not_pulled)  # prefetch: arrives while we compute
-        loss, grads = self._compute(params, x, y)
-        self._settle_push()
-        self._push = self.ps.push_async(grads, self.replica)
-        if self.leases:
+            loss, grads = self._compute(self.params, x, y)
+            self.params = self._sync_exchange(grads)
+        else:
+            next_params = self.ps.pull_async(exclude=self._not_pulled)  # prefetch: arrives while we compute
+            loss, grads = self._compute(self.params, x, y)
+            self.settle()
+            self._push = self.ps.push_async(grads, self.replica)
             self.leases.pushed()
-        params = next_params.result()
-        self.global_step = self.ps.versions[0]
-        return loss, params
+            self.params = next_params.result()
+            self.global_step = self.ps.versions[0]
+        self.leases.step_took(time.perf_counter() - started)
+        self.steps += 1
+        self.examples += len(y)
+        self.losses.append(loss)
+        return StepResult(float(loss), len(y), self.global_step)
+
+    def after_step(self, result):
+        """Show the hooks a step; True when one asks to stop."""
+        ctx = StepContext(self, self.steps, result.global_step, result.loss, self.examples, self._epoch(),
+                          result.batch_size, time.perf_counter() - self._started)
+        return any([hook.after_step(ctx) for hook in self.hooks])
 
     def _recover(self, error):
         """A ps shard went away: wait (bounded) until every shard serves again, then start over
         from fresh parameters. The step in hand is lost; a restarted shard restores its checkpoint."""
         log.warning("worker %d: %s; waiting for the ps shards to come back", self.replica, error)
         self._push = self._assign = None
-        if self.leases:
-            self.leases.give_back()   # their gradients may not have reached the ps: train them again
+        self.leases.give_back()   # their gradients may not have reached the ps: train them again
         deadline = time.monotonic() + self.end_timeout
         while True:
             try:
                 self.ps.wait_ready(timeout=5.0)
-                params = self.ps.pull(exclude=self._not_pulled)
+                self.params = self.ps.pull(exclude=self._not_pulled)
                 self.global_step = self.ps.versions[0]
                 log.info("worker %d: ps shards back at global step %d", self.replica, self.global_step)
-                return params
+                return
             except (UnavailableError, DeadlineExceededError) as exc:
                 if time.monotonic() > deadline:
                     raise UnavailableError(f"ps shards did not come back within {self.end_timeout:.0f} s: {exc}")
@@ -207,13 +222,13 @@ class Trainer:
                 f"{loss} on a batch of {len(x)}; its gradients were not pushed. The model diverged: a lower "
                 "learning rate, or inputs scaled to a small range, usually help")
 
-    def _settle_push(self):
-        """Collect the previous step's push results (at most one push in flight)."""
+    @_ps_lost
+    def settle(self):
+        """Collect the previous step's push and assign results (at most one of each in flight)."""
         if self._push is not None:
             self._push.result()
             self._push = None
-            if self.leases:
-                self.leases.push_settled()
+            self.leases.push_settled()
         if self._assign is not None:
             self._assign.result()
             self._assign = None
@@ -222,8 +237,7 @@ class Trainer:
         """Push this step's gradients, then wait until every shard applied the step."""
         versions = list(self.ps.versions)
         self.ps.push(grads, self.replica)
-        if self.leases:   # the ps holds the gradient for the step: acked before the wait for the others
-            self.leases.received()
+        self.leases.received()   # the ps holds the gradient for the step: acked before the wait for the others
         try:
             params = self.ps.pull(min_version=[v + 1 for v in versions], timeout=self.sync_timeout,
                                   exclude=self._not_pulled)
@@ -242,8 +256,8 @@ class Trainer:
         names = [signature[0] if signature[0] in value else "image"] if len(signature) == 1 else signature
         missing = [n for n in names + ["label"] if n not in value]
         if missing:
-            raise InvalidArgumentError(f"worker {self.replica}: the batch from queue '{self.queue.name}' has components "
-                                       f"{sorted(value)}, the model needs {names} and 'label' (missing {missing})")
+            raise InvalidArgumentError(f"worker {self.replica}: the batch has components {sorted(value)}, the model "
+                                       f"needs {names} and 'label' (missing {missing})")
         if len(signature) == 1:
             return value[names[0]], value["label"]
         return {name: value[name] for name in names}, value["label"]
@@ -255,7 +269,11 @@ class Trainer:
 
     # ------------------------------------------------ the end
 
-    def finish(self):
+    def end(self):
+        """After the last step: settle the push in flight, say done, and as the chief wait for the others;
+        then the hooks' end. Returns the worker's summary."""
+        self.settle()
+        self.elapsed = time.perf_counter() - self._started
         self.ps.worker_done(self.replica)
         if self.is_chief:
             self._wait_for_workers()
@@ -267,9 +285,7 @@ class Trainer:
                  self.steps, self.examples, rate, self.global_step)
         return {"replica": self.replica, "steps": self.steps, "examples": self.examples, "seconds": self.elapsed,
                 "examples_per_s": rate, "global_step": self.global_step,
-                "final_loss": float(np.mean(self.losses)) if self.losses else None,
-                **({"leased_acked": self.leases.acked, "leased_returned": self.leases.returned}
-                   if self.leases else {})}
+                "final_loss": float(np.mean(self.losses)) if self.losses else None}
 
     def _wait_for_workers(self, silent_after=5.0, grace=2.0):
         """Until every worker said it is done. A worker silent for `silent_after` s (the ps's default

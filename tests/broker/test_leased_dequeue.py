@@ -148,8 +148,8 @@ def test_bad_lease_value_is_invalid_argument(queue, bad):
 
 def test_lease_on_an_enqueue_is_invalid_argument(queue):
     with RpcClient(queue.broker) as client:
-        with pytest.raises(InvalidArgumentError, match="enqueue takes no lease: only dequeues are leased"):
-            client.call(BrokerOps.ENQUEUE, {"queue": queue.handle, "lease": 5}, [np.int32(1)], timeout=5)
+        with pytest.raises(InvalidArgumentError, match="enqueue takes no 'lease' \\(it takes queue\\)"):
+            client.call(BrokerOps.Enqueue.OP, {"queue": queue.handle, "lease": 5}, [np.int32(1)], timeout=5)
 
 
 def test_bad_extend_is_invalid_argument(queue):
@@ -162,9 +162,9 @@ def test_bad_extend_is_invalid_argument(queue):
 def test_ack_of_an_unknown_lease_is_not_found(queue):
     with RpcClient(queue.broker) as client:
         with pytest.raises(NotFoundError, match=r"lease 987654321 is unknown \(never granted, or settled long ago\)"):
-            client.call(BrokerOps.ACK, {"lease": 987654321}, timeout=5)
-        with pytest.raises(InvalidArgumentError, match="ack needs the int 'lease' a leased dequeue answered"):
-            client.call(BrokerOps.ACK, {"lease": "7"}, timeout=5)
+            client.call(BrokerOps.Ack.OP, {"lease": 987654321}, timeout=5)
+        with pytest.raises(InvalidArgumentError, match="ack's lease must be an int, got '7'"):
+            client.call(BrokerOps.Ack.OP, {"lease": "7"}, timeout=5)
 
 
 def test_ack_twice_is_not_found_already_acknowledged(queue):
@@ -180,7 +180,7 @@ def test_ack_from_another_client_is_permission_denied(queue):
     lease = queue.dequeue_many(2, timeout=5, lease=30)
     with RpcClient(queue.broker) as stranger:
         with pytest.raises(PermissionDeniedError, match=f"lease {lease.id} belongs to another client"):
-            stranger.call(BrokerOps.ACK, {"lease": lease.id}, timeout=5)
+            stranger.call(BrokerOps.Ack.OP, {"lease": lease.id}, timeout=5)
     assert leased_count(queue) == 2
     lease.ack()
 
@@ -215,8 +215,8 @@ def test_a_client_silent_while_it_waits_is_swept_with_its_leases(queue):
     """The module's broker sweeps clients silent for 3 s while they hold parked requests; a client that
     submitted and never waited sends no pings, so it is swept, and its lease returns with it."""
     with RpcClient(queue.broker) as silent:
-        silent.call(BrokerOps.DEQUEUE_MANY, {"queue": queue.handle, "n": 10, "lease": 60}, timeout=5)
-        silent.submit(BrokerOps.DEQUEUE, {"queue": queue.handle}, timeout=None)   # parked, never waited on
+        silent.call(BrokerOps.DequeueMany.OP, {"queue": queue.handle, "n": 10, "lease": 60}, timeout=5)
+        silent.submit(BrokerOps.Dequeue.OP, {"queue": queue.handle}, timeout=None)   # parked, never waited on
         assert leased_count(queue) == 10
         started = time.monotonic()
         wait_for(lambda: leased_count(queue) == 0, 8, "the silent client's lease to return with the sweep")

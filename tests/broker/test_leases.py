@@ -14,7 +14,8 @@ import pytest
 from zmqflow.common.errors import (FailedPreconditionError, InvalidArgumentError, NotFoundError, OutOfRangeError,
                                    PermissionDeniedError)
 from zmqflow.services.broker.queues import QUEUE_CLASSES, QueueDeclaration, Ticket
-from zmqflow.services.broker.queues.leases import MAX_LEASE_SECONDS, LeaseBook, check_lease_seconds
+from zmqflow.common.protocol import MAX_LEASE_SECONDS, lease_seconds as check_lease_seconds
+from zmqflow.services.broker.queues.leases import LeaseBook
 
 pytestmark = pytest.mark.unit
 

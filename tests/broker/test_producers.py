@@ -252,7 +252,7 @@ def test_bad_producer_requests_are_refused_by_name(broker):
         queues.attach("bad", "producers", broker, role="owner")
     producer = Producer(queue, lease=2.0)
     with pytest.raises(InvalidArgumentError, match="error 'code'"):
-        producer._call(BrokerOps.PRODUCER_FAILED, code=0, error="fine")
+        producer._call(BrokerOps.ProducerFailed, code=0, error="fine")
     with pytest.raises(InvalidArgumentError, match="progress"):
         producer.beat(progress=[1, 2])
     producer.close()

@@ -49,7 +49,7 @@ def test_the_ps_tasks_come_from_the_cluster_and_bad_arguments_are_named():
 def shard_holds(endpoint):
     """The piece names a ps shard holds, as its pull answers them."""
     with PsShardClient(endpoint) as client:
-        return set(client.rpc.call(PsOps.PULL, {}, timeout=5.0)[0]["names"])
+        return set(client.rpc.call(PsOps.Pull(), timeout=5.0)[0]["names"])
 
 
 @pytest.mark.service

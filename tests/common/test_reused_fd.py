@@ -40,7 +40,7 @@ def test_a_new_client_on_a_reused_fd_keeps_its_parked_request():
     service = BrokerService("tcp://127.0.0.1:0", context=context)
     try:
         opener = dealer(context, service.endpoint, b"opener")
-        send(opener, BrokerOps.OPEN_QUEUE, {"declaration": {"kind": "FIFOQueue", "capacity": 10, "dtypes": ["int32"],
+        send(opener, BrokerOps.OpenQueue.OP, {"declaration": {"kind": "FIFOQueue", "capacity": 10, "dtypes": ["int32"],
                                                             "shapes": [[]], "shared_name": "q"}}, 1)
         handle_one(service)
         handle = wire.unpack(opener.recv_multipart()[0])["result"]["handle"]

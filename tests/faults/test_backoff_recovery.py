@@ -8,7 +8,8 @@ import time
 import pytest
 
 from zmqflow.common.errors import DeadlineExceededError, UnavailableError
-from zmqflow.common.rpc_client import BACKOFF_MAX, RpcClient
+from zmqflow.common.rpc_calls import BACKOFF_MAX
+from zmqflow.common.rpc_client import RpcClient
 from tests.support import free_port
 
 pytestmark = pytest.mark.faults
@@ -27,7 +28,7 @@ def test_a_service_back_after_a_long_outage_is_used_within_two_seconds(processes
                 client.ping(timeout=0.5)
             except (UnavailableError, DeadlineExceededError):
                 failures += 1
-        assert failures >= 4 and client._backoff == BACKOFF_MAX == 2.0
+        assert failures >= 4 and client.calls.backoff == BACKOFF_MAX == 2.0
         processes.service("zmqflow.services.broker", bind=bind)
         back = time.monotonic()
         while True:

@@ -26,26 +26,15 @@ to these calls and answers the tickets they complete.
 
 import heapq
 import itertools
-import math
 from collections import OrderedDict
 
 from zmqflow.common.errors import (FailedPreconditionError, InvalidArgumentError, NotFoundError,
                                    PermissionDeniedError)
 
 _COMPACT_MIN = 1024  # expiry entries kept before the heap is rebuilt without settled leases' entries
-MAX_LEASE_SECONDS = 3600.0
-"""The longest lease one request may ask for; a longer task renews it with `extend`."""
 
 MEMORY = 10_000
 """Settled leases remembered, to tell a late or repeated ack what became of its lease."""
-
-
-def check_lease_seconds(value, what="lease"):
-    """`value` as float seconds in (0, MAX_LEASE_SECONDS], else InvalidArgument naming it."""
-    if type(value) not in (int, float) or not math.isfinite(value) or not 0 < value <= MAX_LEASE_SECONDS:
-        raise InvalidArgumentError(f"{what} must be a number of seconds in (0, {MAX_LEASE_SECONDS:g}], "
-                                   f"got {value!r:.40}")
-    return float(value)
 
 
 class Lease:

@@ -1,4 +1,4 @@
-"""ShardState: update rules against numpy references, sync aggregation against one big batch,
+"""The update rules over a VariableStore: optimizers against numpy references, sync aggregation against one big batch,
 async exactly-once, staleness, warm-up, spare and duplicate replicas, validation, snapshots."""
 
 import json
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from zmqflow.common.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, NotFoundError
-from zmqflow.services.ps.shard import ShardState
+from zmqflow.services.ps.rules import update_rule
+from zmqflow.services.ps.store import VariableStore
 from zmqflow.models.registry import load_model
 
 pytestmark = pytest.mark.unit
@@ -21,14 +22,14 @@ def values(seed=0, pieces=PIECES):
 
 
 def shard(optimizer=None, pieces=PIECES, init=True, **options):
-    state = ShardState(pieces, optimizer or {"kind": "sgd", "learning_rate": 0.1}, **options)
+    state = update_rule(VariableStore(pieces, optimizer or {"kind": "sgd", "learning_rate": 0.1}), **options)
     if init:
-        state.initialize(values(0, pieces))
+        state.store.initialize(values(0, pieces))
     return state
 
 
 def current(state):
-    return {n: v.copy() for n, v in state.pull()[1].items()}
+    return {n: v.copy() for n, v in state.store.pull()[1].items()}
 
 
 # --- update rules ------------------------------------------------------------------------
@@ -68,7 +69,7 @@ def test_async_updates_follow_the_optimizer(optimizer, reference):
         assert (result.applied, result.dropped, result.version) == (True, False, step + 1)
         for name in PIECES:
             reference(expected[name], grads[name], slots[name], step)
-    for name, value in state.pull()[1].items():
+    for name, value in state.store.pull()[1].items():
         np.testing.assert_allclose(value, expected[name], rtol=1e-12)
 
 
@@ -81,21 +82,21 @@ def test_sync_replicas_equal_one_big_batch(optimizer):
                  "seed": 1, "dtype": "float64"})
     pieces = {v.name: (v.shape, v.dtype) for v in model.variables()}
     replicas = 3
-    many = ShardState(pieces, optimizer, mode="sync", replicas_to_aggregate=replicas)
-    one = ShardState(pieces, optimizer, mode="sync", replicas_to_aggregate=1)
-    many.initialize(model.initial_values())
-    one.initialize(model.initial_values())
+    many = shard(optimizer, pieces, init=False, mode="sync", replicas_to_aggregate=replicas)
+    one = shard(optimizer, pieces, init=False, mode="sync", replicas_to_aggregate=1)
+    many.store.initialize(model.initial_values())
+    one.store.initialize(model.initial_values())
     rng = np.random.default_rng(0)
     for step in range(3):
         x, y = rng.random((24, 784)), rng.integers(0, 10, 24)
-        params = many.pull()[1]
+        params = many.store.pull()[1]
         for r, (xs, ys) in enumerate(zip(np.split(x, replicas), np.split(y, replicas))):
             result = many.push(model.step(params, (xs, ys))[1], version=step, replica=r)
             assert result.applied == (r == replicas - 1) and not result.dropped
-        one.push(model.step(one.pull()[1], (x, y))[1], version=step, replica=0)
-        assert many.version == one.version == step + 1
-    for name, value in many.pull()[1].items():
-        np.testing.assert_allclose(value, one.pull()[1][name], rtol=1e-10, atol=1e-12)
+        one.push(model.step(one.store.pull()[1], (x, y))[1], version=step, replica=0)
+        assert many.store.version == one.store.version == step + 1
+    for name, value in many.store.pull()[1].items():
+        np.testing.assert_allclose(value, one.store.pull()[1][name], rtol=1e-10, atol=1e-12)
     assert many.stats()["pushes_applied"] == 9 and many.stats()["updates"] == 3
 
 
@@ -109,8 +110,8 @@ def test_async_applies_every_push_exactly_once():
         assert state.push(grads, version, replica=i % 3).staleness == i - version
         for name in PIECES:
             sgd_ref(expected[name], grads[name], None, i)
-    assert state.version == len(versions)
-    for name, value in state.pull()[1].items():
+    assert state.store.version == len(versions)
+    for name, value in state.store.pull()[1].items():
         np.testing.assert_allclose(value, expected[name], rtol=1e-12)
     stats = state.stats()
     assert stats["pushes_received"] == stats["pushes_applied"] == len(versions)
@@ -120,7 +121,7 @@ def test_async_applies_every_push_exactly_once():
 def test_staleness_bound_drops_and_counts():
     state = shard(staleness_bound=1)
     for _ in range(3):
-        state.push(values(1), state.version, 0)
+        state.push(values(1), state.store.version, 0)
     before = current(state)
     result = state.push(values(2), version=1, replica=1)
     assert (result.applied, result.dropped, result.reason, result.staleness, result.version) == \
@@ -147,7 +148,7 @@ def test_warmup_accepts_only_the_warmup_replica():
     assert state.push(values(1), 1, replica=2).reason == "warmup"
     assert state.push(values(1), 1, replica=1).applied
     assert state.push(values(1), 2, replica=0).applied  # warm-up over: everyone joins
-    assert state.version == 3 and state.stats()["dropped"] == {"warmup": 2}
+    assert state.store.version == 3 and state.stats()["dropped"] == {"warmup": 2}
 
 
 # --- sync --------------------------------------------------------------------------------
@@ -157,7 +158,7 @@ def test_sync_drops_stale_and_duplicate_pushes():
     assert not state.push(values(1), 0, replica=0).applied
     dup = state.push(values(2), 0, replica=0)
     assert (dup.dropped, dup.reason) == (True, "duplicate")
-    assert state.push(values(1), 0, replica=1).applied and state.version == 1
+    assert state.push(values(1), 0, replica=1).applied and state.store.version == 1
     stale = state.push(values(3), 0, replica=0)
     assert (stale.dropped, stale.reason, stale.staleness) == (True, "stale", 1)
     stats = state.stats()
@@ -174,9 +175,9 @@ def test_spare_replica_never_blocks_a_step():
                                    "missing": [0, 1, 2]}
     state.push(values(1), 0, replica=2)
     assert state.waiting_for()["contributed"] == [2] and state.waiting_for()["missing"] == [0, 1]
-    assert state.push(values(2), 0, replica=0).applied and state.version == 1
+    assert state.push(values(2), 0, replica=0).applied and state.store.version == 1
     late = state.push(values(3), 0, replica=1)
-    assert (late.dropped, late.reason) == (True, "stale") and state.version == 1
+    assert (late.dropped, late.reason) == (True, "stale") and state.store.version == 1
     assert state.waiting_for()["step"] == 1 and state.waiting_for()["contributed"] == []
     expected = values(0)
     for name, value in current(state).items():
@@ -184,10 +185,10 @@ def test_spare_replica_never_blocks_a_step():
 
 
 def test_empty_shard_keeps_the_step():
-    state = ShardState({}, {"kind": "sgd", "learning_rate": 0.1}, mode="sync", replicas_to_aggregate=2)
-    state.initialize({})
+    state = shard(pieces={}, init=False, mode="sync", replicas_to_aggregate=2)
+    state.store.initialize({})
     assert not state.push({}, 0, 0).applied and state.push({}, 0, 1).applied
-    assert state.version == 1 and state.pull() == (1, {})
+    assert state.store.version == 1 and state.store.pull() == (1, {})
 
 
 # --- sparse --------------------------------------------------------------------------------
@@ -196,17 +197,17 @@ def test_sparse_push_updates_only_its_rows():
     state, weights = shard({"kind": "adagrad", "learning_rate": 0.1}), values(0)["layer/weights"]
     rows = np.ones((2, 4))
     result = state.push_sparse("layer/weights", np.array([2, 0]), rows, 0, 0)
-    assert result.applied and state.version == 1
-    np.testing.assert_array_equal(state.pull_rows("layer/weights", np.array([1])), weights[[1]])
-    np.testing.assert_allclose(state.pull_rows("layer/weights", np.array([2, 0])),
+    assert result.applied and state.store.version == 1
+    np.testing.assert_array_equal(state.store.pull_rows("layer/weights", np.array([1])), weights[[1]])
+    np.testing.assert_allclose(state.store.pull_rows("layer/weights", np.array([2, 0])),
                                weights[[2, 0]] - 0.1 * rows / np.sqrt(0.1 + rows ** 2), rtol=1e-12)
     with pytest.raises(InvalidArgumentError, match="indices"):
         state.push_sparse("layer/weights", np.array([3]), np.ones((1, 4)), 1, 0)
     with pytest.raises(InvalidArgumentError, match="rows"):
         state.push_sparse("layer/weights", np.array([0]), np.ones((2, 4)), 1, 0)
     with pytest.raises(NotFoundError):
-        state.pull_rows("nope", np.array([0]))
-    assert state.version == 1
+        state.store.pull_rows("nope", np.array([0]))
+    assert state.store.version == 1
 
 
 def test_sync_sparse_rows_are_averaged_with_dense_gradients():
@@ -221,7 +222,7 @@ def test_sync_sparse_rows_are_averaged_with_dense_gradients():
     grads["layer/biases"][0] += 3.0
     for name, value in current(state).items():
         np.testing.assert_allclose(value, expected[name] - 0.1 * grads[name] / 2, rtol=1e-12)
-    assert state.version == 1 and state.stats()["pushes_applied"] == 3
+    assert state.store.version == 1 and state.stats()["pushes_applied"] == 3
 
 
 def densified(indices, rows, shape):
@@ -239,7 +240,7 @@ def test_a_push_with_sparse_rows_is_one_update_equal_to_its_dense_form(mode):
     indices, rows = np.array([2, 0, 2]), np.arange(12, dtype=np.float64).reshape(3, 4)
     biases = values(3)["layer/biases"]
     result = sparse_state.push({"layer/biases": biases}, 0, 0, sparse={"layer/weights": (indices, rows)})
-    assert result.applied and sparse_state.version == 1 and sparse_state.stats()["updates"] == 1
+    assert result.applied and sparse_state.store.version == 1 and sparse_state.stats()["updates"] == 1
     dense_state.push({"layer/biases": biases, "layer/weights": densified(indices, rows, (3, 4))}, 0, 0)
     for name, value in current(sparse_state).items():
         np.testing.assert_allclose(value, current(dense_state)[name], rtol=1e-12)
@@ -271,7 +272,7 @@ def test_bad_sparse_pushes_name_the_piece_and_change_nothing(grads, sparse, mess
     state = shard()
     with pytest.raises(InvalidArgumentError, match=message):
         state.push(grads, 0, 0, sparse=sparse)
-    assert state.version == 0 and state.stats()["pushes_received"] == 0
+    assert state.store.version == 0 and state.stats()["pushes_received"] == 0
 
 
 # --- validation ----------------------------------------------------------------------------
@@ -309,17 +310,17 @@ def test_bad_gradients_are_never_partially_applied():
         state.push(good, -1, 0)
     with pytest.raises(InvalidArgumentError, match="replica"):
         shard(mode="sync", replicas_to_aggregate=2).push(good, 0, 2)
-    assert state.version == 0 and state.stats()["pushes_received"] == 0
+    assert state.store.version == 0 and state.stats()["pushes_received"] == 0
     for name, value in current(state).items():
         np.testing.assert_array_equal(value, before[name])
 
 
 def test_push_from_before_a_restore_is_dropped_as_future():
     state = shard()
-    state.initialize(values(0))
+    state.store.initialize(values(0))
     before = current(state)
     result = state.push(values(1), 5, 0)  # computed on a version this shard never reached
-    assert result.dropped and result.reason == "future" and state.version == 0
+    assert result.dropped and result.reason == "future" and state.store.version == 0
     assert state.stats()["dropped"] == {"future": 1}
     for name, value in current(state).items():
         np.testing.assert_array_equal(value, before[name])
@@ -328,37 +329,37 @@ def test_push_from_before_a_restore_is_dropped_as_future():
 def test_initialize_once_and_checks_values():
     state = shard(init=False)
     with pytest.raises(FailedPreconditionError, match="not initialized"):
-        state.pull()
+        state.store.pull()
     with pytest.raises(FailedPreconditionError):
         state.push(values(1), 0, 0)
     with pytest.raises(InvalidArgumentError, match="layer/biases.*expected float64 \\[4\\]"):
-        state.initialize({**values(0), "layer/biases": np.zeros(3)})
-    state.initialize(values(0), step=7)
-    assert state.initialized and state.version == 7
-    state.initialize(values(0), step=7)  # a retried request: no-op
+        state.store.initialize({**values(0), "layer/biases": np.zeros(3)})
+    state.store.initialize(values(0), step=7)
+    assert state.store.initialized and state.store.version == 7
+    state.store.initialize(values(0), step=7)  # a retried request: no-op
     with pytest.raises(AlreadyExistsError):
-        state.initialize(values(1), step=7)
-    state.initialize(values(1), step=0, force=True)
-    np.testing.assert_array_equal(state.pull()[1]["layer/biases"], values(1)["layer/biases"])
+        state.store.initialize(values(1), step=7)
+    state.store.initialize(values(1), step=0, force=True)
+    np.testing.assert_array_equal(state.store.pull()[1]["layer/biases"], values(1)["layer/biases"])
 
 
 # --- pulls, checkpoints, reports -------------------------------------------------------------
 
 def test_pull_is_a_read_only_snapshot():
     state = shard()
-    version, snap = state.pull()
+    version, snap = state.store.pull()
     kept = {n: v.copy() for n, v in snap.items()}
     state.push(values(1), 0, 0)
     for name, value in snap.items():
         np.testing.assert_array_equal(value, kept[name])
         assert not value.flags.writeable
-    assert state.pull(newer_than=1) == (1, None)
-    version, newer = state.pull(newer_than=0)
+    assert state.store.pull(newer_than=1) == (1, None)
+    version, newer = state.store.pull(newer_than=0)
     assert version == 1 and not np.array_equal(newer["layer/biases"], kept["layer/biases"])
-    one = state.pull(names=["layer/biases"])[1]
+    one = state.store.pull(names=["layer/biases"])[1]
     assert list(one) == ["layer/biases"] and np.array_equal(one["layer/biases"], newer["layer/biases"])
     with pytest.raises(NotFoundError):
-        state.pull(names=["nope"])
+        state.store.pull(names=["nope"])
 
 
 def test_checkpoint_round_trip_continues_identically():
@@ -366,16 +367,16 @@ def test_checkpoint_round_trip_continues_identically():
     a = shard(optimizer)
     for step in range(3):
         a.push(values(step + 1), step, 0)
-    step, vals, slots = a.snapshot_for_checkpoint()
+    step, vals, slots = a.store.snapshot_for_checkpoint()
     assert step == 3 and set(slots["layer/weights"]) == {"m", "v"}
     b = shard(optimizer, init=False)
-    b.restore(vals, slots, step)
+    b.store.restore(vals, slots, step)
     with pytest.raises(InvalidArgumentError, match="slots"):
-        b.restore(vals, {n: {} for n in PIECES}, step)
+        b.store.restore(vals, {n: {} for n in PIECES}, step)
     for s in (a, b):
         s.push(values(9), 3, 0)
-    for name, value in a.pull()[1].items():
-        np.testing.assert_array_equal(value, b.pull()[1][name])
+    for name, value in a.store.pull()[1].items():
+        np.testing.assert_array_equal(value, b.store.pull()[1][name])
 
 
 def test_config_and_stats_are_json():
@@ -394,17 +395,17 @@ def test_assign_sets_values_without_the_optimizer_or_a_new_version():
     state = shard({"kind": "adam", "learning_rate": 0.1})
     before = current(state)
     new_biases = np.arange(4, dtype=np.float64)
-    assert state.assign({"layer/biases": new_biases}) == 1
-    version, after = state.pull()
+    assert state.store.assign({"layer/biases": new_biases}) == 1
+    version, after = state.store.pull()
     assert version == 0
     np.testing.assert_array_equal(after["layer/biases"], new_biases)              # exactly the value, no Adam step
     np.testing.assert_array_equal(after["layer/weights"], before["layer/weights"])
     with pytest.raises(InvalidArgumentError, match="does not hold: \\['other'\\]"):
-        state.assign({"other": new_biases})
+        state.store.assign({"other": new_biases})
     with pytest.raises(InvalidArgumentError, match="assigned values"):
-        state.assign({"layer/biases": np.zeros(5)})
+        state.store.assign({"layer/biases": np.zeros(5)})
     with pytest.raises(FailedPreconditionError):
-        shard(init=False).assign({"layer/biases": new_biases})
+        shard(init=False).store.assign({"layer/biases": new_biases})
 
 
 # --- non-finite gradients ----------------------------------------------------------------------
@@ -420,7 +421,7 @@ def test_async_skips_a_non_finite_push_and_counts_it(bad):
     state = shard()
     before = current(state)
     result = state.push(poisoned(1, bad), 0, replica=0)
-    assert (result.applied, result.dropped, result.reason) == (False, True, "nonfinite") and state.version == 0
+    assert (result.applied, result.dropped, result.reason) == (False, True, "nonfinite") and state.store.version == 0
     for name, value in current(state).items():
         np.testing.assert_array_equal(value, before[name])          # untouched, and finite
     assert state.push(values(2), 0, replica=0).applied and all(np.isfinite(v).all() for v in current(state).values())
@@ -430,14 +431,14 @@ def test_async_skips_a_non_finite_push_and_counts_it(bad):
 def test_sync_step_completes_from_the_finite_pushes_only():
     state = shard(mode="sync", replicas_to_aggregate=2)
     assert not state.push(poisoned(1), 0, replica=0).applied
-    assert state.push(values(2), 0, replica=1).applied and state.version == 1   # no wait for the skipped replica
+    assert state.push(values(2), 0, replica=1).applied and state.store.version == 1   # no wait for the skipped replica
     expected = values(0)
     for name, value in current(state).items():       # the mean of the one finite push: values(2) itself
         np.testing.assert_allclose(value, expected[name] - 0.1 * values(2)[name], rtol=1e-12)
     assert state.stats()["dropped"] == {"nonfinite": 1}
     everyone_bad = shard(mode="sync", replicas_to_aggregate=2)
     everyone_bad.push(poisoned(1), 0, replica=0)
-    assert everyone_bad.push(poisoned(2, np.inf), 0, replica=1).applied and everyone_bad.version == 1
+    assert everyone_bad.push(poisoned(2, np.inf), 0, replica=1).applied and everyone_bad.store.version == 1
     np.testing.assert_array_equal(current(everyone_bad)["layer/weights"], values(0)["layer/weights"])
 
 
@@ -445,7 +446,7 @@ def test_refuse_policy_fails_the_push_naming_the_piece_and_sparse_rows_are_check
     state = shard(nonfinite="refuse")
     with pytest.raises(InvalidArgumentError, match="gradient of 'layer/weights' holds NaN or Inf: refused"):
         state.push(poisoned(1), 0, replica=0)
-    assert state.version == 0 and state.stats()["dropped"] == {"nonfinite": 1}
+    assert state.store.version == 0 and state.stats()["dropped"] == {"nonfinite": 1}
     skipping = shard()
     rows = np.array([[0.1, np.nan, 0.0, 0.0]])
     assert skipping.push_sparse("layer/weights", np.array([1]), rows, 0, replica=0).reason == "nonfinite"
@@ -459,9 +460,9 @@ def test_refuse_policy_fails_the_push_naming_the_piece_and_sparse_rows_are_check
 def test_a_lost_replica_lets_the_step_go_on_with_fewer_and_rejoins_when_heard_from():
     state = shard(mode="sync", replicas_to_aggregate=2)
     assert not state.push(values(1), 0, replica=0).applied and state.needed() == 2
-    assert state.lose_replica(1).applied and state.version == 1 and state.needed() == 1   # the waiting step is applied
+    assert state.lose_replica(1).applied and state.store.version == 1 and state.needed() == 1   # the waiting step is applied
     np.testing.assert_allclose(current(state)["layer/biases"], values(0)["layer/biases"] - 0.1 * values(1)["layer/biases"])
-    assert state.push(values(2), 1, replica=0).applied and state.version == 2          # one replica per step now
+    assert state.push(values(2), 1, replica=0).applied and state.store.version == 2          # one replica per step now
     assert state.waiting_for()["lost"] == [1]
-    state.regain_replica(1)
+    state.heard_from(1, now=0.0)
     assert state.needed() == 2 and not state.push(values(3), 2, replica=0).applied
