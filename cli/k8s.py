@@ -6,6 +6,7 @@ import click
 
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.jobs.k8s import render as k8s_render
+from zmqflow.jobs.spec import DEPLOYMENT, job_spec
 
 
 @click.group()
@@ -18,22 +19,22 @@ def k8s():
               help="ps shards: a StatefulSet of N pods ps-0.ps .. ps-{N-1}.ps, shard i on port 5600 + i.")
 @click.option("--workers", type=click.IntRange(min=1), default=2,
               help="Workers: a StatefulSet of M pods worker-0.worker .. (worker 0 is the chief), task j on 5610 + j.")
-@click.option("--serve", type=click.IntRange(min=1), default=k8s_render.DEFAULT_SERVE,
+@click.option("--serve", type=click.IntRange(min=1), default=DEPLOYMENT.serving.replicas,
               help="Model servers serve0 .. serve{K-1} (ports 5700 + i), all members of the aggregator.")
-@click.option("--epochs", type=click.IntRange(min=1), default=k8s_render.DEFAULT_EPOCHS,
+@click.option("--epochs", type=click.IntRange(min=1), default=DEPLOYMENT.training.epochs,
               help="Epochs the reader streams (its --num-epochs).")
 @click.option("--image", default=k8s_render.DEFAULT_IMAGE,
               help="The zmqflow image (ENTRYPOINT zmqflow) every container runs.")
-@click.option("--data", "data_spec", default=k8s_render.DEFAULT_DATA, metavar="SPEC",
+@click.option("--data", "data_spec", default=DEPLOYMENT.data, metavar="SPEC",
               help="The data spec to train on: `mnist` (the shipped sample) or a spec file inside the image (an "
                    "image built FROM zmqflow's holding the spec and its data files, with --image). Every ps, worker "
                    "and reader pod runs `zmqflow data prepare` on it in an initContainer.")
-@click.option("--model", "model_spec", default=k8s_render.DEFAULT_MODEL, metavar="MODEL",
+@click.option("--model", "model_spec", default=DEPLOYMENT.model, metavar="MODEL",
               help="The model fitted to the data: a built-in name, inline JSON, or a spec file or path.py:build "
                    "inside the image.")
 @click.option("--model-opt", "model_opts", multiple=True, metavar="KEY=VALUE",
               help="A model option for `data prepare` (repeatable).")
-@click.option("--model-name", default=k8s_render.DEFAULT_MODEL_NAME,
+@click.option("--model-name", default=DEPLOYMENT.serving.name,
               help="The name the model servers serve the model under (their --name).")
 @click.option("--namespace", default=None, help="Namespace of every object. Default: none (kubectl's current one).")
 @click.option("--curve/--no-curve", default=True,
@@ -64,9 +65,9 @@ def render(ps, workers, serve, epochs, image, data_spec, model_spec, model_opts,
       zmqflow k8s render --ps 2 --workers 2 --out deploy/k8s
     """
     try:
-        options = k8s_render.Options(ps=ps, workers=workers, serve=serve, epochs=epochs, image=image,
-                                     namespace=namespace, curve=curve, tfjob=tfjob, data=data_spec,
-                                     model=model_spec, model_opts=tuple(model_opts), model_name=model_name)
+        spec = job_spec(DEPLOYMENT, ps=ps, workers=workers, replicas=serve, epochs=epochs, data=data_spec,
+                        model=model_spec, model_options=model_opts, name=model_name)
+        options = k8s_render.Options(spec, image=image, namespace=namespace, curve=curve, tfjob=tfjob)
     except InvalidArgumentError as exc:
         raise click.UsageError(str(exc)) from None
     if curve_dir and not curve:

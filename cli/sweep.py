@@ -6,7 +6,9 @@ import signal
 import click
 
 from zmqflow.common.cli_support import launcher_curve_option
+from zmqflow.jobs.spec import TrainConfig
 from zmqflow.jobs.sweep.runner import INPUTS
+from zmqflow.models.kernels import BACKENDS
 from zmqflow.jobs.sweep.space import MLP_ONLY, SpaceError, build_space, describe, grid, load_space, parse_grid, sample
 
 
@@ -40,7 +42,7 @@ def _points(grid_text, space_file, random_runs, seed, epochs, batch_size):
 @click.option("--parallel", default=max(1, os.cpu_count() or 1), type=click.IntRange(min=1),
               help="Runs training at once (default: the number of CPU cores); each has its own ps task and worker.")
 @click.option("--epochs", default=3, type=click.IntRange(min=1), help="Epochs of a run unless the space sets them.")
-@click.option("--batch-size", default=100, type=click.IntRange(min=1),
+@click.option("--batch-size", default=TrainConfig.batch_size, type=click.IntRange(min=1),
               help="Batch size of a run unless the space sets it.")
 @click.option("--out", "out_dir", default="sweep-out", type=click.Path(file_okay=False),
               help="Writes leaderboard.json, leaderboard.csv, sweep.png and runs/RUN/{checkpoint,logs} here.")
@@ -52,7 +54,7 @@ def _points(grid_text, space_file, random_runs, seed, epochs, batch_size):
 @click.option("--validation-fraction", default=0.1, type=click.FloatRange(0, 1, min_open=True, max_open=True),
               help="Share of the training split held out (seeded) to rank the runs; never trained on.")
 @click.option("--split-seed", default=0, help="Seed of the validation split (keep it to compare sweeps).")
-@click.option("--backend", default="numba", type=click.Choice(["numpy", "numba", "cupy"]), help="Worker kernels.")
+@click.option("--backend", default=TrainConfig.backend, type=click.Choice(BACKENDS), help="Worker kernels.")
 @click.option("--run-timeout", default=300.0, type=click.FloatRange(min=0, min_open=True),
               help="Seconds a run may take; a run past it is stopped and recorded as failed.")
 @click.option("--model", "model_spec", default=None, metavar="MODEL",

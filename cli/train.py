@@ -7,26 +7,32 @@ import click
 from zmqflow.common.cli_support import launcher_curve_option
 from zmqflow.common.errors import OpError
 from zmqflow.jobs.local_cluster import run_training
-from zmqflow.jobs.spec import DEFAULT_OPTIMIZER, INPUTS, job_spec
+from zmqflow.jobs.spec import DEFAULT_OPTIMIZER, INPUTS, MODES, JobSpec, job_spec, optimizer_config
+from zmqflow.models.kernels import BACKENDS
 from zmqflow.models.registry import load_model
 from zmqflow.models.spec import resolve_model, with_options
 
 
+DEFAULT = JobSpec()
+
+
 @click.command(name="train", context_settings={"show_default": True})
 @launcher_curve_option()
-@click.option("--num-ps", default=1)
-@click.option("--num-workers", default=2)
-@click.option("--mode", default="async", type=click.Choice(["async", "sync"]))
-@click.option("--spare-replicas", default=0, help="Sync: extra workers beyond replicas_to_aggregate.")
-@click.option("--epochs", default=10)
-@click.option("--batch-size", default=100)
-@click.option("--optimizer", "optimizer_kind", default="adam", type=click.Choice(["sgd", "momentum", "adam", "adagrad"]))
+@click.option("--num-ps", default=DEFAULT.cluster.ps)
+@click.option("--num-workers", default=DEFAULT.cluster.workers)
+@click.option("--mode", default=DEFAULT.cluster.mode, type=click.Choice(MODES))
+@click.option("--spare-replicas", default=DEFAULT.cluster.spare_replicas,
+              help="Sync: extra workers beyond replicas_to_aggregate.")
+@click.option("--epochs", default=DEFAULT.training.epochs)
+@click.option("--batch-size", default=DEFAULT.training.batch_size)
+@click.option("--optimizer", "optimizer_kind", default=DEFAULT_OPTIMIZER["kind"],
+              type=click.Choice(["sgd", "momentum", "adam", "adagrad"]))
 @click.option("--learning-rate", default=DEFAULT_OPTIMIZER["learning_rate"])
-@click.option("--backend", default="numba", type=click.Choice(["numpy", "numba", "cupy"]))
+@click.option("--backend", default=DEFAULT.training.backend, type=click.Choice(BACKENDS))
 @click.option("--shuffle-queue/--fifo-queue", default=None, help="Feed through a RandomShuffleQueue "
               "(tf.train.shuffle_batch) or a FIFOQueue. Default: shuffle for readers, FIFO for preloaded input "
               "(the feeder already shuffles every epoch).")
-@click.option("--input", "input_kind", default=None, type=click.Choice(INPUTS),
+@click.option("--input", default=None, type=click.Choice(INPUTS),
               help="readers: reader processes read the data's files every epoch; preloaded: fed from this "
                  "process's memory; ps: held once on ps 0 and sliced by the workers (the seeds' preloading). "
                  "Default: readers, or with --data preloaded when its rows fit in memory and no early stop.")
@@ -46,7 +52,7 @@ from zmqflow.models.spec import resolve_model, with_options
               help="Train on your data: a data spec (YAML: files, features, label; see `zmqflow data inspect`) or "
                    "`mnist`. The model is fitted to its inputs and classes, and the final checkpoint is scored on "
                    "its test split. Default: the shipped MNIST sample.")
-@click.option("--validate-every-steps", default=100, type=click.IntRange(min=0),
+@click.option("--validate-every-steps", default=DEFAULT.validation.every_steps, type=click.IntRange(min=0),
               help="With --data that has a validation split: the chief scores it every N global steps (0: never) "
                    "and keeps the best checkpoint in CHECKPOINT_DIR/best.")
 @click.option("--validate-every-secs", default=None, type=click.FloatRange(min=0, min_open=True),
@@ -62,10 +68,7 @@ from zmqflow.models.spec import resolve_model, with_options
 @click.option("--summary-out", default=None, type=click.Path(dir_okay=False),
               help="Write the job's summary here as JSON: final metrics, steps, examples/s, wall time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learning_rate, optimizer_kind, backend,
-            shuffle_queue, input_kind, bf16, at_least_once, checkpoint_dir, checkpoint_every_steps, model_spec,
-            model_opts, data_spec,
-            validate_every_steps, validate_every_secs, early_stop_patience, early_stop_metric, summary_out, as_json):
+def command(optimizer_kind, learning_rate, model_spec, model_opts, data_spec, summary_out, as_json, **options):
     """Train a model (default: the MNIST MLP) on the shipped MNIST sample, or on your data with --data,
     with a broker, NUM_PS ps shards and NUM_WORKERS workers on this machine. If any task of the job
     fails, the others are stopped and the command exits 1 naming it."""
@@ -78,10 +81,10 @@ def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learn
             fit(data, load_tables(data)["train"])     # bad data fails here, naming the file, line and column
         except OpError as exc:
             raise click.BadParameter(str(exc), param_hint="--data") from None
-        if early_stop_metric:
+        if options["early_stop_metric"]:
             from zmqflow.inputs.metrics import monitored
             try:
-                monitored(data.label.task, early_stop_metric)     # a metric the task reports
+                monitored(data.label.task, options["early_stop_metric"])     # a metric the task reports
             except OpError as exc:
                 raise click.BadParameter(str(exc), param_hint="--early-stop-metric") from None
     try:
@@ -92,19 +95,11 @@ def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learn
         stages = stage_count(load_model(model, backend="numpy"))   # a bad model fails here, before any process starts
     except OpError as exc:
         raise click.BadParameter(str(exc), param_hint="--model") from None
-    if stages > 1 and num_workers + spare_replicas != stages:
+    if stages > 1 and options["num_workers"] + options["spare_replicas"] != stages:
         raise click.BadParameter(f"the model's layers run on {stages} workers (a pipeline); pass --num-workers {stages}",
                                  param_hint="--num-workers")
-    optimizer = {"kind": optimizer_kind, "learning_rate": learning_rate}
-    if optimizer_kind == "momentum":
-        optimizer["momentum"] = 0.9
     try:
-        spec = job_spec(num_ps=num_ps, num_workers=num_workers, mode=mode, spare_replicas=spare_replicas, epochs=epochs,
-                        batch_size=batch_size, optimizer=optimizer, backend=backend, shuffle_queue=shuffle_queue,
-                        input=input_kind, bf16=bf16, at_least_once=at_least_once, checkpoint_dir=checkpoint_dir,
-                        checkpoint_every_steps=checkpoint_every_steps, model=model, data=data,
-                        validate_every_steps=validate_every_steps, validate_every_secs=validate_every_secs,
-                        early_stop_patience=early_stop_patience, early_stop_metric=early_stop_metric)
+        spec = job_spec(**options, optimizer=optimizer_config(optimizer_kind, learning_rate), model=model, data=data)
         summary = run_training(spec, progress=not as_json)
     except OpError as exc:
         raise click.ClickException(str(exc)) from None
@@ -113,15 +108,9 @@ def command(num_ps, num_workers, mode, spare_replicas, epochs, batch_size, learn
             json.dump(summary, f, indent=1)
     if as_json:
         click.echo(json.dumps(summary))
-    else:
-        if summary.get("test_metrics"):
-            when = (f"stopped early at step {summary['stopped_early_at']} (global step {summary['global_step']})"
-                    if summary.get("stopped_early_at") else f"after {epochs} epochs")
-            click.echo(f"{summary['test_split']}: " + ", ".join(f"{k} {v:.4f}" for k, v in summary["test_metrics"].items())
-                       + f" {when}, {summary['examples_per_s']:,} examples/s while training "
-                       f"(logs in {summary['log_dir']})")
-            return
-        click.echo(f"test accuracy {summary['test_accuracy']:.4f} after {epochs} epochs, "
-                   f"{summary['examples_per_s']:,} examples/s while training ({summary['training_seconds']} s; "
-                   f"{summary['wall_seconds']} s with start-up), global step {summary['global_step']} "
-                   f"(logs in {summary['log_dir']})")
+        return
+    scores = ", ".join(f"{k} {v:.4f}" for k, v in (summary.get("test_metrics") or {}).items())
+    when = (f"stopped early at step {summary['stopped_early_at']} (global step {summary['global_step']})"
+            if summary.get("stopped_early_at") else f"after {spec.training.epochs} epochs")
+    click.echo((f"{summary['test_split']}: {scores} " if scores else "") + f"{when}, {summary['examples_per_s']:,} "
+               f"examples/s while training (logs in {summary['log_dir']})")

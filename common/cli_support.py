@@ -175,9 +175,9 @@ TASK_CONFIG = "zmqflow.task_config"
 
 
 def task_config_option(extra_fields=()):
-    """--config TASK.json: one task's options as JSON, {"flag-name": value} (or the parameter's name), what a
-    launcher renders for a task (jobs/spec.py) in place of dozens of flags. Flags given on the command line
-    win over it; `extra_fields` are the keys the command takes from the file only (left in ctx.meta)."""
+    """--config TASK.json: one task's options as JSON, {"flag-name": value} (or flag_name, or the parameter's
+    name), what a launcher renders for a task (jobs/spec.py) in place of dozens of flags. Flags given on the
+    command line win over it; `extra_fields` are the keys the command takes from the file only (left in ctx.meta)."""
     def use_config(ctx, param, path):
         if not path:
             return
@@ -195,8 +195,9 @@ def task_config_option(extra_fields=()):
             names[option.name] = option.name
         defaults, extra = {}, {}
         for key, value in config.items():
-            if key in names and names[key] != param.name:
-                defaults[names[key]] = value
+            name = names.get(key) or names.get(key.replace("_", "-"))   # num_epochs as num-epochs
+            if name is not None and name != param.name:
+                defaults[name] = value
             elif key.replace("-", "_") in extra_fields:
                 extra[key.replace("-", "_")] = value
             else:

@@ -15,7 +15,15 @@ import time
 
 from zmqflow.common.errors import AbortedError, OpError
 from zmqflow.common.ps_client import PsShardClient
-from zmqflow.jobs.local_cluster import read_json
+
+
+def read_json(path):
+    """A JSON file's value, or None while it is missing or half written."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 class JsonLinesTail:

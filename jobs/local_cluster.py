@@ -14,7 +14,6 @@ data's test split, and every process is stopped by PID.
 """
 
 import dataclasses
-import json
 import os
 import tempfile
 import threading
@@ -27,38 +26,53 @@ from zmqflow.common.errors import AbortedError, InvalidArgumentError, OpError
 from zmqflow.common.processes import compute_thread_env, start_process
 from zmqflow.common.ps_client import PsShardClient
 from zmqflow.common.queues import FIFOQueue, RandomShuffleQueue
+from zmqflow.common.rpc_client import default_pool
 from zmqflow.common.supervisor import Supervisor
-from zmqflow.jobs.spec import Placement, job_spec, tasks
-from zmqflow.services.reader.cli import reader_args
+from zmqflow.jobs import job_metrics
+from zmqflow.jobs.spec import Placement, TaskSpec, job_spec, tasks
 
 
-def feed_columns(queue, columns, epochs, seed, stop):
-    """`epochs` shuffled passes over in-memory {component: rows}, then close the queue."""
-    rng = np.random.default_rng(seed)
-    rows = len(next(iter(columns.values())))
-    try:
-        for _ in range(epochs):
-            order = rng.permutation(rows)
-            for start in range(0, len(order), 500):
-                if stop.is_set():
-                    return
-                idx = order[start:start + 500]
-                queue.enqueue_many({name: values[idx] for name, values in columns.items()}, timeout=600)
-    finally:
-        queue.close(cancel_pending_enqueues=stop.is_set())
+def start_feeder(columns, epochs, stop, broker, queue, capacity, min_after_dequeue=None, seed=0, container=""):
+    """Preloaded input: declare the queue of in-memory {component: rows} (a RandomShuffleQueue with
+    `min_after_dequeue`, else a FIFOQueue) and start a thread that enqueues `epochs` passes over the rows,
+    shuffled every epoch, then closes it (cancelling pending enqueues when `stop` is set)."""
+    declaration = dict(names=list(columns), dtypes=[str(v.dtype) for v in columns.values()],
+                       shapes=[list(v.shape[1:]) for v in columns.values()], shared_name=queue, container=container,
+                       broker=broker)
+    queue = (RandomShuffleQueue(capacity, min_after_dequeue, seed=seed, **declaration)
+             if min_after_dequeue is not None else FIFOQueue(capacity, **declaration))
+    rng, rows = np.random.default_rng(seed), len(next(iter(columns.values())))
+
+    def feed():
+        try:
+            for _ in range(epochs):
+                order = rng.permutation(rows)
+                for start in range(0, len(order), 500):
+                    if stop.is_set():
+                        break
+                    idx = order[start:start + 500]
+                    queue.enqueue_many({name: values[idx] for name, values in columns.items()}, timeout=600)
+            queue.close(cancel_pending_enqueues=stop.is_set())
+        except OpError:
+            pass   # the queue was closed or reset under it: an early stop, or the job's (or run's) end
+        finally:
+            default_pool.close_thread()
+
+    threading.Thread(target=feed, daemon=True, name=f"feed-{container or declaration['shared_name']}").start()
 
 
 def start_readers(broker, processes=1, log_dir=None, env=None, stats_dir=None, **options):
-    """Start `processes` reader processes on one pipeline (options as in services/reader/cli.py's
-    reader_args); returns their ServiceProcess handles, to be stopped by PID (`stop()` sends SIGTERM).
-    With `stats_dir`, reader i writes its summary to stats_dir/reader-i.json."""
-    procs = []
+    """Start `processes` reader processes on one pipeline, each with a `--config` of `options` by the reader's
+    option or parameter names (queue="train", num_epochs=2, shuffle_files=False, format_options=JSON text,
+    cast=["label=int32"], ...); returns their ServiceProcess handles, to be stopped by PID (`stop()` sends
+    SIGTERM). With `stats_dir`, reader i writes its summary to stats_dir/reader-i.json."""
+    configs, procs = tempfile.mkdtemp(prefix="readers-", dir=log_dir), []
     try:
         for i in range(processes):
-            args = ["--broker", broker, *reader_args(**options)]
-            if stats_dir:
-                args += ["--stats-file", os.path.join(stats_dir, f"reader-{i}.json")]
-            procs.append(start_process("zmqflow.services.reader", args, env=env, log_dir=log_dir, name=f"reader{i}"))
+            stats = {"stats-file": os.path.join(stats_dir, f"reader-{i}.json")} if stats_dir else {}
+            task = TaskSpec("reader", i, ["reader"], {"broker": broker, **options, **stats})
+            procs.append(start_process("zmqflow.services.reader", task.config_args(configs), env=env, log_dir=log_dir,
+                                       name=task.name))
     except BaseException:
         for proc in procs:
             proc.stop()
@@ -145,8 +159,10 @@ class LocalCluster:
         if spec.input.kind == "ps":    # held once on ps 0, sliced by the workers
             with PsShardClient(self.shards[0].endpoint) as client:
                 client.preload(spec.input.queue, train, timeout=30)
-        elif spec.input.kind == "preloaded":
-            self._start_feeder(train)
+        elif spec.input.kind == "preloaded":   # a thread here enqueues shuffled epochs from memory
+            start_feeder(train, spec.training.epochs, self._stop, self.broker.endpoint, spec.input.queue,
+                         spec.input.capacity, min(spec.input.min_after_dequeue, len(train["label"]) // 2)
+                         if spec.input.shuffled else None, spec.training.seed)
         for task in planned:
             if task.role == "reader":
                 self._start(task, env=compute_thread_env(1))
@@ -185,26 +201,6 @@ class LocalCluster:
             started.insert(0, worker)
         self.workers = started
 
-    def _start_feeder(self, columns):
-        """Preloaded input: a thread enqueues shuffled epochs of the prepared train split from memory."""
-        from zmqflow.inputs.spec_stream import queue_components
-        components = queue_components(self.data)
-        declaration = dict(names=[n for n, _, _ in components], dtypes=[d for _, d, _ in components],
-                           shapes=[s for _, _, s in components], shared_name=self.spec.input.queue,
-                           broker=self.broker.endpoint)
-        capacity, seed = self.spec.input.capacity, self.spec.training.seed
-        queue = (RandomShuffleQueue(capacity, min(self.spec.input.min_after_dequeue, len(columns["label"]) // 2),
-                                    seed=seed, **declaration) if self.spec.input.shuffled
-                 else FIFOQueue(capacity, **declaration))
-
-        def feeder():
-            try:
-                feed_columns(queue, columns, self.spec.training.epochs, seed, self._stop)
-            except OpError:
-                pass   # the queue was closed under it: an early stop, or the job's end
-
-        threading.Thread(target=feeder, daemon=True, name="feeder").start()
-
     def _score_test_split(self, summary):
         """The final checkpoint on the data's test split (or its validation split when it has no test)."""
         from zmqflow.jobs.evaluate import evaluate_checkpoint
@@ -230,9 +226,13 @@ class LocalCluster:
         """Wait for every worker to exit; return the job's summary. When any task of the job fails (exits
         non-zero), every other one is stopped and AbortedError names it, its exit code and its last log lines."""
         started, training = time.perf_counter(), self.spec.training
+        steps, deadline = training.epochs * self.examples_per_epoch // training.batch_size, time.monotonic() + timeout
         try:
-            _follow(self.shards[0].endpoint, self.workers, training.epochs * self.examples_per_epoch //
-                    training.batch_size, progress, self._raise_on_failure, timeout)
+            with tqdm(total=steps, desc="training", unit="step", disable=not progress) as bar:
+                for point in job_metrics.stream(self, 0.2, self._raise_on_failure):   # until every worker exits
+                    bar.update(max(0, min(point["global_step"], steps) - bar.n))
+                    if time.monotonic() > deadline:
+                        raise AbortedError(f"the job did not end within {timeout:.0f} s")
             self._raise_on_failure()
         except AbortedError:
             self.stop()
@@ -241,7 +241,7 @@ class LocalCluster:
         elapsed = time.perf_counter() - started
         if codes[0] != 0 or not os.path.exists(self.result_files[0]):
             raise AbortedError(f"the chief failed (exit {codes[0]}):\n{self.workers[0].log()[-3000:]}")
-        results = [read_json(f) for f in self.result_files]
+        results = [job_metrics.read_json(f) for f in self.result_files]
         done = [r for r in results if r]
         examples = sum(r["examples"] for r in done)
         training_seconds = max(r["seconds"] for r in done)
@@ -283,31 +283,3 @@ def run_training(spec=None, progress=True, **options):
     with LocalCluster(spec, **options) as cluster:
         cluster.start()
         return cluster.wait(progress)
-
-
-def read_json(path):
-    """A JSON file's value, or None while it is missing or half written."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def _follow(ps0, workers, total_steps, progress, check=lambda: None, timeout=600):
-    """A progress bar on ps 0's version until every worker has exited; `check()` raises when a task failed."""
-    bar = tqdm(total=total_steps, desc="training", unit="step", disable=not progress)
-    deadline = time.monotonic() + timeout
-    with PsShardClient(ps0, heartbeat_interval=2.0) as client:
-        while any(w.alive() for w in workers):
-            check()
-            if time.monotonic() > deadline:
-                bar.close()
-                raise AbortedError(f"the job did not end within {timeout:.0f} s")
-            try:
-                stats = client.stats(timeout=2.0)
-                bar.update(max(0, min(stats["version"], total_steps) - bar.n))
-            except Exception:
-                pass  # the ps exits at the end (the chief shuts it down)
-            time.sleep(0.2)
-    bar.close()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from zmqflow.common.cli_support import to_flags
 from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.models.spec import with_options
 
 INPUTS = ("readers", "preloaded", "ps")
 MODES = ("async", "sync")
@@ -29,6 +30,13 @@ DEFAULT_OPTIMIZER = {"kind": "adam", "learning_rate": 0.004}
 """Adam 0.004 reaches 0.918-0.926 test accuracy on the 4,500-row split in 10 epochs in every mode
 (async with its staleness, sync with 2 replicas, ps-preloaded; 3 runs each). 0.002 left sync, which
 makes half as many steps, at 0.898-0.912, too close to the 0.90 target; SGD 0.5 stays near 0.89."""
+
+
+
+def optimizer_config(kind, learning_rate):
+    """The optimizer a launcher's --optimizer and --learning-rate name (momentum: 0.9, as TF's examples)."""
+    return {"kind": kind, "learning_rate": learning_rate, **({"momentum": 0.9} if kind == "momentum" else {})}
+
 
 # A deployment's fixed ports (docker-compose.yml, deploy/k8s): every task serves Prometheus metrics on
 # its ZeroMQ port + METRICS_OFFSET.
@@ -50,6 +58,7 @@ class ClusterConfig:
     mode: str = "async"
     replicas_to_aggregate: int | None = None   # sync: default every worker (spares apart)
     readers: int = 1                    # reader processes (input "readers")
+    max_shard_bytes: int | None = None  # variables larger than this split into row blocks over the ps shards
 
 
 @dataclass(frozen=True)
@@ -130,6 +139,10 @@ class JobSpec:
                                    ("batch_size", self.training.batch_size, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise InvalidArgumentError(f"{name} must be an integer >= {least}, not {value!r}")
+        for name, value in (("data", self.data), ("model", self.model), ("serving name", self.serving.name)):
+            if isinstance(value, str) and not value.strip():
+                raise InvalidArgumentError(f"{name} must be a non-empty string, not {value!r}")
+        with_options({}, self.model_options)   # KEY=VALUE, the value YAML, as `data prepare --model-opt` reads it
         if self.input.at_least_once and self.input.kind == "ps":
             raise InvalidArgumentError("at-least-once input leases batches of the broker's queue; input 'ps' is "
                                        "sliced by row on ps 0 (nothing to lease): use input 'readers' or 'preloaded'")
@@ -201,6 +214,11 @@ class Placement:
 
 def deployment(spec, host=lambda role, index: f"{role}{index}", prepared=PREPARED):
     """The placement of a deployment: task i of a role on `host(role, i)` at its fixed port."""
+    for name, count, base in (("ps", spec.cluster.ps, PS_PORT), ("workers", spec.total_workers, WORKER_PORT),
+                              ("serving replicas", spec.serving.replicas, SERVE_PORT)):
+        if base + count - 1 > 65535 - METRICS_OFFSET:
+            raise InvalidArgumentError(f"{name}={count}: the ports {base}.. (and their metrics ports) would pass "
+                                       f"65535; at most {65535 - METRICS_OFFSET - base + 1}")
     cluster = {"ps": [f"{host('ps', i)}:{PS_PORT + i}" for i in range(spec.cluster.ps)],
                "worker": [f"{host('worker', i)}:{WORKER_PORT + i}" for i in range(spec.total_workers)],
                "broker": [f"broker:{BROKER_PORT}"]}
@@ -213,7 +231,7 @@ class TaskSpec:
     role: str
     index: int
     command: list                      # the zmqflow subcommand and its arguments
-    options: dict                      # {"option-name": value}: None and False left out
+    options: dict                      # {"option-name": value}: None left out (and False, in argv)
     env: dict = field(default_factory=dict)
     ports: dict = field(default_factory=dict)   # {"zmq" | "http" | "metrics": port} of a deployment
 
@@ -226,7 +244,7 @@ class TaskSpec:
 
     def config(self):
         """The options as `--config TASK.json` holds them."""
-        return {k: v for k, v in self.options.items() if v is not None and v is not False}
+        return {k: v for k, v in self.options.items() if v is not None}
 
     def config_args(self, directory):
         """["--config", DIRECTORY/NAME.json], the file written: how local processes get their options."""
@@ -281,7 +299,7 @@ def _ps_task(spec, placement, index):
                "replicas-to-aggregate": (spec.cluster.replicas_to_aggregate or min(replicas, spec.cluster.workers))
                if sync else None,
                "total-num-replicas": replicas if sync else None,
-               "restore-from": spec.checkpoint.dir}
+               "restore-from": spec.checkpoint.dir, "max-shard-bytes": spec.cluster.max_shard_bytes}
     if placement.cluster is None:
         return TaskSpec("ps", index, ["ps"], {"task-index": index, "num-ps": spec.cluster.ps, **options})
     port = PS_PORT + index
@@ -312,6 +330,7 @@ def _worker_task(spec, placement, index):
                "preloaded": spec.input.queue if spec.input.kind == "ps" else None,
                "epochs": spec.training.epochs if spec.input.kind == "ps" else None,
                "container": placement.container, "model": f"{placement.prepared}/{MODEL_JSON}",
+               "max-shard-bytes": spec.cluster.max_shard_bytes,
                "batch-size": spec.training.batch_size, "backend": spec.training.backend,
                "log-every": spec.training.log_every,
                "mode": "sync" if spec.cluster.mode == "sync" else None,

@@ -40,21 +40,13 @@ from typing import NamedTuple, Optional
 import yaml
 
 from zmqflow.common import curve
+from zmqflow.common.cli_support import to_flags
 from zmqflow.common.cluster import ClusterSpec
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.jobs.spec import (AGGREGATOR_PORT, BROKER_PORT, DEPLOYMENT, GATEWAY_PORT, METRICS_OFFSET, PS_PORT,
-                               READER_METRICS_PORT, SERVE_PORT, WORKER_PORT, deployment, job_spec, tasks)
-from zmqflow.models.spec import with_options
+from zmqflow.jobs.spec import (BROKER_PORT, DEPLOYMENT, GATEWAY_PORT, PS_PORT, SERVE_PORT, WORKER_PORT, JobSpec,
+                               deployment, tasks)
 
 DEFAULT_IMAGE = "zmqflow:latest"
-DEFAULT_SERVE = DEPLOYMENT.serving.replicas
-DEFAULT_EPOCHS = DEPLOYMENT.training.epochs
-DEFAULT_DATA = DEPLOYMENT.data             # the shipped sample's built-in data spec
-DEFAULT_MODEL = DEPLOYMENT.model
-DEFAULT_MODEL_NAME = DEPLOYMENT.serving.name   # the model servers' --name
-
-MAX_PORT = 65535 - METRICS_OFFSET
-
 UID = 10001                    # the image's `zmqflow` user
 APP = "zmqflow"
 CLUSTER_CONFIG_MAP = "zmqflow-cluster"
@@ -97,73 +89,34 @@ exec "$@"
 
 @dataclass(frozen=True)
 class Options:
-    """What `zmqflow k8s render` takes; checked when made (InvalidArgumentError)."""
+    """What `zmqflow k8s render` takes: the job (a JobSpec; the shipped one by default) and what only Kubernetes
+    needs (the image, the namespace, CURVE, TFJob or StatefulSets); checked when made (InvalidArgumentError)."""
 
-    ps: int = 2
-    workers: int = 2
-    serve: int = DEFAULT_SERVE
-    epochs: int = DEFAULT_EPOCHS
+    spec: JobSpec = DEPLOYMENT
     image: str = DEFAULT_IMAGE
     namespace: Optional[str] = None
     curve: bool = True
     tfjob: bool = False
-    data: str = DEFAULT_DATA
-    model: str = DEFAULT_MODEL
-    model_opts: tuple = ()
-    model_name: str = DEFAULT_MODEL_NAME
 
     def __post_init__(self):
-        for name, base in (("ps", PS_PORT), ("workers", WORKER_PORT), ("serve", SERVE_PORT)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidArgumentError(f"{name} must be an integer >= 1, not {value!r}")
-            if base + value - 1 > MAX_PORT:
-                raise InvalidArgumentError(f"{name}={value}: the ports {base}.. (and their metrics ports) "
-                                           f"would pass 65535; at most {MAX_PORT - base + 1}")
-        if not isinstance(self.epochs, int) or isinstance(self.epochs, bool) or self.epochs < 1:
-            raise InvalidArgumentError(f"epochs must be an integer >= 1, not {self.epochs!r}")
         if not self.image or any(c.isspace() for c in self.image):
             raise InvalidArgumentError(f"image {self.image!r} is not an image reference")
         if self.namespace is not None and not _DNS_LABEL.match(self.namespace):
             raise InvalidArgumentError(f"namespace {self.namespace!r} is not a DNS label "
                                        "(lower case letters, digits and '-', at most 63)")
-        for name in ("data", "model", "model_name"):   # read inside the image: only their form is checked here
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value.strip():
-                raise InvalidArgumentError(f"{name} must be a non-empty string, not {value!r}")
-        if not isinstance(self.model_opts, tuple):
-            raise InvalidArgumentError(f"model_opts must be a tuple of key=value strings, not {self.model_opts!r}")
-        with_options({}, self.model_opts)   # key=value, the value YAML, as `data prepare --model-opt` reads it
-
-    @property
-    def spec(self):
-        """The JobSpec these options render: the shipped deployment's, resized."""
-        return job_spec(DEPLOYMENT, num_ps=self.ps, num_workers=self.workers, epochs=self.epochs, data=self.data,
-                        model=self.model, model_options=self.model_opts, replicas=self.serve, name=self.model_name)
+        deployment(self.spec)   # its ports fit
 
     def command_line(self, out=None):
         """The `zmqflow k8s render` command that renders these options (the files' header)."""
-        argv = ["zmqflow", "k8s", "render", "--ps", str(self.ps), "--workers", str(self.workers)]
-        if self.serve != DEFAULT_SERVE:
-            argv += ["--serve", str(self.serve)]
-        if self.epochs != DEFAULT_EPOCHS:
-            argv += ["--epochs", str(self.epochs)]
-        if self.image != DEFAULT_IMAGE:
-            argv += ["--image", self.image]
-        if self.namespace:
-            argv += ["--namespace", self.namespace]
-        if self.data != DEFAULT_DATA:
-            argv += ["--data", self.data]
-        if self.model != DEFAULT_MODEL:
-            argv += ["--model", self.model]
-        for option in self.model_opts:
-            argv += ["--model-opt", option]
-        if self.model_name != DEFAULT_MODEL_NAME:
-            argv += ["--model-name", self.model_name]
-        argv += ["--no-curve"] * (not self.curve) + ["--tfjob"] * self.tfjob
-        if out is not None:
-            argv += ["--out", out]
-        return shlex.join(argv)
+        spec, base = self.spec, DEPLOYMENT
+        changed = {"serve": (spec.serving.replicas, base.serving.replicas), "epochs": (spec.training.epochs,
+                   base.training.epochs), "image": (self.image, DEFAULT_IMAGE), "namespace": (self.namespace, None),
+                   "data": (spec.data, base.data), "model": (spec.model, base.model)}
+        return shlex.join(["zmqflow", "k8s", "render", *to_flags({
+            "ps": spec.cluster.ps, "workers": spec.cluster.workers,
+            **{flag: value for flag, (value, default) in changed.items() if value != default},
+            "model-opt": spec.model_options, "model-name": None if spec.serving.name == base.serving.name
+            else spec.serving.name, "no-curve": not self.curve, "tfjob": self.tfjob, "out": out})])
 
 
 class Component(NamedTuple):
@@ -191,12 +144,14 @@ def cluster_spec(options):
 # (a deployment's tasks of one role differ only in TF_CONFIG and the metrics port of the environment).
 
 
-def task_args(options, role, index=0):
-    """The zmqflow subcommand and options of a task of the job (argv without the leading "zmqflow")."""
-    for task in tasks(options.spec, deployment(options.spec, _host, prepared=PREPARED)):
-        if task.role == role and task.index == index:
-            return task.argv()[1:]
-    raise KeyError(f"the job has no task {role}:{index}")
+def _tasks(spec):
+    """{(role, index): TaskSpec} of the job on Kubernetes."""
+    return {(task.role, task.index): task for task in tasks(spec, deployment(spec, _host, prepared=PREPARED))}
+
+
+def _args(task):
+    """The zmqflow subcommand and options of a task (its argv without the leading "zmqflow")."""
+    return task.argv()[1:]
 
 
 # ------------------------------------------------------------------ pieces of pods
@@ -329,8 +284,8 @@ def _mount_prepared(read_only=True):
 
 def _data_init(options):
     """The initContainer that writes this pod's /prepared: compose's one-shot `data` command."""
-    return _container(options, "data", "data", task_args(options, "data"), mounts=[_mount_prepared(read_only=False)],
-                      init=True)
+    return _container(options, "data", "data", _args(_tasks(options.spec)["data", 0]),
+                      mounts=[_mount_prepared(read_only=False)], init=True)
 
 
 POD_NAME_ENV = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
@@ -348,15 +303,6 @@ def _service(options, name, labels, ports, headless=False):
 def _deployment(options, name, labels, template):
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(options, name, labels),
             "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": template}}
-
-
-def _zmq_service_ports(port):
-    return [{"name": "zmq", "port": port, "targetPort": port},
-            {"name": "metrics", "port": port + METRICS_OFFSET, "targetPort": port + METRICS_OFFSET}]
-
-
-def _zmq_container_ports(port):
-    return [_port("zmq", port), _port("metrics", port + METRICS_OFFSET)]
 
 
 # ------------------------------------------------------------------ the CURVE secret
@@ -434,105 +380,95 @@ def curve_component(options, files):
     ])
 
 
-def broker_component(options):
-    labels = _labels("broker")
-    metrics = BROKER_PORT + METRICS_OFFSET
-    main = _container(options, "broker", "broker", task_args(options, "broker"), ports=_zmq_container_ports(BROKER_PORT),
-                      readiness=ready_when(_ping(BROKER_PORT)),
-                      liveness=alive_while(_ping(BROKER_PORT) + ["--timeout", "5"]))
-    return Component("broker", [
-        ("", _service(options, "broker", labels, _zmq_service_ports(BROKER_PORT))),
-        ("", _deployment(options, "broker", labels, _pod_template(options, labels, metrics, [main]))),
-    ])
-
-
 def _ordinal_ping(base, timeout=None):
     """A ping of this StatefulSet pod's own port: base + the ordinal of its name."""
     script = f'zmqflow ping "tcp://127.0.0.1:$(({base} + ${{POD_NAME##*-}}))"'
     return ["sh", "-c", script + (f" --timeout {timeout}" if timeout else "")]
 
 
-def _stateful_set(options, job, replicas, template):
-    labels = _labels(job)
-    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _metadata(options, job, labels),
-            "spec": {"serviceName": job, "replicas": replicas, "podManagementPolicy": "Parallel",
-                     "selector": {"matchLabels": labels}, "template": template}}
+def _pinged(port):
+    """The probes of a server: ready while it answers a ping, restarted when it stops answering."""
+    return {"readiness": ready_when(_ping(port)), "liveness": alive_while(_ping(port) + ["--timeout", "5"])}
 
 
-def _task_ports(job, base, count):
-    return [{"name": f"{job}-{i}", "port": base + i} for i in range(count)]
+def _dials_out(readiness):
+    """The probes of a task that only dials out: alive while its metrics endpoint answers."""
+    return {"readiness": readiness, "liveness": alive_while_metrics_answer(), "startup": started_when_metrics_answer()}
+
+
+def _env(task):
+    """The task's environment but TF_CONFIG (the entry snippet or the TFJob operator sets that)."""
+    return [{"name": key, "value": value} for key, value in task.env.items() if key != "TF_CONFIG"]
+
+
+def _served(options, task, comment="", mounts=(), volumes=(), probes=None):
+    """A server task as a Deployment and a Service on the task's ports (a model server's labels name its member)."""
+    labels = _labels(task.role, **({"member": str(task.index)} if task.role == "serve" else {}))
+    main = _container(options, task.role, task.role, _args(task), ports=[_port(n, p) for n, p in task.ports.items()],
+                      mounts=mounts, **(probes or _pinged(task.ports["zmq"])))
+    template = _pod_template(options, labels, task.ports["metrics"], [main], volumes)
+    ports = [{"name": name, "port": port, "targetPort": port} for name, port in task.ports.items()]
+    return [(comment, _service(options, task.name, labels, ports)),
+            ("", _deployment(options, task.name, labels, template))]
+
+
+def _stateful(options, task, count, base, comment, probes):
+    """ps or workers: a StatefulSet of `count` pods <role>-<i>.<role> behind a headless Service, each task's
+    TF_CONFIG made from its pod name by the entry snippet."""
+    role, labels, metrics = task.role, _labels(task.role), task.ports["metrics"]
+    mounts = [{"name": "cluster", "mountPath": CONFIG_DIR}, {"name": "data", "mountPath": DATA_DIR}, _mount_prepared()]
+    main = _container(options, role, role, _args(task), command=ENTRY + ZMQFLOW, ports=[_port("metrics", metrics)],
+                      env=[POD_NAME_ENV] + _env(task), mounts=mounts, **probes)
+    template = _pod_template(options, labels, metrics, [main], [_volume_cluster(), _volume_data(), _volume_prepared()],
+                             init_containers=[_data_init(options)])
+    ports = [{"name": f"{role}-{i}", "port": base + i} for i in range(count)]
+    stateful_set = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _metadata(options, role, labels),
+                    "spec": {"serviceName": role, "replicas": count, "podManagementPolicy": "Parallel",
+                             "selector": {"matchLabels": labels}, "template": template}}
+    return Component(role, [(comment, _service(options, role, labels, ports, headless=True)), ("", stateful_set)])
 
 
 def ps_component(options):
-    labels = _labels("ps")
-    metrics = PS_PORT + METRICS_OFFSET
-    main = _container(options, "ps", "ps", task_args(options, "ps"), command=ENTRY + ZMQFLOW, ports=[_port("metrics", metrics)],
-                      env=[POD_NAME_ENV], mounts=[{"name": "cluster", "mountPath": CONFIG_DIR},
-                                                  {"name": "data", "mountPath": DATA_DIR}, _mount_prepared()],
-                      readiness=ready_when(_ordinal_ping(PS_PORT)),
-                      liveness=alive_while(_ordinal_ping(PS_PORT, timeout=5)))
-    template = _pod_template(options, labels, metrics, [main], [_volume_cluster(), _volume_data(), _volume_prepared()],
-                             init_containers=[_data_init(options)])
-    return Component("ps", [
-        (f"ps shards: {options.ps} pods with the stable names ps-0.ps, ps-1.ps, ... from the headless Service;\n"
-         f"shard i listens on {PS_PORT} + i (the port of its task in cluster.json). Each pod's initContainer\n"
-         f"fits the model to the data ({PREPARED}/model.json) as the reader's prepares its shards: the same bytes\n"
-         "in every pod.",
-         _service(options, "ps", labels, _task_ports("ps", PS_PORT, options.ps), headless=True)),
-        ("", _stateful_set(options, "ps", options.ps, template)),
-    ])
-
-
-def _worker_env(metrics):
-    return [{"name": "ZMQFLOW_METRICS_PORT", "value": f"0.0.0.0:{metrics}"}]   # --metrics-port, as in compose
+    count = options.spec.cluster.ps
+    return _stateful(options, _tasks(options.spec)["ps", 0], count, PS_PORT, (
+        f"ps shards: {count} pods with the stable names ps-0.ps, ps-1.ps, ... from the headless Service;\n"
+        f"shard i listens on {PS_PORT} + i (the port of its task in cluster.json). Each pod's initContainer\n"
+        f"fits the model to the data ({PREPARED}/model.json) as the reader's prepares its shards: the same bytes\n"
+        "in every pod."), {"readiness": ready_when(_ordinal_ping(PS_PORT)),
+                           "liveness": alive_while(_ordinal_ping(PS_PORT, timeout=5))})
 
 
 def worker_component(options):
-    labels = _labels("worker")
-    metrics = WORKER_PORT + METRICS_OFFSET
-    main = _container(options, "worker", "worker", task_args(options, "worker"), command=ENTRY + ZMQFLOW,
-                      ports=[_port("metrics", metrics)], env=[POD_NAME_ENV] + _worker_env(metrics),
-                      mounts=[{"name": "cluster", "mountPath": CONFIG_DIR}, {"name": "data", "mountPath": DATA_DIR},
-                              _mount_prepared()],
-                      readiness=ready_when(ENTRY + ["zmqflow", "cluster", "check"], period=10, timeout=10),
-                      liveness=alive_while_metrics_answer(), startup=started_when_metrics_answer())
-    template = _pod_template(options, labels, metrics, [main], [_volume_cluster(), _volume_data(), _volume_prepared()],
-                             init_containers=[_data_init(options)])
-    return Component("worker", [
-        (f"Workers: {options.workers} pods, worker-0 the chief (TF_CONFIG without a chief job). They dial out only;\n"
-         "the headless Service gives them the stable names of the cluster spec (worker-0.worker, ...). A worker\n"
-         "is ready while every server of its cluster answers (`zmqflow cluster check`), alive while its metrics\n"
-         "endpoint answers (its own thread: a long step does not count). The initContainer writes the model and\n"
-         f"the data config ({PREPARED}): the chief scores the data's test split at the end.",
-         _service(options, "worker", labels, _task_ports("worker", WORKER_PORT, options.workers), headless=True)),
-        ("", _stateful_set(options, "worker", options.workers, template)),
-    ])
+    count = options.spec.cluster.workers
+    return _stateful(options, _tasks(options.spec)["worker", 0], count, WORKER_PORT, (
+        f"Workers: {count} pods, worker-0 the chief (TF_CONFIG without a chief job). They dial out only;\n"
+        "the headless Service gives them the stable names of the cluster spec (worker-0.worker, ...). A worker\n"
+        "is ready while every server of its cluster answers (`zmqflow cluster check`), alive while its metrics\n"
+        "endpoint answers (its own thread: a long step does not count). The initContainer writes the model and\n"
+        f"the data config ({PREPARED}): the chief scores the data's test split at the end."),
+        _dials_out(ready_when(ENTRY + ["zmqflow", "cluster", "check"], period=10, timeout=10)))
 
 
 def tfjob_component(options):
-    def replica(job, count, port, args, main_kwargs):
-        metrics = port + METRICS_OFFSET
-        main = _container(options, "tensorflow", job, args,   # the container the operator gives TF_CONFIG
-                          ports=[_port("tfjob-port", port), _port("metrics", metrics)],
-                          mounts=[{"name": "data", "mountPath": DATA_DIR}, _mount_prepared()], **main_kwargs)
-        template = _pod_template(options, _labels(job), metrics, [main], [_volume_data(), _volume_prepared()],
-                                 init_containers=[_data_init(options)])
+    def replica(task, count, port, probes):
+        main = _container(options, "tensorflow", task.role, _args(task),   # the container the operator gives TF_CONFIG
+                          ports=[_port("tfjob-port", port), _port("metrics", task.ports["metrics"])], env=_env(task),
+                          mounts=[{"name": "data", "mountPath": DATA_DIR}, _mount_prepared()], **probes)
+        template = _pod_template(options, _labels(task.role), task.ports["metrics"], [main],
+                                 [_volume_data(), _volume_prepared()], init_containers=[_data_init(options)])
         return {"replicas": count, "restartPolicy": "OnFailure", "template": template}
 
-    ps = replica("ps", options.ps, PS_PORT, task_args(options, "ps"),
-                 dict(readiness=ready_when(_ping(PS_PORT)), liveness=alive_while(_ping(PS_PORT) + ["--timeout", "5"])))
-    worker_metrics = WORKER_PORT + METRICS_OFFSET
-    worker = replica("worker", options.workers, WORKER_PORT, task_args(options, "worker"),
-                     dict(env=_worker_env(worker_metrics),
-                          readiness=ready_when(["zmqflow", "cluster", "check"], period=10, timeout=10),
-                          liveness=alive_while_metrics_answer(), startup=started_when_metrics_answer()))
+    spec, job_tasks = options.spec, _tasks(options.spec)
+    ps = replica(job_tasks["ps", 0], spec.cluster.ps, PS_PORT, _pinged(PS_PORT))
+    worker = replica(job_tasks["worker", 0], spec.cluster.workers, WORKER_PORT,
+                     _dials_out(ready_when(["zmqflow", "cluster", "check"], period=10, timeout=10)))
     job = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": _metadata(options, TFJOB_NAME, {"app": APP}),
            "spec": {"runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 3},
                     "tfReplicaSpecs": {"PS": ps, "Worker": worker}}}
     curve_file = " -f curve.yaml" if options.curve else ""
     return Component("tfjob", [
         (f"The same training job under Kubeflow's training operator, instead of ps.yaml and worker.yaml: the\n"
-         f"operator creates the {options.ps} ps and {options.workers} worker pods and sets TF_CONFIG in each "
+         f"operator creates the {spec.cluster.ps} ps and {spec.cluster.workers} worker pods and sets TF_CONFIG in each "
          f"(services {TFJOB_NAME}-ps-0, ...\n"
          "on the port named tfjob-port), so the commands are those of docker-compose.yml with no entry snippet;\n"
          f"each pod's initContainer prepares the model and the data in {PREPARED}, as in the StatefulSets.\n"
@@ -545,72 +481,42 @@ def tfjob_component(options):
 
 
 def reader_component(options):
-    labels = _labels("reader")
-    main = _container(options, "reader", "reader", task_args(options, "reader"),
-                      ports=[_port("metrics", READER_METRICS_PORT)], mounts=[_mount_prepared()],
-                      readiness=ready_when(["sh", "-c", f"zmqflow queues tcp://broker:{BROKER_PORT} | grep -q train"],
-                                           period=10, timeout=10),
-                      liveness=alive_while_metrics_answer(), startup=started_when_metrics_answer())
-    template = _pod_template(options, labels, READER_METRICS_PORT, [main], [_volume_prepared()],
+    task, labels = _tasks(options.spec)["reader", 0], _labels("reader")
+    ready = ready_when(["sh", "-c", f"zmqflow queues tcp://broker:{BROKER_PORT} | grep -q {task.options['queue']}"],
+                       period=10, timeout=10)
+    main = _container(options, "reader", "reader", _args(task), ports=[_port("metrics", task.ports["metrics"])],
+                      mounts=[_mount_prepared()], **_dials_out(ready))
+    template = _pod_template(options, labels, task.ports["metrics"], [main], [_volume_prepared()],
                              init_containers=[_data_init(options)])
     return Component("reader", [
-        ("Readers: more replicas join the same pipeline (--queue train); the last to finish closes it.\n"
-         f"The initContainer prepares the train split of `{options.data}` (never the chief's test rows) in the\n"
-         f"pod's own emptyDir at {PREPARED}, as the compose file's one-shot `data` service does; every pod that\n"
-         "runs it (readers, ps shards, workers) writes the same bytes (seed 0).",
+        (f"Readers: more replicas join the same pipeline (--queue {task.options['queue']}); the last to finish "
+         f"closes it.\nThe initContainer prepares the train split of `{options.spec.data}` (never the chief's test "
+         f"rows) in the\npod's own emptyDir at {PREPARED}, as the compose file's one-shot `data` service does; every "
+         "pod that\nruns it (readers, ps shards, workers) writes the same bytes (seed 0).",
          _deployment(options, "reader", labels, template)),
     ])
 
 
-def serve_component(options):
-    docs = []
-    for i in range(options.serve):
-        name, port = f"serve{i}", SERVE_PORT + i
-        labels = _labels("serve", member=str(i))
-        main = _container(options, "serve", "serve", task_args(options, "serve", i),
-                          ports=_zmq_container_ports(port),
-                          mounts=[{"name": "data", "mountPath": DATA_DIR, "readOnly": True}],
-                          readiness=ready_when(_ping(port)), liveness=alive_while(_ping(port) + ["--timeout", "5"]))
-        template = _pod_template(options, labels, port + METRICS_OFFSET, [main], [_volume_data()])
-        comment = "" if i else (
-            f"Model servers serve0..serve{options.serve - 1}: one Deployment + Service each, so the aggregator names "
+def serving_components(options):
+    """The model servers (one Deployment + Service each), the aggregator and the HTTP gateway."""
+    job_tasks, replicas = _tasks(options.spec), options.spec.serving.replicas
+    serve = []
+    for i in range(replicas):
+        serve += _served(options, job_tasks["serve", i], "" if i else (
+            f"Model servers serve0..serve{replicas - 1}: one Deployment + Service each, so the aggregator names "
             f"its members\n(serve0:{SERVE_PORT}, ...) as in docker-compose.yml. A server starts once the chief's first "
-            "checkpoint is in\n/data/ckpt (it restarts until then) and reloads newer ones.")
-        docs += [(comment, _service(options, name, labels, _zmq_service_ports(port))),
-                 ("", _deployment(options, name, labels, template))]
-    return Component("serve", docs)
-
-
-def aggregator_component(options):
-    labels = _labels("aggregator")
-    main = _container(options, "aggregator", "aggregator", task_args(options, "aggregator"),
-                      ports=_zmq_container_ports(AGGREGATOR_PORT), readiness=ready_when(_ping(AGGREGATOR_PORT)),
-                      liveness=alive_while(_ping(AGGREGATOR_PORT) + ["--timeout", "5"]))
-    template = _pod_template(options, labels, AGGREGATOR_PORT + METRICS_OFFSET, [main])
-    return Component("aggregator", [
-        (f"The aggregator fronts the {options.serve} model servers (one --member each).",
-         _service(options, "aggregator", labels, _zmq_service_ports(AGGREGATOR_PORT))),
-        ("", _deployment(options, "aggregator", labels, template)),
-    ])
-
-
-def gateway_component(options):
-    labels = _labels("gateway")
-    main = _container(options, "gateway", "gateway", task_args(options, "gateway"),
-                      ports=[_port("http", GATEWAY_PORT), _port("metrics", GATEWAY_PORT + METRICS_OFFSET)],
-                      readiness=_http_get("/v2/health/ready", 5, 5, 3),
-                      liveness=_http_get("/v2/health/live", 20, 10, 3, delay=10))
-    template = _pod_template(options, labels, GATEWAY_PORT + METRICS_OFFSET, [main])
-    ports = [{"name": "http", "port": GATEWAY_PORT, "targetPort": GATEWAY_PORT},
-             {"name": "metrics", "port": GATEWAY_PORT + METRICS_OFFSET, "targetPort": GATEWAY_PORT + METRICS_OFFSET}]
-    return Component("gateway", [
-        ("The HTTP gateway (Open Inference Protocol: curl, tritonclient.http, KServe's clients) in front of the\n"
-         "aggregator: the ensemble is the model `ensemble`, each model server a model of its own. Ready while the\n"
-         "aggregator answers and a model is ready (/v2/health/ready); alive while it serves HTTP (/v2/health/live).\n"
-         f"More replicas share the load; outside the cluster: kubectl port-forward service/gateway {GATEWAY_PORT}.",
-         _service(options, "gateway", labels, ports)),
-        ("", _deployment(options, "gateway", labels, template)),
-    ])
+            "checkpoint is in\n/data/ckpt (it restarts until then) and reloads newer ones."),
+            mounts=[{"name": "data", "mountPath": DATA_DIR, "readOnly": True}], volumes=[_volume_data()])
+    aggregator = _served(options, job_tasks["aggregator", 0],
+                         f"The aggregator fronts the {replicas} model servers (one --member each).")
+    gateway = _served(options, job_tasks["gateway", 0], (
+        "The HTTP gateway (Open Inference Protocol: curl, tritonclient.http, KServe's clients) in front of the\n"
+        "aggregator: the ensemble is the model `ensemble`, each model server a model of its own. Ready while the\n"
+        "aggregator answers and a model is ready (/v2/health/ready); alive while it serves HTTP (/v2/health/live).\n"
+        f"More replicas share the load; outside the cluster: kubectl port-forward service/gateway {GATEWAY_PORT}."),
+        probes={"readiness": _http_get("/v2/health/ready", 5, 5, 3),
+                "liveness": _http_get("/v2/health/live", 20, 10, 3, delay=10)})
+    return [Component("serve", serve), Component("aggregator", aggregator), Component("gateway", gateway)]
 
 
 def render(options, curve_files=None):
@@ -620,13 +526,12 @@ def render(options, curve_files=None):
     components = [cluster_component(options)]
     if options.curve and curve_files is not None:
         components.append(curve_component(options, curve_files))
-    components.append(broker_component(options))
+    components.append(Component("broker", _served(options, _tasks(options.spec)["broker", 0])))
     if options.tfjob:
         components.append(tfjob_component(options))
     else:
         components += [ps_component(options), worker_component(options)]
-    components += [reader_component(options), serve_component(options), aggregator_component(options),
-                   gateway_component(options)]
+    components += [reader_component(options), *serving_components(options)]
     # plain trees: no dict shared between two places (labels, env), so a caller may edit one freely
     return [Component(c.name, [(comment, json.loads(json.dumps(doc))) for comment, doc in c.docs])
             for c in components]

@@ -28,13 +28,13 @@ from zmqflow.common.supervisor import Supervisor
 from zmqflow.common.rpc_client import default_pool
 from zmqflow.jobs.sweep.curve import CURVE_ENV, HOOK, read_curve
 from zmqflow.jobs.sweep.space import model_options
-from zmqflow.jobs.local_cluster import feed_columns
+from zmqflow.jobs.local_cluster import start_feeder
 from zmqflow.jobs.spec import (DATA_CONFIG, CheckpointConfig, ClusterConfig, InputConfig, JobSpec, Placement,
-                               TrainConfig, tasks)
+                               TrainConfig, optimizer_config, tasks)
 from zmqflow.common.ps_client import PsShardClient
 
 INPUTS = ("preloaded", "ps")
-QUEUE = "train"
+QUEUE = InputConfig().queue   # the job description's default
 
 
 def model_spec(point, seed=1, base=None):
@@ -47,13 +47,6 @@ def model_spec(point, seed=1, base=None):
     else:
         spec = dict(base)
     return {**spec, **model_options(point)}
-
-
-def optimizer_spec(point):
-    spec = {"kind": point["optimizer"], "learning_rate": point["learning_rate"]}
-    if point["optimizer"] == "momentum":
-        spec["momentum"] = 0.9
-    return spec
 
 
 def run_id(index):
@@ -109,7 +102,8 @@ class SweepRunner:
 
     def _run_safely(self, index, point):
         entry = {"run_id": run_id(index), "status": "failed", "hyperparameters": point,
-                 "model": model_spec(point, self.model_seed, self.base_model), "optimizer": optimizer_spec(point)}
+                 "model": model_spec(point, self.model_seed, self.base_model),
+                 "optimizer": optimizer_config(point["optimizer"], point["learning_rate"])}
         started = time.perf_counter()
         try:
             entry.update(self._run(entry))
@@ -138,7 +132,7 @@ class SweepRunner:
         point, stop = entry["hyperparameters"], threading.Event()
         supervisor = Supervisor(log_dir=log_dir, admin_token_value=self.admin_token)   # this run's ps and worker
         spec = JobSpec(ClusterConfig(ps=1, workers=1), model=entry["model"], data=self.data,
-                       input=InputConfig(self.input, queue=QUEUE),
+                       input=InputConfig(self.input),
                        training=TrainConfig(epochs=point["epochs"], batch_size=point["batch_size"],
                                             optimizer=entry["optimizer"], backend=self.backend, log_every=1000),
                        checkpoint=CheckpointConfig(dir=ckpt_dir, keep=1))
@@ -181,19 +175,7 @@ class SweepRunner:
             with PsShardClient(ps_endpoint) as client:
                 client.preload(QUEUE, columns, timeout=60)
             return
-        queue = queues.FIFOQueue(5_000, [str(v.dtype) for v in columns.values()],
-                                 shapes=[list(v.shape[1:]) for v in columns.values()], names=list(columns),
-                                 shared_name=QUEUE, container=container, broker=self.broker.endpoint)
-
-        def feeder():
-            try:
-                feed_columns(queue, columns, epochs, 0, stop)
-            except Exception:
-                pass  # the run was stopped (its container reset): the worker's outcome tells what happened
-            finally:
-                default_pool.close_thread()
-
-        threading.Thread(target=feeder, daemon=True, name=f"feed-{container}").start()
+        start_feeder(columns, epochs, stop, self.broker.endpoint, QUEUE, capacity=5_000, container=container)
 
     def _wait(self, worker):
         deadline = time.monotonic() + self.timeout

@@ -10,8 +10,8 @@ in the same instance queue the workers expect: `image` float32 [784] in [0, 1]
 and `label` int32. `--data-config` (a data spec and its train-split statistics, as
 data_spec.to_config writes them) streams the spec's files as the model's prepared inputs
 and `label` (inputs/spec_stream.py), into the queue the workers of `zmqflow train --data` read.
-Launchers render a job's readers from its JobSpec (jobs/spec.py) and pass them `--config TASK.json`;
-`reader_args` writes one reader's flags (jobs/local_cluster.py's `start_readers` starts several).
+Launchers render a job's readers from its JobSpec (jobs/spec.py) and pass them `--config TASK.json`
+(jobs/local_cluster.py's `start_readers` starts several of any options).
 """
 
 import json
@@ -22,7 +22,7 @@ import sys
 import click
 
 from zmqflow.common import health
-from zmqflow.common.cli_support import curve_option, ops_options, setup_logging, task_config_option, to_flags
+from zmqflow.common.cli_support import curve_option, ops_options, setup_logging, task_config_option
 from zmqflow.inputs.datasets import DATA_DIR, RECORD_FORMAT
 from zmqflow.common.errors import OpError
 from zmqflow.common.memory import keep_freed_memory
@@ -264,21 +264,6 @@ def command(broker, file_patterns, preset, format_kind, format_options, data_con
         os.replace(tmp, stats_file)
     if summary["outcome"] in ("failed", "error") and not summary.get("stopped"):
         sys.exit(3 if summary.get("peer_lost") else 1)  # 3: the broker was lost (deploy/README.md)
-
-
-def reader_args(files=(), preset=None, format_kind=None, format_options=None, **options):
-    """The command line of one reader process: keyword arguments named like the CLI options, dashes as
-    underscores (queue="train", num_epochs=2, queue_kind="fifo", lease=2.0, skip_malformed=True,
-    shuffle_files=False, cast={"label": "int32"}, features=["image", "label"], ...)."""
-    args = to_flags({"files": [os.fspath(pattern) for pattern in files], "preset": preset, "format": format_kind,
-                     "format-options": json.dumps(format_options) if format_options else None})
-    for key, value in options.items():
-        if key == "shuffle_files":
-            key, value = ("shuffle_files" if value else "no_shuffle_files"), True
-        elif key == "cast":
-            value = [f"{name}={dtype}" for name, dtype in value.items()]
-        args += to_flags({key: value})
-    return args
 
 
 def main():

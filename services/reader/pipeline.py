@@ -18,8 +18,8 @@ enqueue_many, keeping up to `in_flight` pushes outstanding while it parses the
 next chunk, so the round trips overlap parsing (order is kept: one socket per
 thread, served in arrival order). Threads, as TF's queue runners, because a process
 is the unit of failure and of registration; parsing holds the GIL, so to
-use more cores run more reader processes on the same queue (`start_readers` in
-cli.py). Features with a ragged (None) dimension go to a PaddingFIFOQueue one
+use more cores run more reader processes on the same queue (jobs/local_cluster.py's
+`start_readers`). Features with a ragged (None) dimension go to a PaddingFIFOQueue one
 instance per enqueue, as one enqueue_many holds instances of one shape only.
 
 Bounded waits: file names are taken with a POLL_S deadline and retried; a push

@@ -178,10 +178,7 @@ def run(config):
     if stages:
         model.finish()
     if config.is_chief and config.evaluate:
-        if config.data_config:
-            summary.update(evaluate_on_data(trainer, recorded(config), tensorboard, summary["global_step"]))
-        else:
-            summary["test_accuracy"] = evaluate_on_test_split(trainer, tensorboard, summary["global_step"])
+        summary.update(evaluate_on_data(trainer, recorded(config), tensorboard, summary["global_step"]))
     for hook in hooks:
         summary.update(getattr(hook, "summary", dict)())
     if tensorboard is not None:
@@ -211,12 +208,15 @@ def data_config(config):
 
 
 def evaluate_on_data(trainer, data, tensorboard, global_step):
-    """The chief's metrics on the data spec's test split (its validation split when it has no test):
-    what a deployment without a launcher reports at the end (logged, and to TensorBoard)."""
-    from zmqflow.inputs.data_spec import from_config, load_tables, prepare
+    """The chief's metrics on the data spec's test split (its validation split when it has no test; without a
+    recorded data spec, the shipped MNIST sample's): what a deployment without a launcher reports at the end
+    (logged, and to TensorBoard: `accuracy`, ... for the test split, `validation/accuracy`, ... else)."""
+    from zmqflow.inputs.data_spec import fit, from_config, load_spec, load_tables, prepare
     from zmqflow.inputs.metrics import metrics
-    spec = from_config(data)
+    spec = from_config(data) if data else load_spec("mnist")
     tables = load_tables(spec)
+    if not data:
+        fit(spec, tables["train"])
     split = "test" if "test" in tables else "validation" if "validation" in tables else None
     if split is None:
         log.info("no test or validation split to evaluate on")
@@ -227,20 +227,9 @@ def evaluate_on_data(trainer, data, tensorboard, global_step):
     log.info("%s metrics: %s", split, ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
     if tensorboard is not None:
         for name, value in result.items():
-            tensorboard.add_scalar(f"{split}/{name}", value, global_step)
+            tensorboard.add_scalar(name if split == "test" else f"{split}/{name}", value, global_step)
     return {"test_split": split, "test_metrics": result,
             **({"test_accuracy": result["accuracy"]} if "accuracy" in result else {})}
-
-
-def evaluate_on_test_split(trainer, tensorboard, global_step):
-    """The chief's test accuracy on the MNIST test rows (logged, and to TensorBoard)."""
-    from zmqflow.inputs.datasets import mnist_split
-    _, (test_x, test_y) = mnist_split()
-    accuracy = trainer.evaluate(test_x, test_y)
-    log.info("test accuracy: %.4f", accuracy)
-    if tensorboard is not None:
-        tensorboard.add_scalar("accuracy", accuracy, global_step)
-    return accuracy
 
 
 def finish(config, ps):

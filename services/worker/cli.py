@@ -51,8 +51,8 @@ from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
                    "Default: CHECKPOINT_DIR/train with --checkpoint-dir, else none; 'off' for none.")
 @click.option("--summary-every-steps", default=50, type=click.IntRange(min=1), help="Chief: steps between summaries.")
 @click.option("--hook", "user_hooks", multiple=True, help="A user hook 'module:Class' (repeat).")
-@click.option("--evaluate", is_flag=True, help="Chief: at the end, report test accuracy on the MNIST test split, or "
-              "with --data-config the task's metrics on the data spec's test split.")
+@click.option("--evaluate", is_flag=True, help="Chief: at the end, report the task's metrics on the test split of "
+              "--data-config's data spec (default: the shipped MNIST sample).")
 @click.option("--shutdown-ps", is_flag=True, help="Chief: tell the ps shards to exit when training ends.")
 @click.option("--shutdown-broker", is_flag=True, help="Chief: tell the broker to exit when training ends "
               "(every worker is done by then), so the whole job completes with exit 0.")

@@ -42,7 +42,7 @@ def test_one_spec_renders_the_same_tasks_arguments_and_ports_every_way(tmp_path)
     compose_file = tmp_path / "docker-compose.yml"
     compose_file.write_text(render(spec))
     project = compose.load(str(compose_file), env={})
-    manifests = k8s.manifests(k8s.Options(ps=3, workers=2, curve=False))
+    manifests = k8s.manifests(k8s.Options(spec, curve=False))
     containers = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in manifests
                   if d["kind"] in ("StatefulSet", "Deployment")}
     names = {t.name if t.role != "reader" else "reader" for t in deployed}
@@ -66,11 +66,7 @@ def test_one_spec_renders_the_same_tasks_arguments_and_ports_every_way(tmp_path)
             k8s_params["data_spec"], k8s_params["model_spec"] = params["data_spec"], params["model_spec"]
             assert k8s_params == {**params, "out_dir": "/data/prepared"}
             continue
-        if task.role != "ps" and task.role != "worker":
-            assert k8s_params == params, task.name                                       # Kubernetes: the same
-        else:
-            assert {k: v for k, v in k8s_params.items() if k != "batch_size"} == \
-                   {k: v for k, v in params.items() if k != "batch_size"}, task.name
+        assert k8s_params == params, task.name                                           # Kubernetes: the same
         assert {p["containerPort"] for p in main.get("ports", [])} >= {task.ports["metrics"]} - {None}, task.name
     local = tasks(spec, Placement("tcp://127.0.0.1:5555", ps=("tcp://127.0.0.1:1", "tcp://127.0.0.1:2",
                                                                  "tcp://127.0.0.1:3"), prepared="/tmp/p",

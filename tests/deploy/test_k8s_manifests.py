@@ -12,6 +12,7 @@ import yaml
 
 from zmqflow.common.cluster import ClusterSpec
 from zmqflow.jobs.k8s import render
+from zmqflow.jobs.spec import DEPLOYMENT, job_spec
 from tests.deploy.conftest import K8S
 
 pytestmark = pytest.mark.unit
@@ -64,8 +65,8 @@ def compose_hosts(argv):
 
 
 def test_deploy_k8s_is_the_renderers_output_for_two_ps_and_two_workers():
-    expected = render.render_files(render.Options(ps=2, workers=2), out=OUT)
-    tfjob = render.render_files(render.Options(ps=2, workers=2, tfjob=True), out=OUT)
+    expected = render.render_files(render.Options(job_spec(DEPLOYMENT, ps=2, workers=2)), out=OUT)
+    tfjob = render.render_files(render.Options(job_spec(DEPLOYMENT, ps=2, workers=2), tfjob=True), out=OUT)
     for name in set(expected) & set(tfjob):   # --tfjob changes tfjob.yaml only
         assert tfjob[name] == expected[name], name
     expected["tfjob.yaml"] = tfjob["tfjob.yaml"]

@@ -27,6 +27,7 @@ from zmqflow.common.cli_support import METRICS_PORT_ENV
 from zmqflow.common.cluster import ClusterSpec
 from zmqflow.cli.k8s import k8s
 from zmqflow.jobs.k8s import render
+from zmqflow.jobs.spec import DEPLOYMENT, job_spec
 
 pytestmark = pytest.mark.unit
 
@@ -40,9 +41,16 @@ def curve_files():
     return render.generate_curve_files()
 
 
-def rendered(ps, workers, curve_files=None, **options):
-    options = render.Options(ps=ps, workers=workers, curve=curve_files is not None, **options)
-    return render.manifests(options, curve_files)
+def options(ps=2, workers=2, image=render.DEFAULT_IMAGE, namespace=None, curve=True, tfjob=False, **spec):
+    """render.Options of the shipped job resized: `spec` by job_spec's flat names (serve: its replicas)."""
+    if "serve" in spec:
+        spec["replicas"] = spec.pop("serve")
+    return render.Options(job_spec(DEPLOYMENT, ps=ps, workers=workers, **spec), image=image, namespace=namespace,
+                          curve=curve, tfjob=tfjob)
+
+
+def rendered(ps, workers, curve_files=None, **kwargs):
+    return render.manifests(options(ps, workers, curve=curve_files is not None, **kwargs), curve_files)
 
 
 def by_key(docs):
@@ -105,14 +113,14 @@ def test_rendered_manifests_pass_the_kubernetes_schemas(ps, workers, with_curve,
 
 
 def test_the_yaml_text_holds_the_same_documents(curve_files):
-    options = render.Options(ps=4, workers=8, curve=True)
-    text = render.render_stream(options, curve_files)
-    assert list(yaml.safe_load_all(text)) == render.manifests(options, curve_files)
+    opts = options(ps=4, workers=8, curve=True)
+    text = render.render_stream(opts, curve_files)
+    assert list(yaml.safe_load_all(text)) == render.manifests(opts, curve_files)
     for doc in yaml.safe_load_all(text):
         validate(doc)
-    files = render.render_files(options, curve_files, out="k8s")
+    files = render.render_files(opts, curve_files, out="k8s")
     from_files = [d for name in files for d in yaml.safe_load_all(files[name])]
-    assert from_files == render.manifests(options, curve_files)
+    assert from_files == render.manifests(opts, curve_files)
 
 
 @pytest.mark.parametrize("break_it", [
@@ -253,7 +261,7 @@ def test_every_service_command_parses_with_the_real_cli():
     """`zmqflow` + args is a registered command with valid options (the image's entrypoint is zmqflow)."""
     from zmqflow.cli.main import main
     docs = rendered(2, 3, serve=2) + rendered(2, 3, tfjob=True) + rendered(
-        1, 1, data="/app/pets.yaml", model="cnn", model_opts=("filters=[8, 16]",), model_name="pets")
+        1, 1, data="/app/pets.yaml", model="cnn", model_options=("filters=[8, 16]",), name="pets")
     saved_requested, saved_env = dict(metrics._requested), os.environ.get(METRICS_PORT_ENV)
     try:
         for name, template in pod_templates(docs):
@@ -339,8 +347,8 @@ def test_render_prints_one_multi_document_stream():
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     [secret] = [d for d in docs if d["kind"] == "Secret"]                 # CURVE by default: fresh keys
     files = {path: base64.b64decode(secret["data"][path.replace("/", "-")]) for path in render.curve_file_names()}
-    assert docs == render.manifests(render.Options(ps=4, workers=8, serve=2, epochs=1, namespace="ml",
-                                                   image="registry.example/zmqflow:1.2"), files)
+    assert docs == render.manifests(options(ps=4, workers=8, serve=2, epochs=1, namespace="ml",
+                                             image="registry.example/zmqflow:1.2"), files)
     assert {d["metadata"].get("namespace") for d in docs} == {"ml"}
     reader = by_key(docs)[("Deployment", "reader")]["spec"]["template"]["spec"]["containers"][0]
     assert reader["args"][reader["args"].index("--num-epochs") + 1] == "1"
@@ -441,7 +449,7 @@ def test_the_init_container_writes_what_the_containers_read_and_every_pod_the_sa
     """The data initContainer's command run for real, as two pods would (one path, one after the other):
     the same bytes, and every path a main container names is there and readable."""
     from zmqflow.services.reader.cli import resolve_data_spec
-    docs = rendered(2, 2, model_opts=("activation=relu",))
+    docs = rendered(2, 2, model_options=("activation=relu",))
     pods = prepared_pods(docs)
     [init] = {json.dumps(spec["initContainers"][0]["args"]) for _, spec in pods}   # one command in every pod
     prepared = tmp_path / "prepared"

@@ -19,7 +19,7 @@ from zmqflow.common.broker_client import BrokerClient
 from zmqflow.common.ps_client import PsShardClient
 from zmqflow.inputs.datasets import mnist_split, write_record_shards
 from zmqflow.models.spec import MNIST_MLP
-from zmqflow.services.reader.cli import reader_args
+from zmqflow.common.cli_support import to_flags
 from tests.support import wait_for
 
 pytestmark = pytest.mark.faults
@@ -74,9 +74,9 @@ def test_chaos_kills_of_ps_worker_and_reader_lose_no_input(processes, tmp_path):
     ps = processes.service("zmqflow.services.ps", ps_args)
 
     def reader():
-        return processes.process("zmqflow.services.reader", ["--broker", broker.endpoint, *reader_args(
+        return processes.process("zmqflow.services.reader", ["--broker", broker.endpoint, *to_flags(dict(
             files=[str(tmp_path / "shards" / "*.bin")], preset="mnist-shards", num_epochs=EPOCHS, capacity=600,
-            seed=SEED, lease=1.5, at_least_once=True, progress_every=0)])
+            seed=SEED, lease=1.5, at_least_once=True, progress_every=0))])
 
     def worker(index):
         args = ["--broker", broker.endpoint, "--ps", ps.endpoint, "--num-workers", "2", "--task-index", str(index),

@@ -10,7 +10,8 @@ from click.testing import CliRunner
 from zmqflow.common import queues
 from zmqflow.common.errors import CancelledError, OutOfRangeError
 from zmqflow.cli.main import main
-from zmqflow.services.reader.cli import reader_args, resolve_input
+from zmqflow.services.reader.cli import resolve_input
+from tests.deploy.test_compose_file import parse_zmqflow
 from tests.reader import mnist_csv
 from tests.support import wait_for
 
@@ -87,16 +88,18 @@ def test_usage_errors_and_help():
 
 
 @pytest.mark.unit
-def test_presets_resolve_and_arguments_round_trip():
+def test_presets_resolve_and_arguments_round_trip(tmp_path):
     kind, options, files, features, cast = resolve_input("mnist-fixed", chunk_size=64)
     assert kind == "fixed_length" and options["chunk_size"] == 64 and cast == {"label": "int32"}
     assert features == ["image", "label"] and files[0].endswith("mnist_sample.bin")
     kind, options, _, _, _ = resolve_input("mnist-csv", format_kind="tfrecord", format_options={"features": None})
     assert kind == "tfrecord" and options == {"features": None}  # another format drops the preset's options
-    assert reader_args(files=["a*"], preset="mnist-csv", num_epochs=2, shuffle_files=False, skip_malformed=True,
-                       cast={"label": "int32"}, queue="q") == [
-        "--files", "a*", "--preset", "mnist-csv", "--num-epochs", "2", "--no-shuffle-files", "--skip-malformed",
-        "--cast", "label=int32", "--queue", "q"]
+    config = tmp_path / "reader0.json"     # what start_readers writes: options by parameter or flag name
+    config.write_text(json.dumps({"files": ["a*"], "preset": "mnist-csv", "num_epochs": 2, "shuffle_files": False,
+                                  "skip_malformed": True, "cast": ["label=int32"], "queue": "q"}))
+    assert parse_zmqflow(["zmqflow", "reader", "--config", str(config)]) == parse_zmqflow([
+        "zmqflow", "reader", "--files", "a*", "--preset", "mnist-csv", "--num-epochs", "2", "--no-shuffle-files",
+        "--skip-malformed", "--cast", "label=int32", "--queue", "q"])
 
 
 @pytest.mark.unit
