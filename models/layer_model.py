@@ -21,16 +21,16 @@ from zmqflow.common.device import DeviceSpec
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.variables import IndexedSlices, VariableSpec
 from zmqflow.models import ops
-from zmqflow.models.autograd import constant, variable
+from zmqflow.models.autograd import Tensor, constant
 from zmqflow.models.kernels import get_backend
 from zmqflow.models.layers import Context, initial_value, weight_rng
 from zmqflow.models.protocol import checked_param
 
-HEADS = {   # loss(logits, labels, kernels), outputs(logits, kernels)
+HEADS = {   # loss(logits, labels, kernels, metrics), outputs(logits, kernels)
     "softmax_cross_entropy": (ops.softmax_cross_entropy, lambda z, k: k.softmax(z.value)),
-    "sigmoid_cross_entropy": (lambda z, t, k: ops.sigmoid_cross_entropy(z, t), lambda z, k: ops.sigmoid(z).value),
-    "mse": (lambda z, t, k: ops.mean_squared_error(z, t), lambda z, k: z.value),
-    "huber": (lambda z, t, k: ops.huber(z, t), lambda z, k: z.value),
+    "sigmoid_cross_entropy": (lambda z, t, k, m: ops.sigmoid_cross_entropy(z, t), lambda z, k: ops.sigmoid(z).value),
+    "mse": (lambda z, t, k, m: ops.mean_squared_error(z, t), lambda z, k: z.value),
+    "huber": (lambda z, t, k, m: ops.huber(z, t), lambda z, k: z.value),
 }
 
 
@@ -93,22 +93,21 @@ class LayerModel:
         that order, and its gradient comes back as IndexedSlices over them."""
         x, y = batch
         rows = rows or {}
-        tensors = {v.name: (variable if v.trainable else constant)(self._on_device(
-            v, self._param(params, v, rows.get(v.name))), v.name) for v in self._variables}
+        tensors = {v.name: Tensor(self._on_device(v, self._param(params, v, rows.get(v.name))), (), None,
+                                  v.trainable, v.name) for v in self._variables}   # the trainable ones: variables
         self._steps += 1
         ctx = self.context(training=True, seed=(self.seed, self._steps), rows=rows)
+        metrics = {"loss": None}           # the head adds what it measures in passing (accuracy)
         with self._scope():
             logits = self.network.forward(tensors, self._inputs(x), ctx)     # the head on the host
-            loss = self.head_loss(logits, y)
+            loss = self._loss(logits, self._labels(y, logits), self.kernels, metrics)
             loss.backward()
         grads = {}
         for v in self._trainable:
-            tensor = tensors[v.name]
-            g = np.zeros(tensor.shape, self.dtype) if tensor.grad is None else self._host(v, tensor.grad)
+            g = tensors[v.name].grad
+            g = np.zeros(v.shape, self.dtype) if g is None else self._host(v, g)
             grads[v.name] = IndexedSlices(rows[v.name], g) if v.name in rows else g
-        metrics = {"loss": float(loss.value)}
-        if self.loss_name == "softmax_cross_entropy":
-            metrics["accuracy"] = np.count_nonzero(logits.value.argmax(axis=-1) == np.asarray(y)) / len(y)
+        metrics["loss"] = float(loss.value)
         if ctx.updates:
             metrics["updates"] = {name: _host(value) for name, value in ctx.updates.items()}
         return metrics["loss"], grads, metrics
@@ -155,13 +154,16 @@ class LayerModel:
         return Context(training=training, seed=seed, rows=rows, kernels=self.kernels, placed=self._placed)
 
     def _on_device(self, v, value):
-        kernels = self._placed.get(self._layer_of[v.name]) if self._placed else None
+        if not self._placed:
+            return value
+        kernels = self._placed.get(self._layer_of[v.name])
         return value if kernels is None else kernels.to_device(value)
 
     def _host(self, v, value):
         """A gradient in host memory, in the model's dtype."""
-        kernels = self._placed.get(self._layer_of[v.name]) if self._placed else None
-        value = value if kernels is None else kernels.to_host(value)
+        if self._placed:
+            kernels = self._placed.get(self._layer_of[v.name])
+            value = value if kernels is None else kernels.to_host(value)
         return value if value.dtype == self.dtype else value.astype(self.dtype)
 
     # ------------------------------------------------ parts, for pipeline stages (models/pipeline.py)
@@ -176,12 +178,15 @@ class LayerModel:
 
     def head_loss(self, logits, y):
         """The loss tensor of the head on `logits` (on the host) for labels `y`."""
-        return self._loss(logits, self._labels(y, logits), self.kernels)
+        return self._loss(logits, self._labels(y, logits), self.kernels, None)
 
     # ------------------------------------------------ checks
 
     def _param(self, params, v, rows=None):
         if rows is None:
+            value = params.get(v.name) if type(params) is dict else None
+            if type(value) is np.ndarray and value.shape == v.shape and value.dtype == self.dtype:
+                return value    # what a worker passes: nothing to check further or convert
             return np.asarray(checked_param(params, v), dtype=self.dtype)
         if v.name not in self._row_inputs:
             raise InvalidArgumentError(f"rows given for {v.name!r}, which is not a sparse table of the model "
@@ -193,19 +198,11 @@ class LayerModel:
         if not isinstance(x, dict):
             if len(self._signature) != 1:
                 raise InvalidArgumentError(f"the model has inputs {list(self._signature)}: pass a dict of arrays")
-            x = {self._signature[0][0]: x}
-        tensors = {}
-        for name, shape, dtype in self._signature:
+            return _input(x, *self._signature[0])
+        for name, _, _ in self._signature:
             if name not in x:
                 raise InvalidArgumentError(f"input {name!r} is missing (inputs: {[s[0] for s in self._signature]})")
-            value = np.asarray(x[name])
-            if value.ndim == 0 or len(value) == 0:
-                raise InvalidArgumentError(f"input {name!r} holds no examples (shape {list(value.shape)})")
-            if value.shape[1:] != shape:
-                raise InvalidArgumentError(f"input {name!r} has per-example shape {list(value.shape[1:])}, "
-                                           f"the model expects {list(shape)}")
-            tensors[name] = constant(value.astype(dtype, copy=False), name)
-        return tensors if len(tensors) > 1 else next(iter(tensors.values()))
+        return {name: _input(x[name], name, shape, dtype) for name, shape, dtype in self._signature}
 
     def _labels(self, y, logits):
         """The labels as the head takes them; the backend checks that class ids are in range."""
@@ -217,6 +214,17 @@ class LayerModel:
                 raise InvalidArgumentError(f"labels must be integer class ids, got {y.dtype}")
             return y.reshape(-1)
         return y
+
+
+def _input(value, name, shape, dtype):
+    """A constant tensor of input `name`'s array, checked against its per-example shape."""
+    value = np.asarray(value)
+    if value.ndim == 0 or len(value) == 0:
+        raise InvalidArgumentError(f"input {name!r} holds no examples (shape {list(value.shape)})")
+    if value.shape[1:] != shape:
+        raise InvalidArgumentError(f"input {name!r} has per-example shape {list(value.shape[1:])}, "
+                                   f"the model expects {list(shape)}")
+    return Tensor(value.astype(dtype, copy=False), (), None, False, name)
 
 
 def _host(array):

@@ -225,12 +225,16 @@ def normalize(a, axes, epsilon):
 # ------------------------------------------------ losses (scalar means over the batch)
 
 
-def softmax_cross_entropy(logits, labels, kernels=REFERENCE):
+def softmax_cross_entropy(logits, labels, kernels=REFERENCE, metrics=None):
     """Mean of -log softmax(logits)[label] over the batch; labels are integer class ids. The backend
-    computes the loss and its gradient in one pass."""
-    loss, d = kernels.softmax_cross_entropy(logits.value, labels.value if isinstance(labels, Tensor) else labels)
+    computes the loss, its gradient and the batch's accuracy in one pass; the accuracy goes to
+    `metrics["accuracy"]` when a dict is given."""
+    labels = labels.value if isinstance(labels, Tensor) else labels
+    loss, d, correct = kernels.softmax_cross_entropy(logits.value, labels)
+    if metrics is not None:
+        metrics["accuracy"] = correct / len(labels)
     out = Tensor(np.asarray(loss, logits.dtype), (logits,))
-    out.backward_fn = lambda g: logits.accumulate(d * g)
+    out.backward_fn = lambda g: logits.accumulate(d if float(g) == 1.0 else d * g)   # d * 1 is d
     return out
 
 
