@@ -60,8 +60,8 @@ class Tensor:
     def backward(self, grad=None):
         """Propagate d self / d x to every tensor `self` depends on. `self` is usually a scalar loss."""
         if grad is None:
-            shape = np.shape(self.value)
-            grad = np.ones(shape, self.dtype) if shape else np.array(1, self.dtype)   # np.ones() is slow
+            value = self.value
+            grad = np.ones(value.shape, value.dtype) if value.shape else np.array(1, value.dtype)   # np.ones is slow
         self.grad = grad
         if not self.requires_grad or self.backward_fn is None:
             return

@@ -93,8 +93,11 @@ class LayerModel:
         that order, and its gradient comes back as IndexedSlices over them."""
         x, y = batch
         rows = rows or {}
-        tensors = {v.name: Tensor(self._on_device(v, self._param(params, v, rows.get(v.name))), (), None,
-                                  v.trainable, v.name) for v in self._variables}   # the trainable ones: variables
+        tensors = {}
+        for v in self._variables:     # the trainable ones are variables (collect a gradient), the others constants
+            value = self._param(params, v, rows.get(v.name) if rows else None)
+            tensors[v.name] = Tensor(self._on_device(v, value) if self._placed else value, (), None, v.trainable,
+                                     v.name)
         self._steps += 1
         ctx = self.context(training=True, seed=(self.seed, self._steps), rows=rows)
         metrics = {"loss": None}           # the head adds what it measures in passing (accuracy)
@@ -106,7 +109,7 @@ class LayerModel:
         for v in self._trainable:
             g = tensors[v.name].grad
             g = np.zeros(v.shape, self.dtype) if g is None else self._host(v, g)
-            grads[v.name] = IndexedSlices(rows[v.name], g) if v.name in rows else g
+            grads[v.name] = IndexedSlices(rows[v.name], g) if rows and v.name in rows else g
         metrics["loss"] = float(loss.value)
         if ctx.updates:
             metrics["updates"] = {name: _host(value) for name, value in ctx.updates.items()}
@@ -154,16 +157,13 @@ class LayerModel:
         return Context(training=training, seed=seed, rows=rows, kernels=self.kernels, placed=self._placed)
 
     def _on_device(self, v, value):
-        if not self._placed:
-            return value
-        kernels = self._placed.get(self._layer_of[v.name])
+        kernels = self._placed.get(self._layer_of[v.name]) if self._placed else None
         return value if kernels is None else kernels.to_device(value)
 
     def _host(self, v, value):
         """A gradient in host memory, in the model's dtype."""
-        if self._placed:
-            kernels = self._placed.get(self._layer_of[v.name])
-            value = value if kernels is None else kernels.to_host(value)
+        kernels = self._placed.get(self._layer_of[v.name]) if self._placed else None
+        value = value if kernels is None else kernels.to_host(value)
         return value if value.dtype == self.dtype else value.astype(self.dtype)
 
     # ------------------------------------------------ parts, for pipeline stages (models/pipeline.py)
@@ -207,8 +207,8 @@ class LayerModel:
     def _labels(self, y, logits):
         """The labels as the head takes them; the backend checks that class ids are in range."""
         y = np.asarray(y)
-        if len(y) != logits.shape[0]:
-            raise InvalidArgumentError(f"{len(y)} labels for a batch of {logits.shape[0]}")
+        if len(y) != len(logits.value):
+            raise InvalidArgumentError(f"{len(y)} labels for a batch of {len(logits.value)}")
         if self.loss_name == "softmax_cross_entropy":
             if y.dtype.kind not in "iu":
                 raise InvalidArgumentError(f"labels must be integer class ids, got {y.dtype}")

@@ -34,6 +34,8 @@ class Context:
     the backend (zmqflow.models.kernels) each layer computes on: `placed` {layer name: Kernels},
     the others on `kernels`, which is also where the inputs are given and the output is wanted."""
 
+    __slots__ = ("training", "seed", "updates", "rows", "host", "placed", "_rng")   # one per step
+
     def __init__(self, training=False, seed=0, rows=None, kernels=ops.REFERENCE, placed=None):
         self.training, self.seed = training, seed
         self.updates = {}

@@ -57,21 +57,20 @@ def dense(x, kernel, bias, activation, kernels=REFERENCE):
     fused op, so the numba and CuPy backends add the bias and apply the activation in one pass.
     `bias` may be None; `activation` is one of the backends' ("sigmoid", "relu", "tanh", "none")."""
     x = constant(x)
-    flat = x.value if x.value.ndim == 2 else x.value.reshape(-1, x.shape[-1])
+    value = x.value
+    flat = value if value.ndim == 2 else value.reshape(-1, value.shape[-1])
     y = kernels.dense(flat, kernel.value, None if bias is None else bias.value, activation)
-    out = Tensor(y if flat is x.value else y.reshape(x.shape[:-1] + y.shape[-1:]),
-                 (x, kernel) if bias is None else (x, kernel, bias))
 
     def backward(g):
-        dx, dw, db = kernels.dense_grad(g if flat is x.value else g.reshape(y.shape), flat, kernel.value, y,
+        dx, dw, db = kernels.dense_grad(g if flat is value else g.reshape(y.shape), flat, kernel.value, y,
                                         activation, x.requires_grad, bias is not None)
         if dx is not None:
-            x.accumulate(dx.reshape(x.shape))
+            x.accumulate(dx if flat is value else dx.reshape(value.shape))
         kernel.accumulate(dw)
         if bias is not None:
             bias.accumulate(db)
-    out.backward_fn = backward
-    return out
+    return Tensor(y if flat is value else y.reshape(value.shape[:-1] + y.shape[-1:]),
+                  (x, kernel) if bias is None else (x, kernel, bias), backward)
 
 
 def reshape(a, shape):

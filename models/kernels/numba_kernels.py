@@ -1,8 +1,8 @@
 """The numba backend of the engine's ops (interface: numpy_kernels): BLAS for the matmuls,
 numba to fuse the elementwise work.
 
-Numba loops reach a fraction of BLAS's speed on matmuls, so every matmul stays a numpy
-`np.dot`; numba does, in one pass each:
+Numba loops reach a fraction of BLAS's speed on matmuls, so every matmul stays numpy's `@`
+(np.dot's results, bit for bit, without its Python-level dispatch); numba does, in one pass each:
 - bias add + activation, in place on the matmul's output;
 - softmax + cross-entropy + its gradient;
 - upstream gradient * activation derivative + that layer's bias gradient (column sums).
@@ -164,7 +164,7 @@ class Kernels(numpy_kernels.Kernels):
     name = "numba"
 
     def dense(self, x, w, b, activation):
-        z = np.dot(x, w)
+        z = x @ w
         act = ACTIVATION_CODES[activation]
         if b is None and act == NONE:
             return z
@@ -186,7 +186,7 @@ class Kernels(numpy_kernels.Kernels):
         else:
             d = np.empty_like(g)
             activation_grad(g, y, ACTIVATION_CODES[activation], d, db)
-        return np.dot(d, w.T) if need_dx else None, np.dot(x.T, d), db if need_db else None
+        return d @ w.T if need_dx else None, x.T @ d, db if need_db else None
 
     def softmax_cross_entropy(self, logits, labels):
         d = logits.copy()
