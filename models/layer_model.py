@@ -26,6 +26,14 @@ from zmqflow.models.kernels import get_backend
 from zmqflow.models.layers import Context, initial_value, weight_rng
 from zmqflow.models.protocol import checked_param
 
+_ON_HOST = contextlib.nullcontext()
+
+
+def _on_host():
+    """The scope of a model with no layers on a GPU: nothing to make current (one reusable object)."""
+    return _ON_HOST
+
+
 HEADS = {   # loss(logits, labels, kernels, metrics), outputs(logits, kernels)
     "softmax_cross_entropy": (ops.softmax_cross_entropy, lambda z, k: k.softmax(z.value)),
     "sigmoid_cross_entropy": (lambda z, t, k, m: ops.sigmoid_cross_entropy(z, t), lambda z, k: ops.sigmoid(z).value),
@@ -59,7 +67,7 @@ class LayerModel:
         self.kernels = get_backend(backend) if isinstance(backend, str) else backend
         self._signature = [(node.name, tuple(node.shape), self.dtype if np.dtype(node.dtype).kind == "f" else
                             np.dtype(node.dtype)) for node in network.inputs]   # floats in the model's dtype
-        self.placements, self._placed, self._scope = [], {}, contextlib.nullcontext
+        self.placements, self._placed, self._scope = [], {}, _on_host
         self._steps = 0
 
     # ------------------------------------------------ declarations
@@ -99,7 +107,7 @@ class LayerModel:
             tensors[v.name] = Tensor(self._on_device(v, value) if self._placed else value, (), None, v.trainable,
                                      v.name)
         self._steps += 1
-        ctx = self.context(training=True, seed=(self.seed, self._steps), rows=rows)
+        ctx = Context(True, (self.seed, self._steps), rows, self.kernels, self._placed)
         metrics = {"loss": None}           # the head adds what it measures in passing (accuracy)
         with self._scope():
             logits = self.network.forward(tensors, self._inputs(x), ctx)     # the head on the host
@@ -144,7 +152,7 @@ class LayerModel:
                 f"the layers use GPUs {sorted(index for _, index in shared)}: one worker runs a layer model on one "
                 "GPU (Dense layers may spread over several; --towers splits batches over several)")
         self._placed = {name: k for name, k in kernels.items() if k is not self.kernels}
-        self._scope = getattr(next(iter(shared.values()), None), "current", contextlib.nullcontext)
+        self._scope = getattr(next(iter(shared.values()), None), "current", _on_host)
         self.placements = list(placements)
 
     @property
@@ -212,7 +220,7 @@ class LayerModel:
         if self.loss_name == "softmax_cross_entropy":
             if y.dtype.kind not in "iu":
                 raise InvalidArgumentError(f"labels must be integer class ids, got {y.dtype}")
-            return y.reshape(-1)
+            return y if y.ndim == 1 else y.reshape(-1)
         return y
 
 

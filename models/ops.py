@@ -56,7 +56,7 @@ def dense(x, kernel, bias, activation, kernels=REFERENCE):
     """activation(x @ kernel + bias) for x [..., n], on a backend of zmqflow.models.kernels: one
     fused op, so the numba and CuPy backends add the bias and apply the activation in one pass.
     `bias` may be None; `activation` is one of the backends' ("sigmoid", "relu", "tanh", "none")."""
-    x = constant(x)
+    x = x if isinstance(x, Tensor) else constant(x)
     value = x.value
     flat = value if value.ndim == 2 else value.reshape(-1, value.shape[-1])
     y = kernels.dense(flat, kernel.value, None if bias is None else bias.value, activation)
@@ -232,9 +232,8 @@ def softmax_cross_entropy(logits, labels, kernels=REFERENCE, metrics=None):
     loss, d, correct = kernels.softmax_cross_entropy(logits.value, labels)
     if metrics is not None:
         metrics["accuracy"] = correct / len(labels)
-    out = Tensor(np.asarray(loss, logits.dtype), (logits,))
-    out.backward_fn = lambda g: logits.accumulate(d if float(g) == 1.0 else d * g)   # d * 1 is d
-    return out
+    return Tensor(np.asarray(loss, logits.value.dtype), (logits,),
+                  lambda g: logits.accumulate(d if float(g) == 1.0 else d * g))   # d * 1 is d
 
 
 def sigmoid_cross_entropy(logits, targets):
