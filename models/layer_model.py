@@ -21,7 +21,7 @@ from zmqflow.common.device import DeviceSpec
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.variables import IndexedSlices, VariableSpec
 from zmqflow.models import ops
-from zmqflow.models.autograd import Tensor, constant
+from zmqflow.models.autograd import Tensor
 from zmqflow.models.kernels import get_backend
 from zmqflow.models.layers import Context, initial_value, weight_rng
 from zmqflow.models.protocol import checked_param
@@ -101,11 +101,7 @@ class LayerModel:
         that order, and its gradient comes back as IndexedSlices over them."""
         x, y = batch
         rows = rows or {}
-        tensors = {}
-        for v in self._variables:     # the trainable ones are variables (collect a gradient), the others constants
-            value = self._param(params, v, rows.get(v.name) if rows else None)
-            tensors[v.name] = Tensor(self._on_device(v, value) if self._placed else value, (), None, v.trainable,
-                                     v.name)
+        tensors = self._tensors(params, rows, training=True)
         self._steps += 1
         ctx = Context(True, (self.seed, self._steps), rows, self.kernels, self._placed)
         metrics = {"loss": None}           # the head adds what it measures in passing (accuracy)
@@ -116,7 +112,10 @@ class LayerModel:
         grads = {}
         for v in self._trainable:
             g = tensors[v.name].grad
-            g = np.zeros(v.shape, self.dtype) if g is None else self._host(v, g)
+            if g is None:
+                g = np.zeros(v.shape, self.dtype)
+            elif self._placed or g.dtype != self.dtype:
+                g = self._host(v, g)
             grads[v.name] = IndexedSlices(rows[v.name], g) if rows and v.name in rows else g
         metrics["loss"] = float(loss.value)
         if ctx.updates:
@@ -124,7 +123,7 @@ class LayerModel:
         return metrics["loss"], grads, metrics
 
     def predict(self, params, x):
-        tensors = {v.name: constant(self._on_device(v, self._param(params, v))) for v in self._variables}
+        tensors = self._tensors(params)
         with self._scope():
             return self._outputs(self.network.forward(tensors, self._inputs(x), self.context()), self.kernels)
 
@@ -190,11 +189,19 @@ class LayerModel:
 
     # ------------------------------------------------ checks
 
+    def _tensors(self, params, rows=None, training=False):
+        """{variable name: Tensor} of `params` on their layers' devices; when training, the trainable
+        ones are variables (they collect a gradient), the others constants."""
+        tensors, plain = {}, type(params) is dict and not rows and not self._placed
+        for v in self._variables:
+            value = params.get(v.name) if plain else None
+            if not (type(value) is np.ndarray and value.shape == v.shape and value.dtype == self.dtype):
+                value = self._on_device(v, self._param(params, v, rows.get(v.name) if rows else None))
+            tensors[v.name] = Tensor(value, (), None, training and v.trainable, v.name)
+        return tensors    # (an ndarray of the right shape and dtype, as a worker passes, needs no more checks)
+
     def _param(self, params, v, rows=None):
         if rows is None:
-            value = params.get(v.name) if type(params) is dict else None
-            if type(value) is np.ndarray and value.shape == v.shape and value.dtype == self.dtype:
-                return value    # what a worker passes: nothing to check further or convert
             return np.asarray(checked_param(params, v), dtype=self.dtype)
         if v.name not in self._row_inputs:
             raise InvalidArgumentError(f"rows given for {v.name!r}, which is not a sparse table of the model "
