@@ -29,7 +29,13 @@ class Tensor:
         self.grad = None
         self.parents = parents
         self.backward_fn = backward_fn
-        self.requires_grad = any([p.requires_grad for p in parents]) if requires_grad is None else requires_grad
+        if requires_grad is None:       # a loop, not any(): this runs for every op of every step
+            requires_grad = False
+            for parent in parents:
+                if parent.requires_grad:
+                    requires_grad = True
+                    break
+        self.requires_grad = requires_grad
         self.name = name
         self.order = next(_made)
 
@@ -53,16 +59,23 @@ class Tensor:
 
     def backward(self, grad=None):
         """Propagate d self / d x to every tensor `self` depends on. `self` is usually a scalar loss."""
+        if grad is None:
+            value = self.value
+            grad = np.ones(value.shape, value.dtype) if value.shape else np.array(1, value.dtype)   # np.ones is slow
+        self.grad = grad
+        if not self.requires_grad or self.backward_fn is None:
+            return
         found, stack = {}, [self]
         while stack:                       # no recursion: deep networks do not hit the recursion limit
             node = stack.pop()
-            if node.requires_grad and node.order not in found:
+            if node.order not in found:
                 found[node.order] = node
-                stack.extend(node.parents)
-        self.grad = np.ones(np.shape(self.value), self.dtype) if grad is None else grad
+                for parent in node.parents:   # only ops are visited: variables just collect their gradient
+                    if parent.backward_fn is not None and parent.requires_grad:
+                        stack.append(parent)
         for key in sorted(found, reverse=True):
             node = found[key]
-            if node.backward_fn is not None and node.grad is not None:
+            if node.grad is not None:
                 node.backward_fn(node.grad)
 
 

@@ -14,6 +14,7 @@ probabilities), `mse` and `huber` (regression; predict gives the values).
 
 import contextlib
 import dataclasses
+import itertools
 
 import numpy as np
 
@@ -21,16 +22,19 @@ from zmqflow.common.device import DeviceSpec
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.variables import IndexedSlices, VariableSpec
 from zmqflow.models import ops
-from zmqflow.models.autograd import constant, variable
+from zmqflow.models.autograd import Tensor
 from zmqflow.models.kernels import get_backend
 from zmqflow.models.layers import Context, initial_value, weight_rng
 from zmqflow.models.protocol import checked_param
 
-HEADS = {   # loss(logits, labels, kernels), outputs(logits, kernels)
+_on_host = itertools.repeat(contextlib.nullcontext()).__next__
+"""The scope of a model with no layer on a GPU: one reusable no-op context, at no cost per step."""
+
+HEADS = {   # loss(logits, labels, kernels, metrics), outputs(logits, kernels)
     "softmax_cross_entropy": (ops.softmax_cross_entropy, lambda z, k: k.softmax(z.value)),
-    "sigmoid_cross_entropy": (lambda z, t, k: ops.sigmoid_cross_entropy(z, t), lambda z, k: ops.sigmoid(z).value),
-    "mse": (lambda z, t, k: ops.mean_squared_error(z, t), lambda z, k: z.value),
-    "huber": (lambda z, t, k: ops.huber(z, t), lambda z, k: z.value),
+    "sigmoid_cross_entropy": (lambda z, t, k, m: ops.sigmoid_cross_entropy(z, t), lambda z, k: ops.sigmoid(z).value),
+    "mse": (lambda z, t, k, m: ops.mean_squared_error(z, t), lambda z, k: z.value),
+    "huber": (lambda z, t, k, m: ops.huber(z, t), lambda z, k: z.value),
 }
 
 
@@ -59,7 +63,7 @@ class LayerModel:
         self.kernels = get_backend(backend) if isinstance(backend, str) else backend
         self._signature = [(node.name, tuple(node.shape), self.dtype if np.dtype(node.dtype).kind == "f" else
                             np.dtype(node.dtype)) for node in network.inputs]   # floats in the model's dtype
-        self.placements, self._placed, self._scope = [], {}, contextlib.nullcontext
+        self.placements, self._placed, self._scope = [], {}, _on_host
         self._steps = 0
 
     # ------------------------------------------------ declarations
@@ -93,28 +97,29 @@ class LayerModel:
         that order, and its gradient comes back as IndexedSlices over them."""
         x, y = batch
         rows = rows or {}
-        tensors = {v.name: (variable if v.trainable else constant)(self._on_device(
-            v, self._param(params, v, rows.get(v.name))), v.name) for v in self._variables}
+        tensors = self._tensors(params, rows, training=True)
         self._steps += 1
-        ctx = self.context(training=True, seed=(self.seed, self._steps), rows=rows)
+        ctx = Context(True, (self.seed, self._steps), rows, self.kernels, self._placed)
+        metrics = {"loss": None}           # the head adds what it measures in passing (accuracy)
         with self._scope():
             logits = self.network.forward(tensors, self._inputs(x), ctx)     # the head on the host
-            loss = self.head_loss(logits, y)
+            loss = self._loss(logits, self._labels(y, logits), self.kernels, metrics)
             loss.backward()
         grads = {}
         for v in self._trainable:
-            tensor = tensors[v.name]
-            g = np.zeros(tensor.shape, self.dtype) if tensor.grad is None else self._host(v, tensor.grad)
-            grads[v.name] = IndexedSlices(rows[v.name], g) if v.name in rows else g
-        metrics = {"loss": float(loss.value)}
-        if self.loss_name == "softmax_cross_entropy":
-            metrics["accuracy"] = np.count_nonzero(logits.value.argmax(axis=-1) == np.asarray(y)) / len(y)
+            g = tensors[v.name].grad
+            if g is None:
+                g = np.zeros(v.shape, self.dtype)
+            elif self._placed or g.dtype != self.dtype:
+                g = self._host(v, g)
+            grads[v.name] = IndexedSlices(rows[v.name], g) if rows and v.name in rows else g
+        metrics["loss"] = float(loss.value)
         if ctx.updates:
             metrics["updates"] = {name: _host(value) for name, value in ctx.updates.items()}
         return metrics["loss"], grads, metrics
 
     def predict(self, params, x):
-        tensors = {v.name: constant(self._on_device(v, self._param(params, v))) for v in self._variables}
+        tensors = self._tensors(params)
         with self._scope():
             return self._outputs(self.network.forward(tensors, self._inputs(x), self.context()), self.kernels)
 
@@ -142,7 +147,7 @@ class LayerModel:
                 f"the layers use GPUs {sorted(index for _, index in shared)}: one worker runs a layer model on one "
                 "GPU (Dense layers may spread over several; --towers splits batches over several)")
         self._placed = {name: k for name, k in kernels.items() if k is not self.kernels}
-        self._scope = getattr(next(iter(shared.values()), None), "current", contextlib.nullcontext)
+        self._scope = getattr(next(iter(shared.values()), None), "current", _on_host)
         self.placements = list(placements)
 
     @property
@@ -176,9 +181,20 @@ class LayerModel:
 
     def head_loss(self, logits, y):
         """The loss tensor of the head on `logits` (on the host) for labels `y`."""
-        return self._loss(logits, self._labels(y, logits), self.kernels)
+        return self._loss(logits, self._labels(y, logits), self.kernels, None)
 
     # ------------------------------------------------ checks
+
+    def _tensors(self, params, rows=None, training=False):
+        """{variable name: Tensor} of `params` on their layers' devices; when training, the trainable
+        ones are variables (they collect a gradient), the others constants."""
+        tensors, plain = {}, type(params) is dict and not rows and not self._placed
+        for v in self._variables:
+            value = params.get(v.name) if plain else None
+            if not (type(value) is np.ndarray and value.shape == v.shape and value.dtype == self.dtype):
+                value = self._on_device(v, self._param(params, v, rows.get(v.name) if rows else None))
+            tensors[v.name] = Tensor(value, (), None, training and v.trainable, v.name)
+        return tensors    # (an ndarray of the right shape and dtype, as a worker passes, needs no more checks)
 
     def _param(self, params, v, rows=None):
         if rows is None:
@@ -193,30 +209,34 @@ class LayerModel:
         if not isinstance(x, dict):
             if len(self._signature) != 1:
                 raise InvalidArgumentError(f"the model has inputs {list(self._signature)}: pass a dict of arrays")
-            x = {self._signature[0][0]: x}
-        tensors = {}
-        for name, shape, dtype in self._signature:
+            return _input(x, *self._signature[0])
+        for name, _, _ in self._signature:
             if name not in x:
                 raise InvalidArgumentError(f"input {name!r} is missing (inputs: {[s[0] for s in self._signature]})")
-            value = np.asarray(x[name])
-            if value.ndim == 0 or len(value) == 0:
-                raise InvalidArgumentError(f"input {name!r} holds no examples (shape {list(value.shape)})")
-            if value.shape[1:] != shape:
-                raise InvalidArgumentError(f"input {name!r} has per-example shape {list(value.shape[1:])}, "
-                                           f"the model expects {list(shape)}")
-            tensors[name] = constant(value.astype(dtype, copy=False), name)
+        tensors = {name: _input(x[name], name, shape, dtype) for name, shape, dtype in self._signature}
         return tensors if len(tensors) > 1 else next(iter(tensors.values()))
 
     def _labels(self, y, logits):
         """The labels as the head takes them; the backend checks that class ids are in range."""
         y = np.asarray(y)
-        if len(y) != logits.shape[0]:
-            raise InvalidArgumentError(f"{len(y)} labels for a batch of {logits.shape[0]}")
+        if len(y) != len(logits.value):
+            raise InvalidArgumentError(f"{len(y)} labels for a batch of {len(logits.value)}")
         if self.loss_name == "softmax_cross_entropy":
             if y.dtype.kind not in "iu":
                 raise InvalidArgumentError(f"labels must be integer class ids, got {y.dtype}")
-            return y.reshape(-1)
+            return y if y.ndim == 1 else y.reshape(-1)
         return y
+
+
+def _input(value, name, shape, dtype):
+    """A constant tensor of input `name`'s array, checked against its per-example shape."""
+    value = np.asarray(value)
+    if value.ndim == 0 or len(value) == 0:
+        raise InvalidArgumentError(f"input {name!r} holds no examples (shape {list(value.shape)})")
+    if value.shape[1:] != shape:
+        raise InvalidArgumentError(f"input {name!r} has per-example shape {list(value.shape[1:])}, "
+                                   f"the model expects {list(shape)}")
+    return Tensor(value.astype(dtype, copy=False), (), None, False, name)
 
 
 def _host(array):

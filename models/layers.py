@@ -34,6 +34,8 @@ class Context:
     the backend (zmqflow.models.kernels) each layer computes on: `placed` {layer name: Kernels},
     the others on `kernels`, which is also where the inputs are given and the output is wanted."""
 
+    __slots__ = ("training", "seed", "updates", "rows", "host", "placed", "_rng")   # one per step
+
     def __init__(self, training=False, seed=0, rows=None, kernels=ops.REFERENCE, placed=None):
         self.training, self.seed = training, seed
         self.updates = {}
@@ -130,6 +132,7 @@ class Dense(Layer):
         self.activation_name, self.activation = activation, ops.activation(activation)
         self.kernel_initializer, self.weight_names = kernel_initializer, tuple(weight_names)
         self._fused = activation if activation in ops.FUSED else "none"   # the backend applies it itself
+        self._after = None if self._fused != "none" or self.activation is ops.identity else self.activation
 
     def build(self, input_shape):
         self.input_shape = tuple(input_shape)
@@ -144,7 +147,7 @@ class Dense(Layer):
     def forward(self, params, x, ctx):
         kernel, bias = self._keys
         y = ops.dense(x, params[kernel], params[bias] if self.use_bias else None, self._fused, ctx.kernels(self))
-        return y if self._fused != "none" else self.activation(y)
+        return y if self._after is None else self._after(y)
 
 
 class Conv2D(Layer):

@@ -25,6 +25,8 @@ class Network:
             node.name = node.name or ("input" if len(self.inputs) == 1 else f"input_{i}")
         self.nodes = self._order()
         self.layers = [n.layer for n in self.nodes if n.layer is not None]
+        position = {id(node): i for i, node in enumerate(self.nodes)}
+        self._plan = [(node.layer, node.name, [position[id(i)] for i in node.inputs]) for node in self.nodes]
         self._name_layers()
         for node in self.nodes:
             if node.layer is not None:
@@ -86,16 +88,18 @@ class Network:
         differ, and the output comes back to `ctx.host`."""
         if not isinstance(inputs, dict):
             inputs = {self.inputs[0].name: inputs}
-        values, where = {}, {}
-        for node in self.nodes:
-            if node.layer is None:
-                values[node], where[node] = inputs[node.name], ctx.host
-                continue
-            here = where[node] = ctx.kernels(node.layer)
-            args = [values[i] if where[i] is here else ops.move(values[i], where[i], here) for i in node.inputs]
-            values[node] = node.layer.forward(params, args if len(args) > 1 else args[0], ctx)
-        out = values[self.output]
-        return out if where[self.output] is ctx.host else ops.move(out, where[self.output], ctx.host)
+        values, where = [], []      # of self.nodes, by position; the output is the last node
+        for layer, name, positions in self._plan:
+            if layer is None:
+                value, here = inputs[name], ctx.host
+            else:
+                here, args = ctx.kernels(layer), []
+                for i in positions:
+                    args.append(values[i] if where[i] is here else ops.move(values[i], where[i], here))
+                value = layer.forward(params, args if len(args) > 1 else args[0], ctx)
+            values.append(value)
+            where.append(here)
+        return value if here is ctx.host else ops.move(value, here, ctx.host)
 
     def summary(self):
         """One line per layer: name, kind, output shape."""

@@ -56,22 +56,21 @@ def dense(x, kernel, bias, activation, kernels=REFERENCE):
     """activation(x @ kernel + bias) for x [..., n], on a backend of zmqflow.models.kernels: one
     fused op, so the numba and CuPy backends add the bias and apply the activation in one pass.
     `bias` may be None; `activation` is one of the backends' ("sigmoid", "relu", "tanh", "none")."""
-    x = constant(x)
-    flat = x.value if x.value.ndim == 2 else x.value.reshape(-1, x.shape[-1])
+    x = x if isinstance(x, Tensor) else constant(x)
+    value = x.value
+    flat = value if value.ndim == 2 else value.reshape(-1, value.shape[-1])
     y = kernels.dense(flat, kernel.value, None if bias is None else bias.value, activation)
-    out = Tensor(y if flat is x.value else y.reshape(x.shape[:-1] + y.shape[-1:]),
-                 (x, kernel) if bias is None else (x, kernel, bias))
 
     def backward(g):
-        dx, dw, db = kernels.dense_grad(g if flat is x.value else g.reshape(y.shape), flat, kernel.value, y,
+        dx, dw, db = kernels.dense_grad(g if flat is value else g.reshape(y.shape), flat, kernel.value, y,
                                         activation, x.requires_grad, bias is not None)
         if dx is not None:
-            x.accumulate(dx.reshape(x.shape))
+            x.accumulate(dx if flat is value else dx.reshape(value.shape))
         kernel.accumulate(dw)
         if bias is not None:
             bias.accumulate(db)
-    out.backward_fn = backward
-    return out
+    return Tensor(y if flat is value else y.reshape(value.shape[:-1] + y.shape[-1:]),
+                  (x, kernel) if bias is None else (x, kernel, bias), backward)
 
 
 def reshape(a, shape):
@@ -225,13 +224,16 @@ def normalize(a, axes, epsilon):
 # ------------------------------------------------ losses (scalar means over the batch)
 
 
-def softmax_cross_entropy(logits, labels, kernels=REFERENCE):
+def softmax_cross_entropy(logits, labels, kernels=REFERENCE, metrics=None):
     """Mean of -log softmax(logits)[label] over the batch; labels are integer class ids. The backend
-    computes the loss and its gradient in one pass."""
-    loss, d = kernels.softmax_cross_entropy(logits.value, labels.value if isinstance(labels, Tensor) else labels)
-    out = Tensor(np.asarray(loss, logits.dtype), (logits,))
-    out.backward_fn = lambda g: logits.accumulate(d * g)
-    return out
+    computes the loss, its gradient and the batch's accuracy in one pass; the accuracy goes to
+    `metrics["accuracy"]` when a dict is given."""
+    labels = labels.value if isinstance(labels, Tensor) else labels
+    loss, d, correct = kernels.softmax_cross_entropy(logits.value, labels)
+    if metrics is not None:
+        metrics["accuracy"] = correct / len(labels)
+    return Tensor(np.asarray(loss, logits.value.dtype), (logits,),
+                  lambda g: logits.accumulate(d if float(g) == 1.0 else d * g))   # d * 1 is d
 
 
 def sigmoid_cross_entropy(logits, targets):

@@ -1,8 +1,8 @@
 """The numba backend of the engine's ops (interface: numpy_kernels): BLAS for the matmuls,
 numba to fuse the elementwise work.
 
-Numba loops reach a fraction of BLAS's speed on matmuls, so every matmul stays a numpy
-`np.dot`; numba does, in one pass each:
+Numba loops reach a fraction of BLAS's speed on matmuls, so every matmul stays numpy's `@`
+(np.dot's results, bit for bit, without its Python-level dispatch); numba does, in one pass each:
 - bias add + activation, in place on the matmul's output;
 - softmax + cross-entropy + its gradient;
 - upstream gradient * activation derivative + that layer's bias gradient (column sums).
@@ -13,6 +13,7 @@ gives each computing process one thread anyway. Kernels keep no state: one objec
 every thread.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -21,11 +22,17 @@ from numba import njit, prange
 from zmqflow.models.kernels import numpy_kernels
 from zmqflow.models.kernels.numpy_kernels import check_labels
 
+kernel = functools.partial(njit, cache=True, nogil=True, error_model="numpy")
+"""How every kernel here compiles. nogil: towers on CPU threads overlap. error_model "numpy": a float
+division by zero gives inf as in numpy rather than raising, so LLVM may vectorize loops that divide
+(the sigmoid's: 12.4 -> 5.6 us for 100x100, bit for bit the same; no kernel here divides by zero)."""
+
 SIGMOID, RELU, TANH, NONE = 0, 1, 2, 3
+FLOAT32 = np.dtype(np.float32)
 ACTIVATION_CODES = {"sigmoid": SIGMOID, "relu": RELU, "tanh": TANH, "none": NONE}
 
 
-@njit(cache=True, nogil=True)  # towers on CPU threads overlap
+@kernel
 def bias_activation(z, b, act):
     """z = f(z + b) in place, row by row; `act` is an activation code."""
     n, m = z.shape
@@ -46,7 +53,7 @@ def bias_activation(z, b, act):
                 row[j] = row[j] + b[j]
 
 
-@njit(cache=True, nogil=True)  # towers on CPU threads overlap
+@kernel
 def bias_sigmoid_f32(z, b):
     """z = sigmoid(z + b) in place for float32, twice as fast as bias_activation: numba calls
     libm's scalar expf per element, so here exp is Cephes' expf polynomial (about 1 ulp),
@@ -72,9 +79,10 @@ def bias_sigmoid_f32(z, b):
             row[j] = np.float32(1.0) / (np.float32(1.0) + row[j] * scale[j])
 
 
-@njit(cache=True, nogil=True)  # towers on CPU threads overlap
+@kernel
 def activation_grad(g, a, act, d, db):
-    """d = g * f'(z) (from the output a = f(z)) and db = column sums of d; d may be g itself."""
+    """d = g * f'(z) (from the output a = f(z)) and db = column sums of d, for a sigmoid, relu or tanh
+    (a linear layer's d is g: column_sums)."""
     n, m = g.shape
     one = g.dtype.type(1)
     db[:] = 0
@@ -89,28 +97,28 @@ def activation_grad(g, a, act, d, db):
         elif act == TANH:
             for j in range(m):
                 res[j] = row[j] * (one - out[j] * out[j])
-        else:
-            for j in range(m):
-                res[j] = row[j]
         for j in range(m):
             db[j] += res[j]
 
 
-@njit(cache=True, nogil=True)  # towers on CPU threads overlap
+@kernel
 def softmax_xent_grad(logits, labels):
-    """Mean cross-entropy of `labels`; logits become (softmax - onehot) / batch in place.
-    Returns -1 - i if labels[i] is not a class id."""
+    """(mean cross-entropy of `labels`, how many rows' first largest logit is the label's); logits
+    become (softmax - onehot) / batch in place. The loss is -1 - i if labels[i] is not a class id."""
     n, m = logits.shape
     scale = logits.dtype.type(1.0 / n)
     total = 0.0
+    correct = 0
     for i in range(n):
         row = logits[i]
         label = labels[i]
         if label < 0 or label >= m:
-            return -1.0 - i
-        top = row[0]
+            return -1.0 - i, 0
+        top, best = row[0], 0
         for j in range(1, m):
-            top = max(top, row[j])
+            if row[j] > top:
+                top, best = row[j], j
+        correct += best == label
         total += top - row[label]  # loss_i = log(sum(exp(z - top))) - (z_label - top)
         total_exp = row.dtype.type(0)
         for j in range(m):
@@ -121,10 +129,21 @@ def softmax_xent_grad(logits, labels):
         for j in range(m):
             row[j] *= inv
         row[label] -= scale
-    return total / n
+    return total / n, correct
 
 
-@njit(cache=True, nogil=True)  # towers on CPU threads overlap
+@kernel
+def column_sums(g, db):
+    """db = the column sums of g, row after row (the order activation_grad adds in): a linear
+    layer's bias gradient."""
+    n, m = g.shape
+    db[:] = 0
+    for i in range(n):
+        for j in range(m):
+            db[j] += g[i, j]
+
+
+@kernel
 def softmax_rows(logits):
     """Row-wise softmax in place."""
     n, m = logits.shape
@@ -146,13 +165,13 @@ class Kernels(numpy_kernels.Kernels):
     name = "numba"
 
     def dense(self, x, w, b, activation):
-        z = np.dot(x, w)
+        z = x @ w
         act = ACTIVATION_CODES[activation]
         if b is None and act == NONE:
             return z
         if b is None:
             b = np.zeros(z.shape[1], z.dtype)
-        if act == SIGMOID and z.dtype == np.float32:
+        if act == SIGMOID and z.dtype == FLOAT32:
             bias_sigmoid_f32(z, b)
         else:
             bias_activation(z, b, act)
@@ -160,16 +179,22 @@ class Kernels(numpy_kernels.Kernels):
 
     def dense_grad(self, g, x, w, y, activation, need_dx, need_db):
         g = np.ascontiguousarray(g)
-        d, db = g if activation == "none" else np.empty_like(g), np.empty(g.shape[1], g.dtype)
-        activation_grad(g, y, ACTIVATION_CODES[activation], d, db)
-        return np.dot(d, w.T) if need_dx else None, np.dot(x.T, d), db if need_db else None
+        db = np.empty(g.shape[1], g.dtype) if need_db or activation != "none" else None
+        if activation == "none":
+            d = g
+            if need_db:
+                column_sums(g, db)
+        else:
+            d = np.empty(g.shape, g.dtype)   # np.empty_like dispatches in Python
+            activation_grad(g, y, ACTIVATION_CODES[activation], d, db)
+        return d @ w.T if need_dx else None, x.T @ d, db if need_db else None
 
     def softmax_cross_entropy(self, logits, labels):
         d = logits.copy()
-        loss = softmax_xent_grad(d, labels)
+        loss, correct = softmax_xent_grad(d, labels)
         if loss < 0:
             check_labels(labels, d.shape[1])  # raises: the kernel found a label that is not a class id
-        return float(loss), d
+        return loss, d, correct
 
     def softmax(self, logits):
         probs = logits.copy()
@@ -177,7 +202,7 @@ class Kernels(numpy_kernels.Kernels):
         return probs
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(parallel=True)
 def col2im(grad_windows, out, stride):
     """Add grad_windows [n, oh, ow, kh, kw, c] onto out [n, h, w, c] (the padded input) in place:
     conv2d's input gradient. One image per thread; the channel loop reads whole rows."""

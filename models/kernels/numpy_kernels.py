@@ -9,7 +9,7 @@ differentiable ops (each forward there with its backward beside it):
 - `dense_grad(g, x, w, y, activation, need_dx, need_db)`: (dx or None, dw, db or None) from
   g = d loss / d y, where y = dense(...), the activation's derivative taken from its output;
 - `softmax_cross_entropy(logits, labels)`: (mean cross-entropy of integer class ids as a
-  float, d loss / d logits), in one pass;
+  float, d loss / d logits, how many rows' largest logit is their label's), in one pass;
 - `softmax(logits)`: row-wise probabilities;
 - `to_device(array, dtype=None)` / `to_host(array)`: into and out of the backend's memory.
 
@@ -71,9 +71,10 @@ class Kernels:
         e = np.exp(shifted)
         total = e.sum(axis=1, keepdims=True)
         loss = float(np.mean(np.log(total[:, 0]) - shifted[rows, labels]))
+        correct = int(np.count_nonzero(logits.argmax(axis=1) == labels))
         d = e / total
         d[rows, labels] -= 1
-        return loss, d / n
+        return loss, d / n, correct
 
     def softmax(self, logits):
         e = np.exp(logits - logits.max(axis=1, keepdims=True))

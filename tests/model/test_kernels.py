@@ -60,10 +60,11 @@ def assert_ops_match_reference(backend, activation, n, sizes=(784, 100, 10), dty
                 if e is not None:
                     np.testing.assert_allclose(host(r), e, **tol)
     logits = on(x[:, :sizes[1]] * 5)
-    want_loss, want_d = reference.softmax_cross_entropy(host(logits), labels)
-    loss, d = kernels.softmax_cross_entropy(logits, labels)
+    want_loss, want_d, want_correct = reference.softmax_cross_entropy(host(logits), labels)
+    loss, d, correct = kernels.softmax_cross_entropy(logits, labels)
     np.testing.assert_allclose(loss, want_loss, **tol)
     np.testing.assert_allclose(host(d), want_d, **tol)
+    assert correct == want_correct == np.count_nonzero(host(logits).argmax(axis=1) == labels)
     np.testing.assert_allclose(host(kernels.softmax(logits)), reference.softmax(host(logits)), **tol)
     np.testing.assert_allclose(host(logits), x[:, :sizes[1]] * 5, **tol)   # the ops leave their inputs as they were
 

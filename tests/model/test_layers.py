@@ -102,6 +102,14 @@ def test_functional_tabular_model_with_an_embedding_and_concatenation():
         model.predict(params, {"numeric": np.zeros((2, 4)), "city": np.zeros((2, 1), int)})
 
 
+def test_a_model_of_one_input_takes_its_array_or_a_dict_naming_it():
+    model = LayerModel(Sequential([Dense(3)], input_shape=(4,)))
+    params, x, y = model.initial_values(), np.ones((2, 4), np.float32), np.array([0, 2])
+    assert model.input_tensor({"input": x}).value is model.input_tensor(x).value   # one tensor, as a stage takes
+    np.testing.assert_array_equal(model.predict(params, {"input": x}), model.predict(params, x))
+    assert model.step(params, ({"input": x}, y))[0] == model.step(params, (x, y))[0]
+
+
 def test_a_sparse_embedding_steps_on_the_rows_the_batch_reads_exactly_as_on_the_whole_table():
     numeric_in, category = Input((3,), name="numeric"), Input((2,), dtype="int64", name="city")
     embedded = Flatten()(Embedding(50, 4)(category))
