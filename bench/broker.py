@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from zmqflow.common.processes import start_service
+from zmqflow.common.processes.children import start_service
 
 BATCH = 100
 ROW = 784
@@ -44,7 +44,7 @@ def _pipelined(start_op, total, window):
 
 def _open(endpoint, kind, name):
     from zmqflow.common.memory import keep_freed_memory
-    from zmqflow.common.queues import FIFOQueue
+    from zmqflow.common.clients.queues import FIFOQueue
     keep_freed_memory()
     if kind == "small":
         return FIFOQueue(-1, ["int32"], shapes=[[]], shared_name=name, broker=endpoint)
@@ -104,7 +104,7 @@ def _calibrate(endpoint, kind, window, seconds):
 
 
 def _latency(endpoint, samples=2000):
-    from zmqflow.common.queues import FIFOQueue
+    from zmqflow.common.clients.queues import FIFOQueue
     q = FIFOQueue(-1, ["int32"], shapes=[[]], shared_name="latency", broker=endpoint)
     q.enqueue_many(np.arange(samples, dtype=np.int32))
     times = []
@@ -124,8 +124,8 @@ def rss_bytes(pid):
 def memory(kind="RandomShuffleQueue", capacity=20_000, turnovers=10, enqueue_rows=256):
     """A fresh broker's idle RSS, then its highest RSS while a full queue of `capacity` MNIST rows turns over
     `turnovers` times, and the bytes the queue held (the broker's own count)."""
-    from zmqflow.common.queues import FIFOQueue, RandomShuffleQueue
-    from zmqflow.common.rpc_client import OpClient
+    from zmqflow.common.clients.queues import FIFOQueue, RandomShuffleQueue
+    from zmqflow.common.rpc.client import OpClient
     broker = start_service("zmqflow.services.broker")
     try:
         base = rss_bytes(broker.pid)

@@ -16,8 +16,8 @@ import urllib.parse
 
 import numpy as np
 
-from zmqflow.common.aggregator_client import AggregatorClient
-from zmqflow.common.processes import start_service
+from zmqflow.common.clients.aggregator import AggregatorClient
+from zmqflow.common.processes.children import start_service
 
 TARGET_OVERHEAD_P50_MS = 1.0
 ROUNDS = 3

@@ -28,8 +28,8 @@ import numpy as np
 
 from zmqflow.inputs.datasets import MNIST_CSV
 from zmqflow.common.errors import OutOfRangeError
-from zmqflow.common.processes import compute_thread_env, start_service
-from zmqflow.common.queues import attach
+from zmqflow.common.processes.children import compute_thread_env, start_service
+from zmqflow.common.clients.queues import attach
 from zmqflow.jobs.local_cluster import start_readers
 from zmqflow.services.reader.cli import PRESETS
 from zmqflow.inputs.formats import open_format, write_tfrecord

@@ -41,18 +41,18 @@ from zmqflow.models.spec import MNIST_MLP
 
 from zmqflow.bench.gateway import TARGET_OVERHEAD_P50_MS, compare as compare_gateway
 from zmqflow.models.registry import load_model
-from zmqflow.common.processes import compute_thread_env, start_service
-from zmqflow.common.rpc_client import RpcClient
-from zmqflow.common.serve_client import ModelClient, PendingPredict
+from zmqflow.common.processes.children import compute_thread_env, start_service
+from zmqflow.common.rpc.client import RpcClient
+from zmqflow.common.clients.serve import ModelClient, PendingPredict
 from zmqflow.loadtest.open_loop import SHED, run_open_loop, run_phases
-from zmqflow.common.protocol import AggregatorOps, ServeOps
+from zmqflow.common.wire.protocol import AggregatorOps, ServeOps
 
 TARGETS = {"agg3_p99_ms": 5.0, "agg3_overhead_p50_ms": 0.5, "dead_slack_ms": 5.0, "overload_goodput_ratio": 0.9}
 
 
 def write_random_checkpoint(ckpt_dir, seed=1, spec=MNIST_MLP, step=1):
     """A committed checkpoint of `spec` at its initial values for `seed` (one shard, whole variables)."""
-    from zmqflow.common.checkpoint import save_params
+    from zmqflow.common.checkpoints.checkpoint import save_params
     return save_params(ckpt_dir, step, load_model(spec).initial_values(seed), {"model": spec})
 
 

@@ -20,9 +20,9 @@ from zmqflow.inputs.datasets import mnist_split
 from zmqflow.common.memory import keep_freed_memory
 from zmqflow.models.spec import MNIST_MLP
 from zmqflow.models.registry import load_model, model_variables
-from zmqflow.common.placement import place
-from zmqflow.common.processes import start_service
-from zmqflow.common.ps_client import PsClient
+from zmqflow.common.cluster.placement import place
+from zmqflow.common.processes.children import start_service
+from zmqflow.common.clients.ps import PsClient
 from zmqflow.jobs.local_cluster import run_training
 
 BATCH = 100

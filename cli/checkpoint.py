@@ -24,7 +24,7 @@ def inspect(directory, as_json):
     """List the variables of a checkpoint (DIRECTORY: a checkpoint directory, whose `latest` is shown, or
     one ckpt-<step>) with their shapes, dtypes, optimizer slots and files, its step and the model and
     data it was trained with."""
-    from zmqflow.common.checkpoint_inspect import describe, format_table
+    from zmqflow.common.checkpoints.inspect import describe, format_table
     try:
         description = describe(directory)
     except OpError as exc:
@@ -42,7 +42,7 @@ def convert(directory, out):
     shard, with the same step, config and variables (DIRECTORY: a checkpoint directory, all of whose
     checkpoints are converted, or one ckpt-<step>). Checkpoints already in the new format are left as
     they are (copied with --out)."""
-    from zmqflow.common.checkpoint_convert import convert as convert_checkpoints
+    from zmqflow.common.checkpoints.convert import convert as convert_checkpoints
     try:
         done = convert_checkpoints(directory, out)
     except OpError as exc:

@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from zmqflow.common.cli_support import curve_option
+from zmqflow.common.processes.service_cli import curve_option
 from zmqflow.common.errors import OpError
 from zmqflow.jobs.cluster_check import check as check_cluster, healthy, spec_from_options, table
 

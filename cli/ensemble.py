@@ -7,7 +7,7 @@ import time
 
 import click
 
-from zmqflow.common.cli_support import launcher_curve_option
+from zmqflow.common.processes.service_cli import launcher_curve_option
 from zmqflow.common.errors import OpError
 from zmqflow.jobs.evaluate import labelled_split
 from zmqflow.jobs.ensemble.score import print_report, score

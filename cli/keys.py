@@ -4,7 +4,7 @@ import os
 
 import click
 
-from zmqflow.common import curve
+from zmqflow.common.rpc import encryption as curve
 from zmqflow.common.errors import InvalidArgumentError
 
 

@@ -5,12 +5,12 @@ import sys
 
 import click
 
-from zmqflow.common import health
-from zmqflow.common.cli_support import admin_token_option, curve_option
+from zmqflow.common.rpc import health
+from zmqflow.common.processes.service_cli import admin_token_option, curve_option
 from zmqflow.common.errors import OpError
-from zmqflow.common.broker_client import BrokerClient
-from zmqflow.common.ps_client import PsShardClient
-from zmqflow.common.probe import endpoint_of, probe
+from zmqflow.common.clients.broker import BrokerClient
+from zmqflow.common.clients.ps import PsShardClient
+from zmqflow.common.rpc.probe import endpoint_of, probe
 from zmqflow.jobs.status.render import queue_table
 
 

@@ -7,7 +7,7 @@ import click
 from zmqflow.common.errors import OpError
 from zmqflow.models.spec import MNIST_MLP, read_spec
 from zmqflow.models.registry import model_variables
-from zmqflow.common.placement import STRATEGIES, place
+from zmqflow.common.cluster.placement import STRATEGIES, place
 
 
 @click.command()

@@ -6,7 +6,7 @@ import time
 
 import click
 
-from zmqflow.common.cli_support import curve_option
+from zmqflow.common.processes.service_cli import curve_option
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.jobs.cluster_check import spec_from_options
 from zmqflow.jobs.status.probe import add_rates, snapshot

@@ -5,7 +5,7 @@ import signal
 
 import click
 
-from zmqflow.common.cli_support import launcher_curve_option
+from zmqflow.common.processes.service_cli import launcher_curve_option
 from zmqflow.jobs.spec import TrainConfig
 from zmqflow.jobs.sweep.runner import INPUTS
 from zmqflow.models.kernels import BACKENDS

@@ -4,7 +4,7 @@ import json
 
 import click
 
-from zmqflow.common.cli_support import launcher_curve_option
+from zmqflow.common.processes.service_cli import launcher_curve_option
 from zmqflow.common.errors import OpError
 from zmqflow.jobs.local_cluster import run_training
 from zmqflow.jobs.spec import DEFAULT_OPTIMIZER, INPUTS, MODES, JobSpec, job_spec, optimizer_config
@@ -72,7 +72,7 @@ def command(optimizer_kind, learning_rate, model_spec, model_opts, data_spec, su
     """Train a model (default: the MNIST MLP) on the shipped MNIST sample, or on your data with --data,
     with a broker, NUM_PS ps shards and NUM_WORKERS workers on this machine. If any task of the job
     fails, the others are stopped and the command exits 1 naming it."""
-    from zmqflow.models.pipeline import stage_count
+    from zmqflow.models.stages import stage_count
     data = None
     if data_spec is not None:
         from zmqflow.inputs.data_spec import fit, load_spec, load_tables

@@ -7,7 +7,7 @@ import tempfile
 
 import click
 
-from zmqflow.common.cli_support import launcher_curve_option
+from zmqflow.common.processes.service_cli import launcher_curve_option
 from zmqflow.jobs.up.compose import ComposeError, load, resolved_config
 from zmqflow.jobs.up.localize import Localizer, share_cores
 from zmqflow.jobs.up.logs import Prefixer

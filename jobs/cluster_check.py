@@ -9,9 +9,9 @@ one timeout.
 
 from concurrent.futures import ThreadPoolExecutor
 
-from zmqflow.common.cluster import ClusterSpec
+from zmqflow.common.cluster.spec import ClusterSpec
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.common.probe import probe
+from zmqflow.common.rpc.probe import probe
 
 CLIENT_JOBS = frozenset({"worker", "chief", "master", "evaluator", "reader"})
 

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
+from zmqflow.common.checkpoints.checkpoint import Checkpoint, latest_checkpoint
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.inputs.metrics import metrics
 from zmqflow.models.saved import LoadedCheckpoint, recorded_data

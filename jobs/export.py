@@ -11,7 +11,7 @@ import json
 import os
 
 from zmqflow.common.version import __version__
-from zmqflow.common.checkpoint import MANIFEST
+from zmqflow.common.checkpoints.checkpoint import MANIFEST
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.models.onnx_export import DEFAULT_OPSET, onnx_module, to_onnx
 from zmqflow.models.saved import LoadedCheckpoint

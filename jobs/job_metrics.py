@@ -14,7 +14,7 @@ import os
 import time
 
 from zmqflow.common.errors import AbortedError, OpError
-from zmqflow.common.ps_client import PsShardClient
+from zmqflow.common.clients.ps import PsShardClient
 
 
 def read_json(path):

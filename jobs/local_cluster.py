@@ -23,11 +23,11 @@ import numpy as np
 from tqdm import tqdm
 
 from zmqflow.common.errors import AbortedError, InvalidArgumentError, OpError
-from zmqflow.common.processes import compute_thread_env, start_process
-from zmqflow.common.ps_client import PsShardClient
-from zmqflow.common.queues import FIFOQueue, RandomShuffleQueue
-from zmqflow.common.rpc_client import default_pool
-from zmqflow.common.supervisor import Supervisor
+from zmqflow.common.processes.children import compute_thread_env, start_process
+from zmqflow.common.clients.ps import PsShardClient
+from zmqflow.common.clients.queues import FIFOQueue, RandomShuffleQueue
+from zmqflow.common.rpc.client import default_pool
+from zmqflow.common.processes.supervisor import Supervisor
 from zmqflow.jobs import job_metrics
 from zmqflow.jobs.spec import Placement, TaskSpec, job_spec, tasks
 
@@ -182,7 +182,7 @@ class LocalCluster:
 
     def _pipeline_stages(self):
         """How many workers the model's layers name (1: no pipeline)."""
-        from zmqflow.models.pipeline import stage_count
+        from zmqflow.models.stages import stage_count
         from zmqflow.models.registry import load_model
         from zmqflow.models.spec import resolve_model
         stages = stage_count(load_model(resolve_model(os.path.join(self.prepared_dir, "model.json"))))

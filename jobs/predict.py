@@ -53,8 +53,8 @@ def predict_served(address, path, batch_size=500, timeout=30.0):
     """(column names, rows) of predictions for every row of `path`, asked of a running model server or
     aggregator: the file is read with the data spec the (first) member's checkpoint records and its
     feature columns are sent as records, made into inputs by the server."""
-    from zmqflow.common.aggregator_client import AggregatorClient
-    from zmqflow.common.serve_client import ModelClient
+    from zmqflow.common.clients.aggregator import AggregatorClient
+    from zmqflow.common.clients.serve import ModelClient
     with ModelClient(address, timeout=timeout, name="predict") as probe:
         service = probe.info()["service"]
         if service == "serve":

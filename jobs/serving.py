@@ -5,15 +5,15 @@
         info["predicted"]                           # ['cat']: the class names, for a model trained with --data
         model.predict(x)                            # or the model's input tensors; model.schema says which
 
-The handle is a ModelClient (common/serve_client.py) on the server's endpoint, with the process's
+The handle is a ModelClient (common/clients/serve.py) on the server's endpoint, with the process's
 `endpoint` and `pid`; leaving the block (or `stop()`) stops the process by PID.
 """
 
 import contextlib
 import json
 
-from zmqflow.common.processes import start_service
-from zmqflow.common.serve_client import ModelClient
+from zmqflow.common.processes.children import start_service
+from zmqflow.common.clients.serve import ModelClient
 
 
 class ServedModel(ModelClient):

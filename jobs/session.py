@@ -19,10 +19,10 @@ with `shutdown_ps` (default), tells the ps tasks to exit so their `join()` retur
 
 import threading
 
-from zmqflow.common.cluster import CHIEF_JOBS, ClusterSpec
+from zmqflow.common.cluster.spec import CHIEF_JOBS, ClusterSpec
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.common.replica_device_setter import active_setter, replica_device_setter
-from zmqflow.common.ps_client import PsClient
+from zmqflow.common.cluster.replica_device_setter import active_setter, replica_device_setter
+from zmqflow.common.clients.ps import PsClient
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.jobs.spec import DEFAULT_OPTIMIZER
 from zmqflow.models.spec import resolve_model

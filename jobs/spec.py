@@ -20,7 +20,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from zmqflow.common.cli_support import to_flags
+from zmqflow.common.processes.service_cli import to_flags
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.models.spec import with_options
 

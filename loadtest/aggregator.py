@@ -22,11 +22,11 @@ import time
 import click
 import numpy as np
 
-from zmqflow.common.aggregator_client import AggregatorClient
-from zmqflow.common.cli_support import curve_option
+from zmqflow.common.clients.aggregator import AggregatorClient
+from zmqflow.common.processes.service_cli import curve_option
 from zmqflow.common.errors import OpError
-from zmqflow.common.probe import probe
-from zmqflow.common.serve_client import ModelClient
+from zmqflow.common.rpc.probe import probe
+from zmqflow.common.clients.serve import ModelClient
 from zmqflow.loadtest import http_target
 from zmqflow.loadtest.open_loop import run_open_loop
 

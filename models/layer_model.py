@@ -18,7 +18,7 @@ import itertools
 
 import numpy as np
 
-from zmqflow.common.device import DeviceSpec
+from zmqflow.common.cluster.device import DeviceSpec
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.variables import IndexedSlices, VariableSpec
 from zmqflow.models import ops
@@ -169,7 +169,7 @@ class LayerModel:
         value = value if kernels is None else kernels.to_host(value)
         return value if value.dtype == self.dtype else value.astype(self.dtype)
 
-    # ------------------------------------------------ parts, for pipeline stages (models/pipeline.py)
+    # ------------------------------------------------ parts, for pipeline stages (models/stages.py)
 
     def param(self, params, v):
         """params[v.name] checked against `v` and cast to the model's dtype."""

@@ -8,7 +8,7 @@ read whatever the number of shards it was saved from, and checked against the mo
 
 import dataclasses
 
-from zmqflow.common.checkpoint import Checkpoint, find_checkpoint
+from zmqflow.common.checkpoints.checkpoint import Checkpoint, find_checkpoint
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.models.registry import load_model
 from zmqflow.models.spec import resolve_model

@@ -7,7 +7,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.clients.queues import FIFOQueue
 from zmqflow.cli.main import main
 from tests.support import free_port
 

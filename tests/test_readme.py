@@ -15,5 +15,5 @@ def test_readme_python_tour_runs(broker):
     scope = {}
     exec(compile(source.replace("tcp://127.0.0.1:5555", broker), "README.md", "exec"), scope)
     assert len(scope["y"]) == 26 and scope["y"][-1] == 19
-    from zmqflow.common.queues import reset
+    from zmqflow.common.clients.queues import reset
     reset("", broker=broker)

@@ -23,16 +23,16 @@ def __getattr__(name):
         from zmqflow.jobs.serving import serve
         return serve
     if name in ("ModelClient", "AggregatorClient"):
-        from zmqflow.common import aggregator_client, serve_client
+        from zmqflow.common.clients import aggregator as aggregator_client, serve as serve_client
         return getattr(serve_client if name == "ModelClient" else aggregator_client, name)
     if name == "Job":
         from zmqflow.jobs.job import Job
         return Job
     if name == "replica_device_setter":
-        from zmqflow.common.replica_device_setter import replica_device_setter
+        from zmqflow.common.cluster.replica_device_setter import replica_device_setter
         return replica_device_setter
     if name == "device":
-        from zmqflow.common.device import device_scope
+        from zmqflow.common.cluster.device import device_scope
         return device_scope
     if name == "SummaryHook":
         from zmqflow.services.worker.summary_hook import SummaryHook
@@ -41,10 +41,10 @@ def __getattr__(name):
         from zmqflow.services.worker.validation import ValidationHook
         return ValidationHook
     if name in ("Coordinator", "QueueRunner"):
-        from zmqflow.common import coordination
+        from zmqflow.common.clients import coordination
         return getattr(coordination, name)
     if name == "ClusterSpec":
-        from zmqflow.common.cluster import ClusterSpec
+        from zmqflow.common.cluster.spec import ClusterSpec
         return ClusterSpec
     if name in ("Server", "MonitoredTrainingSession"):
         from zmqflow.jobs import session

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from zmqflow.common import dtypes as wire_dtypes
+from zmqflow.common.wire import dtypes as wire_dtypes
 from zmqflow.common.errors import DataLossError, InvalidArgumentError
 from zmqflow.inputs.formats.base import RecordFormat, read_full
 

@@ -16,7 +16,7 @@ import tempfile
 
 import click
 
-from zmqflow.common.aggregator_client import AggregatorClient
+from zmqflow.common.clients.aggregator import AggregatorClient
 from zmqflow.inputs.datasets import mnist_split
 from zmqflow.loadtest.aggregator import MemberFault, load_test, print_table
 from zmqflow.jobs.ensemble.score import print_report, score

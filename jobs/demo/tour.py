@@ -21,10 +21,10 @@ from tqdm import tqdm
 
 from zmqflow.inputs.datasets import MNIST_CSV, load_mnist
 from zmqflow.common.errors import OutOfRangeError
-from zmqflow.common.processes import start_service
-from zmqflow.common.queues import RandomShuffleQueue
+from zmqflow.common.processes.children import start_service
+from zmqflow.common.clients.queues import RandomShuffleQueue
 from zmqflow.jobs.status.render import queue_table
-from zmqflow.common.broker_client import BrokerClient
+from zmqflow.common.clients.broker import BrokerClient
 
 
 

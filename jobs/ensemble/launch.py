@@ -8,8 +8,8 @@ import json
 import os
 
 from zmqflow.common.errors import NotFoundError
-from zmqflow.common.processes import compute_thread_env
-from zmqflow.common.supervisor import Supervisor
+from zmqflow.common.processes.children import compute_thread_env
+from zmqflow.common.processes.supervisor import Supervisor
 
 
 def best_runs(leaderboard, top):
@@ -27,7 +27,7 @@ def best_runs(leaderboard, top):
 def checkpoint_members(directories, taken=()):
     """Members from checkpoint directories, each served with the model its checkpoint records; named
     by the directory (made unique against `taken` and each other)."""
-    from zmqflow.common.checkpoint import latest_checkpoint
+    from zmqflow.common.checkpoints.checkpoint import latest_checkpoint
     members, names = [], set(taken)
     for directory in directories:
         if not latest_checkpoint(directory):

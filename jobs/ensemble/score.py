@@ -3,8 +3,8 @@ that suits the task (mean and vote for classifiers, mean and median for a regres
 
 import click
 
-from zmqflow.common.aggregator_client import AggregatorClient
-from zmqflow.common.serve_client import ModelClient
+from zmqflow.common.clients.aggregator import AggregatorClient
+from zmqflow.common.clients.serve import ModelClient
 from zmqflow.inputs.metrics import PRIMARY, metrics
 from zmqflow.jobs.ensemble.evaluate import outputs_of, verdict
 

@@ -39,9 +39,9 @@ from typing import NamedTuple, Optional
 
 import yaml
 
-from zmqflow.common import curve
-from zmqflow.common.cli_support import to_flags
-from zmqflow.common.cluster import ClusterSpec
+from zmqflow.common.rpc import encryption as curve
+from zmqflow.common.processes.service_cli import to_flags
+from zmqflow.common.cluster.spec import ClusterSpec
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.jobs.spec import (BROKER_PORT, DEPLOYMENT, GATEWAY_PORT, PS_PORT, SERVE_PORT, WORKER_PORT, JobSpec,
                                deployment, tasks)
@@ -323,7 +323,7 @@ def _curve_items():
 
 
 def generate_curve_files():
-    """{relative path: bytes} of fresh keys from the project's own generation (common/curve.py)."""
+    """{relative path: bytes} of fresh keys from the project's own generation (common/rpc/encryption.py)."""
     with tempfile.TemporaryDirectory(prefix="zmqflow-curve-") as directory:
         curve.generate(directory)
         return read_curve_files(directory)

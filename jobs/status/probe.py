@@ -11,7 +11,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from zmqflow.common.probe import probe
+from zmqflow.common.rpc.probe import probe
 from zmqflow.jobs.cluster_check import CLIENT_JOBS
 
 

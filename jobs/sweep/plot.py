@@ -6,7 +6,7 @@ still runs and `plot` returns None, so the caller can say the PNG was skipped.
 
 import os
 
-from zmqflow.jobs.sweep.curve import read_curve
+from zmqflow.jobs.sweep.learning_curve import read_curve
 from zmqflow.jobs.sweep.leaderboard import score
 
 

@@ -18,20 +18,20 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import numpy as np
 
-from zmqflow.common import queues
+from zmqflow.common.clients import queues
 from zmqflow.common.errors import DeadlineExceededError
 from zmqflow.inputs.metrics import PRIMARY, metrics
 from zmqflow.models.saved import LoadedCheckpoint
-from zmqflow.common import admin_token
-from zmqflow.common.processes import compute_thread_env, start_service
-from zmqflow.common.supervisor import Supervisor
-from zmqflow.common.rpc_client import default_pool
-from zmqflow.jobs.sweep.curve import CURVE_ENV, HOOK, read_curve
+from zmqflow.common.rpc import admin_token
+from zmqflow.common.processes.children import compute_thread_env, start_service
+from zmqflow.common.processes.supervisor import Supervisor
+from zmqflow.common.rpc.client import default_pool
+from zmqflow.jobs.sweep.learning_curve import CURVE_ENV, HOOK, read_curve
 from zmqflow.jobs.sweep.space import model_options
 from zmqflow.jobs.local_cluster import start_feeder
 from zmqflow.jobs.spec import (DATA_CONFIG, CheckpointConfig, ClusterConfig, InputConfig, JobSpec, Placement,
                                TrainConfig, optimizer_config, tasks)
-from zmqflow.common.ps_client import PsShardClient
+from zmqflow.common.clients.ps import PsShardClient
 
 INPUTS = ("preloaded", "ps")
 QUEUE = InputConfig().queue   # the job description's default

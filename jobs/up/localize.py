@@ -12,7 +12,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 
-from zmqflow.common.processes import compute_thread_env
+from zmqflow.common.processes.children import compute_thread_env
 
 LOCAL_HOSTS = ("0.0.0.0", "*", "localhost", "127.0.0.1")
 COMPUTE_COMMANDS = ("worker", "serve")   # the zmqflow commands that run BLAS/numba kernels

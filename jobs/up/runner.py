@@ -13,7 +13,7 @@ import signal
 import subprocess
 import time
 
-from zmqflow.common.supervisor import Supervisor
+from zmqflow.common.processes.supervisor import Supervisor
 from zmqflow.jobs.up.health import HealthWatch
 from zmqflow.jobs.up.localize import child_environment
 

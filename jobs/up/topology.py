@@ -1,6 +1,6 @@
 """Which compose services a run starts (the chosen ones and what they depend on) and which is the chief."""
 
-from zmqflow.common.cluster import ClusterSpec
+from zmqflow.common.cluster.spec import ClusterSpec
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.jobs.up.compose import ComposeError, start_order
 

@@ -2,7 +2,7 @@
 
 import click
 
-from zmqflow.common.cli_support import run_service_instance, service_options
+from zmqflow.common.processes.service_cli import run_service_instance, service_options
 
 
 def parse_member(text):

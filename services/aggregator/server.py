@@ -1,13 +1,13 @@
 """`Aggregator`: one predict request fanned out to model servers, answered by the deadline.
 
-Why one LoopClient per member (common/rpc_service.py: its socket polled by the service's own loop): a
+Why one LoopClient per member (common/rpc/service.py: its socket polled by the service's own loop): a
 request costs no thread and nothing blocks; the client's call is parked with its deadline, every
 member's reply is matched by the member-side request id, and the call is answered as soon as every
 asked member has responded, or AT the deadline (the base deadline heap) with what arrived. A request
 the members are too busy to answer in time is shed at once (RESOURCE_EXHAUSTED, counted `shed`). A
 member whose connection drops (its process died) is known at once, not at the deadline. Probes of
 unhealthy members ride the same heap. Links connect to the address a member's name resolves to,
-never to the name (common/resolver.py).
+never to the name (common/rpc/resolver.py).
 
 This file only moves messages: whom to ask, what is in flight, retries, health, ejection
 and probing are the fan-out policy's (fanout.py), which gets every reply, failure, dropped
@@ -21,16 +21,16 @@ import time
 import numpy as np
 import zmq
 
-from zmqflow.common import wire
+from zmqflow.common.wire import frames as wire
 from zmqflow.common.errors import InvalidArgumentError, OpError, ResourceExhaustedError
-from zmqflow.common.rpc_service import PARKED, LoopClient, Service
-from zmqflow.common.resolver import default_resolver
+from zmqflow.common.rpc.service import PARKED, LoopClient, Service
+from zmqflow.common.rpc.resolver import default_resolver
 from zmqflow.services.aggregator.admission import Admission, QueueDelay
 from zmqflow.services.aggregator.combine import COMBINERS, CustomCombine, check_combine
 from zmqflow.services.aggregator.fanout import FanOut, Probe
 from zmqflow.services.aggregator.gather import Gather
 from zmqflow.services.aggregator.stats import AggregatorStats
-from zmqflow.common.protocol import AggregatorOps, Ops, ServeOps
+from zmqflow.common.wire.protocol import AggregatorOps, Ops, ServeOps
 
 log = logging.getLogger(__name__)
 
@@ -312,8 +312,8 @@ class Aggregator(Service):
         return {"mode": self.mode, "members": len(self.members), "healthy": len(self.members.healthy())}
 
     def metric_families(self):
-        """Counters per member and per aggregator for Prometheus, read at scrape time (common/metrics.py)."""
-        from zmqflow.common.metrics import counter_family, gauge_family
+        """Counters per member and per aggregator for Prometheus, read at scrape time (common/processes/metrics.py)."""
+        from zmqflow.common.processes.metrics import counter_family, gauge_family
         members = list(self.members.members.values())
         for key in ("requests", "answers", "timeouts", "errors", "probes", "recoveries", "busy"):
             yield counter_family(f"zmqflow_aggregator_member_{key}", f"Member {key}, per member.",

@@ -5,7 +5,7 @@ import re
 
 import click
 
-from zmqflow.common.cli_support import run_service_instance, service_options
+from zmqflow.common.processes.service_cli import run_service_instance, service_options
 from zmqflow.services.broker.queues.quota import BrokerLimits
 from zmqflow.services.broker.server import BrokerService
 

@@ -16,15 +16,15 @@ import time
 from collections import deque
 
 from zmqflow.common.errors import OK, UNAUTHENTICATED as MAX_CODE, DeadlineExceededError, InvalidArgumentError
-from zmqflow.common.limits import DEFAULT_LIMITS
+from zmqflow.common.wire.limits import DEFAULT_LIMITS
 from zmqflow.common.memory import release_freed_memory
-from zmqflow.common.rpc_service import PARKED, Service
+from zmqflow.common.rpc.service import PARKED, Service
 from zmqflow.services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
 from zmqflow.services.broker.queues.leases import LeaseBook
-from zmqflow.common.producers import DEFAULT_REJOIN_S
+from zmqflow.common.clients.producers import DEFAULT_REJOIN_S
 from zmqflow.services.broker.queues.producers import ProducerBook
 from zmqflow.services.broker.queues.quota import BrokerLimits
-from zmqflow.common.protocol import BrokerOps
+from zmqflow.common.wire.protocol import BrokerOps
 
 log = logging.getLogger(__name__)
 
@@ -248,8 +248,8 @@ class BrokerService(Service):
         return {"queues": self.registry.list()}
 
     def metric_families(self):
-        """Queue gauges for Prometheus, read from the registry at scrape time (common/metrics.py)."""
-        from zmqflow.common.metrics import gauge_family
+        """Queue gauges for Prometheus, read from the registry at scrape time (common/processes/metrics.py)."""
+        from zmqflow.common.processes.metrics import gauge_family
         queues, labels = self.registry.list(), ("container", "queue", "kind")
         for field, name, doc in (("size", "queue_size", "Elements in the queue."),
                                  ("capacity", "queue_capacity", "The queue's capacity (-1: unbounded)."),
@@ -266,7 +266,7 @@ class BrokerService(Service):
                            self.registry.quota.total_bytes)
 
     def _lease_families(self):
-        from zmqflow.common.metrics import counter_family, gauge_family
+        from zmqflow.common.processes.metrics import counter_family, gauge_family
         counts = self.leases.counts
         yield counter_family("zmqflow_broker_leases", "Leased dequeues answered.", counts["leases"])
         yield counter_family("zmqflow_broker_leased_elements", "Elements handed out on a lease.", counts["leased"])

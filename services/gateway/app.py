@@ -4,7 +4,7 @@ Why Starlette (served by uvicorn, server.py): KServe's own Python model server r
 Starlette on uvicorn, so the routing, request and response objects are the ones the protocol's
 reference implementation uses; Starlette is a thin, maintained ASGI toolkit (no validation layer
 between the bytes and the protocol's own checks, which are protocol.py's), and the ZeroMQ side runs
-on the same asyncio loop (common/rpc_async.py). Bodies are read in chunks up to --max-body-bytes and within
+on the same asyncio loop (common/rpc/asyncio_client.py). Bodies are read in chunks up to --max-body-bytes and within
 --body-timeout-s, so a large or slow body costs bounded memory and no thread.
 """
 

@@ -5,7 +5,7 @@ import os
 
 import click
 
-from zmqflow.common.cli_support import curve_option, ops_options, setup_logging, write_ready_file
+from zmqflow.common.processes.service_cli import curve_option, ops_options, setup_logging, write_ready_file
 
 HTTP_EXTRA_HINT = "the gateway needs the http extra: pip install 'zmqflow[http]' (Starlette, uvicorn, httptools, orjson)"
 
@@ -55,11 +55,12 @@ def command(aggregator, server, bind, ensemble_name, ready_file, timeout_s, max_
     except ImportError as exc:
         click.echo(f"Error: {HTTP_EXTRA_HINT} ({exc})", err=True)
         raise SystemExit(2) from None
-    from zmqflow.common import health, metrics
+    from zmqflow.common.rpc import health
+    from zmqflow.common.processes import metrics
     from zmqflow.common.errors import InvalidArgumentError
     from zmqflow.services.gateway.discovery import Discovery
     from zmqflow.services.gateway.request_stats import RequestStats
-    from zmqflow.common.rpc_async import AsyncClients
+    from zmqflow.common.rpc.asyncio_client import AsyncClients
 
     setup_logging(log_level, "gateway")
     try:

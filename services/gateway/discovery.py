@@ -11,7 +11,7 @@ import logging
 from dataclasses import replace
 
 from zmqflow.common.errors import OpError
-from zmqflow.common.protocol import AggregatorOps, ServeOps
+from zmqflow.common.wire.protocol import AggregatorOps, ServeOps
 from zmqflow.services.gateway.catalog import ENSEMBLE, MEMBER, SERVER, Catalog, model_from_info, unique_names
 
 log = logging.getLogger(__name__)

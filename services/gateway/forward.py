@@ -2,12 +2,12 @@
 
 Why the deadline is sent twice to the aggregator: as its `deadline_ms` argument it answers AT the
 deadline with the members that made it, and as the call's timeout the gateway stops waiting just
-after (as common/aggregator_client.py does). The response parameters say which members answered
+after (as common/clients/aggregator.py does). The response parameters say which members answered
 and why the others did not, by their model names, as the protocol's scalar parameter values.
 """
 
 from zmqflow.common.errors import OpError
-from zmqflow.common.protocol import AggregatorOps, ServeOps
+from zmqflow.common.wire.protocol import AggregatorOps, ServeOps
 from zmqflow.services.gateway.catalog import ENSEMBLE
 
 

@@ -7,7 +7,7 @@ count one request old, never a torn one (dict reads of ints and lists are atomic
 
 import bisect
 
-from zmqflow.common import metrics
+from zmqflow.common.processes import metrics
 
 
 class RequestStats:

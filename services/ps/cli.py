@@ -4,11 +4,11 @@ import logging
 
 import click
 
-from zmqflow.common.cli_support import run_service_instance, service_options, task_config_option
+from zmqflow.common.processes.service_cli import run_service_instance, service_options, task_config_option
 from zmqflow.models.spec import resolve_model
 from zmqflow.models.registry import model_variables
-from zmqflow.common.placement import place
-from zmqflow.common.task_options import model_options, parse_json_option, task_from_tf_config
+from zmqflow.common.cluster.placement import place
+from zmqflow.common.processes.task_options import model_options, parse_json_option, task_from_tf_config
 
 
 @click.command(name="ps", context_settings={"show_default": True})
@@ -70,7 +70,7 @@ def command(bind, ready_file, log_level, client_timeout, max_message_bytes, task
         log = logging.getLogger("ps-shard")
         log.info("ps:%d of %d, %s mode, placement:\n%s", task_index, num_ps, mode, placement.table())
         if restore_from:
-            from zmqflow.common import checkpoint
+            from zmqflow.common.checkpoints import checkpoint
             if checkpoint.latest_checkpoint(restore_from):
                 service.restore_latest(restore_from)
         return service

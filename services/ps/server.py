@@ -1,7 +1,7 @@
 """The ps-shard service: messages in, calls out on the shard's update rule (rules.py) and the store
 of its variables (store.py).
 
-Each op's args, answer and role: common/protocol.py's PsOps (docs/protocol.md).
+Each op's args, answer and role: common/wire/protocol.py's PsOps (docs/protocol.md).
 
 Lost replicas (sync): while pulls wait for a step, a replica the step misses that has said nothing
 for `lost_after` seconds (no push, no request, no heartbeat of its client) is lost. By `lost_policy`
@@ -17,11 +17,11 @@ import numpy as np
 
 from zmqflow.common.errors import (AbortedError, DeadlineExceededError, FailedPreconditionError, InvalidArgumentError,
                                    NotFoundError)
-from zmqflow.common.rpc_service import Service
-from zmqflow.common import checkpoint
+from zmqflow.common.rpc.service import Service
+from zmqflow.common.checkpoints import checkpoint
 from zmqflow.services.ps.rules import PARK, RELEASE, update_rule
 from zmqflow.services.ps.store import VariableStore
-from zmqflow.common.protocol import PsOps
+from zmqflow.common.wire.protocol import PsOps
 
 log = logging.getLogger(__name__)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -293,8 +293,8 @@ class PsService(Service):
         return {"shard": self.shard_index, "version": self.store.version, "initialized": self.store.initialized}
 
     def metric_families(self):
-        """The shard's counters for Prometheus, read from its stats at scrape time (common/metrics.py)."""
-        from zmqflow.common.metrics import counter_family, gauge_family, histogram_family
+        """The shard's counters for Prometheus, read from its stats at scrape time (common/processes/metrics.py)."""
+        from zmqflow.common.processes.metrics import counter_family, gauge_family, histogram_family
         stats, shard, now = self.rule.stats(), (str(self.shard_index),), time.monotonic()
         yield gauge_family("zmqflow_ps_version", "The shard's version (global step).", {shard: stats["version"]},
                            ["shard"])

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from zmqflow.common.dtypes import as_numpy
+from zmqflow.common.wire.dtypes import as_numpy
 from zmqflow.common.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, NotFoundError
 from zmqflow.services.ps.optimizers import Optimizer, make_optimizer
 

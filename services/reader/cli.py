@@ -21,14 +21,14 @@ import sys
 
 import click
 
-from zmqflow.common import health
-from zmqflow.common.cli_support import curve_option, ops_options, setup_logging, task_config_option
+from zmqflow.common.rpc import health
+from zmqflow.common.processes.service_cli import curve_option, ops_options, setup_logging, task_config_option
 from zmqflow.inputs.datasets import DATA_DIR, RECORD_FORMAT
 from zmqflow.common.errors import OpError
 from zmqflow.common.memory import keep_freed_memory
-from zmqflow.common.producers import DEFAULT_LEASE_S, DEFAULT_REJOIN_S
+from zmqflow.common.clients.producers import DEFAULT_LEASE_S, DEFAULT_REJOIN_S
 from zmqflow.inputs.formats import FORMATS
-from zmqflow.services.reader.pipeline import DATA_SPEC, DEFAULT_ENQUEUE_TIMEOUT, QUEUE_KINDS
+from zmqflow.services.reader.reading import DATA_SPEC, DEFAULT_ENQUEUE_TIMEOUT, QUEUE_KINDS
 
 _MNIST = {"features": ["image", "label"]}
 PRESETS = {
@@ -112,7 +112,7 @@ def _parse_cast(values):
 def _tf_config_task():
     """(name, broker endpoint or None) from TF_CONFIG: task type 'reader' names the member reader:<index>,
     and a 'broker' job in the cluster gives the broker's address."""
-    from zmqflow.common.cluster import ClusterSpec
+    from zmqflow.common.cluster.spec import ClusterSpec
     task = ClusterSpec.from_tf_config()
     if task is None:
         return "reader", None
@@ -210,7 +210,7 @@ def command(broker, file_patterns, preset, format_kind, format_options, data_con
     (a bad row included). TF_CONFIG: task type 'reader' names the
     member reader:<index>; a 'broker' job gives the broker's address.
     """
-    from zmqflow.services.reader.pipeline import ReaderPipeline
+    from zmqflow.services.reader.reading import ReaderPipeline
 
     health.announce(health.CLIENT)
 
@@ -245,7 +245,7 @@ def command(broker, file_patterns, preset, format_kind, format_options, data_con
                                   enqueue_timeout=enqueue_timeout, in_flight=in_flight,
                                   name=name, progress_every=progress_every, at_least_once=at_least_once,
                                   rejoin_s=rejoin_s)
-        from zmqflow.common import metrics
+        from zmqflow.common.processes import metrics
         if metrics.requested():  # --metrics-port
             metrics.set_task(name, "reader")
             metrics.register(lambda: pipeline.counters.metric_families(name))

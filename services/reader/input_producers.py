@@ -36,8 +36,8 @@ from typing import NamedTuple
 import numpy as np
 
 from zmqflow.common.errors import CancelledError, DeadlineExceededError, InvalidArgumentError, OutOfRangeError
-from zmqflow.common.queues import DEFAULT_BROKER_ENV, FIFOQueue, PaddingFIFOQueue, RandomShuffleQueue
-from zmqflow.common.rpc_client import default_pool
+from zmqflow.common.clients.queues import DEFAULT_BROKER_ENV, FIFOQueue, PaddingFIFOQueue, RandomShuffleQueue
+from zmqflow.common.rpc.client import default_pool
 
 ENQUEUE_MANY_TIMEOUT = 3600.0
 
@@ -107,7 +107,7 @@ class Batches:
     # ------------------------------------------------ the producing side
 
     def _start_files(self, source, kind, num_threads, capacity, min_after_dequeue, seed):
-        from zmqflow.services.reader.pipeline import ReaderPipeline
+        from zmqflow.services.reader.reading import ReaderPipeline
 
         if source.num_epochs is not None and source.num_epochs < 1:
             raise InvalidArgumentError("num_epochs must be None or >= 1")

@@ -103,6 +103,6 @@ def preload(data, target):
 
 def preload_to_ps(data, ps_endpoint, name, timeout=60.0):
     """Hold `data` on the ps shard at `ps_endpoint` as the preloaded data set `name`."""
-    from zmqflow.common.ps_client import PsShardClient
+    from zmqflow.common.clients.ps import PsShardClient
     with PsShardClient(ps_endpoint) as client:
         return client.preload(name, data.features, timeout=timeout)

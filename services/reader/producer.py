@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from zmqflow.common.errors import CancelledError, DeadlineExceededError, InvalidArgumentError, NotFoundError
-from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.clients.queues import FIFOQueue
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 import click
 
-from zmqflow.common.cli_support import run_service_instance, service_options
-from zmqflow.common.task_options import model_options
+from zmqflow.common.processes.service_cli import run_service_instance, service_options
+from zmqflow.common.processes.task_options import model_options
 
 
 @click.command(name="serve", context_settings={"show_default": True})
@@ -36,7 +36,7 @@ def command(bind, ready_file, log_level, client_timeout, max_message_bytes, chec
         raise click.UsageError("give --checkpoint DIR or --follow-ps ENDPOINT")
     if refresh_secs is None and endpoints:
         refresh_secs = 5.0
-    from zmqflow.common.checkpoint import Checkpoint, find_checkpoint
+    from zmqflow.common.checkpoints.checkpoint import Checkpoint, find_checkpoint
     from zmqflow.models.saved import model_spec_of
     spec = model_spec_of(Checkpoint(find_checkpoint(checkpoint_dir)) if checkpoint_dir else None, model_spec)
     data_config = None

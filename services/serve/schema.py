@@ -46,7 +46,7 @@ class RequestSchema:
     # ------------------------------------------------ requests
 
     def inputs(self, tensors, request):
-        """The inputs of a predict `request` (common/protocol.py) as a list in signature order: its tensors
+        """The inputs of a predict `request` (common/wire/protocol.py) as a list in signature order: its tensors
         (positional, or named by its `inputs`) or its raw `records`; every wrong count, name, shape or dtype
         is refused."""
         if request.records is not None:

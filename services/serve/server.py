@@ -15,15 +15,15 @@ import time
 
 import numpy as np
 
-from zmqflow.common.checkpoint import Checkpoint, find_checkpoint
+from zmqflow.common.checkpoints.checkpoint import Checkpoint, find_checkpoint
 from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError
 from zmqflow.models.protocol import zero_inputs
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.models.saved import read_params, recorded_data
-from zmqflow.common.rpc_service import PARKED, Service
+from zmqflow.common.rpc.service import PARKED, Service
 from zmqflow.services.serve.batcher import Batcher
 from zmqflow.services.serve.schema import RequestSchema
-from zmqflow.common.protocol import ServeOps
+from zmqflow.common.wire.protocol import ServeOps
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,8 @@ class ModelServer(Service):
         self.checkpoint_dir, self.refresh_secs = checkpoint_dir, refresh_secs
         self.ps = None
         if ps_endpoints:
-            from zmqflow.common.placement import place
-            from zmqflow.common.ps_client import PsClient
+            from zmqflow.common.cluster.placement import place
+            from zmqflow.common.clients.ps import PsClient
             placement = place(model_variables(spec), len(ps_endpoints), placement_strategy, max_shard_bytes)
             self.ps = PsClient(list(ps_endpoints), placement, name="serve")
         self.params, self.version, self.source = None, None, None
@@ -106,8 +106,8 @@ class ModelServer(Service):
         return {"model": self.model_name, "version": self.version, "queued": len(self.batcher)}
 
     def metric_families(self):
-        """The server's counters for Prometheus, read at scrape time (common/metrics.py)."""
-        from zmqflow.common.metrics import counter_family, gauge_family
+        """The server's counters for Prometheus, read at scrape time (common/processes/metrics.py)."""
+        from zmqflow.common.processes.metrics import counter_family, gauge_family
         model, stats = (self.model_name,), self.stats
         yield gauge_family("zmqflow_serve_model_version", "Version (step) of the parameters served.",
                            {model: self.version}, ["model"])

@@ -11,8 +11,8 @@ import logging
 import os
 
 from zmqflow.common.errors import AbortedError, OpError, UnavailableError
-from zmqflow.common.placement import place
-from zmqflow.common.ps_client import PsClient
+from zmqflow.common.cluster.placement import place
+from zmqflow.common.clients.ps import PsClient
 from zmqflow.models.registry import model_variables
 from zmqflow.models.spec import resolve_model
 from zmqflow.services.worker import hooks as H
@@ -60,7 +60,7 @@ def training_input(config, ps):
         queue = PreloadedInput(ps, config.preloaded, ps.preloaded_rows(config.preloaded), config.epochs,
                                config.batch_size, config.task_index, config.num_workers)
     elif config.broker:
-        from zmqflow.common import queues
+        from zmqflow.common.clients import queues
         try:
             queue = queues.attach(config.queue_name, container=config.container, broker=config.broker, timeout=120.0)
         except OpError as exc:
@@ -85,7 +85,7 @@ def training_hooks(config):
         summaries = SummaryHook(config.summaries, config.summary_every_steps)
         hooks.append(summaries)
     hooks += [H.load_hook(h) for h in config.user_hooks]
-    from zmqflow.common import metrics
+    from zmqflow.common.processes import metrics
     if metrics.serve_requested():  # --metrics-port
         from zmqflow.services.worker.metrics_hook import MetricsHook
         hooks.append(MetricsHook(config.name))
@@ -105,9 +105,9 @@ def training_hooks(config):
 
 
 def pipeline_stages(config, model):
-    """The model's pipeline stages when its layers name worker tasks (models/pipeline.py), else [];
+    """The model's pipeline stages when its layers name worker tasks (models/stages.py), else [];
     UsageError when the job lacks a worker for a stage or the links are not given."""
-    from zmqflow.models.pipeline import is_pipelined, split_stages
+    from zmqflow.models.stages import is_pipelined, split_stages
     if not is_pipelined(model):
         return []
     stages = split_stages(model)
@@ -125,10 +125,10 @@ def pipeline_stages(config, model):
 
 def run_stage(config, model, stages, ps):
     """Worker k > 0 of a pipelined model: serve stage k until worker 0 says the training ended."""
-    from zmqflow.services.worker.pipeline import StageLink, serve_stage
+    from zmqflow.services.worker.stage_link import StageLink, serve_stage
     link = StageLink(bind=config.bind, next_endpoint=config.pipeline_next, timeout=config.pipeline_timeout)
     if config.ready_file:
-        from zmqflow.common.cli_support import write_ready_file
+        from zmqflow.common.processes.service_cli import write_ready_file
         write_ready_file(config.ready_file, link.endpoint)
     log.info("worker %d: pipeline stage %d of %d (%s) listening on %s", config.task_index, config.task_index,
              len(stages), ", ".join(layer.name for layer in stages[config.task_index].layers), link.endpoint)
@@ -154,7 +154,7 @@ def run(config):
     if stages and config.task_index > 0:
         return run_stage(config, model, stages, ps)
     if stages:
-        from zmqflow.services.worker.pipeline import PipelineModel, StageLink
+        from zmqflow.services.worker.stage_link import PipelineModel, StageLink
         model = PipelineModel(model, stages, StageLink(next_endpoint=config.pipeline_next,
                                                        timeout=config.pipeline_timeout),
                               config.micro_batches, versions=lambda: list(ps.versions))
@@ -258,7 +258,7 @@ def stop_on_error(config, exc):
 
 def shutdown_broker(broker):
     """Ask the broker to exit; one that is already gone is no error at the end of a job."""
-    from zmqflow.common.broker_client import BrokerClient
+    from zmqflow.common.clients.broker import BrokerClient
     try:
         with BrokerClient(broker, heartbeat_interval=5.0) as client:
             client.shutdown(by="the chief")

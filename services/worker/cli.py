@@ -2,12 +2,12 @@
 
 import click
 
-from zmqflow.common import health
-from zmqflow.common.cli_support import (TASK_CONFIG, curve_option, ops_options, profiled, setup_logging,
+from zmqflow.common.rpc import health
+from zmqflow.common.processes.service_cli import (TASK_CONFIG, curve_option, ops_options, profiled, setup_logging,
                                         task_config_option)
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.memory import keep_freed_memory
-from zmqflow.common.task_options import model_options
+from zmqflow.common.processes.task_options import model_options
 from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
 
 

@@ -6,7 +6,7 @@ cli.py turns flags into a WorkerConfig; build.py turns a WorkerConfig into a run
 import dataclasses
 import os
 
-from zmqflow.common.task_options import task_from_tf_config
+from zmqflow.common.processes.task_options import task_from_tf_config
 
 
 CONFIG_ONLY = ("container", "summaries", "validate_every_steps", "validate_every_secs", "early_stop_patience",

@@ -5,9 +5,9 @@ layer on the ops backend of its device (LayerModel.place); other models place th
 Placement of one layer, as TensorFlow 1.x places an op:
 - scopes, outermost first: a tower's device (towers.py), `--device` (a DeviceSpec string,
   partial allowed), the `--placement-function module:function`, then the layer's own device
-  (its type and index: a job and task there name a pipeline stage, models/pipeline.py). The
+  (its type and index: a job and task there name a pipeline stage, models/stages.py). The
   function is called per layer with a `LayerOp` (.name, .type, .ops, .dtype, .shape, .device:
-  the layer's own) and returns a device string, DeviceSpec or None; zmqflow.common.device merges
+  the layer's own) and returns a device string, DeviceSpec or None; zmqflow.common.cluster.device merges
   them as tf.device nests: the innermost speaks first and each outer scope fills in the fields still unset;
 - unset fields come from the default device: /gpu:0 when a GPU is visible, else /cpu:0;
 - a job, replica or task in the result must be this task's (a worker computes only its own layers);
@@ -25,7 +25,7 @@ import importlib
 import logging
 import os
 
-from zmqflow.common.device import DeviceSpec, DeviceStack
+from zmqflow.common.cluster.device import DeviceSpec, DeviceStack
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.models.registry import load_model
 from zmqflow.models.kernels import get_backend, gpu_count

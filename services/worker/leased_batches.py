@@ -18,7 +18,7 @@ import logging
 import time
 
 from zmqflow.common.errors import OpError
-from zmqflow.common.leases import Lease
+from zmqflow.common.clients.leases import Lease
 
 log = logging.getLogger("worker")
 

@@ -5,7 +5,7 @@ examples/s is PromQL's `rate(zmqflow_worker_examples_total[1m])` over any window
 rather than a rate fixed here; the hook only keeps the last loss, so a step pays one store.
 """
 
-from zmqflow.common import metrics
+from zmqflow.common.processes import metrics
 from zmqflow.services.worker.hooks import Hook
 
 

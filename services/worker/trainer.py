@@ -80,6 +80,7 @@ class Trainer:
         # the batch in hand and the one whose push is in flight; at-least-once input's leases, acked once their
         # gradients are on the ps (fit uses its input's)
         self.leases = LeasedBatches()
+        self.input = None   # the TrainingInput fit trains on (a hook that stops early ends it for every worker)
         # tables read by rows (sparse embeddings): left out of pulls, their rows pulled per batch
         self._row_tables = (sorted(model.sparse_rows(zero_inputs(model, 1))) if hasattr(model, "sparse_rows")
                             else [])
@@ -96,7 +97,7 @@ class Trainer:
         """Before the first step. Chief: restore the latest checkpoint if any, else initialize. Others: wait
         until ready. Then the hooks' begin and the first pull. Every worker first runs one step on zeros,
         so kernel compilation is not counted as training."""
-        from zmqflow.common.checkpoint import latest_checkpoint
+        from zmqflow.common.checkpoints.checkpoint import latest_checkpoint
         self._warm_up()
         if self.is_chief:
             states = self.ps.stats()
@@ -132,7 +133,7 @@ class Trainer:
     def fit(self, input, hooks=()):
         """Train on `input` (a TrainingInput) until it ends or a hook asks to stop; returns the summary.
         A ps shard lost mid-way is waited out: the loop runs again from fresh parameters."""
-        self.leases = input.leases
+        self.input, self.leases = input, input.leases
         self.begin(hooks)
         while True:
             try:

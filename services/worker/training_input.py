@@ -38,6 +38,13 @@ class TrainingInput:
         if self._pending is not None:
             self._pending.cancel()
 
+    def end_for_every_worker(self):
+        """Close the queue with cancel (the chief's early stop): every worker ends on OutOfRange, as at the
+        end of the input. A preloaded input, sliced by each worker itself, has no queue to close."""
+        close = getattr(self.queue, "close", None)
+        if close is not None:
+            close(cancel_pending_enqueues=True, timeout=30.0)
+
     def summary(self):
         """What at-least-once input acked and gave back, for the worker's summary."""
         if not self.at_least_once:

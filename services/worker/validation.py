@@ -48,14 +48,14 @@ class ValidationHook(Hook):
     def begin(self, trainer):
         """Follow the global step from a thread of its own, with its own ps client: validation runs on
         schedule whether or not the chief itself is training (other workers may take every batch)."""
-        from zmqflow.common import metrics as prometheus
+        from zmqflow.common.processes import metrics as prometheus
         prometheus.register(self.families)          # served with --metrics-port
         self._trainer, self._stop = trainer, threading.Event()
         self._thread = threading.Thread(target=self._follow, name="validation", daemon=True)
         self._thread.start()
 
     def _follow(self):
-        from zmqflow.common.ps_client import PsClient
+        from zmqflow.common.clients.ps import PsClient
         ps = PsClient(self._trainer.ps.endpoints, self._trainer.ps.placement, name="validation")   # this thread's
         try:
             while not self._stop.wait(0.2):
@@ -115,16 +115,16 @@ class ValidationHook(Hook):
         self.stopped_early = step
         log.info("early stop at step %d: %s has not improved on %.4f (step %d) for %d validations", step,
                  self.metric, self.best[self.metric], self.best["step"], self.patience)
-        queue = getattr(self._trainer, "queue", None)
-        if queue is not None and hasattr(queue, "close"):
-            queue.close(cancel_pending_enqueues=True, timeout=30.0)
+        training_input = getattr(self._trainer, "input", None)
+        if training_input is not None:
+            training_input.end_for_every_worker()
 
     def _save_best(self, params, step):
         """The very parameters just validated (training went on meanwhile), as a one-shard checkpoint
         without optimizer slots: it serves, evaluates, and restores onto any number of shards."""
         if not self.checkpoint_dir:
             return
-        from zmqflow.common import checkpoint
+        from zmqflow.common.checkpoints import checkpoint
         directory = os.path.join(self.checkpoint_dir, "best")
         checkpoint.save_params(directory, step, params, self._trainer.resolved_config(), keep=1)
 
@@ -148,8 +148,8 @@ def _fitted_spec(data):
 
 def validation_families(history):
     """Prometheus gauges of the last validation in `history`: each metric, and the global step it was
-    taken at (the `task` label comes from common/metrics.py)."""
-    from zmqflow.common import metrics as prometheus
+    taken at (the `task` label comes from common/processes/metrics.py)."""
+    from zmqflow.common.processes import metrics as prometheus
     last = history[-1] if history else {}
     yield prometheus.gauge_family("zmqflow_validation_metric", "The last validation's metrics, by name.",
                                   {(k,): v for k, v in last.items() if k != "step"}, ["metric"])

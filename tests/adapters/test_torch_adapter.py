@@ -68,7 +68,7 @@ TORCH_MODEL = os.path.join(ROOT, "examples", "torch_model.py")   # the example a
 
 @pytest.mark.integration
 def test_a_torch_module_trains_and_serves_on_the_cluster(tmp_path, processes):
-    from zmqflow.common.serve_client import ModelClient
+    from zmqflow.common.clients.serve import ModelClient
     from zmqflow.inputs.datasets import mnist_split
     done = subprocess.run([sys.executable, "-m", "zmqflow", "train", "--json", "--model", f"{TORCH_MODEL}:build",
                            "--epochs", "3", "--checkpoint-dir", str(tmp_path / "ckpt")],

@@ -1,7 +1,7 @@
 import pytest
 
-from zmqflow.common.aggregator_client import AggregatorClient
-from zmqflow.common.processes import start_service
+from zmqflow.common.clients.aggregator import AggregatorClient
+from zmqflow.common.processes.children import start_service
 from tests.aggregator.fakes import FakeMember
 
 

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from zmqflow.common.errors import UnavailableError
-from zmqflow.common.rpc_service import PARKED, Service
+from zmqflow.common.rpc.service import PARKED, Service
 
 
 class FakeMember(Service):

@@ -5,7 +5,7 @@ import pytest
 
 from zmqflow.common.errors import DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, UNAVAILABLE, InvalidArgumentError, \
     ResourceExhaustedError
-from zmqflow.common.rpc_service import Call
+from zmqflow.common.rpc.service import Call
 from zmqflow.services.aggregator.admission import Admission, BusyRate, QueueDelay
 from zmqflow.services.aggregator.fanout import FanOut
 from zmqflow.services.aggregator.gather import Gather

@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from zmqflow.bench.serve import write_random_checkpoint
-from zmqflow.common.aggregator_client import AggregatorClient
+from zmqflow.common.clients.aggregator import AggregatorClient
 from zmqflow.models.spec import MNIST_MLP
 from zmqflow.models.registry import load_model
-from zmqflow.common.processes import start_service
-from zmqflow.common.serve_client import ModelClient
+from zmqflow.common.processes.children import start_service
+from zmqflow.common.clients.serve import ModelClient
 from zmqflow.services.aggregator.cli import parse_member
 from tests.support import wait_for
 

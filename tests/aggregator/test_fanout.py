@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from zmqflow.common.errors import DEADLINE_EXCEEDED, INVALID_ARGUMENT, UNAVAILABLE
-from zmqflow.common.rpc_service import Call
+from zmqflow.common.rpc.service import Call
 from zmqflow.services.aggregator.fanout import FanOut, Probe
 from zmqflow.services.aggregator.gather import Gather
 

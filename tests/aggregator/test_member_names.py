@@ -8,8 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from zmqflow.common.aggregator_client import AggregatorClient
-from zmqflow.common.resolver import Resolver
+from zmqflow.common.clients.aggregator import AggregatorClient
+from zmqflow.common.rpc.resolver import Resolver
 from zmqflow.services.aggregator.server import Aggregator
 from tests.support import wait_for
 

@@ -14,9 +14,9 @@ import time
 import numpy as np
 import pytest
 
-from zmqflow.common.aggregator_client import AggregatorClient
+from zmqflow.common.clients.aggregator import AggregatorClient
 from zmqflow.common.errors import CancelledError, DeadlineExceededError, UnavailableError
-from zmqflow.common.rpc_service import Call
+from zmqflow.common.rpc.service import Call
 from zmqflow.services.aggregator.gather import Gather
 from zmqflow.services.aggregator.server import Aggregator
 from tests.support import wait_for

@@ -13,9 +13,9 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zmqflow.common import wire
+from zmqflow.common.wire import frames as wire
 from zmqflow.common.errors import OK
-from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.clients.queues import FIFOQueue
 
 pytestmark = pytest.mark.faults
 

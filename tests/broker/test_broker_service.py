@@ -10,11 +10,11 @@ import uuid
 import numpy as np
 import pytest
 
-from zmqflow.common import queues
+from zmqflow.common.clients import queues
 from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InvalidArgumentError, NotFoundError,
                            OutOfRangeError)
-from zmqflow.common.rpc_client import RpcClient
-from zmqflow.common.queues import FIFOQueue, PaddingFIFOQueue, RandomShuffleQueue
+from zmqflow.common.rpc.client import RpcClient
+from zmqflow.common.clients.queues import FIFOQueue, PaddingFIFOQueue, RandomShuffleQueue
 from tests.support import wait_for
 
 pytestmark = pytest.mark.service

@@ -10,13 +10,13 @@ import uuid
 import numpy as np
 import pytest
 
-from zmqflow.common.broker_client import BrokerClient
+from zmqflow.common.clients.broker import BrokerClient
 from zmqflow.common.errors import (FailedPreconditionError, InvalidArgumentError, NotFoundError, OutOfRangeError,
                                    PermissionDeniedError)
-from zmqflow.common.leases import Lease
-from zmqflow.common.queues import FIFOQueue, attach
-from zmqflow.common.rpc_client import ClientPool, RpcClient
-from zmqflow.common.protocol import BrokerOps
+from zmqflow.common.clients.leases import Lease
+from zmqflow.common.clients.queues import FIFOQueue, attach
+from zmqflow.common.rpc.client import ClientPool, RpcClient
+from zmqflow.common.wire.protocol import BrokerOps
 from tests.support import wait_for
 
 pytestmark = pytest.mark.service

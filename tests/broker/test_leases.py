@@ -14,7 +14,7 @@ import pytest
 from zmqflow.common.errors import (FailedPreconditionError, InvalidArgumentError, NotFoundError, OutOfRangeError,
                                    PermissionDeniedError)
 from zmqflow.services.broker.queues import QUEUE_CLASSES, QueueDeclaration, Ticket
-from zmqflow.common.protocol import MAX_LEASE_SECONDS, lease_seconds as check_lease_seconds
+from zmqflow.common.wire.protocol import MAX_LEASE_SECONDS, lease_seconds as check_lease_seconds
 from zmqflow.services.broker.queues.leases import LeaseBook
 
 pytestmark = pytest.mark.unit

@@ -12,10 +12,10 @@ import uuid
 import numpy as np
 import pytest
 
-from zmqflow.common import queues
+from zmqflow.common.clients import queues
 from zmqflow.common.errors import CancelledError
-from zmqflow.common.queues import FIFOQueue, RandomShuffleQueue
-from zmqflow.common.rpc_client import OpClient
+from zmqflow.common.clients.queues import FIFOQueue, RandomShuffleQueue
+from zmqflow.common.rpc.client import OpClient
 from tests.faults.test_oversized_messages import rss_bytes
 
 pytestmark = pytest.mark.service

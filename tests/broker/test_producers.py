@@ -9,11 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from zmqflow.common import queues
+from zmqflow.common.clients import queues
 from zmqflow.common.errors import (ABORTED, AbortedError, CancelledError, DataLossError, FailedPreconditionError,
                                    InvalidArgumentError, OutOfRangeError)
-from zmqflow.common.producers import Producer
-from zmqflow.common.protocol import BrokerOps
+from zmqflow.common.clients.producers import Producer
+from zmqflow.common.wire.protocol import BrokerOps
 from zmqflow.services.broker.queues import QUEUE_CLASSES, QueueDeclaration, Ticket
 from zmqflow.services.broker.queues.producers import ProducerBook
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from zmqflow.common.cluster import ClusterSpec, TaskConfig
+from zmqflow.common.cluster.spec import ClusterSpec, TaskConfig
 from zmqflow.common.errors import InvalidArgumentError, NotFoundError
 
 pytestmark = pytest.mark.unit

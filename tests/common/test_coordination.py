@@ -10,7 +10,7 @@ import pytest
 
 import zmqflow
 from zmqflow.common.errors import CancelledError, OutOfRangeError
-from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.clients.queues import FIFOQueue
 
 pytestmark = pytest.mark.service
 

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from zmqflow.common.device import DeviceSpec, DeviceStack, Op, current_device, device_scope
+from zmqflow.common.cluster.device import DeviceSpec, DeviceStack, Op, current_device, device_scope
 from zmqflow.common.errors import InvalidArgumentError
 
 pytestmark = pytest.mark.unit

@@ -3,9 +3,9 @@
 import pytest
 import zmq
 
-from zmqflow.common.broker_client import BrokerClient
-from zmqflow.common.probe import probe
-from zmqflow.common.queues import FIFOQueue, reset
+from zmqflow.common.clients.broker import BrokerClient
+from zmqflow.common.rpc.probe import probe
+from zmqflow.common.clients.queues import FIFOQueue, reset
 
 pytestmark = pytest.mark.service
 

@@ -1,4 +1,4 @@
-"""Ops are declared in common/protocol.py only: services serve the declarations, clients send them, nobody
+"""Ops are declared in common/wire/protocol.py only: services serve the declarations, clients send them, nobody
 spells an op, its checks live in the declaration, and docs/protocol.md is rendered from it."""
 
 import ast
@@ -8,9 +8,9 @@ import textwrap
 
 import pytest
 
-from zmqflow.common import protocol
+from zmqflow.common.wire import protocol
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.common.protocol import AggregatorOps, BrokerOps, Ops, PsOps, ServeOps, requests_of
+from zmqflow.common.wire.protocol import AggregatorOps, BrokerOps, Ops, PsOps, ServeOps, requests_of
 from zmqflow.services.aggregator.server import Aggregator
 from zmqflow.services.broker.server import BrokerService
 from zmqflow.services.ps.server import PsService
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.unit
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 LAYERS = ("common", "models", "inputs", "services", "jobs", "cli", "bench", "loadtest")
-RPC_INTERNALS = {"common/rpc_client.py", "common/rpc_service.py"}
+RPC_INTERNALS = {"common/rpc/client.py", "common/rpc/service.py"}
 
 
 def handler_names(cls):
@@ -61,12 +61,12 @@ def test_no_op_is_spelled_as_a_string_outside_the_protocol_module():
         for path in (REPO / layer).rglob("*.py"):
             rel = str(path.relative_to(REPO))
             found += [f"{rel}:{line}: {op!r}" for line, op in _raw_calls(path)]
-    assert not found, "use the constants of zmqflow.common.protocol (and a typed client):\n" + "\n".join(found)
+    assert not found, "use the constants of zmqflow.common.wire.protocol (and a typed client):\n" + "\n".join(found)
 
 
 def test_the_op_table_in_the_docs_is_rendered_from_the_declarations():
     assert (REPO / "docs" / "protocol.md").read_text() == protocol.markdown(), \
-        "docs/protocol.md is stale: python -m zmqflow.common.protocol > docs/protocol.md"
+        "docs/protocol.md is stale: python -m zmqflow.common.wire.protocol > docs/protocol.md"
 
 
 def test_a_declaration_encodes_what_its_validation_takes_back():

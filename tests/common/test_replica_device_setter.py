@@ -1,4 +1,4 @@
-"""`zmqflow.replica_device_setter`: TensorFlow's device function over common/placement.py's rule, and the
+"""`zmqflow.replica_device_setter`: TensorFlow's device function over common/cluster/placement.py's rule, and the
 placement a session's pushes and pulls honour (each variable is held by the ps task it was placed on)."""
 
 import threading
@@ -8,11 +8,11 @@ import pytest
 
 import zmqflow
 from tests.support.ports import free_port
-from zmqflow.common.device import current_device
+from zmqflow.common.cluster.device import current_device
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.common.placement import place
-from zmqflow.common.protocol import PsOps
-from zmqflow.common.ps_client import PsShardClient
+from zmqflow.common.cluster.placement import place
+from zmqflow.common.wire.protocol import PsOps
+from zmqflow.common.clients.ps import PsShardClient
 from zmqflow.common.variables import VariableSpec
 from zmqflow.inputs.datasets import mnist_split
 

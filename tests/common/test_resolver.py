@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from zmqflow.common.resolver import Resolver, is_ipv6, split_tcp
+from zmqflow.common.rpc.resolver import Resolver, is_ipv6, split_tcp
 from tests.support import wait_for
 
 pytestmark = pytest.mark.unit

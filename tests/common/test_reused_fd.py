@@ -11,8 +11,8 @@ import time
 import pytest
 import zmq
 
-from zmqflow.common import wire
-from zmqflow.common.protocol import BrokerOps
+from zmqflow.common.wire import frames as wire
+from zmqflow.common.wire.protocol import BrokerOps
 from zmqflow.services.broker.server import BrokerService
 
 pytestmark = pytest.mark.service

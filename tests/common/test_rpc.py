@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import zmq
 
-from zmqflow.common import wire
+from zmqflow.common.wire import frames as wire
 from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InvalidArgumentError, ResourceExhaustedError,
                                    UnavailableError)
-from zmqflow.common.rpc_client import RpcClient
-from zmqflow.common.rpc_service import PARKED, Service
+from zmqflow.common.rpc.client import RpcClient
+from zmqflow.common.rpc.service import PARKED, Service
 from tests.support import wait_for
 
 pytestmark = pytest.mark.service

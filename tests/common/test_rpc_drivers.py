@@ -1,4 +1,4 @@
-"""The RPC call core (common/rpc_calls.py) on its own, and one body of client tests run against its three drivers:
+"""The RPC call core (common/rpc/calls.py) on its own, and one body of client tests run against its three drivers:
 blocking (RpcClient), asyncio (AsyncRpcClient) and a service's own loop (LoopClient, here inside a relay service)."""
 
 import asyncio
@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import zmq.asyncio
 
-from zmqflow.common import wire
+from zmqflow.common.wire import frames as wire
 from zmqflow.common.errors import (DeadlineExceededError, InvalidArgumentError, ResourceExhaustedError,
                                    UnavailableError)
-from zmqflow.common.protocol import Ops
-from zmqflow.common.rpc_async import AsyncRpcClient
-from zmqflow.common.rpc_calls import BACKOFF_MAX, BACKOFF_START, Calls, grace_for
-from zmqflow.common.rpc_client import RpcClient
-from zmqflow.common.rpc_service import PARKED, LoopClient, Service
+from zmqflow.common.wire.protocol import Ops
+from zmqflow.common.rpc.asyncio_client import AsyncRpcClient
+from zmqflow.common.rpc.calls import BACKOFF_MAX, BACKOFF_START, Calls, grace_for
+from zmqflow.common.rpc.client import RpcClient
+from zmqflow.common.rpc.service import PARKED, LoopClient, Service
 from tests.common.test_rpc import ToyService
 from tests.support import wait_for
 

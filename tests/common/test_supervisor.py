@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from tests.support import wait_for
-from zmqflow.common.supervisor import Supervisor
+from zmqflow.common.processes.supervisor import Supervisor
 
 pytestmark = pytest.mark.service
 
@@ -110,7 +110,7 @@ def test_a_child_left_running_is_stopped_when_its_owner_exits(tmp_path):
     pid_file = tmp_path / "child.pid"
     owner = f"""
         import sys
-        from zmqflow.common.supervisor import Supervisor
+        from zmqflow.common.processes.supervisor import Supervisor
         child = Supervisor().start("sleeper", [sys.executable, "-c", {SLEEPER!r}])
         open({str(pid_file)!r}, "w").write(str(child.pid))
         raise SystemExit("the owner fails")

@@ -6,9 +6,9 @@ import click
 import pytest
 import yaml
 
-from zmqflow.common import metrics
-from zmqflow.common.cluster import ClusterSpec
-from zmqflow.common.cli_support import METRICS_PORT_ENV
+from zmqflow.common.processes import metrics
+from zmqflow.common.cluster.spec import ClusterSpec
+from zmqflow.common.processes.service_cli import METRICS_PORT_ENV
 from zmqflow.cli.main import main
 from tests.deploy.conftest import COMPOSE, compose_ports
 

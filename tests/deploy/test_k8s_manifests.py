@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from zmqflow.common.cluster import ClusterSpec
+from zmqflow.common.cluster.spec import ClusterSpec
 from zmqflow.jobs.k8s import render
 from zmqflow.jobs.spec import DEPLOYMENT, job_spec
 from tests.deploy.conftest import K8S

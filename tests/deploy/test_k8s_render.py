@@ -22,9 +22,10 @@ from click.testing import CliRunner
 import kubernetes_validate
 from kubernetes_validate.utils import all_versions
 
-from zmqflow.common import curve, metrics
-from zmqflow.common.cli_support import METRICS_PORT_ENV
-from zmqflow.common.cluster import ClusterSpec
+from zmqflow.common.rpc import encryption as curve
+from zmqflow.common.processes import metrics
+from zmqflow.common.processes.service_cli import METRICS_PORT_ENV
+from zmqflow.common.cluster.spec import ClusterSpec
 from zmqflow.cli.k8s import k8s
 from zmqflow.jobs.k8s import render
 from zmqflow.jobs.spec import DEPLOYMENT, job_spec

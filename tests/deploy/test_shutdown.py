@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.rpc.client import RpcClient
 from tests.support import free_port
 
 pytestmark = pytest.mark.service

@@ -88,8 +88,8 @@ def test_shipped_compose_file_trains_on_your_own_data_and_model(project, tmp_pat
 def test_shipped_topology_serves_an_ensemble_through_the_aggregator(project, tmp_path):
     """The whole file: training, then the model servers on the chief's final checkpoint behind the
     aggregator; the chief's exit does not end the run, since the servers wait for its completion."""
-    from zmqflow.common.aggregator_client import AggregatorClient
-    from zmqflow.common.rpc_client import RpcClient
+    from zmqflow.common.clients.aggregator import AggregatorClient
+    from zmqflow.common.rpc.client import RpcClient
     offset = free_port_offset(compose_ports(project))
     aggregator = f"tcp://127.0.0.1:{5800 + offset}"
     keys = str(tmp_path / "zmqflow-keys")   # CURVE: the keys service's volume, a local directory here

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from zmqflow.common.aggregator_client import AggregatorClient
+from zmqflow.common.clients.aggregator import AggregatorClient
 from zmqflow.common.errors import NotFoundError
 from zmqflow.jobs.ensemble.evaluate import accuracy, verdict
 from zmqflow.jobs.ensemble.launch import Ensemble, best_runs

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from zmqflow.common.checkpoint import save_params
+from zmqflow.common.checkpoints.checkpoint import save_params
 from zmqflow.models.registry import load_model
 
 CNN_SPEC = {"type": "cnn", "filters": [4, 8], "dense": 32}

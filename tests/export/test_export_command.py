@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from zmqflow import __version__
 from zmqflow.cli.main import main
-from zmqflow.common.checkpoint import save_params
+from zmqflow.common.checkpoints.checkpoint import save_params
 from zmqflow.inputs.data_spec import load_spec, model_inputs, read_features
 from zmqflow.jobs.export import export_checkpoint
 from zmqflow.models.registry import load_model

@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from zmqflow.common import admin_token
+from zmqflow.common.rpc import admin_token
 from zmqflow.common.errors import PermissionDeniedError
-from zmqflow.common.processes import start_service
-from zmqflow.common.ps_client import PsShardClient
-from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.processes.children import start_service
+from zmqflow.common.clients.ps import PsShardClient
+from zmqflow.common.rpc.client import RpcClient
 from zmqflow.inputs.datasets import mnist_split, write_record_shards
 from zmqflow.models.spec import MNIST_MLP
 from tests.support import free_port, wait_for
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.faults
 ROGUE = """
 import sys
 from zmqflow.common.errors import OpError
-from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.rpc.client import RpcClient
 ps, broker = sys.argv[1:3]
 for address, op, args in ((ps, "shutdown", {}), (ps, "init", {"step": 0, "names": [], "force": True}),
                           (ps, "restore", {"dir": "/tmp"}), (broker, "reset", {"container": ""}),

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from zmqflow.common.aggregator_client import AggregatorClient
+from zmqflow.common.clients.aggregator import AggregatorClient
 from zmqflow.loadtest.open_loop import SHED, run_phases
 from tests.aggregator.fakes import FakeMember
 

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from zmqflow.common.errors import DeadlineExceededError, UnavailableError
-from zmqflow.common.rpc_calls import BACKOFF_MAX
-from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.rpc.calls import BACKOFF_MAX
+from zmqflow.common.rpc.client import RpcClient
 from tests.support import free_port
 
 pytestmark = pytest.mark.faults

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from zmqflow.common.errors import ResourceExhaustedError
-from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.clients.queues import FIFOQueue
 from tests.faults.test_oversized_messages import rss_bytes
 
 pytestmark = pytest.mark.faults

@@ -15,11 +15,11 @@ import time
 
 import pytest
 
-from zmqflow.common.broker_client import BrokerClient
-from zmqflow.common.ps_client import PsShardClient
+from zmqflow.common.clients.broker import BrokerClient
+from zmqflow.common.clients.ps import PsShardClient
 from zmqflow.inputs.datasets import mnist_split, write_record_shards
 from zmqflow.models.spec import MNIST_MLP
-from zmqflow.common.cli_support import to_flags
+from zmqflow.common.processes.service_cli import to_flags
 from tests.support import wait_for
 
 pytestmark = pytest.mark.faults

@@ -15,8 +15,8 @@ import time
 import numpy as np
 import pytest
 
-from zmqflow.common.broker_client import BrokerClient
-from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.clients.broker import BrokerClient
+from zmqflow.common.clients.queues import FIFOQueue
 from tests.support import wait_for
 
 pytestmark = pytest.mark.faults
@@ -26,7 +26,7 @@ ELEMENTS = 300
 CONSUMER = """
 import sys
 from zmqflow.common.errors import OpError
-from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.clients.queues import FIFOQueue
 queue = FIFOQueue(1000, ["int32"], shapes=[[]], shared_name="work", broker=sys.argv[1])
 lease_s = float(sys.argv[2])
 with queue.dequeue_many(50, timeout=10, lease=lease_s) as done:          # one batch processed and acked

@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from zmqflow.common.broker_client import BrokerClient
-from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.clients.broker import BrokerClient
+from zmqflow.common.clients.queues import FIFOQueue
 from zmqflow.inputs.datasets import mnist_split
 from zmqflow.models.spec import MNIST_MLP
 from tests.support import wait_for

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.common.placement import place
-from zmqflow.common.ps_client import PsClient
+from zmqflow.common.cluster.placement import place
+from zmqflow.common.clients.ps import PsClient
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.models.spec import MNIST_MLP
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from zmqflow.common import queues
+from zmqflow.common.clients import queues
 from zmqflow.inputs.datasets import mnist_split, write_record_shards
 from tests.support import wait_for
 

@@ -8,7 +8,7 @@ message read, at most the socket's cap of twice the limit, reused for the next o
 import zmq
 import pytest
 
-from zmqflow.common import wire
+from zmqflow.common.wire import frames as wire
 from zmqflow.common.errors import InvalidArgumentError
 
 pytestmark = pytest.mark.faults

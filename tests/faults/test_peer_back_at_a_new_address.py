@@ -1,5 +1,5 @@
 """Issue: in Kubernetes a restarted pod comes back under the same name with a new address. A client
-connects to the address its peer's name resolved to (common/resolver.py), so once its heartbeats
+connects to the address its peer's name resolved to (common/rpc/resolver.py), so once its heartbeats
 declare the peer dead it looks the name up again before reconnecting: a real broker SIGKILLed at
 one address and started again at another under the same name is used again within the back-off."""
 
@@ -9,8 +9,8 @@ import time
 import pytest
 
 from zmqflow.common.errors import DeadlineExceededError, UnavailableError
-from zmqflow.common.resolver import Resolver
-from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.rpc.resolver import Resolver
+from zmqflow.common.rpc.client import RpcClient
 from tests.support import free_port
 
 pytestmark = pytest.mark.faults

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from zmqflow.common.broker_client import BrokerClient
+from zmqflow.common.clients.broker import BrokerClient
 from zmqflow.inputs.datasets import mnist_split, write_record_shards
 from tests.support import wait_for
 

@@ -1,7 +1,7 @@
 """Issue: one dead member whose host name stops resolving froze the whole aggregator (0 of 500 requests
 answered in containers): libzmq looks a name up in its I/O thread on every reconnect, and a lookup
 that takes seconds (a gone container or pod, an unreachable DNS server) blocks every socket of that
-context. Names are now resolved in the background (common/resolver.py) and sockets connect to the
+context. Names are now resolved in the background (common/rpc/resolver.py) and sockets connect to the
 address. Here the lookup of one name takes 3 s and fails, as with a DNS server that never answers
 (a getaddrinfo shim, tests/support/slow_names.py), in the aggregator with two real members, and in
 a process whose RpcClient to that name shares its context with a client of a live broker."""
@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from zmqflow.common.aggregator_client import AggregatorClient
+from zmqflow.common.clients.aggregator import AggregatorClient
 from tests.aggregator.fakes import FakeMember
 from tests.support import wait_for
 from tests.support.slow_names import slow_names_env
@@ -65,7 +65,7 @@ def test_a_member_whose_name_lookup_hangs_stalls_nobody(processes, members, tmp_
 CLIENTS = """
 import json, sys, threading, time
 from zmqflow.common.errors import UnavailableError
-from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.rpc.client import RpcClient
 
 live = RpcClient(sys.argv[1], name="live")      # both on the process's shared context
 live.ping(timeout=2.0)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from zmqflow.common.ps_client import PsShardClient
+from zmqflow.common.clients.ps import PsShardClient
 from zmqflow.inputs.datasets import mnist_split, write_record_shards
 from zmqflow.models.spec import MNIST_MLP
 from tests.support import wait_for

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import zmq
 
-from zmqflow.common.broker_client import BrokerClient
-from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.clients.broker import BrokerClient
+from zmqflow.common.clients.queues import FIFOQueue
 from zmqflow.services.broker.server import BrokerService
 from tests.faults.test_vanished_consumer import CONSUMER, waiting_dequeues
 from tests.support import wait_for

@@ -10,15 +10,15 @@ import time
 import numpy as np
 import pytest
 
-from zmqflow.common.broker_client import BrokerClient
-from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.clients.broker import BrokerClient
+from zmqflow.common.clients.queues import FIFOQueue
 from tests.support import wait_for
 
 pytestmark = pytest.mark.faults
 
 CONSUMER = """
 import sys
-from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.clients.queues import FIFOQueue
 queue = FIFOQueue(1000, ["int32"], shapes=[[]], shared_name="work", broker=sys.argv[1])
 print("parked", flush=True)
 queue.dequeue_many(100, timeout=600)

@@ -10,8 +10,8 @@ import urllib.parse
 import numpy as np
 import pytest
 
-from zmqflow.common.aggregator_client import AggregatorClient
-from zmqflow.common.serve_client import ModelClient
+from zmqflow.common.clients.aggregator import AggregatorClient
+from zmqflow.common.clients.serve import ModelClient
 from tests.gateway.plain_http import infer_json, request
 
 pytestmark = pytest.mark.service

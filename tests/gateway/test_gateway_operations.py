@@ -8,7 +8,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from zmqflow.common import health
+from zmqflow.common.rpc import health
 from tests.gateway.plain_http import infer_json
 from tests.support import free_port
 

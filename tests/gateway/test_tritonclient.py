@@ -4,8 +4,8 @@ infer with JSON and binary tensors against the ensemble and a single member, equ
 import numpy as np
 import pytest
 
-from zmqflow.common.aggregator_client import AggregatorClient
-from zmqflow.common.serve_client import ModelClient
+from zmqflow.common.clients.aggregator import AggregatorClient
+from zmqflow.common.clients.serve import ModelClient
 
 httpclient = pytest.importorskip("tritonclient.http", reason="the test extra installs tritonclient[http]")
 from tritonclient.utils import InferenceServerException  # noqa: E402

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from tests.support.waiting import wait_for
-from zmqflow.common.ps_client import PsShardClient
-from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.clients.ps import PsShardClient
+from zmqflow.common.clients.queues import FIFOQueue
 from zmqflow.inputs.datasets import mnist_split
 
 pytestmark = pytest.mark.integration
@@ -110,8 +110,8 @@ def test_one_ensemble_of_an_mlp_a_cnn_and_a_jax_model_served_from_their_checkpoi
     the aggregator averages three different models."""
     import numpy as np
 
-    from zmqflow.common.aggregator_client import AggregatorClient
-    from zmqflow.common.serve_client import ModelClient
+    from zmqflow.common.clients.aggregator import AggregatorClient
+    from zmqflow.common.clients.serve import ModelClient
     from zmqflow.inputs.datasets import mnist_split
     checkpoints = {name: trained(name)[1] for name in MODELS}
     servers = [processes.service("zmqflow.services.serve", ["--checkpoint", str(directory), "--backend", "numpy"])
@@ -154,8 +154,8 @@ def test_batch_norm_moving_statistics_live_on_the_ps_and_are_served(tmp_path, pr
     the model server predicts with them, as local inference on the checkpoint does."""
     import numpy as np
 
-    from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
-    from zmqflow.common.serve_client import ModelClient
+    from zmqflow.common.checkpoints.checkpoint import Checkpoint, latest_checkpoint
+    from zmqflow.common.clients.serve import ModelClient
     from zmqflow.inputs.datasets import mnist_split
     from zmqflow.models.registry import load_model
     path = tmp_path / "bn_model.py"

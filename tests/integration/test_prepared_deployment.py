@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from zmqflow.common.serve_client import ModelClient
+from zmqflow.common.clients.serve import ModelClient
 from tests.support import wait_for
 from tests.support.tabular import spec_dict, write_csv
 

@@ -9,7 +9,7 @@ hold ASYNC_TARGET. Either target fails a broken update path by far (an untrained
 
 import pytest
 
-from zmqflow.common import checkpoint
+from zmqflow.common.checkpoints import checkpoint
 from zmqflow.jobs.local_cluster import LocalCluster, run_training
 from tests.support import wait_for
 

@@ -6,7 +6,7 @@ import pytest
 
 from zmqflow.inputs.datasets import mnist_split
 from zmqflow.models.spec import MNIST_MLP
-from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.clients.queues import FIFOQueue
 
 pytestmark = pytest.mark.integration
 

@@ -231,7 +231,7 @@ CHECKPOINT = pathlib.Path(__file__).parent / "data" / "mlp_checkpoint_before_the
 def test_a_checkpoint_of_the_mlp_before_the_engine_loads_and_answers_the_same():
     """Written by models/mlp.py (the fused kernels) before the MLP ran on the layer engine: the same
     variables, and the engine's predictions and loss from its values are what that MLP answered."""
-    from zmqflow.common.checkpoint import Checkpoint
+    from zmqflow.common.checkpoints.checkpoint import Checkpoint
     checkpoint = Checkpoint(CHECKPOINT)
     model = load_model(checkpoint.config["model"], "numba")
     assert [(v.name, v.shape, v.dtype) for v in checkpoint.variables()] == sorted(

@@ -8,7 +8,7 @@ from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.models.layer_model import LayerModel
 from zmqflow.models.layers import BatchNorm, Concatenate, Dense, Dropout, Input
 from zmqflow.models.network import Network, Sequential
-from zmqflow.models.pipeline import is_pipelined, split_stages, stage_count
+from zmqflow.models.stages import is_pipelined, split_stages, stage_count
 
 pytestmark = pytest.mark.unit
 

@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from zmqflow.common import checkpoint as checkpoint_module
-from zmqflow.common.checkpoint import save_params
+from zmqflow.common.checkpoints import checkpoint as checkpoint_module
+from zmqflow.common.checkpoints.checkpoint import save_params
 from zmqflow.common.errors import InvalidArgumentError, NotFoundError
 from zmqflow.inputs.data_spec import load_spec
 from zmqflow.jobs.predict import predict_file

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from zmqflow.common import checkpoint
+from zmqflow.common.checkpoints import checkpoint
 from tests.support import wait_for
 from tests.support.netns import ZMQFLOW, NetworkNamespaces, skip_unless_usable
 
@@ -178,7 +178,7 @@ def test_serving_across_hosts_answers_every_request_from_the_checkpoint(network,
 
     # The test split through the aggregator: the served model is the chief's (same accuracy).
     script = ("import json, sys\n"
-              "from zmqflow.common.aggregator_client import AggregatorClient\n"
+              "from zmqflow.common.clients.aggregator import AggregatorClient\n"
               "from zmqflow.inputs.datasets import mnist_split\n"
               "_, (x, y) = mnist_split()\n"
               "with AggregatorClient(sys.argv[1], timeout=20) as client:\n"

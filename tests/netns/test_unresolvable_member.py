@@ -47,7 +47,7 @@ except OSError as error:
 CLIENT = """
 import json, sys, time
 import numpy as np
-from zmqflow.common.aggregator_client import AggregatorClient
+from zmqflow.common.clients.aggregator import AggregatorClient
 members, x = sys.argv[2].split(","), np.random.default_rng(0).random((2, 784), dtype=np.float32)
 latencies, both = [], 0
 with AggregatorClient(sys.argv[1], timeout=10.0) as client:

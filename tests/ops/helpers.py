@@ -5,7 +5,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.rpc.client import RpcClient
 
 
 def metrics_url(endpoint):

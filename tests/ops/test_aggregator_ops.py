@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from zmqflow.common.aggregator_client import AggregatorClient
+from zmqflow.common.clients.aggregator import AggregatorClient
 from tests.aggregator.fakes import FakeMember
 from tests.ops.helpers import metrics_url, scrape, value
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from zmqflow.common import health
+from zmqflow.common.rpc import health
 from tests.support import free_port
 
 pytestmark = pytest.mark.service

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from zmqflow.common.aggregator_client import AggregatorClient
-from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.clients.aggregator import AggregatorClient
+from zmqflow.common.clients.queues import FIFOQueue
 from zmqflow.inputs.datasets import mnist_split
 from zmqflow.models.spec import MNIST_MLP
 from zmqflow.services.worker.validation import validation_families

@@ -9,9 +9,9 @@ import time
 import pytest
 from prometheus_client import generate_latest
 
-from zmqflow.common import logs, metrics
+from zmqflow.common.processes import logs, metrics
 from zmqflow.common.errors import DEADLINE_EXCEEDED
-from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.rpc.client import RpcClient
 
 pytestmark = pytest.mark.unit
 

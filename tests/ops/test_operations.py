@@ -13,7 +13,7 @@ from tensorboardX.proto import event_pb2
 from zmqflow.inputs.datasets import mnist_split
 from zmqflow.common.errors import DeadlineExceededError
 from zmqflow.models.spec import MNIST_MLP
-from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.clients.queues import FIFOQueue
 from zmqflow.inputs.formats.tfrecord import iter_records
 from tests.ops.helpers import json_lines, metrics_url, scrape, value
 from tests.support import free_port, wait_for

@@ -8,7 +8,7 @@ import threading
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from zmqflow.common import metrics
+from zmqflow.common.processes import metrics
 from zmqflow.jobs.status.probe import add_rates, scrape_worker
 from zmqflow.jobs.status.render import render
 

@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from zmqflow.cli.status import command as status_command
-from zmqflow.common import metrics as prometheus
-from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.processes import metrics as prometheus
+from zmqflow.common.clients.queues import FIFOQueue
 from zmqflow.jobs.status.web import STATIC_DIR
 from zmqflow.models.spec import MNIST_MLP
 from zmqflow.services.worker.validation import ValidationHook

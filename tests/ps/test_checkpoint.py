@@ -8,9 +8,9 @@ import pytest
 
 from zmqflow.common.errors import DataLossError, FailedPreconditionError, NotFoundError, OutOfRangeError
 from zmqflow.common.variables import VariableSpec
-from zmqflow.common.placement import place
-from zmqflow.common import checkpoint
-from zmqflow.common.checkpoint import Checkpoint, commit, latest_checkpoint, write_shard
+from zmqflow.common.cluster.placement import place
+from zmqflow.common.checkpoints import checkpoint
+from zmqflow.common.checkpoints.checkpoint import Checkpoint, commit, latest_checkpoint, write_shard
 
 pytestmark = pytest.mark.unit
 

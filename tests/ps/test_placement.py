@@ -10,7 +10,7 @@ from zmqflow.common.errors import InvalidArgumentError, NotFoundError
 from zmqflow.common.variables import VariableSpec
 from zmqflow.models.registry import model_variables
 from zmqflow.models.spec import MNIST_MLP
-from zmqflow.common.placement import Piece, place, row_blocks
+from zmqflow.common.cluster.placement import Piece, place, row_blocks
 from zmqflow.cli.placement import placement as placement_command
 
 pytestmark = pytest.mark.unit

@@ -13,12 +13,12 @@ from safetensors import safe_open
 from safetensors.numpy import load_file
 
 from zmqflow.cli.main import main
-from zmqflow.common import checkpoint_npy, safetensors_file
-from zmqflow.common.checkpoint import Checkpoint, commit, latest_checkpoint, save_params, write_shard
+from zmqflow.common.checkpoints import npy_format as checkpoint_npy, safetensors_file
+from zmqflow.common.checkpoints.checkpoint import Checkpoint, commit, latest_checkpoint, save_params, write_shard
 from zmqflow.common.errors import DataLossError
-from zmqflow.common.placement import place
-from zmqflow.common.processes import start_service
-from zmqflow.common.ps_client import PsClient
+from zmqflow.common.cluster.placement import place
+from zmqflow.common.processes.children import start_service
+from zmqflow.common.clients.ps import PsClient
 from zmqflow.common.variables import VariableSpec
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.models.spec import MNIST_MLP

@@ -12,10 +12,10 @@ import pytest
 from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError
 from zmqflow.models.spec import MNIST_MLP
 from zmqflow.models.registry import load_model, model_variables
-from zmqflow.common.placement import place
-from zmqflow.common.processes import start_service
-from zmqflow.common.ps_client import PsClient
-from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.cluster.placement import place
+from zmqflow.common.processes.children import start_service
+from zmqflow.common.clients.ps import PsClient
+from zmqflow.common.rpc.client import RpcClient
 from zmqflow.common.variables import IndexedSlices
 
 pytestmark = pytest.mark.service

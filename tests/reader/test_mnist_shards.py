@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from zmqflow.common import queues
+from zmqflow.common.clients import queues
 from zmqflow.inputs.datasets import mnist_split
 from zmqflow.cli.main import main
 from tests.reader.test_reader_cli import drain

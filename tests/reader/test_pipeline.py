@@ -9,7 +9,7 @@ import pytest
 
 from zmqflow.common.errors import CancelledError, InvalidArgumentError, OutOfRangeError
 from zmqflow.inputs.formats import write_tfrecord
-from zmqflow.services.reader.pipeline import ReaderPipeline, queue_components
+from zmqflow.services.reader.reading import ReaderPipeline, queue_components
 from tests.reader.conftest import ID_OPTIONS, MNIST_OPTIONS, write_shards
 
 pytestmark = pytest.mark.service

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from zmqflow.common import queues
+from zmqflow.common.clients import queues
 from zmqflow.common.errors import CancelledError, OutOfRangeError
 from zmqflow.cli.main import main
 from zmqflow.services.reader.cli import resolve_input

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from zmqflow.common import queues
+from zmqflow.common.clients import queues
 from zmqflow.common.errors import AbortedError, NotFoundError, OutOfRangeError
 from zmqflow.jobs.local_cluster import start_readers
 from tests.reader.conftest import ID_OPTIONS

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from zmqflow.common import queues
+from zmqflow.common.clients import queues
 from zmqflow.common.errors import OutOfRangeError
 from zmqflow.inputs.data_spec import fit, load_spec, load_tables, model_inputs, labels, to_config
 from zmqflow.jobs.local_cluster import start_readers

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from zmqflow.common import queues
+from zmqflow.common.clients import queues
 from zmqflow.models.spec import MNIST_MLP
 from tests.reader.test_reader_processes import all_reading, readers, wait_for_state
 

@@ -3,7 +3,7 @@ import shutil
 
 import pytest
 
-from zmqflow.common import curve
+from zmqflow.common.rpc import encryption as curve
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,15 @@ import sys
 import numpy as np
 import pytest
 
-from zmqflow.common import admin_token
-from zmqflow.common.aggregator_client import AggregatorClient
-from zmqflow.common.broker_client import BrokerClient
+from zmqflow.common.rpc import admin_token
+from zmqflow.common.clients.aggregator import AggregatorClient
+from zmqflow.common.clients.broker import BrokerClient
 from zmqflow.common.errors import FailedPreconditionError, PermissionDeniedError, UnauthenticatedError
-from zmqflow.common.placement import place
-from zmqflow.common.processes import start_service
-from zmqflow.common.ps_client import PsClient
-from zmqflow.common.queues import FIFOQueue
-from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.cluster.placement import place
+from zmqflow.common.processes.children import start_service
+from zmqflow.common.clients.ps import PsClient
+from zmqflow.common.clients.queues import FIFOQueue
+from zmqflow.common.rpc.client import RpcClient
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.models.spec import MNIST_MLP
 from tests.ops.helpers import scrape, value

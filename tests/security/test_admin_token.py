@@ -6,9 +6,9 @@ import stat
 
 import pytest
 
-from zmqflow.common import admin_token
+from zmqflow.common.rpc import admin_token
 from zmqflow.common.errors import InvalidArgumentError, PermissionDeniedError, UnauthenticatedError
-from zmqflow.common.protocol import ADMIN, ADMIN_OPS, AggregatorOps, BrokerOps, PsOps, ops_with_role
+from zmqflow.common.wire.protocol import ADMIN, ADMIN_OPS, AggregatorOps, BrokerOps, PsOps, ops_with_role
 
 pytestmark = pytest.mark.unit
 

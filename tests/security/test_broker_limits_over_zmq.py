@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from zmqflow.common.errors import ResourceExhaustedError
-from zmqflow.common.queues import FIFOQueue, reset
-from zmqflow.common.rpc_client import RpcClient
+from zmqflow.common.clients.queues import FIFOQueue, reset
+from zmqflow.common.rpc.client import RpcClient
 from zmqflow.services.broker.queues.quota import element_overhead
 
 ROW = 1024 + element_overhead(1)    # what one 1 KiB element costs the broker: its data and its objects

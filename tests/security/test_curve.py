@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from zmqflow.common import curve
+from zmqflow.common.rpc import encryption as curve
 from zmqflow.common.errors import InvalidArgumentError, UnavailableError
-from zmqflow.common.queues import FIFOQueue
-from zmqflow.common.resolver import Resolver
-from zmqflow.common.rpc_client import ClientPool, RpcClient
+from zmqflow.common.clients.queues import FIFOQueue
+from zmqflow.common.rpc.resolver import Resolver
+from zmqflow.common.rpc.client import ClientPool, RpcClient
 from zmqflow.cli.keys import keys as keys_command
 
 pytestmark = pytest.mark.service
@@ -109,7 +109,7 @@ def test_a_client_key_not_in_authorized_gets_unavailable_and_others_are_still_se
 
 
 def test_a_service_named_by_host_name_is_checked_by_its_key_at_the_resolved_address(secure_broker, keys):
-    """Clients connect to the address a name resolves to (common/resolver.py): CURVE checks keys, not names."""
+    """Clients connect to the address a name resolves to (common/rpc/resolver.py): CURVE checks keys, not names."""
     port = secure_broker.endpoint.rsplit(":", 1)[1]
     named = Resolver(getaddrinfo=lambda host, port, type=0: [(socket.AF_INET, socket.SOCK_STREAM, 6, "",
                                                                  ("127.0.0.1", 0))])
@@ -144,7 +144,7 @@ def test_clients_and_child_processes_take_the_keys_from_the_environment(secure_b
     out = subprocess.run([sys.executable, "-m", "zmqflow", "ping", secure_broker.endpoint],
                          capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0 and "queue-broker up" in out.stdout, out.stdout + out.stderr
-    cmd = [sys.executable, "-c", "from zmqflow.common.rpc_client import RpcClient; import sys; "
+    cmd = [sys.executable, "-c", "from zmqflow.common.rpc.client import RpcClient; import sys; "
            f"print(RpcClient({secure_broker.endpoint!r}).call('info', timeout=5)[0]['curve'])"]
     assert subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env).stdout.strip() == "True"
 

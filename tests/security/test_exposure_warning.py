@@ -10,8 +10,8 @@ import logging
 import pytest
 import zmq
 
-from zmqflow.common import curve
-from zmqflow.common.rpc_service import Service
+from zmqflow.common.rpc import encryption as curve
+from zmqflow.common.rpc.service import Service
 
 pytestmark = pytest.mark.unit
 

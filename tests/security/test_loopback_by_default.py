@@ -2,7 +2,7 @@
 
 import pytest
 
-from zmqflow.common.curve import is_loopback
+from zmqflow.common.rpc.encryption import is_loopback
 from zmqflow.cli.main import main
 
 pytestmark = pytest.mark.unit

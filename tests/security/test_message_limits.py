@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.common.limits import Limits
-from zmqflow.common.rpc_client import RpcClient
-from zmqflow.common.rpc_service import Service
+from zmqflow.common.wire.limits import Limits
+from zmqflow.common.rpc.client import RpcClient
+from zmqflow.common.rpc.service import Service
 
 pytestmark = pytest.mark.service
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from zmqflow.common.aggregator_client import AggregatorClient
+from zmqflow.common.clients.aggregator import AggregatorClient
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.common.serve_client import ModelClient
+from zmqflow.common.clients.serve import ModelClient
 from zmqflow.inputs.data_spec import load_spec, model_inputs
 from tests.support.tabular import checkpoint, spec_dict, write_csv
 

@@ -9,10 +9,10 @@ import pytest
 from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError
 from zmqflow.models.spec import MNIST_MLP
 from zmqflow.models.registry import load_model, model_variables
-from zmqflow.common.placement import place
-from zmqflow.common.ps_client import PsClient
-from zmqflow.common.serve_client import ModelClient
-from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
+from zmqflow.common.cluster.placement import place
+from zmqflow.common.clients.ps import PsClient
+from zmqflow.common.clients.serve import ModelClient
+from zmqflow.common.checkpoints.checkpoint import Checkpoint, latest_checkpoint
 from tests.support import wait_for
 
 pytestmark = pytest.mark.service

@@ -12,9 +12,9 @@ import uuid
 import numpy as np
 import pytest
 
-from zmqflow.common import queues
+from zmqflow.common.clients import queues
 from zmqflow.common.errors import CancelledError
-from zmqflow.common.queues import FIFOQueue, RandomShuffleQueue
+from zmqflow.common.clients.queues import FIFOQueue, RandomShuffleQueue
 from tests.support.soak import Sampler, check, soak_seconds, soak_timeout
 
 pytestmark = [pytest.mark.service, pytest.mark.soak, pytest.mark.timeout(soak_timeout())]

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from zmqflow.bench.serve import write_random_checkpoint
-from zmqflow.common.aggregator_client import AggregatorClient
-from zmqflow.common.serve_client import ModelClient
+from zmqflow.common.clients.aggregator import AggregatorClient
+from zmqflow.common.clients.serve import ModelClient
 from tests.support.collector_off import MODULE_ENV
 from tests.support.soak import Sampler, check, drive, soak_seconds, soak_timeout
 

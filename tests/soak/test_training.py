@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from zmqflow.common.queues import attach
+from zmqflow.common.clients.queues import attach
 from zmqflow.jobs.local_cluster import LocalCluster
 from tests.support import wait_for
 from tests.support.soak import MB, Bounds, Sampler, check, soak_seconds, soak_timeout

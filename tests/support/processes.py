@@ -9,7 +9,7 @@ tests/conftest.py own one each.
 import os
 import signal
 
-from zmqflow.common.supervisor import Supervisor
+from zmqflow.common.processes.supervisor import Supervisor
 
 
 class Processes(Supervisor):

@@ -3,7 +3,7 @@ models fitted to it, written without training: for tests of serving, ensembles a
 
 import numpy as np
 
-from zmqflow.common.checkpoint import save_params
+from zmqflow.common.checkpoints.checkpoint import save_params
 from zmqflow.inputs.data_spec import fit, load_tables, model_for_data, to_config
 from zmqflow.models.registry import load_model
 from zmqflow.models.spec import resolve_model

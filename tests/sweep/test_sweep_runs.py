@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from zmqflow.common.serve_client import ModelClient
+from zmqflow.common.clients.serve import ModelClient
 from zmqflow.cli.main import main
 from zmqflow.jobs.sweep.data import sweep_split
 

@@ -217,7 +217,7 @@ def test_placement_function_by_module_name_is_called_per_layer():
 
 
 def test_placement_function_returning_a_devicespec_and_bad_names():
-    from zmqflow.common.device import DeviceSpec
+    from zmqflow.common.cluster.device import DeviceSpec
     model = placed(placement_function=lambda op: DeviceSpec(device_type="GPU", device_index=0), **fake_gpu_options())
     assert devices_of(model)["hidden"] == GPU0
     with pytest.raises(InvalidArgumentError, match="cannot be loaded"):

@@ -5,8 +5,8 @@ import time
 import numpy as np
 import pytest
 
-from zmqflow.common.broker_client import BrokerClient
-from zmqflow.common.queues import FIFOQueue
+from zmqflow.common.clients.broker import BrokerClient
+from zmqflow.common.clients.queues import FIFOQueue
 from zmqflow.services.worker.build import training_input
 from zmqflow.services.worker.config import UsageError, WorkerConfig
 from zmqflow.services.worker.leased_batches import MIN_LEASE_S, STEP_FACTOR, LeasedBatches

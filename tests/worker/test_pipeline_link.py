@@ -12,8 +12,8 @@ from zmqflow.common.errors import AbortedError
 from zmqflow.models.layer_model import LayerModel
 from zmqflow.models.layers import Dense
 from zmqflow.models.network import Sequential
-from zmqflow.models.pipeline import split_stages
-from zmqflow.services.worker.pipeline import PipelineModel, StageLink, micro_slices, serve_stage
+from zmqflow.models.stages import split_stages
+from zmqflow.services.worker.stage_link import PipelineModel, StageLink, micro_slices, serve_stage
 
 pytestmark = pytest.mark.service
 

@@ -4,7 +4,7 @@ checkpoint of exactly those parameters, and the Prometheus gauges of the last va
 import numpy as np
 import pytest
 
-from zmqflow.common.checkpoint import Checkpoint, latest_checkpoint
+from zmqflow.common.checkpoints.checkpoint import Checkpoint, latest_checkpoint
 from zmqflow.inputs.data_spec import fit, load_spec, load_tables, model_for_data, to_config
 from zmqflow.models.registry import load_model
 from zmqflow.services.worker.validation import ValidationHook

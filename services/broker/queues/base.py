@@ -18,7 +18,7 @@ from collections import deque
 
 import numpy as np
 
-from zmqflow.common import dtypes as wire_dtypes
+from zmqflow.common.wire import dtypes as wire_dtypes
 from zmqflow.common.errors import CancelledError, InvalidArgumentError, OutOfRangeError, ResourceExhaustedError
 from zmqflow.services.broker.queues.declaration import format_shape
 from zmqflow.services.broker.queues.quota import Quota, element_overhead, fixed_row_bytes, nbytes

@@ -9,9 +9,9 @@ queue of the same (container, shared_name), in TensorFlow's order of checks.
 
 from dataclasses import dataclass, fields
 
-from zmqflow.common import dtypes as wire_dtypes
+from zmqflow.common.wire import dtypes as wire_dtypes
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.common.limits import DEFAULT_LIMITS
+from zmqflow.common.wire.limits import DEFAULT_LIMITS
 
 KINDS = ("FIFOQueue", "RandomShuffleQueue", "PaddingFIFOQueue")
 MAX_ELEMENT_VALUES = 2 ** 48  # product of one component's known dims; numpy's own limit is near 2**60 bytes

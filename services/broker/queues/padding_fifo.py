@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
-from zmqflow.common import dtypes as wire_dtypes
-from zmqflow.common.limits import DEFAULT_LIMITS
+from zmqflow.common.wire import dtypes as wire_dtypes
+from zmqflow.common.wire.limits import DEFAULT_LIMITS
 from zmqflow.services.broker.queues.base import stack
 from zmqflow.services.broker.queues.declaration import format_shape
 from zmqflow.services.broker.queues.fifo import FIFOQueue

@@ -20,7 +20,7 @@ the producer ops, lost clients and its timer to these calls and answers the tick
 
 from zmqflow.common.errors import (ABORTED, CANCELLED, FailedPreconditionError, InvalidArgumentError, NotFoundError,
                                    error_from_code)
-from zmqflow.common.producers import DEFAULT_REJOIN_S
+from zmqflow.common.clients.producers import DEFAULT_REJOIN_S
 from zmqflow.services.broker.queues.ticket import Ticket
 
 

@@ -1,0 +1,271 @@
+"""Talk to all ps shards at once: one pull and one push per shard per step, in flight together.
+
+The client knows the placement (computed from the same variable list as the
+shards, no coordination), so it splits gradients into the shards' pieces and
+assembles partitioned variables back from their row blocks. Each shard keeps
+its own version; the global step is ps 0's.
+"""
+
+import ml_dtypes
+import numpy as np
+
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.rpc.client import OpClient, RpcClient
+from zmqflow.common.variables import IndexedSlices
+from zmqflow.common.wire.protocol import PsOps
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+class PsShardClient(OpClient):
+    """One shard's own ops, for jobs and tools (the training step talks to every shard: PsClient)."""
+
+    def __init__(self, address, timeout=30.0, name="ps-client", **rpc_options):
+        super().__init__(address, timeout, name, **rpc_options)
+
+    def stats(self, timeout=5.0):
+        """version (the global step on ps 0), pushes, pulls, workers heard from, ..."""
+        return self.rpc.call(PsOps.Stats(), timeout=timeout)[0]
+
+    def shutdown(self, timeout=5.0):
+        """Ask the shard to exit 0 (an admin op: CURVE or the admin token)."""
+        return self.rpc.call(PsOps.Shutdown(), timeout=timeout)[0]
+
+    def preload(self, name, data, timeout=60.0):
+        """Hold `data` ({component: array with rows}) on this shard, for workers to slice."""
+        return self.rpc.call(PsOps.Preload(name, list(data)), tensors=list(data.values()), timeout=timeout)[0]
+
+
+class PsClient:
+    def __init__(self, endpoints, placement, bf16=False, timeout=30.0, name="worker"):
+        self.endpoints = list(endpoints)
+        self.placement = placement
+        self.bf16 = bf16
+        self.timeout = timeout
+        self.clients = [RpcClient(e, default_timeout=timeout, name=f"{name}-ps{i}") for i, e in enumerate(self.endpoints)]
+        self.shard_keys = [[p.key for p in placement.for_shard(i)] for i in range(len(self.endpoints))]
+        self.versions = [0] * len(self.endpoints)
+        self._parts = {}  # the last value of every piece: a pull_if_newer fills in only what changed
+        self._model = None
+
+    # ------------------------------------------------ start-up
+
+    def initialize(self, values, step=0):
+        """Chief: send every shard the initial values of its pieces."""
+        pieces = self._split(values)
+        calls = [c.submit(PsOps.Init(keys, step), tensors=[pieces[k] for k in keys])
+                 for c, keys in zip(self.clients, self.shard_keys)]
+        return [call.result()[0]["version"] for call in calls]
+
+    def restore(self, directory, shards=None, at_least=None):
+        """Chief: the shards (indices; default every one) load their rows of the latest checkpoint in
+        `directory`, their version raised to `at_least` when given (the others' current version)."""
+        request = PsOps.Restore(str(directory), at_least=None if at_least is None else int(at_least))
+        indices = range(len(self.clients)) if shards is None else shards
+        calls = [self.clients[i].submit(request) for i in indices]
+        return [call.result()[0] for call in calls]
+
+    def wait_ready(self, timeout=60.0):
+        calls = [c.submit(PsOps.WaitReady(), timeout=timeout) for c in self.clients]
+        return [call.result()[0]["version"] for call in calls]
+
+    # ------------------------------------------------ the step
+
+    def pull_async(self, min_version=None, timeout=None, exclude=()):
+        """`min_version`: an int for every shard or a list, one per shard (sync: wait for the step).
+        `exclude`: variables left out (the embedding tables a worker reads by rows)."""
+        return self._pull_all(self._per_shard(min_version), None, timeout, frozenset(exclude))
+
+    def pull(self, min_version=None, timeout=None, exclude=()):
+        """{variable: value} of the whole model (less `exclude`); sets `versions`."""
+        return self.pull_async(min_version, timeout, exclude).result()
+
+    def pull_if_newer(self, timeout=None):
+        """Like pull, but shards whose version did not move since our last pull send no tensors;
+        returns None when nothing changed anywhere, else the whole model from `cache`."""
+        return self._pull_all(None, list(self.versions), timeout, frozenset()).result()
+
+    def _pull_all(self, min_versions, newer_than, timeout, exclude):
+        unknown = sorted(set(exclude) - set(self.placement.variables()))
+        if unknown:
+            raise InvalidArgumentError(f"cannot leave out {unknown} of a pull: not variables of the model")
+        calls = []
+        for i, client in enumerate(self.clients):
+            request = PsOps.Pull(self.bf16, None if min_versions is None else min_versions[i],
+                                 None if newer_than is None else newer_than[i],
+                                 [p.key for p in self.placement.for_shard(i) if p.variable not in exclude] if exclude
+                                 else None)
+            calls.append(client.submit(request, timeout=timeout or self.timeout))
+        return _Gathered(calls, lambda replies: self._assemble_pull(replies, exclude))
+
+    def _per_shard(self, value):
+        if value is None or isinstance(value, (list, tuple)):
+            return value
+        return [value] * len(self.clients)
+
+    # ------------------------------------------------ rows of embedding-like variables
+
+    def _row_routes(self, variable, indices):
+        """[(piece, positions in `indices`, row ids local to the piece)] for each row block of
+        `variable` that `indices` touch: an embedding table split over shards is read and
+        updated where its rows live."""
+        pieces = self.placement.pieces_of(variable)
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        rows = pieces[-1].row_end
+        if indices.size and (indices.min() < 0 or indices.max() >= rows):
+            raise InvalidArgumentError(f"row indices of {variable!r} must be in [0, {rows}), got "
+                                       f"{int(indices.min())}..{int(indices.max())}")
+        block = np.searchsorted([p.row_start for p in pieces], indices, side="right") - 1
+        routes = []
+        for i, piece in enumerate(pieces):
+            positions = np.flatnonzero(block == i)
+            if positions.size:
+                routes.append((piece, positions, indices[positions] - piece.row_start))
+        return routes
+
+    def pull_rows(self, variable, indices):
+        """Rows `indices` of `variable` (in that order), from every shard that holds some of them."""
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        pieces = self.placement.pieces_of(variable)
+        calls = [(positions, self.clients[piece.shard].submit(PsOps.PullRows(piece.key), tensors=[local]))
+                 for piece, positions, local in self._row_routes(variable, indices)]
+        parts = [(positions, call.result()[1][0]) for positions, call in calls]
+        dtype = parts[0][1].dtype if parts else np.dtype(pieces[0].dtype)
+        out = np.empty((len(indices),) + tuple(pieces[0].shape[1:]), dtype=dtype)
+        for positions, rows in parts:
+            out[positions] = rows
+        return out
+
+    def push_sparse(self, variable, indices, rows, replica=0):
+        """Gradient rows for rows `indices` of `variable`, each part to the shard holding its rows,
+        tagged with that shard's last pulled version; one result per shard reached."""
+        rows = np.asarray(rows)
+        calls = []
+        for piece, positions, local in self._row_routes(variable, indices):
+            part = rows[positions].astype(BF16) if self.bf16 else rows[positions]
+            calls.append(self.clients[piece.shard].submit(
+                PsOps.PushSparse(piece.key, self.versions[piece.shard], replica), tensors=[local, part]))
+        results = [call.result()[0] for call in calls]
+        return results[0] if len(results) == 1 else results
+
+    def push_async(self, grads, replica=0):
+        """One push per shard, tagged with the versions of the last pull. A gradient given as
+        IndexedSlices (an embedding table's touched rows) travels as rows to the shards holding
+        them; every shard holding part of the table gets its rows (maybe none) in the same push."""
+        sparse = {name: g for name, g in grads.items() if isinstance(g, IndexedSlices)}
+        pieces = self._split({name: g for name, g in grads.items() if name not in sparse})
+        rows = {piece.key: (np.zeros(0, np.int64), np.zeros((0,) + tuple(piece.shape[1:]), piece.dtype))
+                for name in sparse for piece in self.placement.pieces_of(name)}
+        for name, g in sparse.items():
+            values = np.asarray(g.values)
+            for piece, positions, local in self._row_routes(name, g.indices):
+                rows[piece.key] = (local, values[positions])
+        calls = []
+        for i, (client, keys) in enumerate(zip(self.clients, self.shard_keys)):
+            dense = [k for k in keys if k not in rows]
+            mine = [k for k in keys if k in rows]
+            tensors = [pieces[k] for k in dense]
+            for k in mine:
+                tensors += list(rows[k])
+            if self.bf16:
+                tensors = [t.astype(BF16) if t.dtype.kind == "f" else t for t in tensors]
+            request = PsOps.Push(self.versions[i], dense, replica, mine or None, self.bf16)
+            calls.append(client.submit(request, tensors=tensors))
+        return _Gathered(calls, lambda replies: [r[0] for r in replies])
+
+    def push(self, grads, replica=0):
+        """Push gradients tagged with the versions of the last pull; one result per shard."""
+        return self.push_async(grads, replica).result()
+
+    def assign_async(self, values):
+        """Set non-trainable variables ({name: value}) on the shards that hold them."""
+        pieces = self._split(values)
+        calls = []
+        for client, keys in zip(self.clients, self.shard_keys):
+            mine = [k for k in keys if k in pieces]
+            if mine:
+                calls.append(client.submit(PsOps.Assign(mine), tensors=[pieces[k] for k in mine]))
+        return _Gathered(calls, lambda replies: [r[0] for r in replies])
+
+    # ------------------------------------------------ preloaded data
+
+    def preload(self, name, data, shard=0):
+        """Hold `data` ({component: array with rows}) on one shard, for workers to slice."""
+        return self.clients[shard].call(PsOps.Preload(name, list(data)), tensors=list(data.values()))[0]
+
+    def preloaded_rows(self, name, shard=0, timeout=120.0):
+        """Rows of the preloaded data set `name`, waiting (bounded) until someone has preloaded it."""
+        import time
+        from zmqflow.common.errors import NotFoundError
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.clients[shard].call(PsOps.TakeRows(name), tensors=[np.zeros(0, np.int64)])[0]["rows"]
+            except NotFoundError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def take_rows_async(self, name, indices, shard=0):
+        pending = self.clients[shard].submit(PsOps.TakeRows(name), tensors=[np.asarray(indices, dtype=np.int64)])
+        return _Gathered([pending], lambda replies: dict(zip(replies[0][0]["names"], replies[0][1])))
+
+    # ------------------------------------------------ checkpoints and the end
+
+    def save(self, directory, keep=5, config=None):
+        """Every shard writes its pieces, then the checkpoint is committed (atomic, `latest` updated)."""
+        from zmqflow.common.checkpoints import checkpoint
+        step = self.clients[0].call(PsOps.Stats())[0]["version"]  # the global step lives on ps 0
+        request = PsOps.Save(str(directory), step, checkpoint.file_metadata(config))
+        calls = [c.submit(request) for c in self.clients]
+        for call in calls:
+            call.result()
+        return checkpoint.commit(str(directory), step, len(self.clients), config or {}, keep=keep)
+
+    def stats(self):
+        return [c.call(PsOps.Stats(), timeout=5.0)[0] for c in self.clients]
+
+    def worker_done(self, replica, lost=False):
+        """`replica` finished its input; `lost=True` is the chief counting a silent worker as finished."""
+        for call in [c.submit(PsOps.WorkerDone(replica, lost)) for c in self.clients]:
+            call.result()
+
+    def shutdown(self):
+        for call in [c.submit(PsOps.Shutdown(), timeout=5.0) for c in self.clients]:
+            call.result()
+
+    def close(self):
+        for c in self.clients:
+            c.close()
+
+    # ------------------------------------------------ pieces <-> variables
+
+    def _split(self, values):
+        pieces = {}
+        for name, value in values.items():
+            pieces.update(self.placement.split(name, value))
+        return pieces
+
+    def _assemble_pull(self, replies, exclude=frozenset()):
+        changed = False
+        for i, (result, tensors) in enumerate(replies):
+            self.versions[i] = result["version"]
+            for key, t in zip(result.get("names", []), tensors):
+                self._parts[key] = t.astype(np.float32) if t.dtype == BF16 else t
+                changed = True
+        if exclude:
+            return {v: self.placement.assemble(v, self._parts) for v in self.placement.variables() if v not in exclude}
+        if not changed and self._model is not None:
+            return None  # a pull_if_newer that found nothing new
+        self._model = {v: self.placement.assemble(v, self._parts) for v in self.placement.variables()}
+        return self._model
+
+
+class _Gathered:
+    """Requests to every shard, in flight together; `result()` waits for all."""
+
+    def __init__(self, calls, combine):
+        self.calls, self.combine = calls, combine
+
+    def result(self):
+        return self.combine([c.result() for c in self.calls])

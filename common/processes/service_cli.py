@@ -1,0 +1,227 @@
+"""What every service's command line shares: bind, ready file, logging, limits."""
+
+import dataclasses
+import json
+import logging
+import os
+
+import click
+
+from zmqflow.common.rpc import admin_token, encryption as curve
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.wire.limits import DEFAULT_LIMITS
+from zmqflow.common.memory import keep_freed_memory
+
+METRICS_PORT_ENV = "ZMQFLOW_METRICS_PORT"
+
+
+def service_options(default_bind):
+    """The options every service takes, in one decorator."""
+    def decorate(fn):
+        options = [
+            click.option("--bind", default=default_bind,
+                         help="ZeroMQ endpoint to listen on; tcp://127.0.0.1:* picks a free port."),
+            click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
+                         help="Write the bound endpoint to this file once serving (for scripts and tests)."),
+            click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])),
+            click.option("--client-timeout", default=30.0,
+                         help="Seconds a client holding blocked requests may stay silent before they are cancelled."),
+            click.option("--max-message-bytes", default=DEFAULT_LIMITS.max_message_bytes,
+                         help="Largest request accepted; bigger ones are answered INVALID_ARGUMENT."),
+            curve_option("Encrypt with ZeroMQ CURVE and accept only the clients in DIR/authorized/ "
+                         "(keys from `zmqflow keys generate DIR`)", serves=True),
+            admin_token_option("Without CURVE, the service's admin ops (shutdown; a ps's init and restore, a "
+                               "broker's reset) need this token: read it from FILE. Else it comes from "
+                               f"{admin_token.ENV}, or the service makes one and writes it, readable by this user "
+                               f"only, to the runtime directory (${admin_token.RUNTIME_ENV}, $XDG_RUNTIME_DIR/zmqflow "
+                               "or ~/.zmqflow/runtime) as admin-token-tcp-PORT, where clients on this machine find it"),
+        ]
+        for option in reversed(options):
+            fn = option(fn)
+        return ops_options(fn)
+    return decorate
+
+
+def curve_option(what="Connect over ZeroMQ CURVE with the client keys in DIR (from `zmqflow keys generate DIR`), "
+                      "checking each service's key; processes this command starts do the same", serves=False):
+    """--curve-dir for a service or a client command: checked (the server pair too when it `serves`),
+    then put in the environment, where every RpcClient, Service and child process of this command finds it."""
+    check = curve.check_dir if serves else curve.ClientKeys
+
+    def use_curve_dir(ctx, param, value):
+        if value:
+            try:
+                check(value)
+            except InvalidArgumentError as exc:
+                raise click.BadParameter(str(exc)) from None
+            os.environ[curve.ENV] = os.path.abspath(value)
+    return click.option("--curve-dir", envvar=curve.ENV, expose_value=False, callback=use_curve_dir,
+                        type=click.Path(file_okay=False), default=None,
+                        help=f"{what}. Also read from {curve.ENV}.")
+
+
+def admin_token_option(what="Send this file's admin token with admin ops (shutdown, init, restore, reset) when "
+                             "CURVE is off. Default: $" + admin_token.ENV + ", else the token file the service "
+                             "wrote on this machine"):
+    """--admin-token-file: checked, then put in the environment, where the Service or RpcClient finds it."""
+    def use_token_file(ctx, param, value):
+        if value:
+            try:
+                admin_token.read_token_file(value)
+            except InvalidArgumentError as exc:
+                raise click.BadParameter(str(exc)) from None
+            os.environ[admin_token.FILE_ENV] = os.path.abspath(value)
+    return click.option("--admin-token-file", envvar=admin_token.FILE_ENV, expose_value=False,
+                        callback=use_token_file, type=click.Path(dir_okay=False), default=None,
+                        help=f"{what}. Also read from {admin_token.FILE_ENV}.")
+
+
+def launcher_curve_option():
+    """--curve-dir of the commands that start services themselves (train, sweep, ensemble, up)."""
+    return curve_option("Run the services this command starts, and their clients, over ZeroMQ CURVE with the "
+                        "keys in DIR (from `zmqflow keys generate DIR`)", serves=True)
+
+
+def ops_options(fn):
+    """--metrics-port, --metrics-host, --log-format: how any task (service, worker, reader) is operated."""
+    from zmqflow.common.processes import logs, metrics
+
+    def use_metrics_port(ctx, param, value):
+        os.environ.pop(METRICS_PORT_ENV, None)  # this task's port: not for the processes it starts
+        if value is None:
+            return
+        host, _, port = value.rpartition(":")
+        if not port.isdigit() or not 0 <= int(port) < 65536:
+            raise click.BadParameter(f"{value!r} is not [HOST:]PORT (PORT 0 = any free port)")
+        metrics.request(port=int(port), port_host=host.strip("[]") or None)
+
+    def use_log_format(ctx, param, value):
+        if value:
+            logs.set_format(value)
+    options = [
+        click.option("--metrics-port", default=None, metavar="[HOST:]PORT", expose_value=False,
+                     callback=use_metrics_port, envvar=METRICS_PORT_ENV,
+                     help="Serve Prometheus metrics over HTTP on this port (0 = any free port, shown in the log "
+                          "and in `info`); HOST:PORT also picks the interface (0.0.0.0:9100 in a container). "
+                          "Also read from " + METRICS_PORT_ENV + ". Default: off. The metrics: docs/metrics.md."),
+        click.option("--metrics-host", default=None, expose_value=False,
+                     callback=lambda ctx, param, value: metrics.request(host=value),
+                     help="Interface of the metrics endpoint when --metrics-port names none.  [default: 127.0.0.1]"),
+        click.option("--log-format", type=click.Choice(logs.FORMATS), envvar=logs.ENV, default=None,
+                     expose_value=False, callback=use_log_format,
+                     help="text, or json: one JSON object per line (also " + logs.ENV + "). Default: text."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def setup_logging(level, task):
+    """Log lines naming `task`, as text or JSON (--log-format; common/processes/logs.py)."""
+    from zmqflow.common.processes import logs
+    logs.setup(level, task)
+
+
+def run_service(service_class, bind, ready_file, log_level, client_timeout, max_message_bytes):
+    def build(limits):
+        return service_class(bind, limits=limits, client_timeout=client_timeout)
+    run_service_instance(build, service_class.name, ready_file, log_level, max_message_bytes)
+
+
+def write_ready_file(path, endpoint):
+    """The bound endpoint, written atomically: a launcher polling the file never reads half of it."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(endpoint + "\n")
+    os.replace(tmp, path)
+
+
+def profiled(function, *args, task):
+    """function(*args); with ZMQFLOW_PROFILE_DIR set, under cProfile, its stats written there at the end
+    as TASK.PID.prof (measure, don't guess)."""
+    profile_dir = os.environ.get("ZMQFLOW_PROFILE_DIR")
+    if not profile_dir:
+        return function(*args)
+    import cProfile
+    profiler = cProfile.Profile()
+    try:
+        return profiler.runcall(function, *args)
+    finally:
+        profiler.dump_stats(os.path.join(profile_dir, f"{task.replace(':', '-')}.{os.getpid()}.prof"))
+
+
+def run_service_instance(build, task, ready_file, log_level, max_message_bytes):
+    """Set up the process, build the service with `build(limits)`, announce it, serve until SIGTERM."""
+    setup_logging(log_level, task)
+    keep_freed_memory()
+    try:
+        service = build(dataclasses.replace(DEFAULT_LIMITS, max_message_bytes=max_message_bytes))
+    except InvalidArgumentError as exc:   # a bad option value: exit 2, as a usage error
+        raise click.UsageError(str(exc)) from None
+    from zmqflow.common.processes import metrics
+    if metrics.requested():  # --metrics-port: time requests per op, export the service's gauges
+        metrics.export_service(service, task)
+        service.metrics_address = metrics.serve()
+    logging.getLogger(service.name).info("%s listening on %s (pid %d)%s", service.name, service.endpoint, os.getpid(),
+                                         " with CURVE" if getattr(service, "curve_dir", None) else "")
+    if ready_file:
+        write_ready_file(ready_file, service.endpoint)
+    profiled(service.run, task=task)
+    logging.getLogger(service.name).info("%s stopped", service.name)
+
+
+TASK_CONFIG = "zmqflow.task_config"
+"""ctx.meta key of the task configuration's entries that no flag takes (the worker's config-only fields)."""
+
+
+def task_config_option(extra_fields=()):
+    """--config TASK.json: one task's options as JSON, {"flag-name": value} (or flag_name, or the parameter's
+    name), what a launcher renders for a task (jobs/spec.py) in place of dozens of flags. Flags given on the
+    command line win over it; `extra_fields` are the keys the command takes from the file only (left in ctx.meta)."""
+    def use_config(ctx, param, path):
+        if not path:
+            return
+        try:
+            with open(path, encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise click.BadParameter(f"cannot read {path}: {exc}") from None
+        if not isinstance(config, dict):
+            raise click.BadParameter(f"{path}: expected a JSON object of options, not {type(config).__name__}")
+        names = {}
+        for option in ctx.command.params:
+            for opt in option.opts:
+                names[opt.lstrip("-")] = option.name
+            names[option.name] = option.name
+        defaults, extra = {}, {}
+        for key, value in config.items():
+            name = names.get(key) or names.get(key.replace("_", "-"))   # num_epochs as num-epochs
+            if name is not None and name != param.name:
+                defaults[name] = value
+            elif key.replace("-", "_") in extra_fields:
+                extra[key.replace("-", "_")] = value
+            else:
+                raise click.BadParameter(f"{path}: {key!r} is not an option of `{ctx.command.name}`")
+        ctx.default_map = {**(ctx.default_map or {}), **defaults}
+        ctx.meta[TASK_CONFIG] = extra
+    return click.option("--config", "task_config", default=None, is_eager=True, expose_value=False,
+                        callback=use_config, type=click.Path(dir_okay=False), metavar="TASK.json",
+                        help="This task's options as JSON ({\"option-name\": value}), as launchers write them; "
+                             "flags given here win.")
+
+
+def to_flags(options):
+    """The command-line flags of {"option-name": value}: True a bare flag, None and False none, a list the flag
+    repeated, anything else its text. Underscores in names become dashes."""
+    argv = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            argv += [arg for item in value for arg in (flag, str(item))]
+        else:
+            argv += [flag, str(value)]
+    return argv

@@ -1,0 +1,516 @@
+"""The service side of the RPC base: one ROUTER socket, one loop, parked requests.
+
+A handler either answers at once (returns `(result, tensors)`) or parks the
+call (returns `PARKED`) and completes it later with `reply()`/`fail()`. A
+parked call holds no thread: it is an entry in `self.parked` and, when it has a
+deadline, in a heap. The service enforces deadlines itself (`on_deadline`), so
+an operation is withdrawn before anyone stops waiting for it.
+
+Built-in ops every service answers: `ping` (liveness, and which of the caller's
+requests the service no longer holds), `cancel` (withdraw a parked request),
+`bye` (the client is leaving: cancel its parked requests) and `info`.
+
+A subclass serves the ops its `protocol` table declares (common/wire/protocol.py): `serve({Request: handler})`.
+Before a declared op's handler runs, its sender is checked against the declared role (`_authorize`,
+the one check point) and its args become the declaration (`validate`), so `call.args` is typed; an
+undeclared op (a test's toy service) gets its args as the dict that came. Admin ops need a credential:
+with CURVE the handshake is one (only authorized client keys get through); without it the request
+header must carry the service's admin token (common/rpc/admin_token.py). A refused one is answered
+UNAUTHENTICATED (no token) or PERMISSION_DENIED (a wrong one) before its handler runs, and counted.
+
+A client that holds parked requests must be heard from (any message, pings
+included) at least every `client_timeout` seconds; otherwise it is taken as
+gone and its requests are cancelled, so a killed client never pins an element.
+A client whose connection drops (its process died) is known sooner: the ROUTER
+socket's monitor reports the disconnect of the connection its messages came on,
+and its parked requests are cancelled at once, before anything is handed to them.
+The monitor's events are read before a message's connection is recorded, so a closed
+connection's event is never taken for a new one on the same fd number; and a reply that
+meets a client gone before its event was read fails (ROUTER_MANDATORY) rather than
+vanishing, so what it carried can be taken back (the broker's dequeues).
+Both paths, and `bye`, go through `on_client_gone`, which a service extends for
+what else it keeps per client.
+"""
+
+import heapq
+import logging
+import math
+import os
+import signal
+import time
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from zmqflow.common.rpc import admin_token, encryption as curve, health
+from zmqflow.common.wire import frames as wire
+from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError)
+from zmqflow.common.wire.limits import DEFAULT_LIMITS
+from zmqflow.common.memory import release_freed_memory
+from zmqflow.common.wire.protocol import ADMIN, Ops, ops_with_role
+from zmqflow.common.rpc.resolver import default_resolver
+from zmqflow.common.rpc.calls import Calls, client_socket
+from zmqflow.common.rpc.sockets import connect_resolved
+
+log = logging.getLogger(__name__)
+
+PARKED = object()
+_DRAIN_BATCH = 256
+_COMPACT_MIN = 1024  # the deadline heap is rebuilt without answered calls once it is this long and twice live
+
+
+class Call:
+    """One request as the handler sees it.
+
+    `state` is the handler's object for a parked call (a queue ticket, an ensemble's gather), which usually
+    refers back to the call; `reply` and `fail` let go of it, so an answered request and what it carried are
+    freed by reference counting at once, not by a full collection of the cyclic GC that large buffers seldom
+    trigger (the aggregator kept hundreds of answered requests that way, issue 27).
+    """
+
+    __slots__ = ("identity", "id", "op", "args", "tensors", "deadline", "received", "finished", "state")
+
+    def __init__(self, identity, rid, op, args, tensors, deadline, received):
+        self.identity, self.id, self.op, self.args, self.tensors = identity, rid, op, args, tensors
+        self.deadline, self.received = deadline, received
+        self.finished = False
+        self.state = None  # the handler's own object for a parked call (e.g. a queue ticket)
+
+    @property
+    def key(self):
+        return (self.identity, self.id)
+
+
+class Service:
+    """Subclass and register handlers with `self.handlers[op] = fn(call)`."""
+
+    name = "service"
+    protocol = None
+    """The table of ops this service answers besides the common ones (common/wire/protocol.py's BrokerOps, ...)."""
+
+    def __init__(self, bind, limits=DEFAULT_LIMITS, client_timeout=30.0, context=None, curve_dir=None):
+        self.limits = limits
+        self.client_timeout = client_timeout
+        self.context = context or zmq.Context.instance()
+        self.socket = self.context.socket(zmq.ROUTER)
+        self.socket.linger = 0
+        self.socket.setsockopt(zmq.MAXMSGSIZE, limits.socket_max_frame_bytes)
+        self.socket.sndhwm = self.socket.rcvhwm = 100_000
+        # a reply to a client that is gone fails at once (EHOSTUNREACH) instead of vanishing: what it carried
+        # (a dequeue's elements) can be taken back (reply() says whether it was delivered)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.curve_dir = curve_dir or curve.curve_dir_from_env()  # CURVE keys, or a warning when exposed
+        curve.secure_server(self.socket, bind, curve.ServerKeys(self.curve_dir) if self.curve_dir else None)
+        # dropped connections: a client that died holding parked requests is cancelled at once
+        self._monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.socket.bind(bind)
+        self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        health.announce(self.endpoint)
+        # without CURVE, admin ops need this token (from the environment, else made and written to a 0600 file)
+        self.admin_token, self._admin_token_file = None, None
+        self.admin_ops = ops_with_role(self.protocol, ADMIN) if self.protocol else set()
+        if self.admin_ops and not self.curve_dir:
+            self.admin_token, self._admin_token_file = admin_token.for_service(self.endpoint, sorted(self.admin_ops))
+        self.parked = {}
+        self._deadlines = []
+        self._compact_at = _COMPACT_MIN  # the heap's length that triggers dropping answered calls from it
+        self._seq = 0
+        self._last_seen = {}
+        self._fd_of = {}   # identity -> the fd of the connection its last message came on
+        self._running = False
+        self.started = time.monotonic()
+        self.stats = {"requests": 0, "errors": 0, "bad_requests": 0, "deadlines": 0, "admin_refused": 0}
+        self.op_stats = None  # zmqflow.common.processes.metrics.OpStats: requests timed per op, only with --metrics-port
+        self.metrics_address = None
+        self.handlers, self.requests = {}, {}  # op -> handler; op -> its declaration (the declared ones)
+        self.serve({Ops.Ping: self._ping, Ops.Cancel: self._cancel, Ops.Bye: self._bye, Ops.Info: self._info})
+        self._poller = zmq.Poller()
+        self._poller.register(self.socket, zmq.POLLIN)
+        self._extra_sockets = {}  # socket -> on_readable(): a subclass's own sockets polled by this loop
+        self.add_socket(self._monitor, self._watch_connections)
+
+    def serve(self, handlers):
+        """Answer each declared request ({Request class: fn(call)}) with its handler."""
+        for request, handler in handlers.items():
+            self.handlers[request.OP] = handler
+            self.requests[request.OP] = request
+
+    # ------------------------------------------------ hooks for subclasses
+
+    def on_deadline(self, call):
+        """The parked `call` reached its deadline: withdraw it. Default: just fail it."""
+        self.fail(call, DeadlineExceededError("Timed out waiting for notification"))
+
+    def on_cancel(self, call, error):
+        """Withdraw the parked `call` (client cancel, client gone). Default: fail it."""
+        self.fail(call, error)
+
+    def on_client_gone(self, identity, error):
+        """The client `identity` is gone (connection dropped, `bye`, or silent while it waited):
+        withdraw its parked requests. A service that keeps more for a client (the broker's
+        leases) extends this to let go of it too."""
+        for call in [c for c in self.parked.values() if c.identity == identity]:
+            if not call.finished:
+                self.on_cancel(call, error)
+
+    def keeps_state_for(self, identity):
+        """True while the service holds something for a silent client besides parked requests (the
+        broker's leases): its connection then stays watched, so its disconnect is still noticed."""
+        return False
+
+    def describe(self):
+        """Extra fields for `info`."""
+        return {}
+
+    def housekeeping(self, now):
+        """Called about once a second from the loop: a subclass's periodic upkeep (the broker's memory)."""
+
+    def add_socket(self, sock, on_readable):
+        """Poll `sock` in this loop too (e.g. a DEALER to a peer); `on_readable()` drains it."""
+        self._extra_sockets[sock] = on_readable
+        self._poller.register(sock, zmq.POLLIN)
+
+    def remove_socket(self, sock):
+        if self._extra_sockets.pop(sock, None) is not None:
+            self._poller.unregister(sock)
+
+    def close(self):
+        if self._monitor is not None:
+            self.socket.disable_monitor()
+            self._monitor.close(0)
+            self._monitor = None
+        self.socket.close(linger=500)  # the last replies (a shutdown's own) still leave; bounded
+        if self._admin_token_file is not None:
+            admin_token.forget_file(self._admin_token_file, self.admin_token)
+            self._admin_token_file = None
+
+    # ------------------------------------------------ completing calls
+
+    def park(self, call):
+        self.parked[call.key] = call
+        if call.deadline is not None:
+            self._push_timer(call.deadline, call.key)
+        return PARKED
+
+    def _push_timer(self, when, key):
+        """An entry in the deadline heap: a parked call's key (never the call: an answered call, its tensors and
+        its ticket must go when it is answered, not when its deadline comes; the broker held every batch a
+        worker dequeued for its 600 s timeout, 17.7 GB), or None for a wake-up. Answered calls' entries leave
+        lazily; past twice what is parked, the heap is rebuilt without them (amortized O(1) a push)."""
+        heap = self._deadlines
+        self._seq += 1
+        heapq.heappush(heap, (when, self._seq, key))
+        if len(heap) >= self._compact_at:
+            parked = self.parked
+            heap[:] = [entry for entry in heap if entry[2] is None or entry[2] in parked]
+            heapq.heapify(heap)
+            self._compact_at = max(_COMPACT_MIN, 2 * len(heap))
+
+    def reply(self, call, result=None, tensors=()):
+        """Answer `call`; whether the answer reached its client's connection (False: the client is gone,
+        or it was answered before)."""
+        if call.finished:
+            return False
+        call.finished, call.state = True, None  # answered: nothing of its handler's stays with it 
+        parked = self.parked.pop(call.key, None)
+        if self.op_stats is not None:
+            self.op_stats.observe(call.op, call.received, 0, parked is not None)
+        return self._send(call.identity, wire.reply_frames(call.id, 0, None, result, tensors))
+
+    def fail(self, call, error):
+        if call.finished:
+            return
+        call.finished, call.state = True, None
+        parked = self.parked.pop(call.key, None)
+        self.stats["errors"] += 1
+        if self.op_stats is not None:
+            self.op_stats.observe(call.op, call.received, error.code, parked is not None)
+        self._send(call.identity, wire.reply_frames(call.id, error.code, error.message, details=error.details))
+
+    def _send(self, identity, frames):
+        """Whether the message went out: a client that is gone (EHOSTUNREACH) or whose queue is full (EAGAIN)
+        loses the reply, never the loop."""
+        try:
+            wire.send_message(self.socket, frames, identity)
+            return True
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                log.info("reply to %r dropped: its client is gone", identity)
+            else:
+                log.warning("reply to %r dropped: %s", identity, exc)
+            return False
+
+    # ------------------------------------------------ the loop
+
+    def run(self, install_signals=True):
+        """Serve until `stop()` (or SIGTERM/SIGINT when `install_signals`)."""
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self.stop())
+        self._running = True
+        poller = self._poller
+        next_sweep = time.monotonic() + 1.0
+        while self._running:
+            now = time.monotonic()
+            wait = self._next_wake(next_sweep) - now
+            # whole milliseconds, rounded up: a sub-millisecond timeout would be 0, a busy spin
+            for sock, _ in poller.poll(math.ceil(max(0.0, min(wait, 0.2)) * 1000)):
+                if sock is self.socket:
+                    self._drain()
+                elif sock in self._extra_sockets:
+                    self._extra_sockets[sock]()
+            now = time.monotonic()
+            self._expire(now)
+            if now >= next_sweep:
+                self._sweep_clients(now)
+                self.housekeeping(now)
+                next_sweep = now + 1.0
+        self.close()
+
+    def stop(self):
+        self._running = False
+
+    def _drain(self):
+        for _ in range(_DRAIN_BATCH):
+            if not wire.readable(self.socket):
+                return
+            try:
+                message = wire.recv_message(self.socket, True, self.limits)
+            except Exception as exc:  # never let one message stop the loop
+                log.exception("receive failed: %s", exc)
+                while self.socket.rcvmore:
+                    self.socket.recv(copy=False)
+                continue
+            self._handle(*message)
+
+    def _handle(self, identity, header, frames, error):
+        now = time.monotonic()
+        self._last_seen[identity] = now
+        if getattr(identity, "fd", None) is not None:
+            # the monitor's events first: a connection that closed before this one was accepted (and whose
+            # fd number this one may reuse) said so before this message came, so its event is read now and
+            # cannot be taken later for this client's (a live client's requests were cancelled that way)
+            self._watch_connections()
+            self._fd_of[identity] = identity.fd
+        self.stats["requests"] += 1
+        rid = header.get("id") if header is not None and type(header.get("id")) is int else 0
+        if error is not None:
+            # answered without raising it: a raised exception's traceback would hold this frame, and the
+            # frame the exception, a cycle that kept refused frames alive until a collection (about 900 MB
+            # after 50 refused 24 MiB frames)
+            self._refuse(identity, header, rid, error, now)
+            if "max_message_bytes" in error.message:
+                release_freed_memory()
+            return
+        try:
+            op, rid, deadline_ms, args = wire.check_request(header, self.limits)
+            handler = self.handlers.get(op)
+            if handler is None:
+                raise InvalidArgumentError(f"unknown op {op!r} for {self.name}; known: {', '.join(sorted(self.handlers))}")
+            request = self.requests.get(op)
+            if request is not None:
+                self._authorize(request, header)
+                args = request.validate(args)
+            tensors = wire.decode_tensors(header.get("tensors", []), frames, self.limits)
+            deadline = None if deadline_ms is None else now + deadline_ms / 1000.0
+            call = Call(identity, rid, op, args, tensors, deadline, now)
+            if call.key in self.parked:
+                raise InvalidArgumentError(f"request id {rid} is already pending")
+            answer = handler(call)
+            if answer is not PARKED:
+                result, tensors = answer if isinstance(answer, tuple) else (answer, ())
+                self.reply(call, result, tensors)
+        except OpError as exc:
+            self._refuse(identity, header, rid, exc, now)
+        except Exception as exc:  # a bug in a handler must not kill the loop
+            log.exception("internal error handling %r", header)
+            self.stats["errors"] += 1
+            if self.op_stats is not None:
+                self.op_stats.observe(self._op_label(header), now, InternalError.code, False)
+            self._send(identity, wire.reply_frames(rid, InternalError.code, f"internal error: {exc!r}"))
+
+    def _authorize(self, request, header):
+        """The one check of a request's sender against the role its declaration names. Only `admin` is
+        enforced today: the admin token, unless CURVE is on (its handshake was the credential); member
+        and client requests pass (their credentials are issue 23's)."""
+        if request.ROLE != ADMIN or self.admin_token is None:
+            return
+        try:
+            admin_token.check(self.admin_token, header.get(admin_token.HEADER), request.OP, self.name, self.endpoint)
+        except OpError as exc:
+            self.stats["admin_refused"] += 1
+            log.warning("refused %s: %s", request.OP, exc)
+            raise
+
+    def _refuse(self, identity, header, rid, error, now):
+        """Answer a request with its error (an OpError), counted."""
+        if isinstance(error, InvalidArgumentError):
+            self.stats["bad_requests"] += 1
+        self.stats["errors"] += 1
+        if self.op_stats is not None:
+            self.op_stats.observe(self._op_label(header), now, error.code, False)
+        self._send(identity, wire.reply_frames(rid, error.code, error.message, details=error.details))
+
+    def _op_label(self, header):
+        """The op of a refused request for metrics: a known op's name, else 'unknown' (bounded labels)."""
+        op = header.get("op") if isinstance(header, dict) else None
+        return op if isinstance(op, str) and op in self.handlers else "unknown"
+
+    def _expire(self, now):
+        heap, parked = self._deadlines, self.parked
+        while heap and heap[0][0] <= now:
+            key = heapq.heappop(heap)[2]
+            call = None if key is None else parked.get(key)  # None: a wake-up of `wake_at`, or answered
+            # the deadline too: a later request may have taken an answered one's key (its id, reused)
+            if call is not None and not call.finished and call.deadline <= now:
+                self.stats["deadlines"] += 1
+                self.on_deadline(call)
+
+    def wake_at(self, when):
+        """Make the loop run `_expire` by `when` (monotonic s): subclasses' timers (batches, probes)."""
+        self._push_timer(when, None)
+
+    def _next_wake(self, default):
+        """The earliest pending deadline or wake-up, dropping the entries of calls already answered
+        (most calls finish long before their deadline: without this the loop would wake for each)."""
+        heap, parked = self._deadlines, self.parked
+        while heap and heap[0][2] is not None and heap[0][2] not in parked:
+            heapq.heappop(heap)
+        return min(default, heap[0][0]) if heap else default
+
+    def _watch_connections(self):
+        """The monitor's events: a dropped connection cancels the parked requests of the clients on it."""
+        while self._monitor is not None and wire.readable(self._monitor):
+            event = recv_monitor_message(self._monitor)
+            if event["event"] != zmq.EVENT_DISCONNECTED:
+                continue
+            gone = [identity for identity, fd in self._fd_of.items() if fd == event["value"]]
+            for identity in gone:
+                del self._fd_of[identity]
+                if any(c.identity == identity for c in self.parked.values()):
+                    log.info("client %r disconnected: cancelling its parked requests", identity)
+                self.on_client_gone(identity, CancelledError("client disconnected: its requests were cancelled"))
+
+    def _sweep_clients(self, now):
+        gone = {c.identity for c in self.parked.values() if now - self._last_seen.get(c.identity, now) > self.client_timeout}
+        for identity in gone:
+            log.info("client %r silent for more than %.0f s: cancelling its requests", identity, self.client_timeout)
+            self.on_client_gone(identity, CancelledError("client went away: its requests were cancelled"))
+        for identity, seen in list(self._last_seen.items()):
+            if now - seen > self.client_timeout and not self.keeps_state_for(identity):
+                del self._last_seen[identity]
+                self._fd_of.pop(identity, None)
+
+    # ------------------------------------------------ built-in ops
+
+    def _ping(self, call):
+        unknown = [i for i in call.args.ids if (call.identity, i) not in self.parked]
+        return {"unknown": unknown, "service": self.name, "max_message_bytes": self.limits.max_message_bytes}
+
+    def _cancel(self, call):
+        target = self.parked.get((call.identity, call.args.target))
+        if target is None:
+            return {"cancelled": False}
+        self.on_cancel(target, CancelledError(f"request {target.id} ({target.op}) was cancelled by the client"))
+        return {"cancelled": True}
+
+    def _bye(self, call):
+        self.on_client_gone(call.identity, CancelledError("client closed: its requests were cancelled"))
+        self._last_seen.pop(call.identity, None)
+        return {}
+
+    def _info(self, call):
+        return {"service": self.name, "endpoint": self.endpoint, "pid": os.getpid(),
+                "uptime_s": round(time.monotonic() - self.started, 3), "parked": len(self.parked),
+                "timers": len(self._deadlines),
+                "stats": dict(self.stats), "curve": bool(self.curve_dir), "metrics": self.metrics_address,
+                **self.describe()}
+
+
+class LoopClient:
+    """Calls from a service's own loop to the service at `address`: the in-loop driver of common/rpc/calls.py.
+
+    The socket and its monitor are polled by `service`'s loop: an answer calls `on_reply(call)` (its value
+    the reply's (header, frames), for the owner to check), a dropped connection `on_lost()`, so a peer whose
+    process died is known at once. Nothing waits: `connect()` connects to where the name resolves now; the
+    owner keeps its own deadlines (the service's heap), and `expire(now)` gives up, cancelling at the peer,
+    the calls past their deadline and grace, so nothing is kept for a peer that never answers.
+
+    Each client has a ZeroMQ context, so an I/O thread, of its own: libzmq resolves a host name in its I/O
+    thread on every reconnect, and a name that stopped resolving (10 s a lookup where the upstream DNS is
+    unreachable) would block every socket on that thread (one dead member stalled a whole ensemble).
+    """
+
+    def __init__(self, service, address, name, on_reply, on_lost, resolver=default_resolver, hwm=10_000):
+        self.service, self.address, self.on_reply, self.on_lost = service, address, on_reply, on_lost
+        self.calls = Calls(address, service.limits, resolver, decode=False)
+        self.context = zmq.Context(io_threads=1)
+        # a full queue fails the send at once instead of blocking the loop; CURVE checks the peer's key
+        self.sock = client_socket(self.context, service.limits, name, hwm=hwm, send_timeout_ms=0)
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        service.add_socket(self.sock, self._drain)
+        service.add_socket(self.monitor, self._watch)
+
+    @property
+    def endpoint(self):
+        return self.calls.endpoint
+
+    def connect(self):
+        """Connect to the address the name resolves to now, leaving the one connected before; that address,
+        or None while the name does not resolve (the lookup goes on in the background)."""
+        endpoint = self.calls.resolver.endpoint(self.address)
+        if endpoint is not None and endpoint != self.calls.endpoint:
+            if self.calls.endpoint is not None:
+                self.sock.disconnect(self.calls.endpoint)
+            connect_resolved(self.sock, endpoint)
+            self.calls.endpoint = endpoint
+        return endpoint
+
+    def submit(self, op, args=None, tensors=(), timeout=None, rid=None):
+        """Send a request now (`rid`: the owner's id, unique among its calls here); its Call. A send that
+        cannot go at once raises zmq.ZMQError."""
+        call, frames = self.calls.request(op, args, tensors, timeout, time.monotonic(), rid=rid)
+        try:
+            wire.send_message(self.sock, frames)
+        except zmq.ZMQError:
+            self.calls.pending.pop(call.id, None)
+            raise
+        return call
+
+    def cancel(self, call):
+        """Withdraw `call` at the peer; its answer, if one still comes, is dropped."""
+        if self.calls.pending.pop(call.id, None) is not None:
+            try:
+                wire.send_message(self.sock, self.calls.cancel(call))
+            except zmq.ZMQError:
+                pass
+
+    def expire(self, now):
+        for call in self.calls.overdue(now):
+            try:
+                wire.send_message(self.sock, self.calls.give_up(call))
+            except zmq.ZMQError:
+                pass  # best effort: the peer drops the request at its deadline anyway
+
+    def _drain(self):
+        sock, calls = self.sock, self.calls
+        while not sock.closed and wire.readable(sock):
+            call = calls.received(*wire.recv_message(sock, False, calls.limits)[1:])
+            if call is not None:
+                self.on_reply(call)
+
+    def _watch(self):
+        lost = False
+        while not self.sock.closed and wire.readable(self.monitor):
+            lost = recv_monitor_message(self.monitor)["event"] == zmq.EVENT_DISCONNECTED or lost
+        if lost:
+            self.calls.resolver.refresh(self.address)  # reconnected by the owner to where the name points then
+            self.on_lost()
+
+    def close(self):
+        self.service.remove_socket(self.sock)
+        self.service.remove_socket(self.monitor)
+        self.sock.disable_monitor()
+        self.monitor.close(0)
+        self.sock.close(0)
+        self.context.term()

@@ -1,0 +1,256 @@
+"""The wire format: one ZeroMQ multipart message = msgpack header + one raw frame per tensor.
+
+Request header: {"v": 1, "op": str, "id": int, "deadline_ms": int|None, "args": {...}, "tensors": [[dtype, shape], ...]}
+                (+ "token": str on admin ops when CURVE is off: common/rpc/admin_token.py)
+Reply header:   {"v": 1, "id": int, "code": int, "error": str|None, "result": {...}, "tensors": [[dtype, shape], ...]}
+
+A numeric tensor frame holds the array's C-contiguous bytes. A `string` tensor
+frame holds N little-endian uint64 end offsets followed by the N byte strings
+concatenated (N = number of elements). `deadline_ms` is a relative budget: the
+service turns it into an absolute time on arrival, so clocks need not agree.
+
+Frames of 64 KiB and more travel without a copy (pyzmq's copy threshold on send,
+`copy=False` on receive); smaller ones are copied, which is cheaper for them.
+Nothing here is pickle: a hostile peer can only make us raise InvalidArgumentError.
+"""
+
+import math
+
+import msgpack
+import numpy as np
+import zmq
+
+from zmqflow.common.wire import dtypes
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.wire.limits import DEFAULT_LIMITS
+
+from zmqflow.common.wire.protocol import VERSION
+ZERO_COPY_BYTES = 64 * 1024
+_OFFSET = np.dtype("<u8")
+
+
+# ---------------------------------------------------------------- tensors
+
+
+def encode_tensor(array):
+    """(spec, frame) for one ndarray; frame is a buffer pyzmq can send."""
+    name = dtypes.name_of(array)
+    spec = [name, list(array.shape)]
+    if name == dtypes.STRING:
+        return spec, _encode_strings(array)
+    array = np.ascontiguousarray(array)
+    return spec, array.reshape(-1).view(np.uint8)
+
+
+def _encode_strings(array):
+    items = [bytes(x) if not isinstance(x, bytes) else x for x in array.reshape(-1)]
+    ends = np.cumsum([len(x) for x in items], dtype=_OFFSET) if items else np.zeros(0, _OFFSET)
+    return ends.tobytes() + b"".join(items)
+
+
+def encode_tensors(arrays):
+    specs, frames = [], []
+    for array in arrays:
+        spec, frame = encode_tensor(array)
+        specs.append(spec)
+        frames.append(frame)
+    return specs, frames
+
+
+def check_spec(spec, limits=DEFAULT_LIMITS):
+    """Validate one [dtype, shape] pair from the network; return (name, shape tuple)."""
+    if not isinstance(spec, (list, tuple)) or len(spec) != 2:
+        raise InvalidArgumentError(f"tensor spec must be [dtype, shape], got {spec!r:.80}")
+    name, shape = spec
+    dtypes.check_name(name)
+    if not isinstance(shape, (list, tuple)) or len(shape) > limits.max_rank:
+        raise InvalidArgumentError(f"tensor shape must be a list of at most {limits.max_rank} dims, got {shape!r:.80}")
+    for dim in shape:
+        if type(dim) is not int or dim < 0:
+            raise InvalidArgumentError(f"tensor dims must be non-negative ints, got {shape!r:.80}")
+    return name, tuple(shape)
+
+
+def decode_tensor(spec, frame, limits=DEFAULT_LIMITS, writable=False):
+    """The ndarray described by `spec` over `frame` (bytes or zmq.Frame), without a copy
+    when possible; every size is checked against the frame's real length."""
+    name, shape = check_spec(spec, limits)
+    buf = frame.buffer if isinstance(frame, zmq.Frame) else frame
+    count = math.prod(shape)
+    if name == dtypes.STRING:
+        return _decode_strings(buf, shape, count)
+    dt = dtypes.as_numpy(name)
+    if len(buf) != count * dt.itemsize:
+        raise InvalidArgumentError(
+            f"tensor frame of {len(buf)} bytes does not match {name}{list(shape)} ({count * dt.itemsize} bytes)")
+    array = np.frombuffer(buf, dtype=dt).reshape(shape)
+    if writable and not array.flags.writeable:
+        array = array.copy()
+    return array
+
+
+def _decode_strings(buf, shape, count):
+    head = count * _OFFSET.itemsize
+    if len(buf) < head:
+        raise InvalidArgumentError(f"string tensor frame of {len(buf)} bytes is too short for {count} offsets")
+    ends = np.frombuffer(buf, dtype=_OFFSET, count=count)
+    body = memoryview(buf)[head:]
+    if count and (ends[-1] != len(body) or np.any(np.diff(ends.astype(np.int64)) < 0)):
+        raise InvalidArgumentError("string tensor offsets do not match the frame")
+    if not count and len(body):
+        raise InvalidArgumentError("empty string tensor with trailing bytes")
+    out = np.empty(count, dtype=object)
+    start = 0
+    for i, end in enumerate(ends.tolist()):
+        out[i] = bytes(body[start:end])
+        start = end
+    return out.reshape(shape)
+
+
+def decode_tensors(specs, frames, limits=DEFAULT_LIMITS, writable=False):
+    if not isinstance(specs, (list, tuple)):
+        raise InvalidArgumentError("header field 'tensors' must be a list")
+    if len(specs) != len(frames):
+        raise InvalidArgumentError(f"header declares {len(specs)} tensors but {len(frames)} frames arrived")
+    return [decode_tensor(s, f, limits, writable) for s, f in zip(specs, frames)]
+
+
+# ---------------------------------------------------------------- headers
+
+
+def pack(header):
+    return msgpack.packb(header, use_bin_type=True)
+
+
+def unpack(frame, limits=DEFAULT_LIMITS):
+    """A header dict from bytes; any malformed input is InvalidArgumentError."""
+    if len(frame) > limits.max_header_bytes:
+        raise InvalidArgumentError(f"header of {len(frame)} bytes exceeds the limit of {limits.max_header_bytes}")
+    try:
+        header = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated classes for garbage
+        raise InvalidArgumentError(f"header is not valid msgpack: {exc}") from None
+    if not isinstance(header, dict):
+        raise InvalidArgumentError("header must be a msgpack map")
+    if header.get("v") != VERSION:
+        raise InvalidArgumentError(f"unsupported wire version {header.get('v')!r}; this service speaks {VERSION}")
+    return header
+
+
+def request_frames(op, rid, args, tensors=(), deadline_ms=None, token=None):
+    """`token`: the admin token, sent (as header field "token") with admin ops only (common/rpc/admin_token.py)."""
+    specs, frames = encode_tensors(tensors)
+    header = {"v": VERSION, "op": op, "id": rid, "deadline_ms": deadline_ms, "args": args or {}, "tensors": specs}
+    if token is not None:
+        header["token"] = token
+    return [pack(header)] + frames
+
+
+def reply_frames(rid, code=0, error=None, result=None, tensors=(), details=None):
+    specs, frames = encode_tensors(tensors)
+    header = {"v": VERSION, "id": rid, "code": code, "error": error, "result": result or {}, "tensors": specs}
+    if details:  # an error's hints (retry_after_ms); absent otherwise, so older peers read the same header
+        header["details"] = details
+    return [pack(header)] + frames
+
+
+def check_request(header, limits=DEFAULT_LIMITS):
+    """Validate the request fields (after `unpack`); return (op, id, deadline_ms, args)."""
+    op, rid, deadline_ms, args = header.get("op"), header.get("id"), header.get("deadline_ms"), header.get("args", {})
+    if not isinstance(op, str) or not op or len(op) > limits.max_name_length:
+        raise InvalidArgumentError(f"request op must be a non-empty string, got {op!r:.80}")
+    if type(rid) is not int:
+        raise InvalidArgumentError(f"request id must be an int, got {rid!r:.80}")
+    if deadline_ms is not None and (type(deadline_ms) is not int or deadline_ms < 0):
+        raise InvalidArgumentError(f"deadline_ms must be a non-negative int or null, got {deadline_ms!r:.80}")
+    if not isinstance(args, dict):
+        raise InvalidArgumentError("request args must be a map")
+    return op, rid, deadline_ms, args
+
+
+# ---------------------------------------------------------------- sockets
+
+
+class Identity(bytes):
+    """A ROUTER peer's routing id, with `fd`: the connection it came on (its disconnect names that fd)."""
+
+    fd = None
+
+
+def recv_message(sock, expect_identity, limits=DEFAULT_LIMITS):
+    """Receive one whole multipart message; frames from 64 KiB up without a copy.
+
+    A frame's size is unknown before it is read, so the header (small) is read
+    with a copy and parsed first; its declared tensors tell which following
+    frames are large enough to read zero-copy. The message is always drained,
+    also when the header is bad, so the next message starts clean.
+    Returns (identity or None, header dict or None, frames, error or None).
+    """
+    more = sock.getsockopt
+    identity = None
+    if expect_identity:
+        frame = sock.recv(copy=False)
+        identity = Identity(frame.bytes)
+        identity.fd = frame.get(zmq.SRCFD)
+    raw = sock.recv() if (identity is None or more(_RCVMORE)) else b""
+    header, error = None, None
+    try:
+        header = unpack(raw, limits)
+    except InvalidArgumentError as exc:
+        error = exc
+    specs = header.get("tensors") if header is not None else None
+    big = [_declared_bytes(s) >= ZERO_COPY_BYTES for s in specs] if isinstance(specs, list) else []
+    frames, total = [], len(raw)
+    while more(_RCVMORE):
+        i = len(frames)
+        frame = sock.recv(copy=not (big[i] if i < len(big) else True))
+        total += len(frame.buffer) if isinstance(frame, zmq.Frame) else len(frame)
+        if len(frames) < limits.max_frames:
+            frames.append(frame)
+        elif error is None:
+            error = InvalidArgumentError(f"message has more than {limits.max_frames} frames (the limit)")
+    if error is None and total > limits.max_message_bytes:
+        error = InvalidArgumentError(f"message of {total} bytes exceeds the limit of {limits.max_message_bytes} "
+                                     "bytes (max_message_bytes)")
+    if error is not None:
+        frames = []        # a refused message's frames are not needed: let them go now
+    return identity, header, frames, error
+
+
+def send_message(sock, frames, identity=None):
+    """Send one multipart message; frames from 64 KiB up go without a copy. To a ROUTER's `identity`
+    without blocking: with ROUTER_MANDATORY a peer that is gone (or full) raises ZMQError at once.
+
+    Plain int flags and one `send` per frame: pyzmq's send_multipart spends
+    more time on enum arithmetic than on sending small messages.
+    """
+    last = len(frames) - 1
+    if identity is not None:
+        sock.send(identity, _SNDMORE | _NOBLOCK)
+    for i, frame in enumerate(frames):
+        flags = 0 if i == last else _SNDMORE
+        if isinstance(frame, bytes) or memoryview(frame).nbytes < ZERO_COPY_BYTES:
+            sock.send(frame, flags)
+        else:
+            sock.send(frame, flags, copy=False)
+
+
+def readable(sock):
+    """True when a message waits on `sock` (cheaper than sock.poll(0))."""
+    return bool(sock.getsockopt(_EVENTS) & _POLLIN)
+
+
+_RCVMORE, _SNDMORE, _EVENTS, _POLLIN = int(zmq.RCVMORE), int(zmq.SNDMORE), int(zmq.EVENTS), int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
+
+
+def _declared_bytes(spec):
+    """Bytes a [dtype, shape] spec claims; only a hint for the copy choice, never trusted."""
+    try:
+        name, shape = spec
+        if not all(type(d) is int for d in shape):
+            return 0
+        itemsize = 8 if name == dtypes.STRING else dtypes.as_numpy(name).itemsize
+        return math.prod(shape) * itemsize
+    except Exception:
+        return 0
