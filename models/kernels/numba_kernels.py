@@ -178,15 +178,12 @@ class Kernels(numpy_kernels.Kernels):
         return z
 
     def dense_grad(self, g, x, w, y, activation, need_dx, need_db):
-        g = np.ascontiguousarray(g)
-        db = np.empty(g.shape[1], g.dtype) if need_db or activation != "none" else None
-        if activation == "none":
-            d = g
-            if need_db:
-                column_sums(g, db)
-        else:
-            d = np.empty(g.shape, g.dtype)   # np.empty_like dispatches in Python
+        g = np.ascontiguousarray(g)   # np.empty, not np.empty_like: that one dispatches in Python
+        d, db = g if activation == "none" else np.empty(g.shape, g.dtype), np.empty(g.shape[1], g.dtype)
+        if activation != "none":
             activation_grad(g, y, ACTIVATION_CODES[activation], d, db)
+        elif need_db:
+            column_sums(g, db)
         return d @ w.T if need_dx else None, x.T @ d, db if need_db else None
 
     def softmax_cross_entropy(self, logits, labels):
