@@ -208,7 +208,7 @@ def test_a_producer_process_killed_fails_the_queue_at_once_for_a_waiting_consume
     queue = fifo(broker, "killed")
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time\n"
-        "from zmqflow.common import queues\n"
+        "from zmqflow.common.clients import queues\n"
         "q = queues.attach('killed', 'producers', sys.argv[1], role='producer', lease=30, name='reader@gone:7')\n"
         "q.producer.beat({'reading': ['shard-4.csv'], 'instances': 9})\n"
         "print('registered', flush=True)\n"
