@@ -18,14 +18,15 @@ log = logging.getLogger("worker")
 
 class TensorBoardHook(Hook):
     def __init__(self, logdir, every_n_steps=50):
+        from tensorboardX import SummaryWriter   # here, before the chief readies the ps: importing takes ~1 s,
+        self._writer_class = SummaryWriter        # which the other workers' clocks would count as training
         self.logdir, self.every = logdir, max(1, int(every_n_steps))
         self.writer = None
         self._last = None  # (time, examples, global step) at the last write
         self._staleness = None  # (sum, count) of ps 0's staleness counter at the last write
 
     def begin(self, trainer):
-        from tensorboardX import SummaryWriter
-        self.writer = SummaryWriter(self.logdir, flush_secs=5)
+        self.writer = self._writer_class(self.logdir, flush_secs=5)
         self._last = (time.perf_counter(), trainer.examples, trainer.global_step)
         self._staleness = self._staleness_totals(trainer)
         log.info("TensorBoard summaries in %s", self.logdir)
