@@ -194,6 +194,10 @@ class Ops:
         """What the service is (plus its own fields: a shard's version, a broker's queues...)."""
 
 
+PRODUCERS_STATE = "queue closed closed_by code error at_least_once first producers"
+"""What every producer op answers: the queue's end (closed: None, 'ok', 'failed'), its error, each producer."""
+
+
 class BrokerOps:
     """The queue-broker (services/broker/server.py); `queue` is the handle open_queue answered."""
 
@@ -267,7 +271,7 @@ class BrokerOps:
     QUEUE_OPS = (Enqueue, EnqueueMany, Dequeue, DequeueMany, DequeueUpTo, Close)
     """The ops on one queue (a handle), served by the queue's own semantics."""
 
-    class RegisterProducer(Request, role=MEMBER, answer="queue closed closed_by code error at_least_once first producers"):
+    class RegisterProducer(Request, role=MEMBER, answer=PRODUCERS_STATE):
         """Register the caller as a producer of `queue` that beats within `lease` s (zmqflow's extension,
         docs/queue-semantics.md §8): the broker closes the queue when its last producer is done and fails
         it when one vanishes; at least once, a vanished producer's file is read again, `source` (the
@@ -279,14 +283,14 @@ class BrokerOps:
         rejoin_s: Seconds | None = None
         source: int | None = None
 
-    class Beat(Request, role=MEMBER, answer="queue closed closed_by code error at_least_once first producers"):
+    class Beat(Request, role=MEMBER, answer=PRODUCERS_STATE):
         """Alive, with `progress` (named when the broker reports this producer gone)."""
         queue: int
         name: Name
         lease: Seconds
         progress: dict | None = None
 
-    class ProducerDone(Request, role=MEMBER, answer="queue closed closed_by code error at_least_once first producers"):
+    class ProducerDone(Request, role=MEMBER, answer=PRODUCERS_STATE):
         """Every element of this producer is in (`exhausted`: it saw its input's end, not a stop)."""
         queue: int
         name: Name
@@ -294,7 +298,7 @@ class BrokerOps:
         exhausted: bool = True
         progress: dict | None = None
 
-    class ProducerFailed(Request, role=MEMBER, answer="queue closed closed_by code error at_least_once first producers"):
+    class ProducerFailed(Request, role=MEMBER, answer=PRODUCERS_STATE):
         """Fail the queue with a status `code` and its `error` message."""
         queue: int
         name: Name
@@ -302,7 +306,7 @@ class BrokerOps:
         code: int
         error: str
 
-    class Producers(Request, role=MEMBER, answer="queue closed closed_by code error at_least_once first producers"):
+    class Producers(Request, role=MEMBER, answer=PRODUCERS_STATE):
         """The queue's producers and its end: closed (None, 'ok', 'failed'), error, each one's progress."""
         queue: int
 
