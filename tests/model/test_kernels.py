@@ -57,8 +57,9 @@ def assert_ops_match_reference(backend, activation, n, sizes=(784, 100, 10), dty
             result = kernels.dense_grad(on(g), on(x), on(w), got, activation, need_dx, need_db)
             for e, r in zip(expected, result):
                 assert (e is None) == (r is None)
-                if e is not None:
-                    np.testing.assert_allclose(host(r), e, **tol)
+                if e is not None:   # a sum over the batch: its float32 error scales with the largest term
+                    scaled = dict(tol, atol=tol["atol"] * max(1.0, float(np.abs(e).max())))
+                    np.testing.assert_allclose(host(r), e, **scaled)
     logits = on(x[:, :sizes[1]] * 5)
     want_loss, want_d, want_correct = reference.softmax_cross_entropy(host(logits), labels)
     loss, d, correct = kernels.softmax_cross_entropy(logits, labels)
