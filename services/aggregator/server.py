@@ -24,6 +24,7 @@ import zmq
 from zmqflow.common.wire import frames as wire
 from zmqflow.common.errors import InvalidArgumentError, OpError, ResourceExhaustedError
 from zmqflow.common.rpc.service import PARKED, LoopClient, Service
+from zmqflow.common.rpc.probe import endpoint_of
 from zmqflow.common.rpc.resolver import default_resolver
 from zmqflow.services.aggregator.admission import Admission, QueueDelay
 from zmqflow.services.aggregator.combine import COMBINERS, CustomCombine, check_combine
@@ -70,7 +71,7 @@ class Aggregator(Service):
     # ------------------------------------------------ membership
 
     def _add(self, address, weight=1.0):
-        address = normalize_address(address)
+        address = endpoint_of(address)
         member = self.fanout.add(address, weight)
         link = LoopClient(self, address, "aggregator", lambda call: self._member_replied(address, call),
                           lambda: self._member_lost(address), self.resolver)
@@ -100,7 +101,7 @@ class Aggregator(Service):
         return {"member": self._add(call.args.address, call.args.weight).describe()}
 
     def _remove_member(self, call):
-        address = normalize_address(call.args.address)
+        address = endpoint_of(call.args.address)
         member, lost = self.fanout.remove(address)
         self.links.pop(address).close()
         now = time.monotonic()
@@ -333,13 +334,6 @@ class Aggregator(Service):
 
 
 # ------------------------------------------------ argument checks
-
-
-def normalize_address(address):
-    """`host:port` means tcp://host:port; other endpoints pass as they are."""
-    if not isinstance(address, str) or not address:
-        raise InvalidArgumentError(f"member address must be a non-empty string, got {address!r:.80}")
-    return address if "://" in address else f"tcp://{address}"
 
 
 def _check_mode(mode):
