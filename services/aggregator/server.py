@@ -22,7 +22,7 @@ import numpy as np
 import zmq
 
 from zmqflow.common.wire import frames as wire
-from zmqflow.common.errors import InvalidArgumentError, OpError, ResourceExhaustedError
+from zmqflow.common.errors import InvalidArgumentError, OpError, ResourceExhaustedError, check_int
 from zmqflow.common.rpc.service import PARKED, LoopClient, Service
 from zmqflow.common.rpc.probe import endpoint_of
 from zmqflow.common.rpc.resolver import default_resolver
@@ -48,12 +48,12 @@ class Aggregator(Service):
         super().__init__(bind, **service_options)
         self.resolver = resolver
         self.mode = _check_mode(mode)
-        self.deadline_ms = _check_int("deadline_ms", deadline_ms, 1)
-        self.min_members = _check_int("min_members", min_members, 1)
+        self.deadline_ms = check_int("deadline_ms", deadline_ms, 1)
+        self.min_members = check_int("min_members", min_members, 1)
         self.custom = CustomCombine(combine) if combine not in COMBINERS else None
         self.combine = check_combine(combine, self.custom)
         # timeouts never eject the last members a request needs: under overload they are busy, not broken
-        self.min_healthy = max(1, self.min_members) if min_healthy is None else _check_int("min_healthy", min_healthy, 0)
+        self.min_healthy = max(1, self.min_members) if min_healthy is None else check_int("min_healthy", min_healthy, 0)
         self.fanout = FanOut(unhealthy_after, probe_ms / 1000.0, wake=self._schedule_wake, min_healthy=self.min_healthy,
                              admission=Admission(admit_share))
         self.members = self.fanout.members  # read-only here: listing, stats, metrics
@@ -340,12 +340,6 @@ def _check_mode(mode):
     if mode not in MODES:
         raise InvalidArgumentError(f"mode must be one of {', '.join(MODES)}, got {mode!r:.80}")
     return mode
-
-
-def _check_int(name, value, low):
-    if type(value) is not int or value < low:
-        raise InvalidArgumentError(f"{name} must be an int >= {low}, got {value!r:.80}")
-    return value
 
 
 def _check_request(call):

@@ -44,7 +44,7 @@ import time
 import numpy as np
 
 from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError,
-                           OutOfRangeError, UnavailableError)
+                           OutOfRangeError, UnavailableError, check_int)
 from zmqflow.common.clients.producers import CALL_TIMEOUT, DEFAULT_LEASE_S, DEFAULT_REJOIN_S, Producer, producer_name
 from zmqflow.common.clients.queues import FIFOQueue, PaddingFIFOQueue, RandomShuffleQueue
 from zmqflow.common.rpc.client import default_pool
@@ -158,9 +158,8 @@ class ReaderPipeline:
                  shuffle_files=True, readers=1, features=None, cast=None, filename_capacity=DEFAULT_CAPACITY,
                  lease_s=DEFAULT_LEASE_S, enqueue_timeout=DEFAULT_ENQUEUE_TIMEOUT, in_flight=2, name="reader",
                  progress_every=10.0, pool=None, at_least_once=False, rejoin_s=DEFAULT_REJOIN_S):
-        for what, value in (("readers", readers), ("in_flight", in_flight)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgumentError(f"{what} must be an int >= 1, got {value!r}")
+        check_int("readers", readers, 1)
+        check_int("in_flight", in_flight, 1)
         self.broker, self.queue_name, self.container = broker, queue, container
         self.format_kind, self.format_options = format_kind, dict(format_options or {})
         spec = open_reader_format(format_kind, self.format_options).spec  # bad options fail here, before registering
