@@ -4,6 +4,8 @@ A service answers every failure with a code and a message; the client raises the
 matching class, so `except OutOfRangeError` reads the same as in TensorFlow.
 """
 
+import numbers
+
 OK = 0
 CANCELLED = 1
 UNKNOWN = 2
@@ -109,6 +111,15 @@ class UnauthenticatedError(OpError):
 
 
 _BY_CODE = {cls.code: cls for cls in OpError.__subclasses__()}
+
+
+def check_int(what, value, low=0, optional=False):
+    """`value` if it is an int >= `low` (a numpy one too, never a bool; None too when `optional`), else
+    InvalidArgumentError naming `what`: the one check of an integer setting."""
+    if (value is None and optional) or (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+                                        and value >= low):
+        return value
+    raise InvalidArgumentError(f"{what} must be an int >= {low}{' or None' if optional else ''}, got {value!r:.80}")
 
 
 def error_from_code(code, message, details=None):

@@ -15,6 +15,7 @@ that dequeued it (another thread's ack is PermissionDeniedError).
 """
 
 import logging
+import time
 
 from zmqflow.common.errors import OpError
 from zmqflow.common.wire.protocol import BrokerOps
@@ -34,6 +35,7 @@ class Lease:
         self.seconds = result["lease_s"]
         self.values = values
         self.settled = False
+        self.kept_at = time.monotonic()  # when it was granted or last extended (keep)
 
     def _call(self, op, args, timeout):
         return self.queue._client.call(op(self.id, **args), timeout=timeout)[0]
@@ -43,12 +45,6 @@ class Lease:
         FailedPreconditionError (its elements went back and may reach another consumer)."""
         self.settled = True
         return self._call(BrokerOps.Ack, {}, timeout)
-
-    def ack_async(self, timeout=SETTLE_TIMEOUT):
-        """ack() sent now, its answer collected later with `.result()` (which raises what ack() would).
-        A request this thread sends next reaches the broker after it, with no round trip between."""
-        self.settled = True
-        return self.queue._client.submit(BrokerOps.Ack(self.id), timeout=timeout)
 
     def nack(self, timeout=SETTLE_TIMEOUT):
         """The elements could not be processed: back to the queue at once, for any consumer."""
@@ -61,6 +57,30 @@ class Lease:
         self.seconds = answer["lease_s"]
         return answer
 
+    def keep(self, after, seconds=None):
+        """Extend the lease (`seconds`, default its own length) once `after` s passed since it was granted or
+        last kept: for a holder that works on its elements a while. An expired lease is only logged: its
+        elements went back to the queue and come again (at least once)."""
+        now = time.monotonic()
+        if now - self.kept_at <= after:
+            return
+        self.kept_at = now
+        try:
+            self.extend(seconds)
+        except OpError as exc:
+            log.warning("lease %s not extended (%s): its elements went back and come again", self.id, exc)
+
+    def settle(self, ack):
+        """ack() (or nack()) for a holder that cannot act on a failure; whether it was settled. One that fails
+        is logged: the lease expired or its client was lost, so its elements went back to the queue anyway."""
+        try:
+            (self.ack if ack else self.nack)()
+            return True
+        except OpError as exc:
+            log.warning("lease %s of %d elements not %s (%s): they went back to the queue and come again",
+                        self.id, rows(self.values), "acked" if ack else "nacked", exc)
+            return False
+
     def __enter__(self):
         return self.values
 
@@ -69,12 +89,18 @@ class Lease:
             return False
         if kind is None:
             self.ack()
-            return False
-        try:
-            self.nack()
-        except OpError as failed:  # expired or client gone: the elements went back anyway
-            log.warning("lease %s not nacked (%s); the block's own error follows", self.id, failed)
+        else:
+            self.settle(ack=False)  # the block's own error follows
         return False
 
     def __repr__(self):
         return f"<Lease {self.id} {self.seconds:g} s on {self.queue.name!r}{' settled' if self.settled else ''}>"
+
+
+def rows(values):
+    """Rows of a dequeued batch (a dict or list of components, or one array); 1 for one element."""
+    if isinstance(values, dict):
+        values = next(iter(values.values()))
+    elif isinstance(values, (list, tuple)):
+        values = values[0]
+    return len(values) if getattr(values, "ndim", 1) else 1

@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.common.rpc.client import OpClient, RpcClient
+from zmqflow.common.rpc.client import USE_DEFAULT, OpClient, RpcClient
 from zmqflow.common.variables import IndexedSlices
 from zmqflow.common.wire.protocol import PsOps
 
@@ -60,14 +60,17 @@ class PsClient:
     def restore(self, directory, shards=None, at_least=None):
         """Chief: the shards (indices; default every one) load their rows of the latest checkpoint in
         `directory`, their version raised to `at_least` when given (the others' current version)."""
-        request = PsOps.Restore(str(directory), at_least=None if at_least is None else int(at_least))
-        indices = range(len(self.clients)) if shards is None else shards
-        calls = [self.clients[i].submit(request) for i in indices]
-        return [call.result()[0] for call in calls]
+        return self._on_shards(PsOps.Restore(str(directory), at_least=None if at_least is None else int(at_least)),
+                               shards)
 
     def wait_ready(self, timeout=60.0):
-        calls = [c.submit(PsOps.WaitReady(), timeout=timeout) for c in self.clients]
-        return [call.result()[0]["version"] for call in calls]
+        return [result["version"] for result in self._on_shards(PsOps.WaitReady(), timeout=timeout)]
+
+    def _on_shards(self, request, shards=None, timeout=USE_DEFAULT):
+        """`request` sent to the shards (indices; default every one) at once; their answers, in that order."""
+        shards = range(len(self.clients)) if shards is None else shards
+        calls = [self.clients[i].submit(request, timeout=timeout) for i in shards]
+        return [call.result()[0] for call in calls]
 
     # ------------------------------------------------ the step
 
@@ -216,23 +219,18 @@ class PsClient:
         """Every shard writes its pieces, then the checkpoint is committed (atomic, `latest` updated)."""
         from zmqflow.common.checkpoints import checkpoint
         step = self.clients[0].call(PsOps.Stats())[0]["version"]  # the global step lives on ps 0
-        request = PsOps.Save(str(directory), step, checkpoint.file_metadata(config))
-        calls = [c.submit(request) for c in self.clients]
-        for call in calls:
-            call.result()
+        self._on_shards(PsOps.Save(str(directory), step, checkpoint.file_metadata(config)))
         return checkpoint.commit(str(directory), step, len(self.clients), config or {}, keep=keep)
 
     def stats(self):
-        return [c.call(PsOps.Stats(), timeout=5.0)[0] for c in self.clients]
+        return self._on_shards(PsOps.Stats(), timeout=5.0)
 
     def worker_done(self, replica, lost=False):
         """`replica` finished its input; `lost=True` is the chief counting a silent worker as finished."""
-        for call in [c.submit(PsOps.WorkerDone(replica, lost)) for c in self.clients]:
-            call.result()
+        self._on_shards(PsOps.WorkerDone(replica, lost))
 
     def shutdown(self):
-        for call in [c.submit(PsOps.Shutdown(), timeout=5.0) for c in self.clients]:
-            call.result()
+        self._on_shards(PsOps.Shutdown(), timeout=5.0)
 
     def close(self):
         for c in self.clients:

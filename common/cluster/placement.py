@@ -24,7 +24,7 @@ import dataclasses
 import numpy as np
 
 from zmqflow.common.wire.dtypes import as_numpy
-from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.common.errors import InvalidArgumentError, NotFoundError, check_int
 
 STRATEGIES = ("round_robin", "greedy")
 
@@ -190,13 +190,11 @@ def row_blocks(var, max_shard_bytes=None):
 
 
 def _check_arguments(variables, num_ps, strategy, max_shard_bytes):
-    if type(num_ps) is not int or num_ps < 1:
-        raise InvalidArgumentError(f"num_ps must be a positive integer, got {num_ps!r}")
+    check_int("num_ps", num_ps, 1)
     if strategy not in STRATEGIES:
         raise InvalidArgumentError(f"placement strategy {strategy!r} is not known; expected one of "
                                    f"{', '.join(STRATEGIES)}")
-    if max_shard_bytes is not None and (type(max_shard_bytes) is not int or max_shard_bytes < 1):
-        raise InvalidArgumentError(f"max_shard_bytes must be a positive integer, got {max_shard_bytes!r}")
+    check_int("max_shard_bytes", max_shard_bytes, 1, optional=True)
     seen = set()
     for var in variables:
         if var.name in seen:

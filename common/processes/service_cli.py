@@ -122,12 +122,6 @@ def setup_logging(level, task):
     logs.setup(level, task)
 
 
-def run_service(service_class, bind, ready_file, log_level, client_timeout, max_message_bytes):
-    def build(limits):
-        return service_class(bind, limits=limits, client_timeout=client_timeout)
-    run_service_instance(build, service_class.name, ready_file, log_level, max_message_bytes)
-
-
 def write_ready_file(path, endpoint):
     """The bound endpoint, written atomically: a launcher polling the file never reads half of it."""
     tmp = f"{path}.tmp"

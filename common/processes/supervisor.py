@@ -13,7 +13,6 @@ the chief may init, restore and shut down the job's services while no other loca
 """
 
 import sys
-import time
 
 from zmqflow.common.rpc import admin_token
 from zmqflow.common.processes.children import spawn, start_process, start_service
@@ -70,15 +69,6 @@ class Supervisor:
 
     def running(self):
         return [child for child in self.children if child.alive()]
-
-    def wait_any(self, timeout, interval=0.05):
-        """Wait up to `timeout` s for a child to exit; returns exits() (empty when none did)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            new = self.exits()
-            if new or time.monotonic() >= deadline:
-                return new
-            time.sleep(interval)
 
     def first_failure(self):
         """(child, code) of the first child that exited non-zero, else None."""

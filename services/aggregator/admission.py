@@ -16,7 +16,7 @@ and a burst after a quiet spell is not shed on a stale pace.
 import math
 import time
 
-from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.errors import InvalidArgumentError, check_int
 
 
 class BusyRate:
@@ -65,8 +65,7 @@ class Admission:
     def __init__(self, share=0.5, min_inflight=4):
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
             raise InvalidArgumentError(f"admission share must be a number in [0, 1] (0: never shed), got {share!r:.80}")
-        if type(min_inflight) is not int or min_inflight < 1:
-            raise InvalidArgumentError(f"min_inflight must be an int >= 1, got {min_inflight!r:.80}")
+        check_int("min_inflight", min_inflight, 1)
         self.share, self.min_inflight = float(share), min_inflight
 
     @property

@@ -14,7 +14,7 @@ sends and settles requests.
 
 import itertools
 
-from zmqflow.common.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from zmqflow.common.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, check_int
 from zmqflow.services.aggregator.admission import BusyRate
 
 COUNTERS = ("requests", "answers", "timeouts", "errors", "probes", "recoveries", "busy")
@@ -47,12 +47,10 @@ class Member:
 
 class MemberSet:
     def __init__(self, unhealthy_after=3, probe_s=0.5, min_healthy=1):
-        if type(unhealthy_after) is not int or unhealthy_after < 1:
-            raise InvalidArgumentError(f"unhealthy_after must be an int >= 1, got {unhealthy_after!r}")
+        check_int("unhealthy_after", unhealthy_after, 1)
         if not probe_s > 0:
             raise InvalidArgumentError(f"probe interval must be > 0 s, got {probe_s!r}")
-        if type(min_healthy) is not int or min_healthy < 0:
-            raise InvalidArgumentError(f"min_healthy must be an int >= 0, got {min_healthy!r}")
+        check_int("min_healthy", min_healthy)
         self.unhealthy_after, self.probe_s, self.min_healthy = unhealthy_after, probe_s, min_healthy
         self.members = {}  # address -> Member, in the order added
         self._turn = itertools.count()

@@ -22,8 +22,9 @@ import numpy as np
 import zmq
 
 from zmqflow.common.wire import frames as wire
-from zmqflow.common.errors import InvalidArgumentError, OpError, ResourceExhaustedError
+from zmqflow.common.errors import InvalidArgumentError, OpError, ResourceExhaustedError, check_int
 from zmqflow.common.rpc.service import PARKED, LoopClient, Service
+from zmqflow.common.rpc.probe import endpoint_of
 from zmqflow.common.rpc.resolver import default_resolver
 from zmqflow.services.aggregator.admission import Admission, QueueDelay
 from zmqflow.services.aggregator.combine import COMBINERS, CustomCombine, check_combine
@@ -47,12 +48,12 @@ class Aggregator(Service):
         super().__init__(bind, **service_options)
         self.resolver = resolver
         self.mode = _check_mode(mode)
-        self.deadline_ms = _check_int("deadline_ms", deadline_ms, 1)
-        self.min_members = _check_int("min_members", min_members, 1)
+        self.deadline_ms = check_int("deadline_ms", deadline_ms, 1)
+        self.min_members = check_int("min_members", min_members, 1)
         self.custom = CustomCombine(combine) if combine not in COMBINERS else None
         self.combine = check_combine(combine, self.custom)
         # timeouts never eject the last members a request needs: under overload they are busy, not broken
-        self.min_healthy = max(1, self.min_members) if min_healthy is None else _check_int("min_healthy", min_healthy, 0)
+        self.min_healthy = max(1, self.min_members) if min_healthy is None else check_int("min_healthy", min_healthy, 0)
         self.fanout = FanOut(unhealthy_after, probe_ms / 1000.0, wake=self._schedule_wake, min_healthy=self.min_healthy,
                              admission=Admission(admit_share))
         self.members = self.fanout.members  # read-only here: listing, stats, metrics
@@ -70,7 +71,7 @@ class Aggregator(Service):
     # ------------------------------------------------ membership
 
     def _add(self, address, weight=1.0):
-        address = normalize_address(address)
+        address = endpoint_of(address)
         member = self.fanout.add(address, weight)
         link = LoopClient(self, address, "aggregator", lambda call: self._member_replied(address, call),
                           lambda: self._member_lost(address), self.resolver)
@@ -100,7 +101,7 @@ class Aggregator(Service):
         return {"member": self._add(call.args.address, call.args.weight).describe()}
 
     def _remove_member(self, call):
-        address = normalize_address(call.args.address)
+        address = endpoint_of(call.args.address)
         member, lost = self.fanout.remove(address)
         self.links.pop(address).close()
         now = time.monotonic()
@@ -335,23 +336,10 @@ class Aggregator(Service):
 # ------------------------------------------------ argument checks
 
 
-def normalize_address(address):
-    """`host:port` means tcp://host:port; other endpoints pass as they are."""
-    if not isinstance(address, str) or not address:
-        raise InvalidArgumentError(f"member address must be a non-empty string, got {address!r:.80}")
-    return address if "://" in address else f"tcp://{address}"
-
-
 def _check_mode(mode):
     if mode not in MODES:
         raise InvalidArgumentError(f"mode must be one of {', '.join(MODES)}, got {mode!r:.80}")
     return mode
-
-
-def _check_int(name, value, low):
-    if type(value) is not int or value < low:
-        raise InvalidArgumentError(f"{name} must be an int >= {low}, got {value!r:.80}")
-    return value
 
 
 def _check_request(call):

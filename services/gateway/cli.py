@@ -6,13 +6,9 @@ import os
 import click
 
 from zmqflow.common.processes.service_cli import curve_option, ops_options, setup_logging, write_ready_file
+from zmqflow.common.rpc.probe import endpoint_of
 
 HTTP_EXTRA_HINT = "the gateway needs the http extra: pip install 'zmqflow[http]' (Starlette, uvicorn, httptools, orjson)"
-
-
-def tcp_address(text):
-    """`host:port` means tcp://host:port; other ZeroMQ endpoints pass as they are."""
-    return text if "://" in text else f"tcp://{text}"
 
 
 @click.command(name="gateway", context_settings={"show_default": True})
@@ -69,7 +65,7 @@ def command(aggregator, server, bind, ensemble_name, ready_file, timeout_s, max_
         raise click.BadParameter(str(exc), param_hint="--bind") from None
     url = http_server.url_of(sock)
     upstreams = AsyncClients(name="gateway")
-    discovery = Discovery(upstreams, aggregator and tcp_address(aggregator), server and tcp_address(server),
+    discovery = Discovery(upstreams, aggregator and endpoint_of(aggregator), server and endpoint_of(server),
                           ensemble_name, refresh_s)
 
     stats = RequestStats().export() if metrics.requested() else None

@@ -40,7 +40,7 @@ import dataclasses
 
 import numpy as np
 
-from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.errors import InvalidArgumentError, check_int
 from zmqflow.services.ps.store import is_int
 
 NONFINITE_POLICIES = ("skip", "refuse")
@@ -82,8 +82,7 @@ class UpdateRule:
     def __init__(self, store, total_num_replicas=None, nonfinite="skip", live=lambda waiter: True):
         if nonfinite not in NONFINITE_POLICIES:
             raise InvalidArgumentError(f"nonfinite must be one of {', '.join(NONFINITE_POLICIES)}, got {nonfinite!r}")
-        if total_num_replicas is not None and not is_int(total_num_replicas, 1):
-            raise InvalidArgumentError(f"total_num_replicas must be an integer >= 1, got {total_num_replicas!r}")
+        check_int("total_num_replicas", total_num_replicas, 1, optional=True)
         self.store, self.total_num_replicas, self.nonfinite, self.live = store, total_num_replicas, nonfinite, live
         self.done = {}          # replica -> True: it finished its input; False: the chief gave up on it
         self.last_push = {}     # replica -> time of its last push (the chief spots silent workers)
@@ -229,10 +228,8 @@ class AsyncRule(UpdateRule):
     def __init__(self, store, staleness_bound=None, staleness_scaling=False, warmup_steps=0, warmup_replica=0,
                  **options):
         super().__init__(store, **options)
-        if staleness_bound is not None and not is_int(staleness_bound, 0):
-            raise InvalidArgumentError(f"staleness_bound must be an integer >= 0, got {staleness_bound!r}")
-        if not is_int(warmup_steps, 0):
-            raise InvalidArgumentError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        check_int("staleness_bound", staleness_bound, optional=True)
+        check_int("warmup_steps", warmup_steps)
         if not is_int(warmup_replica, 0) or (self.total_num_replicas is not None
                                              and warmup_replica >= self.total_num_replicas):
             raise InvalidArgumentError(f"warmup_replica must be a replica index, got {warmup_replica!r}")

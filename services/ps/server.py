@@ -198,25 +198,21 @@ class PsService(Service):
             raise InvalidArgumentError(f"push names {len(sparse_names)} sparse pieces but carries "
                                        f"{len(call.tensors)} tensors; each sparse piece takes two")
         grads = self._named_tensors(call, call.tensors[:dense_count])
-        sparse = {}
-        for k, name in enumerate(sparse_names):
-            indices, rows = call.tensors[dense_count + 2 * k:dense_count + 2 * k + 2]
-            sparse[name] = (indices, rows.astype(np.float32) if rows.dtype == BF16 else rows)
-        replica = call.args.replica
-        self._heard_from(replica, call.identity)
-        result = self.rule.push(grads, call.args.version, replica, sparse)
-        self._wake_versions()
-        return vars(result)
+        sparse = {name: (call.tensors[dense_count + 2 * k], _float32(call.tensors[dense_count + 2 * k + 1]))
+                  for k, name in enumerate(sparse_names)}
+        return self._pushed(call, self.rule.push, grads, sparse=sparse)
 
     def _push_sparse(self, call):
         self._require_ready()
         if len(call.tensors) != 2:
             raise InvalidArgumentError("push_sparse takes two tensors: indices and rows")
         indices, rows = call.tensors
-        rows = rows.astype(np.float32) if rows.dtype == BF16 else rows
-        replica = call.args.replica
-        self._heard_from(replica, call.identity)
-        result = self.rule.push_sparse(call.args.name, indices, rows, call.args.version, replica)
+        return self._pushed(call, self.rule.push_sparse, call.args.name, indices, _float32(rows))
+
+    def _pushed(self, call, push, *tensors, **sparse):
+        """`push` (the rule's) of what `call` carries, tagged with its version and replica; the pulls it let go."""
+        self._heard_from(call.args.replica, call.identity)
+        result = push(*tensors, version=call.args.version, replica=call.args.replica, **sparse)
         self._wake_versions()
         return vars(result)
 
@@ -298,14 +294,13 @@ class PsService(Service):
         stats, shard, now = self.rule.stats(), (str(self.shard_index),), time.monotonic()
         yield gauge_family("zmqflow_ps_version", "The shard's version (global step).", {shard: stats["version"]},
                            ["shard"])
-        for key, doc in (("updates", "Updates applied to the variables."),
-                         ("pushes_received", "Gradient pushes received."), ("pushes_applied", "Pushes applied."),
-                         ("pulls", "Pulls answered.")):
-            yield counter_family(f"zmqflow_ps_{key}", doc, {shard: stats[key]}, ["shard"])
-        yield counter_family("zmqflow_ps_pushed_bytes", "Gradient bytes received.", {shard: stats["bytes_pushed"]},
-                             ["shard"])
-        yield counter_family("zmqflow_ps_pulled_bytes", "Parameter bytes sent.", {shard: stats["bytes_pulled"]},
-                             ["shard"])
+        for name, key, doc in (("updates", "updates", "Updates applied to the variables."),
+                               ("pushes_received", "pushes_received", "Gradient pushes received."),
+                               ("pushes_applied", "pushes_applied", "Pushes applied."),
+                               ("pulls", "pulls", "Pulls answered."),
+                               ("pushed_bytes", "bytes_pushed", "Gradient bytes received."),
+                               ("pulled_bytes", "bytes_pulled", "Parameter bytes sent.")):
+            yield counter_family(f"zmqflow_ps_{name}", doc, {shard: stats[key]}, ["shard"])
         yield gauge_family("zmqflow_ps_pushes_pending", "Sync: pushes accumulated for the current step.",
                            {shard: stats["pushes_pending"]}, ["shard"])
         yield counter_family("zmqflow_ps_pushes_dropped", "Pushes dropped, by reason (stale, duplicate, future, ...).",
@@ -336,5 +331,10 @@ class PsService(Service):
         names = call.args.names
         if len(names) != len(tensors):
             raise InvalidArgumentError(f"'names' must list one name per tensor ({len(tensors)} tensors)")
-        return {n: (t.astype(np.float32) if t.dtype == BF16 else t) for n, t in zip(names, tensors)}
+        return {n: _float32(t) for n, t in zip(names, tensors)}
+
+
+def _float32(tensor):
+    """A bfloat16 tensor (a `bf16` request's) as float32, what the variables hold; any other as it is."""
+    return tensor.astype(np.float32) if tensor.dtype == BF16 else tensor
 

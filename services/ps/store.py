@@ -14,7 +14,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from zmqflow.common.wire.dtypes import as_numpy
-from zmqflow.common.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, NotFoundError
+from zmqflow.common.errors import (AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, NotFoundError,
+                                   check_int)
 from zmqflow.services.ps.optimizers import Optimizer, make_optimizer
 
 _ALIGN = 64  # bytes between pieces in a snapshot buffer, so every view is aligned
@@ -68,7 +69,7 @@ class VariableStore:
         """The chief's initial values. Once only: a repeated identical call (a retried request)
         is a no-op, a different one is AlreadyExists unless `force`."""
         _check_arrays(values, self.specs, "initial values")
-        _check_step(step)
+        check_int("step", step)
         if self.initialized and not force:
             if step == self.version and all(np.array_equal(values[n], v) for n, v in self._values.items()):
                 return
@@ -79,7 +80,7 @@ class VariableStore:
     def restore(self, values, slots, step):
         """Values and optimizer slots from a checkpoint (`slots` None: fresh slots)."""
         _check_arrays(values, self.specs, "restored values")
-        _check_step(step)
+        check_int("step", step)
         if slots is not None:
             if not isinstance(slots, Mapping) or set(slots) != set(self.specs):
                 raise InvalidArgumentError("restored slots must name exactly the shard's pieces")
@@ -344,11 +345,6 @@ def _check_indices(indices, shape, name):
     if indices.size and (indices.min() < 0 or indices.max() >= shape[0]):
         raise InvalidArgumentError(f"row indices of {name!r} must be in [0, {shape[0]})")
     return indices
-
-
-def _check_step(step):
-    if not is_int(step, 0):
-        raise InvalidArgumentError(f"step must be an integer >= 0, got {step!r}")
 
 
 def is_int(value, minimum):

@@ -35,7 +35,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from zmqflow.common.errors import CancelledError, DeadlineExceededError, InvalidArgumentError, OutOfRangeError
+from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InvalidArgumentError, OutOfRangeError,
+                                   check_int)
 from zmqflow.common.clients.queues import DEFAULT_BROKER_ENV, FIFOQueue, PaddingFIFOQueue, RandomShuffleQueue
 from zmqflow.common.rpc.client import default_pool
 
@@ -84,10 +85,8 @@ class Batches:
 
     def __init__(self, tensors, batch_size, kind, num_threads, capacity, min_after_dequeue, seed, enqueue_many,
                  shapes, allow_smaller_final_batch, shared_name, container, broker, timeout):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InvalidArgumentError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
-            raise InvalidArgumentError(f"num_threads must be an int >= 1, got {num_threads!r}")
+        check_int("batch_size", batch_size, 1)
+        check_int("num_threads", num_threads, 1)
         self.broker = broker or os.environ.get(DEFAULT_BROKER_ENV)
         if not self.broker:
             raise InvalidArgumentError(f"no broker address: pass broker= or set {DEFAULT_BROKER_ENV}")

@@ -44,11 +44,10 @@ import time
 import numpy as np
 
 from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError,
-                           OutOfRangeError, UnavailableError)
+                           OutOfRangeError, UnavailableError, check_int)
 from zmqflow.common.clients.producers import CALL_TIMEOUT, DEFAULT_LEASE_S, DEFAULT_REJOIN_S, Producer, producer_name
 from zmqflow.common.clients.queues import FIFOQueue, PaddingFIFOQueue, RandomShuffleQueue
 from zmqflow.common.rpc.client import default_pool
-from zmqflow.services.reader.file_lease import FileLease
 from zmqflow.inputs.formats import open_format
 from zmqflow.inputs.spec_stream import SpecStream
 from zmqflow.services.reader.producer import DEFAULT_CAPACITY, expand_globs, filename_queue, string_input_producer
@@ -159,9 +158,8 @@ class ReaderPipeline:
                  shuffle_files=True, readers=1, features=None, cast=None, filename_capacity=DEFAULT_CAPACITY,
                  lease_s=DEFAULT_LEASE_S, enqueue_timeout=DEFAULT_ENQUEUE_TIMEOUT, in_flight=2, name="reader",
                  progress_every=10.0, pool=None, at_least_once=False, rejoin_s=DEFAULT_REJOIN_S):
-        for what, value in (("readers", readers), ("in_flight", in_flight)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgumentError(f"{what} must be an int >= 1, got {value!r}")
+        check_int("readers", readers, 1)
+        check_int("in_flight", in_flight, 1)
         self.broker, self.queue_name, self.container = broker, queue, container
         self.format_kind, self.format_options = format_kind, dict(format_options or {})
         spec = open_reader_format(format_kind, self.format_options).spec  # bad options fail here, before registering
@@ -176,6 +174,7 @@ class ReaderPipeline:
         if at_least_once and num_epochs:   # every name fits: the producer is done at once (its death would fail)
             self.filename_capacity = max(filename_capacity, len(self.files) * num_epochs)
         self.lease_s, self.enqueue_timeout = lease_s, enqueue_timeout
+        self.keep_every = lease_s / 4   # a file name's lease is extended as often as the reader beats
         self.in_flight = in_flight
         self.member = producer_name(name)
         self.progress_every = progress_every
@@ -326,20 +325,20 @@ class ReaderPipeline:
             except OutOfRangeError:
                 self._exhausted.append(index)
                 return
-            lease = FileLease(name) if self.at_least_once else None
-            path = (lease.name if lease else name.item()).decode()
+            lease = name if self.at_least_once else None   # a Lease on the name (common/clients/leases.py)
+            path = (lease.values if lease else name).item().decode()
             self.counters.reading[index] = path
             try:
                 if not self._push_file(fmt, path, lease):
                     self._abandoned.append(path)
                     if lease:
-                        lease.give_back()
+                        lease.settle(ack=False)   # another reader reads it
                     return
             except CancelledError as exc:
                 raise CancelledError(f"reader {self.member}: the instance queue {self.queue_name!r} was closed "
                                      f"while {path} was being pushed ({exc})") from None
             if lease:
-                lease.done()
+                lease.settle(ack=True)
             self.counters.reading[index] = None
             self.counters.file_done()
 
@@ -349,7 +348,7 @@ class ReaderPipeline:
         pending = collections.deque()
         for chunk in fmt.read(path):
             if lease:
-                lease.keep()
+                lease.keep(self.keep_every)
             if self._halt.is_set():
                 while pending:
                     self._settle(pending.popleft(), lease)
@@ -376,8 +375,8 @@ class ReaderPipeline:
         futures, count = attempt
         try:
             for future in futures:
-                while lease and not future.wait(lease.period):   # waiting for room: keep the file's name
-                    lease.keep()
+                while lease and not future.wait(self.keep_every):   # waiting for room: keep the file's name
+                    lease.keep(self.keep_every)
                 future.result()
         except DeadlineExceededError:
             raise DeadlineExceededError(f"instance queue {self.queue_name!r} had no room for {self.enqueue_timeout} s "

@@ -14,13 +14,7 @@ slowest step seen, whichever is longer; a held lease older than half its length 
 before each step, so a slow stretch (a ps restart being waited out) keeps its batches.
 """
 
-import logging
-import time
-
-from zmqflow.common.errors import OpError
-from zmqflow.common.clients.leases import Lease
-
-log = logging.getLogger("worker")
+from zmqflow.common.clients.leases import Lease, rows
 
 MIN_LEASE_S = 30.0
 STEP_FACTOR = 20.0
@@ -33,7 +27,6 @@ class LeasedBatches:
         self.fixed_s = lease_s
         self.slowest_step_s = 0.0
         self.in_hand = self.in_push = None
-        self._extended = {}   # lease id -> when it was granted or last extended (monotonic)
         self.acked = self.returned = 0
 
     def length(self):
@@ -45,7 +38,6 @@ class LeasedBatches:
         if not isinstance(value, Lease):
             return value
         self.in_hand = value
-        self._extended[value.id] = time.monotonic()
         return value.values
 
     def step_took(self, seconds):
@@ -57,50 +49,30 @@ class LeasedBatches:
 
     def push_settled(self):
         """The ps acknowledged the push in flight: its batch is done for good."""
-        self._settle("in_push", Lease.ack)
+        self._settle("in_push", ack=True)
 
     def received(self):
         """The ps acknowledged the push of the batch in hand (sync): done for good."""
-        self._settle("in_hand", Lease.ack)
+        self._settle("in_hand", ack=True)
 
     def give_back(self):
         """The step in hand (and the push in flight) were lost: their batches go back to the queue."""
-        self._settle("in_push", Lease.nack)
-        self._settle("in_hand", Lease.nack)
+        self._settle("in_push", ack=False)
+        self._settle("in_hand", ack=False)
 
     def keep(self):
         """Extend each held lease that has run past half its length."""
-        now = time.monotonic()
         for lease in (self.in_hand, self.in_push):
-            if lease is not None and now - self._extended.get(lease.id, now) > lease.seconds / 2:
-                try:
-                    lease.extend(max(lease.seconds, self.length()))
-                    self._extended[lease.id] = now
-                except OpError as exc:   # expired already: its elements went back (they will come again)
-                    log.warning("lease %s not extended: %s", lease.id, exc)
+            if lease is not None:
+                lease.keep(lease.seconds / 2, max(lease.seconds, self.length()))
 
-    def _settle(self, slot, how):
+    def _settle(self, slot, ack):
+        """Settle a held lease; one that fails went back to the queue anyway (its batch is trained again)."""
         lease = getattr(self, slot)
-        if lease is None:
-            return
         setattr(self, slot, None)
-        self._extended.pop(lease.id, None)
-        try:
-            how(lease)
-        except OpError as exc:   # expired or refused: the broker gave the elements back, so none is lost
-            log.warning("lease %s of %d elements not %sed (%s): it went back to the queue and is trained again",
-                        lease.id, _rows(lease.values), how.__name__, exc)
+        if lease is None or not lease.settle(ack):
             return
-        if how is Lease.ack:
-            self.acked += _rows(lease.values)
+        if ack:
+            self.acked += rows(lease.values)
         else:
-            self.returned += _rows(lease.values)
-
-
-def _rows(values):
-    """Rows of a dequeued batch: a dict or list of components, or one array."""
-    if isinstance(values, dict):
-        values = next(iter(values.values()))
-    elif isinstance(values, (list, tuple)):
-        values = values[0]
-    return len(values)
+            self.returned += rows(lease.values)

@@ -11,13 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.errors import InvalidArgumentError, check_int
 
 
 def tower_devices(n, num_gpus):
     """Tower i on GPU i (round robin when towers outnumber GPUs); all on the CPU without a GPU."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise InvalidArgumentError(f"towers must be a positive integer, got {n!r}")
+    check_int("towers", n, 1)
     return [f"/gpu:{i % num_gpus}" for i in range(n)] if num_gpus else ["/cpu:0"] * n
 
 

@@ -194,10 +194,6 @@ class QueueBase:
         self._elements.clear()
         return done
 
-    def failure(self):
-        """The error the queue failed with (fail), or None."""
-        return self._error
-
     def give_back(self, elements):
         """Elements of an unsettled lease return (as a withdrawn batch's do, §5) and wake dequeuers."""
         self._leased -= len(elements)
