@@ -192,10 +192,6 @@ class PsClient:
 
     # ------------------------------------------------ preloaded data
 
-    def preload(self, name, data, shard=0):
-        """Hold `data` ({component: array with rows}) on one shard, for workers to slice."""
-        return self.clients[shard].call(PsOps.Preload(name, list(data)), tensors=list(data.values()))[0]
-
     def preloaded_rows(self, name, shard=0, timeout=120.0):
         """Rows of the preloaded data set `name`, waiting (bounded) until someone has preloaded it."""
         import time

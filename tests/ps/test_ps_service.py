@@ -14,7 +14,7 @@ from zmqflow.models.spec import MNIST_MLP
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.common.cluster.placement import place
 from zmqflow.common.processes.children import start_service
-from zmqflow.common.clients.ps import PsClient
+from zmqflow.common.clients.ps import PsClient, PsShardClient
 from zmqflow.common.rpc.client import RpcClient
 from zmqflow.common.variables import IndexedSlices
 
@@ -292,9 +292,9 @@ def test_preloaded_data_is_held_once_and_sliced_by_row(tmp_path):
     from zmqflow.common.errors import InvalidArgumentError, NotFoundError
     procs = shards(tmp_path)
     try:
-        ps = client(procs)
+        ps, shard = client(procs), PsShardClient(procs[0].endpoint)
         x, y = np.arange(20, dtype=np.float32).reshape(10, 2), np.arange(10, dtype=np.int32)
-        assert ps.preload("train", {"image": x, "label": y}) == {"rows": 10, "names": ["image", "label"]}
+        assert shard.preload("train", {"image": x, "label": y}) == {"rows": 10, "names": ["image", "label"]}
         assert ps.preloaded_rows("train") == 10
         got = ps.take_rows_async("train", [7, 2]).result()
         assert got["image"].tolist() == [[14, 15], [4, 5]] and got["label"].tolist() == [7, 2]
@@ -303,7 +303,7 @@ def test_preloaded_data_is_held_once_and_sliced_by_row(tmp_path):
         with pytest.raises(NotFoundError):
             ps.take_rows_async("other", [0]).result()
         with pytest.raises(InvalidArgumentError):
-            ps.preload("bad", {"a": x, "b": y[:3]})  # components of different lengths
+            shard.preload("bad", {"a": x, "b": y[:3]})  # components of different lengths
     finally:
         for p in procs:
             p.stop()
