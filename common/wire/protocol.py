@@ -401,6 +401,10 @@ class ServeOps:
         """The model: its inputs, output and raw features."""
 
 
+AGGREGATOR_MODES = ("ensemble", "replica")
+aggregator_mode = one_of(*AGGREGATOR_MODES)
+
+
 class AggregatorOps:
     """An ensemble aggregator (services/aggregator/server.py)."""
 
@@ -412,7 +416,7 @@ class AggregatorOps:
         deadline_ms: Positive | None = None
         min_members: Positive | None = None
         combine: Name | None = None
-        mode: Annotated[str, one_of("ensemble", "replica")] | None = None
+        mode: Annotated[str, aggregator_mode] | None = None
         sent_at: float | None = None
 
     class AddMember(Request, role=ADMIN, answer="member"):

@@ -3,6 +3,7 @@
 import click
 
 from zmqflow.common.processes.service_cli import run_service_instance, service_options
+from zmqflow.common.wire.protocol import AGGREGATOR_MODES
 
 
 def parse_member(text):
@@ -23,7 +24,7 @@ def parse_member(text):
 @service_options(default_bind="tcp://127.0.0.1:5800")
 @click.option("--member", "members", multiple=True, metavar="ADDRESS[=WEIGHT]",
               help="A model server to ask (repeat); WEIGHT counts in --combine weighted.")
-@click.option("--mode", default="ensemble", type=click.Choice(["ensemble", "replica"]),
+@click.option("--mode", default="ensemble", type=click.Choice(AGGREGATOR_MODES),
               help="ensemble: ask every healthy member and combine; replica: ask the least busy one.")
 @click.option("--deadline-ms", default=1000, type=click.IntRange(min=1),
               help="Deadline of a predict request that names none.")

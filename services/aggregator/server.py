@@ -31,11 +31,9 @@ from zmqflow.services.aggregator.combine import COMBINERS, CustomCombine, check_
 from zmqflow.services.aggregator.fanout import FanOut, Probe
 from zmqflow.services.aggregator.gather import Gather
 from zmqflow.services.aggregator.stats import AggregatorStats
-from zmqflow.common.wire.protocol import AggregatorOps, Ops, ServeOps
+from zmqflow.common.wire.protocol import AggregatorOps, Ops, ServeOps, aggregator_mode
 
 log = logging.getLogger(__name__)
-
-MODES = ("ensemble", "replica")
 
 
 class Aggregator(Service):
@@ -47,7 +45,7 @@ class Aggregator(Service):
                  **service_options):
         super().__init__(bind, **service_options)
         self.resolver = resolver
-        self.mode = _check_mode(mode)
+        self.mode = aggregator_mode(mode, "mode")
         self.deadline_ms = check_int("deadline_ms", deadline_ms, 1)
         self.min_members = check_int("min_members", min_members, 1)
         self.custom = CustomCombine(combine) if combine not in COMBINERS else None
@@ -334,12 +332,6 @@ class Aggregator(Service):
 
 
 # ------------------------------------------------ argument checks
-
-
-def _check_mode(mode):
-    if mode not in MODES:
-        raise InvalidArgumentError(f"mode must be one of {', '.join(MODES)}, got {mode!r:.80}")
-    return mode
 
 
 def _check_request(call):

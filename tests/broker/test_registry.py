@@ -5,6 +5,7 @@ import pytest
 
 from zmqflow.common.errors import CancelledError, InvalidArgumentError, NotFoundError
 from zmqflow.services.broker.queues import QueueDeclaration, QueueRegistry, Ticket
+from zmqflow.common.wire.protocol import BrokerOps
 
 pytestmark = pytest.mark.unit
 
@@ -59,8 +60,8 @@ def test_get_unknown_handle_is_not_found_naming_it():
     r = QueueRegistry()
     with pytest.raises(NotFoundError, match="queue 7 not found: never created or its container was reset"):
         r.get(7)
-    with pytest.raises(InvalidArgumentError):
-        r.get("7")
+    with pytest.raises(InvalidArgumentError):   # a handle that is no int: refused on the wire, by the declaration
+        BrokerOps.Size.validate({"queue": "7"})
 
 
 def test_reset_cancels_pending_requests_frees_queues_and_reopen_makes_a_new_queue():

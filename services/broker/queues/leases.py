@@ -28,8 +28,7 @@ import heapq
 import itertools
 from collections import OrderedDict
 
-from zmqflow.common.errors import (FailedPreconditionError, InvalidArgumentError, NotFoundError,
-                                   PermissionDeniedError)
+from zmqflow.common.errors import FailedPreconditionError, NotFoundError, PermissionDeniedError
 
 _COMPACT_MIN = 1024  # expiry entries kept before the heap is rebuilt without settled leases' entries
 
@@ -147,8 +146,6 @@ class LeaseBook:
             heapq.heapify(heap)
 
     def _find(self, lease_id, owner):
-        if type(lease_id) is not int:
-            raise InvalidArgumentError(f"a lease id is an int, got {lease_id!r:.40}")
         lease = self._open.get(lease_id)
         if lease is None:
             outcome, ended = self._settled.get(lease_id, (None, None))
