@@ -198,6 +198,20 @@ PRODUCERS_STATE = "queue closed closed_by code error at_least_once first produce
 """What every producer op answers: the queue's end (closed: None, 'ok', 'failed'), its error, each producer."""
 
 
+class _BatchDequeue(Request):
+    """The fields of dequeue_many and dequeue_up_to (a base outside any table: not an op itself)."""
+    queue: int
+    n: int
+    lease: Seconds | None = None
+
+
+class _ProducerOp(Request):
+    """The fields every producer op starts with: the queue, the producer's name, its lease (beat within)."""
+    queue: int
+    name: Name
+    lease: Seconds
+
+
 class BrokerOps:
     """The queue-broker (services/broker/server.py); `queue` is the handle open_queue answered."""
 
@@ -240,17 +254,11 @@ class BrokerOps:
         queue: int
         lease: Seconds | None = None
 
-    class DequeueMany(Request, role=MEMBER, answer="lease lease_s"):
+    class DequeueMany(_BatchDequeue, role=MEMBER, answer="lease lease_s"):
         """`n` elements, waiting until there are that many (or the queue is closed: OUT_OF_RANGE)."""
-        queue: int
-        n: int
-        lease: Seconds | None = None
 
-    class DequeueUpTo(Request, role=MEMBER, answer="lease lease_s"):
+    class DequeueUpTo(_BatchDequeue, role=MEMBER, answer="lease lease_s"):
         """Up to `n` elements: fewer once the queue is closed."""
-        queue: int
-        n: int
-        lease: Seconds | None = None
 
     class Close(Request, role=MEMBER):
         queue: int
@@ -271,38 +279,26 @@ class BrokerOps:
     QUEUE_OPS = (Enqueue, EnqueueMany, Dequeue, DequeueMany, DequeueUpTo, Close)
     """The ops on one queue (a handle), served by the queue's own semantics."""
 
-    class RegisterProducer(Request, role=MEMBER, answer=PRODUCERS_STATE):
+    class RegisterProducer(_ProducerOp, role=MEMBER, answer=PRODUCERS_STATE):
         """Register the caller as a producer of `queue` that beats within `lease` s (zmqflow's extension,
         docs/queue-semantics.md §8): the broker closes the queue when its last producer is done and fails
         it when one vanishes; at least once, a vanished producer's file is read again, `source` (the
         file-name queue) failing with it."""
-        queue: int
-        name: Name
-        lease: Seconds
         at_least_once: bool = False
         rejoin_s: Seconds | None = None
         source: int | None = None
 
-    class Beat(Request, role=MEMBER, answer=PRODUCERS_STATE):
+    class Beat(_ProducerOp, role=MEMBER, answer=PRODUCERS_STATE):
         """Alive, with `progress` (named when the broker reports this producer gone)."""
-        queue: int
-        name: Name
-        lease: Seconds
         progress: dict | None = None
 
-    class ProducerDone(Request, role=MEMBER, answer=PRODUCERS_STATE):
+    class ProducerDone(_ProducerOp, role=MEMBER, answer=PRODUCERS_STATE):
         """Every element of this producer is in (`exhausted`: it saw its input's end, not a stop)."""
-        queue: int
-        name: Name
-        lease: Seconds
         exhausted: bool = True
         progress: dict | None = None
 
-    class ProducerFailed(Request, role=MEMBER, answer=PRODUCERS_STATE):
+    class ProducerFailed(_ProducerOp, role=MEMBER, answer=PRODUCERS_STATE):
         """Fail the queue with a status `code` and its `error` message."""
-        queue: int
-        name: Name
-        lease: Seconds
         code: int
         error: str
 
