@@ -144,12 +144,16 @@ def profiled(function, *args, task):
         profiler.dump_stats(os.path.join(profile_dir, f"{task.replace(':', '-')}.{os.getpid()}.prof"))
 
 
-def run_service_instance(build, task, ready_file, log_level, max_message_bytes):
-    """Set up the process, build the service with `build(limits)`, announce it, serve until SIGTERM."""
+def run_service_instance(task, make_service, *args, bind, ready_file, log_level, client_timeout, max_message_bytes,
+                         **options):
+    """Set up the process, build the service, `make_service(bind, *args, limits=..., client_timeout=...,
+    **options)` (a Service class, or a function making one), announce it, serve until SIGTERM.
+    The keywords from `bind` to `max_message_bytes` are service_options' (a command passes them on whole)."""
     setup_logging(log_level, task)
     keep_freed_memory()
     try:
-        service = build(dataclasses.replace(DEFAULT_LIMITS, max_message_bytes=max_message_bytes))
+        limits = dataclasses.replace(DEFAULT_LIMITS, max_message_bytes=max_message_bytes)
+        service = make_service(bind, *args, limits=limits, client_timeout=client_timeout, **options)
     except InvalidArgumentError as exc:   # a bad option value: exit 2, as a usage error
         raise click.UsageError(str(exc)) from None
     from zmqflow.common.processes import metrics

@@ -46,20 +46,15 @@ def parse_member(text):
                    "one that waited past its deadline in the aggregator's own queue. 0: never shed.")
 @click.option("--probe-ms", default=500, type=click.IntRange(min=1),
               help="How often an unhealthy member is probed; it is taken back when it answers.")
-def command(bind, ready_file, log_level, client_timeout, max_message_bytes, members, mode, deadline_ms, min_members,
-            combine, unhealthy_after, min_healthy, admit_share, probe_ms):
+def command(members, mode, deadline_ms, min_members, combine, unhealthy_after, min_healthy, admit_share, probe_ms,
+            **service):
     """Answer predict requests from several model servers by each request's deadline."""
     from zmqflow.services.aggregator.server import Aggregator
 
     parsed = [parse_member(m) for item in members for m in item.split(",") if m]
-
-    def build(limits):
-        return Aggregator(bind, parsed, mode=mode, deadline_ms=deadline_ms, min_members=min_members, combine=combine,
-                          unhealthy_after=unhealthy_after, probe_ms=probe_ms, min_healthy=min_healthy,
-                          admit_share=admit_share, limits=limits,
-                          client_timeout=client_timeout)
-
-    run_service_instance(build, "aggregator", ready_file, log_level, max_message_bytes)
+    run_service_instance("aggregator", Aggregator, parsed, mode=mode, deadline_ms=deadline_ms, min_members=min_members,
+                         combine=combine, unhealthy_after=unhealthy_after, probe_ms=probe_ms, min_healthy=min_healthy,
+                         admit_share=admit_share, **service)
 
 
 def main():

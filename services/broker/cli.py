@@ -44,8 +44,8 @@ def half_the_memory():
               help="Element bytes one container's queues may hold, waiting enqueues included (0 = unlimited).")
 @click.option("--max-total-bytes", type=ByteSize(), default=None, show_default="half of this machine's memory",
               help="Element bytes all queues together may hold (0 = unlimited).")
-def command(bind, ready_file, log_level, client_timeout, max_message_bytes, max_queues, max_queues_per_container,
-            max_queue_capacity, max_container_bytes, max_total_bytes):
+def command(max_queues, max_queues_per_container, max_queue_capacity, max_container_bytes, max_total_bytes,
+            **service):
     """Host FIFO, random-shuffle and padding queues with TensorFlow's semantics.
 
     Clients open queues by (container, shared_name) and enqueue / dequeue
@@ -61,10 +61,7 @@ def command(bind, ready_file, log_level, client_timeout, max_message_bytes, max_
             raise click.BadParameter(f"{value} < 0 (0 means unlimited)", param_hint=name)
     broker_limits = BrokerLimits(max_queues, max_queues_per_container, max_queue_capacity, max_container_bytes,
                                  half_the_memory() if max_total_bytes is None else max_total_bytes)
-
-    def build(limits):
-        return BrokerService(bind, limits=limits, client_timeout=client_timeout, broker_limits=broker_limits)
-    run_service_instance(build, "broker:0", ready_file, log_level, max_message_bytes)  # the task, as TF_CONFIG names it
+    run_service_instance("broker:0", BrokerService, broker_limits=broker_limits, **service)  # TF_CONFIG's task name
 
 
 def main():

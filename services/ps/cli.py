@@ -37,9 +37,9 @@ from zmqflow.common.processes.task_options import model_options, parse_json_opti
                    "from) or fail every waiting pull with ABORTED naming it, ending the workers.")
 @click.option("--restore-from", default=None, type=click.Path(file_okay=False),
               help="Restore this shard's share of the latest checkpoint here at start (a restarted shard).")
-def command(bind, ready_file, log_level, client_timeout, max_message_bytes, task_index, num_ps, model_spec,
-            placement_strategy, max_shard_bytes, optimizer, mode, replicas_to_aggregate, total_num_replicas,
-            staleness_bound, staleness_scaling, warmup_steps, nonfinite, lost_after, lost_policy, restore_from):
+def command(task_index, num_ps, model_spec, placement_strategy, max_shard_bytes, optimizer, mode, replicas_to_aggregate,
+            total_num_replicas, staleness_bound, staleness_scaling, warmup_steps, nonfinite, lost_after, lost_policy,
+            restore_from, **service):
     """Hold a share of the model's variables and apply the workers' gradients.
 
     The placement is computed from the model's variable list, the same on every
@@ -55,7 +55,7 @@ def command(bind, ready_file, log_level, client_timeout, max_message_bytes, task
         host, port = tf_task.cluster.task_address("ps", task_index).rsplit(":", 1)
         # a spec naming another host is the "told otherwise" case: every interface of the pod or container
         # (README, Security); a loopback host keeps the loopback default
-        bind = f"tcp://{host if host in ('127.0.0.1', 'localhost') else '*'}:{port}"
+        service["bind"] = f"tcp://{host if host in ('127.0.0.1', 'localhost') else '*'}:{port}"
     task_index, num_ps = task_index or 0, num_ps or 1
     placement = place(model_variables(resolve_model(model_spec)), num_ps, placement_strategy, max_shard_bytes)
     pieces = {p.key: p for p in placement.for_shard(task_index)}
@@ -64,18 +64,18 @@ def command(bind, ready_file, log_level, client_timeout, max_message_bytes, task
                      "staleness_bound": staleness_bound, "staleness_scaling": staleness_scaling,
                      "warmup_steps": warmup_steps, "nonfinite": nonfinite}
 
-    def build(limits):
-        service = PsService(bind, task_index, pieces, state_options, lost_after=lost_after or None,
-                            lost_policy=lost_policy, limits=limits, client_timeout=client_timeout)
+    def start_shard(*args, **options):
+        shard = PsService(*args, **options)
         log = logging.getLogger("ps-shard")
         log.info("ps:%d of %d, %s mode, placement:\n%s", task_index, num_ps, mode, placement.table())
         if restore_from:
             from zmqflow.common.checkpoints import checkpoint
             if checkpoint.latest_checkpoint(restore_from):
-                service.restore_latest(restore_from)
-        return service
+                shard.restore_latest(restore_from)
+        return shard
 
-    run_service_instance(build, f"ps:{task_index}", ready_file, log_level, max_message_bytes)
+    run_service_instance(f"ps:{task_index}", start_shard, task_index, pieces, state_options,
+                         lost_after=lost_after or None, lost_policy=lost_policy, **service)
 
 
 def main():

@@ -22,8 +22,8 @@ from zmqflow.common.processes.task_options import model_options
 @click.option("--data", "data_spec", default=None,
               help="A data spec (YAML) whose raw feature columns requests may send as records, made into inputs with "
                    "its train split's statistics. Default: the spec the checkpoint records (trained with --data).")
-def command(bind, ready_file, log_level, client_timeout, max_message_bytes, checkpoint_dir, follow_ps, refresh_secs,
-            model_spec, placement_strategy, max_shard_bytes, backend, max_batch, max_delay_ms, model_name, data_spec):
+def command(checkpoint_dir, follow_ps, refresh_secs, model_spec, placement_strategy, max_shard_bytes, backend, max_batch,
+            max_delay_ms, model_name, data_spec, **service):
     """Answer predict requests from a checkpoint or the live ps shards, batching concurrent requests.
 
     A request sends the model's inputs as tensors (their names, shapes and dtypes are the model's
@@ -45,16 +45,10 @@ def command(bind, ready_file, log_level, client_timeout, max_message_bytes, chec
         data = load_spec(data_spec)
         fit(data, load_tables(data)["train"])
         data_config = to_config(data)
-
-    def build(limits):
-        return ModelServer(bind, spec, backend=backend, max_batch=max_batch, max_delay_ms=max_delay_ms,
-                           model_name=model_name or default_model_name(checkpoint_dir, endpoints),
-                           checkpoint_dir=checkpoint_dir, ps_endpoints=endpoints,
-                           placement_strategy=placement_strategy, max_shard_bytes=max_shard_bytes,
-                           refresh_secs=refresh_secs, data_config=data_config, limits=limits,
-                           client_timeout=client_timeout)
-
-    run_service_instance(build, "serve", ready_file, log_level, max_message_bytes)
+    run_service_instance("serve", ModelServer, spec, backend=backend, max_batch=max_batch, max_delay_ms=max_delay_ms,
+                         model_name=model_name or default_model_name(checkpoint_dir, endpoints),
+                         checkpoint_dir=checkpoint_dir, ps_endpoints=endpoints, placement_strategy=placement_strategy,
+                         max_shard_bytes=max_shard_bytes, refresh_secs=refresh_secs, data_config=data_config, **service)
 
 
 def main():
