@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 
-from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.errors import InvalidArgumentError, check_int
 from zmqflow.inputs.data_sources import csv_format, name_columns, needed
 from zmqflow.inputs.data_spec import Table, from_config, input_signature, labels, load_tables, model_inputs
 from zmqflow.inputs.formats.base import Chunk, Counters
@@ -98,8 +98,7 @@ class SpecStream:
         if self.data.format not in STREAMED_FORMATS:
             raise InvalidArgumentError(f"data spec {self.data.name!r}: readers stream {', '.join(STREAMED_FORMATS)} "
                                        f"files; a {self.data.format} spec is fed from memory")
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise InvalidArgumentError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        check_int("chunk_size", chunk_size, 1)
         self.split, self.rows, self.chunk_size = split, rows, chunk_size
         self.components = queue_components(self.data)
         self.counters = Counters()

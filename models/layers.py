@@ -113,6 +113,14 @@ def _positive(value, what):
     return value
 
 
+def _windowed(layer, input_shape, window, channels):
+    """Set and return the output shape [oh, ow, channels] of a `window`-sized sliding layer (conv, pooling)."""
+    layer.input_shape = tuple(input_shape)
+    oh, ow = (conv_ops.output_size(n, window, layer.strides, layer.padding)[0] for n in input_shape[:2])
+    layer.output_shape = (oh, ow, channels)
+    return layer.output_shape
+
+
 def _padding(padding):
     if padding not in conv_ops.PADDINGS:
         raise ValueError(f"padding must be 'same' or 'valid', got {padding!r}")
@@ -167,16 +175,11 @@ class Conv2D(Layer):
         if len(input_shape) != 3:
             raise ValueError(f"Conv2D expects [height, width, channels] inputs, got {list(input_shape)} "
                              "(add a Reshape first)")
-        self.input_shape = tuple(input_shape)
-        h, w, c = input_shape
         k = self.kernel_size
-        oh, _ = conv_ops.output_size(h, k, self.strides, self.padding)
-        ow, _ = conv_ops.output_size(w, k, self.strides, self.padding)
-        self.weight("kernel", (k, k, c, self.filters))
+        self.weight("kernel", (k, k, input_shape[-1], self.filters))
         if self.use_bias:
             self.weight("bias", (self.filters,), "zeros")
-        self.output_shape = (oh, ow, self.filters)
-        return self.output_shape
+        return _windowed(self, input_shape, k, self.filters)
 
     def forward(self, params, x, ctx):
         y = conv_ops.conv2d(x, self.param(params, "kernel"), self.strides, self.padding)
@@ -197,12 +200,7 @@ class _Pool(Layer):
     def build(self, input_shape):
         if len(input_shape) != 3:
             raise ValueError(f"{type(self).__name__} expects [height, width, channels], got {list(input_shape)}")
-        self.input_shape = tuple(input_shape)
-        h, w, c = input_shape
-        oh, _ = conv_ops.output_size(h, self.pool_size, self.strides, self.padding)
-        ow, _ = conv_ops.output_size(w, self.pool_size, self.strides, self.padding)
-        self.output_shape = (oh, ow, c)
-        return self.output_shape
+        return _windowed(self, input_shape, self.pool_size, input_shape[-1])
 
     def forward(self, params, x, ctx):
         return type(self).op(x, self.pool_size, self.strides, self.padding)

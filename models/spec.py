@@ -27,7 +27,7 @@ from collections.abc import Mapping
 import numpy as np
 import yaml
 
-from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.common.errors import InvalidArgumentError, NotFoundError, check_int
 from zmqflow.models import protocol as _protocol
 
 BUILTIN_TYPES = ("mlp", "cnn", "logistic", "linear")   # models/builtin.py builds them
@@ -113,7 +113,7 @@ def validate_spec(spec):
         "layers": _check_layers(spec.get("layers")),
         "activation": _check_choice("activation", spec.get("activation", "sigmoid"), ACTIVATIONS),
         "init": _check_init(spec.get("init", "glorot_uniform")),
-        "seed": _check_seed(spec.get("seed", 0)),
+        "seed": check_int("model spec field 'seed'", spec.get("seed", 0)),
         "dtype": _check_choice("dtype", spec.get("dtype", "float32"), MODEL_DTYPES),
         "loss": _check_choice("loss", spec.get("loss", "softmax_cross_entropy"), LOSSES),
     }
@@ -134,12 +134,6 @@ def _check_choice(field, value, choices):
     if value not in choices:
         raise InvalidArgumentError(f"model spec field {field!r} is {value!r}; expected one of {', '.join(choices)}")
     return value
-
-
-def _check_seed(seed):
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise InvalidArgumentError(f"model spec field 'seed' must be a non-negative integer, got {seed!r}")
-    return seed
 
 
 def _check_init(init):

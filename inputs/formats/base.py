@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zmqflow.common.errors import DataLossError, InvalidArgumentError, NotFoundError
+from zmqflow.common.errors import DataLossError, InvalidArgumentError, NotFoundError, check_int
 
 COMPRESSIONS = ("", "GZIP")
 _READ_PIECE = 1 << 24  # never ask a stream for more than 16 MiB at once: a corrupt length must not allocate it
@@ -85,8 +85,7 @@ class RecordFormat:
     kind = ""
 
     def __init__(self, chunk_size=256, compression=None, scale=None):
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise InvalidArgumentError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        check_int("chunk_size", chunk_size, 1)
         if compression is not None:
             resolve_compression("", compression)
         self.chunk_size = chunk_size

@@ -25,7 +25,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.errors import InvalidArgumentError, check_int
 from zmqflow.inputs.formats.base import RecordFormat
 
 _TYPES = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64, "string": object}
@@ -99,8 +99,7 @@ class CsvFormat(RecordFormat):
                  skip_malformed=False, chunk_size=256, compression=None, scale=None):
         if not isinstance(field_delim, str) or len(field_delim.encode()) != 1 or field_delim in '"\r\n':
             raise InvalidArgumentError(f"field_delim must be one ASCII character, not a quote: {field_delim!r}")
-        if isinstance(skip_header_lines, bool) or not isinstance(skip_header_lines, int) or skip_header_lines < 0:
-            raise InvalidArgumentError(f"skip_header_lines must be an int >= 0, got {skip_header_lines!r}")
+        check_int("skip_header_lines", skip_header_lines)
         types = [column_type(entry) for entry in record_defaults]
         if not types:
             raise InvalidArgumentError("record_defaults must have one entry per column")

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from zmqflow.common.wire import dtypes as wire_dtypes
-from zmqflow.common.errors import DataLossError, InvalidArgumentError
+from zmqflow.common.errors import DataLossError, InvalidArgumentError, check_int
 from zmqflow.inputs.formats.base import RecordFormat, read_full
 
 
@@ -54,8 +54,7 @@ class FixedLengthFormat(RecordFormat):
                  chunk_size=256, compression=None, scale=None):
         for name, value, least in (("record_bytes", record_bytes, 1), ("header_bytes", header_bytes, 0),
                                    ("footer_bytes", footer_bytes, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise InvalidArgumentError(f"{name} must be an int >= {least}, got {value!r}")
+            check_int(name, value, least)
         self.record_bytes, self.header_bytes, self.footer_bytes = record_bytes, header_bytes, footer_bytes
         self.fields = [as_field(f) for f in (fields or [("record", "uint8", 0, (record_bytes,))])]
         for f in self.fields:

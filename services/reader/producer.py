@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from zmqflow.common.errors import CancelledError, DeadlineExceededError, InvalidArgumentError, NotFoundError
+from zmqflow.common.errors import CancelledError, DeadlineExceededError, InvalidArgumentError, NotFoundError, check_int
 from zmqflow.common.clients.queues import FIFOQueue
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,7 @@ def epoch_file_names(files, num_epochs=None, shuffle=True, seed=None):
     files = list(files)
     if not files:
         raise InvalidArgumentError("string_input_producer needs at least one file name")
-    if num_epochs is not None and (isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1):
-        raise InvalidArgumentError(f"num_epochs must be None or an int >= 1, got {num_epochs!r}")
+    check_int("num_epochs", num_epochs, 1, optional=True)
     rng = np.random.default_rng(seed)
     epochs = itertools.count() if num_epochs is None else range(num_epochs)
     for _ in epochs:
