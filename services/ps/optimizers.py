@@ -172,17 +172,18 @@ def make_schedule(config):
     if not isinstance(config, dict) or config.get("kind") not in SCHEDULES:
         raise InvalidArgumentError(
             f"learning_rate must be a number or a schedule with kind in {', '.join(SCHEDULES)}, got {config!r}")
-    return _construct(SCHEDULES[config["kind"]], {k: v for k, v in config.items() if k != "kind"}, "schedule")
+    return from_config(SCHEDULES, config, "schedule")
 
 
-def _construct(cls, fields, what):
-    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
-    if unknown:
-        raise InvalidArgumentError(f"{what} field {unknown[0]!r} is not known for {cls.__name__}")
+def from_config(kinds, config, what):
+    """`kinds[config["kind"]](**the other fields)`: a schedule or an optimizer from its JSON; InvalidArgumentError
+    naming the kind, or the field that is unknown or missing."""
+    if not isinstance(config, dict) or config.get("kind") not in kinds:
+        raise InvalidArgumentError(f"{what} needs a kind in {', '.join(kinds)}, got {config!r}")
     try:
-        return cls(**fields)
-    except TypeError as exc:
-        raise InvalidArgumentError(f"{what} {cls.__name__}: {exc}") from exc
+        return kinds[config["kind"]](**{k: v for k, v in config.items() if k != "kind"})
+    except TypeError as exc:   # an unknown field, or a missing one: Python's message names it
+        raise InvalidArgumentError(f"{what} {config['kind']!r}: {exc}") from exc
 
 
 # --- optimizers --------------------------------------------------------------------------
@@ -351,14 +352,7 @@ OPTIMIZERS = {"sgd": GradientDescent, "momentum": Momentum, "adam": Adam, "adagr
 
 def make_optimizer(config):
     """An optimizer from {"kind": "momentum", "learning_rate": 0.1 or a schedule, "momentum": 0.9, ...}."""
-    if not isinstance(config, dict) or config.get("kind") not in OPTIMIZERS:
-        raise InvalidArgumentError(f"optimizer needs a kind in {', '.join(OPTIMIZERS)}, got {config!r}")
-    cls = OPTIMIZERS[config["kind"]]
-    fields = {k: v for k, v in config.items() if k != "kind"}
-    try:
-        return cls(**fields)
-    except TypeError as exc:
-        raise InvalidArgumentError(f"optimizer {config['kind']!r}: {exc}") from exc
+    return from_config(OPTIMIZERS, config, "optimizer")
 
 
 def sum_duplicates(indices, rows):
