@@ -301,9 +301,7 @@ class Aggregator(Service):
         return {**self.agg_stats.counters, "mode": self.mode, "combine": self.combine,
                 "deadline_ms": self.deadline_ms, "min_members": self.min_members, "min_healthy": self.min_healthy,
                 "admit_share": self.fanout.admission.share,
-                "answers": {m.address: m.counters["answers"] for m in members},
-                "timeouts": {m.address: m.counters["timeouts"] for m in members},
-                "errors": {m.address: m.counters["errors"] for m in members},
+                **{key: {m.address: m.counters[key] for m in members} for key in ("answers", "timeouts", "errors")},
                 "members": [m.describe() for m in members],
                 "latency_ms": self.agg_stats.latency_ms()}
 
