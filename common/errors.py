@@ -4,6 +4,8 @@ A service answers every failure with a code and a message; the client raises the
 matching class, so `except OutOfRangeError` reads the same as in TensorFlow.
 """
 
+import reprlib
+
 OK = 0
 CANCELLED = 1
 UNKNOWN = 2
@@ -122,3 +124,13 @@ def code_name(code):
         if name.isupper() and value == code:
             return name
     return f"CODE_{code}"
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 60
+
+
+def shown(value):
+    """`value` as an error message names it: bounded in length and depth, so a hostile value (a map a thousand
+    deep off the wire) cannot make the message itself fail (repr's RecursionError once killed a service's loop)."""
+    return _SHOWN.repr(value)
