@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-soak test-gpu test-torch test-containers test-netns test-browser examples bench venv lock clean
+.PHONY: demo test test-fast test-security test-soak test-gpu test-torch test-containers test-netns test-browser examples bench venv lock clean
 
 venv: $(STAMP)
 
@@ -30,7 +30,7 @@ lock:
 		--no-header -q -o requirements/test.txt
 	rm -rf .lock-venv
 
-# Tiers by marker (pyproject.toml): unit, service, integration, faults; slow, soak, gpu, torch, containers, netns, browser.
+# Tiers by marker (pyproject.toml): unit, service, integration, faults; slow, security, soak, gpu, torch, containers, netns, browser.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=15 -m "not containers and not netns and not gpu and not torch and not browser"
 
@@ -43,6 +43,10 @@ test-fast: $(STAMP)
 SOAK_SECONDS ?= 120
 test-soak: $(STAMP)
 	ZMQFLOW_SOAK_SECONDS=$(SOAK_SECONDS) $(BIN)/python -m pytest -q -rs -s -m soak
+
+# The security tier (tests/security/, docs/security.md): attacks that must be refused; part of make test too.
+test-security: $(STAMP)
+	$(BIN)/python -m pytest -q -m security
 
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu

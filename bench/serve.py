@@ -32,6 +32,7 @@ in time); and the same for an aggregator that neither sheds nor keeps a floor of
 import collections
 import json
 import os
+import shutil
 import tempfile
 import time
 
@@ -159,6 +160,7 @@ def run(seconds=3.0, rate=500, deadline_ms=50, members=3, profile_dir=None, prog
     finally:
         for proc in aggs + servers:
             proc.stop()
+        shutil.rmtree(work, ignore_errors=True)
     overhead = None if result.get("agg3_p50_ms") is None else round(result["agg3_p50_ms"] - result["direct_p50_ms"], 3)
     result["agg3_overhead_p50_ms"] = overhead
     result["targets"] = {
@@ -294,6 +296,7 @@ def run_overload(seconds=4.0, deadline_ms=100, members=3, rows=8, hidden=1024, s
     finally:
         for proc in aggs + servers:
             proc.stop()
+        shutil.rmtree(work, ignore_errors=True)
     shedding = result["shedding"]
     result["targets"] = {"goodput_at_2x>=0.9_capacity": (shedding["goodput_ratio"] or 0) >=
                          TARGETS["overload_goodput_ratio"],

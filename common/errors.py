@@ -5,6 +5,7 @@ matching class, so `except OutOfRangeError` reads the same as in TensorFlow.
 """
 
 import numbers
+import reprlib
 
 OK = 0
 CANCELLED = 1
@@ -133,3 +134,13 @@ def code_name(code):
         if name.isupper() and value == code:
             return name
     return f"CODE_{code}"
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 60
+
+
+def shown(value):
+    """`value` as an error message names it: bounded in length and depth, so a hostile value (a map a thousand
+    deep off the wire) cannot make the message itself fail (repr's RecursionError once killed a service's loop)."""
+    return _SHOWN.repr(value)

@@ -18,7 +18,7 @@ import os
 import socket
 import threading
 
-from zmqflow.common.errors import ABORTED, error_from_code
+from zmqflow.common.errors import ABORTED, OUT_OF_RANGE, error_from_code
 from zmqflow.common.wire.protocol import BrokerOps
 from zmqflow.common.rpc.client import RpcClient
 
@@ -76,8 +76,10 @@ class Producer:
         return self._call(BrokerOps.ProducerDone, exhausted=bool(exhausted), progress=progress)
 
     def fail(self, error):
-        """Fail the queue with `error` (an OpError keeps its code; anything else is Aborted)."""
-        return self._call(BrokerOps.ProducerFailed, code=getattr(error, "code", ABORTED),
+        """Fail the queue with `error` (an OpError keeps its code; anything else, and an end of input that
+        came as an error, OutOfRange, is Aborted: the broker refuses a failure that reads as the end)."""
+        code = getattr(error, "code", ABORTED)
+        return self._call(BrokerOps.ProducerFailed, code=ABORTED if code == OUT_OF_RANGE else code,
                           error=str(error) or type(error).__name__)
 
     def close(self):

@@ -44,7 +44,8 @@ from zmq.utils.monitor import recv_monitor_message
 
 from zmqflow.common.rpc import admin_token, encryption as curve, health
 from zmqflow.common.wire import frames as wire
-from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError)
+from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError,
+                                   shown)
 from zmqflow.common.wire.limits import DEFAULT_LIMITS
 from zmqflow.common.memory import release_freed_memory
 from zmqflow.common.wire.protocol import ADMIN, Ops, ops_with_role
@@ -323,7 +324,7 @@ class Service:
         except OpError as exc:
             self._refuse(identity, header, rid, exc, now)
         except Exception as exc:  # a bug in a handler must not kill the loop
-            log.exception("internal error handling %r", header)
+            log.exception("internal error handling %s", shown(header))
             self.stats["errors"] += 1
             if self.op_stats is not None:
                 self.op_stats.observe(self._op_label(header), now, InternalError.code, False)

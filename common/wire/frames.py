@@ -21,7 +21,7 @@ import numpy as np
 import zmq
 
 from zmqflow.common.wire import dtypes
-from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.errors import InvalidArgumentError, shown
 from zmqflow.common.wire.limits import DEFAULT_LIMITS
 
 from zmqflow.common.wire.protocol import VERSION
@@ -60,14 +60,14 @@ def encode_tensors(arrays):
 def check_spec(spec, limits=DEFAULT_LIMITS):
     """Validate one [dtype, shape] pair from the network; return (name, shape tuple)."""
     if not isinstance(spec, (list, tuple)) or len(spec) != 2:
-        raise InvalidArgumentError(f"tensor spec must be [dtype, shape], got {spec!r:.80}")
+        raise InvalidArgumentError(f"tensor spec must be [dtype, shape], got {shown(spec)}")
     name, shape = spec
     dtypes.check_name(name)
     if not isinstance(shape, (list, tuple)) or len(shape) > limits.max_rank:
-        raise InvalidArgumentError(f"tensor shape must be a list of at most {limits.max_rank} dims, got {shape!r:.80}")
+        raise InvalidArgumentError(f"tensor shape must be a list of at most {limits.max_rank} dims, got {shown(shape)}")
     for dim in shape:
         if type(dim) is not int or dim < 0:
-            raise InvalidArgumentError(f"tensor dims must be non-negative ints, got {shape!r:.80}")
+            raise InvalidArgumentError(f"tensor dims must be non-negative ints, got {shown(shape)}")
     return name, tuple(shape)
 
 
@@ -158,11 +158,11 @@ def check_request(header, limits=DEFAULT_LIMITS):
     """Validate the request fields (after `unpack`); return (op, id, deadline_ms, args)."""
     op, rid, deadline_ms, args = header.get("op"), header.get("id"), header.get("deadline_ms"), header.get("args", {})
     if not isinstance(op, str) or not op or len(op) > limits.max_name_length:
-        raise InvalidArgumentError(f"request op must be a non-empty string, got {op!r:.80}")
+        raise InvalidArgumentError(f"request op must be a non-empty string, got {shown(op)}")
     if type(rid) is not int:
-        raise InvalidArgumentError(f"request id must be an int, got {rid!r:.80}")
+        raise InvalidArgumentError(f"request id must be an int, got {shown(rid)}")
     if deadline_ms is not None and (type(deadline_ms) is not int or deadline_ms < 0):
-        raise InvalidArgumentError(f"deadline_ms must be a non-negative int or null, got {deadline_ms!r:.80}")
+        raise InvalidArgumentError(f"deadline_ms must be a non-negative int or null, got {shown(deadline_ms)}")
     if not isinstance(args, dict):
         raise InvalidArgumentError("request args must be a map")
     return op, rid, deadline_ms, args
@@ -197,7 +197,7 @@ def recv_message(sock, expect_identity, limits=DEFAULT_LIMITS):
     try:
         header = unpack(raw, limits)
     except InvalidArgumentError as exc:
-        error = exc
+        error, header = exc, {"id": _id_of(raw)}   # the refusal names the request, else its client sees it lost
     specs = header.get("tensors") if header is not None else None
     big = [_declared_bytes(s) >= ZERO_COPY_BYTES for s in specs] if isinstance(specs, list) else []
     frames, total = [], len(raw)
@@ -242,6 +242,22 @@ def readable(sock):
 
 _RCVMORE, _SNDMORE, _EVENTS, _POLLIN = int(zmq.RCVMORE), int(zmq.SNDMORE), int(zmq.EVENTS), int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
+
+
+def _id_of(raw):
+    """The int `id` of a header refused unread (too long, another version): found by skipping the other fields
+    unbuilt; 0 when there is none."""
+    try:
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        unpacker.feed(raw)
+        for _ in range(unpacker.read_map_header()):
+            if unpacker.unpack() == "id":
+                rid = unpacker.unpack()
+                return rid if type(rid) is int else 0
+            unpacker.skip()
+    except Exception:  # garbage: no id to find
+        pass
+    return 0
 
 
 def _declared_bytes(spec):

@@ -21,7 +21,7 @@ import types
 import typing
 from typing import Annotated, Any
 
-from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.errors import InvalidArgumentError, shown
 
 VERSION = 1
 """The `v` of every request and reply header; a service refuses any other."""
@@ -39,7 +39,7 @@ _REQUIRED = dataclasses.MISSING
 def at_least(low):
     def check(value, what):
         if value < low:
-            raise InvalidArgumentError(f"{what} must be >= {low}, got {value!r:.40}")
+            raise InvalidArgumentError(f"{what} must be >= {low}, got {shown(value)}")
         return value
     check.__doc__ = f">= {low}"
     return check
@@ -48,7 +48,7 @@ def at_least(low):
 def one_of(*choices):
     def check(value, what):
         if value not in choices:
-            raise InvalidArgumentError(f"{what} must be one of {', '.join(choices)}, got {value!r:.80}")
+            raise InvalidArgumentError(f"{what} must be one of {', '.join(choices)}, got {shown(value)}")
         return value
     check.__doc__ = " \\| ".join(choices)
     return check
@@ -62,13 +62,25 @@ def lease_seconds(value, what="lease"):
     """`value` as float seconds in (0, MAX_LEASE_SECONDS], else InvalidArgument naming it."""
     if type(value) not in (int, float) or not math.isfinite(value) or not 0 < value <= MAX_LEASE_SECONDS:
         raise InvalidArgumentError(f"{what} must be a number of seconds in (0, {MAX_LEASE_SECONDS:g}], "
-                                   f"got {value!r:.40}")
+                                   f"got {shown(value)}")
     return float(value)
 
 
 lease_seconds.__doc__ = f"seconds in (0, {MAX_LEASE_SECONDS:g}]"
+def progress_report(value, what):
+    """A producer's progress with the fields the broker names when it vanishes (producers.py) of their kind:
+    a hostile `reading` once crashed the broker's loop when its producer vanished."""
+    if type(value.get("reading", [])) is not list or not all(type(r) is str for r in value.get("reading", [])) \
+            or not all(type(value.get(k, 0)) is int for k in ("instances", "files_done")):
+        raise InvalidArgumentError(f"{what} must be a map whose reading is a list of strings and instances, "
+                                   f"files_done ints, got {shown(value)}")
+    return value
+
+
+progress_report.__doc__ = "reading: strings, instances, files_done: ints"
 Positive = Annotated[int, at_least(1)]
 Seconds = Annotated[Any, lease_seconds]  # checks its type itself: its message names the bounds
+Progress = Annotated[dict, progress_report]
 
 _KINDS = {
     int: ("an int", lambda v: type(v) is int),
@@ -107,7 +119,7 @@ def _checker(op, name, hint):
         if value is None and optional:
             return None
         if not test(value):
-            raise InvalidArgumentError(f"{what} must be {words}{' or null' if optional else ''}, got {value!r:.60}")
+            raise InvalidArgumentError(f"{what} must be {words}{' or null' if optional else ''}, got {shown(value)}")
         return value if extra is None else extra(value, what)
     if extra is not None:
         words = extra.__doc__ if words == "anything" else f"{words} ({extra.__doc__})"
@@ -290,12 +302,12 @@ class BrokerOps:
 
     class Beat(_ProducerOp, role=MEMBER, answer=PRODUCERS_STATE):
         """Alive, with `progress` (named when the broker reports this producer gone)."""
-        progress: dict | None = None
+        progress: Progress | None = None
 
     class ProducerDone(_ProducerOp, role=MEMBER, answer=PRODUCERS_STATE):
         """Every element of this producer is in (`exhausted`: it saw its input's end, not a stop)."""
         exhausted: bool = True
-        progress: dict | None = None
+        progress: Progress | None = None
 
     class ProducerFailed(_ProducerOp, role=MEMBER, answer=PRODUCERS_STATE):
         """Fail the queue with a status `code` and its `error` message."""

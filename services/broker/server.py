@@ -15,7 +15,7 @@ import logging
 import time
 from collections import deque
 
-from zmqflow.common.errors import OK, UNAUTHENTICATED as MAX_CODE, DeadlineExceededError, InvalidArgumentError
+from zmqflow.common.errors import OK, OUT_OF_RANGE, UNAUTHENTICATED as MAX_CODE, DeadlineExceededError, InvalidArgumentError
 from zmqflow.common.wire.limits import DEFAULT_LIMITS
 from zmqflow.common.memory import release_freed_memory
 from zmqflow.common.rpc.service import PARKED, Service
@@ -176,8 +176,9 @@ class BrokerService(Service):
 
     def _producer_failed(self, call):
         queue, name = self._producer(call)
-        if not OK < call.args.code <= MAX_CODE:
-            raise InvalidArgumentError(f"{call.op}'s error 'code' must be a status code, 1 to {MAX_CODE}, got {call.args.code}")
+        if not OK < call.args.code <= MAX_CODE or call.args.code == OUT_OF_RANGE:  # OUT_OF_RANGE: a quiet end (§8)
+            raise InvalidArgumentError(f"{call.op}'s error 'code' must be a status code, 1 to {MAX_CODE} but not "
+                                       f"{OUT_OF_RANGE} (the end of input: producer_done), got {call.args.code}")
         state, done = self.producers.fail(queue, call.identity, name, call.args.code, call.args.error)
         self._answer(done)
         return state

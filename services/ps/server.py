@@ -259,9 +259,13 @@ class PsService(Service):
         self._require_ready()
         own_step, values, slots = self.store.snapshot_for_checkpoint()
         step = own_step if call.args.step is None else call.args.step  # the chief's global step names it
-        checkpoint.write_shard(call.args.dir, step, self.shard_index, {k: (self.pieces[k], values[k], slots[k])
-                                                                       for k in self.names},
-                               metadata=call.args.metadata or {})
+        try:
+            checkpoint.write_shard(call.args.dir, step, self.shard_index, {k: (self.pieces[k], values[k], slots[k])
+                                                                           for k in self.names},
+                                   metadata=call.args.metadata or {})
+        except (OSError, ValueError) as exc:  # a directory that cannot be written (too long, a NUL): the caller's to fix
+            raise FailedPreconditionError(f"ps:{self.shard_index} cannot write checkpoint {step} in "
+                                          f"{call.args.dir!r:.120}: {getattr(exc, 'strerror', None) or exc}") from None
         return {"step": step}
 
     def _worker_done(self, call):

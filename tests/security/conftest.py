@@ -5,6 +5,15 @@ import pytest
 
 from zmqflow.common.rpc import encryption as curve
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def pytest_collection_modifyitems(items):
+    """Every test in this folder is in the security tier (make test runs it; make test-security alone)."""
+    for item in items:
+        if str(item.path).startswith(HERE + os.sep):
+            item.add_marker(pytest.mark.security)
+
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
