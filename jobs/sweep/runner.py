@@ -14,17 +14,15 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
-import numpy as np
-
 from zmqflow.common.clients import queues
-from zmqflow.inputs.metrics import PRIMARY, metrics
-from zmqflow.models.saved import LoadedCheckpoint
+from zmqflow.inputs.metrics import PRIMARY
 from zmqflow.common.rpc import admin_token
 from zmqflow.common.processes.children import start_service
 from zmqflow.common.processes.supervisor import Supervisor
 from zmqflow.common.rpc.client import default_pool
 from zmqflow.jobs.sweep.learning_curve import CURVE_ENV, HOOK, read_curve
 from zmqflow.jobs.sweep.space import model_options
+from zmqflow.jobs.evaluate import evaluate_checkpoint
 from zmqflow.jobs.local_cluster import LocalCluster
 from zmqflow.jobs.spec import (DATA_CONFIG, CheckpointConfig, ClusterConfig, InputConfig, JobSpec, Placement,
                                TrainConfig, optimizer_config)
@@ -173,10 +171,6 @@ class SweepRunner:
 
     def validate(self, ckpt_dir, spec):
         """The task's metrics on the validation split, from the run's last checkpoint (what a server would load)."""
-        loaded = LoadedCheckpoint.open(ckpt_dir, spec)
-        model, params = loaded.model, loaded.params
         x, y = self.validation
-        rows = (lambda i: {k: v[i:i + 1000] for k, v in x.items()}) if isinstance(x, dict) else (lambda i: x[i:i + 1000])
-        outputs = np.concatenate([model.predict(params, rows(i)) for i in range(0, len(y), 1000)])
-        return metrics(outputs, y, self.task)
+        return evaluate_checkpoint(ckpt_dir, x, y, model_spec=spec, task=self.task)["metrics"]
 
