@@ -15,14 +15,19 @@ from zmqflow.inputs.metrics import metrics
 from zmqflow.models.saved import LoadedCheckpoint, recorded_data
 
 
+def outputs_of(predict, x, batch=500):
+    """`predict` over every row of `x` (one array, or {input: array}) in batches, outputs joined."""
+    rows = len(next(iter(x.values()))) if isinstance(x, dict) else len(x)
+    take = (lambda i: {k: v[i:i + batch] for k, v in x.items()}) if isinstance(x, dict) else (lambda i: x[i:i + batch])
+    return np.concatenate([np.asarray(predict(take(start))) for start in range(0, rows, batch)])
+
+
 def evaluate_checkpoint(checkpoint_dir, x, y, model_spec=None, backend="numpy", batch_size=1000, task=None):
     """{"metrics", "examples", "step", "model", "checkpoint", "seconds"} of the latest checkpoint in `checkpoint_dir`."""
     loaded = LoadedCheckpoint.open(checkpoint_dir, model_spec, backend)
     model, params = loaded.model, loaded.params
     started = time.perf_counter()
-    rows = (lambda i: {k: v[i:i + batch_size] for k, v in x.items()}) if isinstance(x, dict) else (
-        lambda i: x[i:i + batch_size])
-    outputs = np.concatenate([model.predict(params, rows(i)) for i in range(0, len(y), batch_size)])
+    outputs = outputs_of(lambda rows: model.predict(params, rows), x, batch_size)
     return {"metrics": metrics(outputs, y, task), "examples": int(len(y)), "step": loaded.step,
             "model": loaded.spec, "checkpoint": loaded.path, "seconds": round(time.perf_counter() - started, 3)}
 

@@ -120,7 +120,7 @@ class LocalCluster:
     them (num_ps=2, epochs=3, input="ps", ...); `log_dir` (default: a new temporary directory) holds the
     logs, the prepared data, the task configs and, unless the spec names one, the checkpoints."""
 
-    def __init__(self, spec=None, log_dir=None, threads_per_worker=None, **options):
+    def __init__(self, spec=None, log_dir=None, threads_per_worker=None, supervisor=None, **options):
         self.spec = job_spec(spec, **options)
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="zmqflow-train-")
         if self.spec.checkpoint.dir is None:      # the final checkpoint is scored at the end
@@ -131,9 +131,8 @@ class LocalCluster:
         self.result_files = [os.path.join(self.log_dir, f"worker{i}-result.json") for i in workers]
         # each worker's steps and losses, and the chief's validations, as JSON lines: what Job.metrics() streams
         self.summaries_files = [os.path.join(self.log_dir, f"worker{i}-summaries.jsonl") for i in workers]
-        self.supervisor = Supervisor(log_dir=self.log_dir)   # owns every process of the job
-        self.stages = 1
-        self.shards, self.workers = [], []
+        self.supervisor = supervisor or Supervisor(log_dir=self.log_dir)   # owns every process of the job
+        self.prepared, self.shards, self.workers = {}, [], []
         self._stop = threading.Event()
 
     def __enter__(self):
@@ -144,35 +143,40 @@ class LocalCluster:
 
     def start(self):
         self.spec, self.data, self.prepared = prepare_data(self.spec, self.prepared_dir)
-        spec = self.spec
-        self.examples_per_epoch = self.prepared["train"].rows
-        self.stages = self._pipeline_stages()   # a pipelined model is one replica over all the workers
+        stages = self._pipeline_stages()   # a pipelined model is one replica over all the workers
         self.broker = self.supervisor.start_service("zmqflow.services.broker", name="broker")
-        self.placement = Placement(self.broker.endpoint, prepared=self.prepared_dir, log_dir=self.log_dir,
-                                   splits=tuple(self.prepared), train_rows=self.examples_per_epoch,
-                                   stages=self.stages)
-        planned = tasks(spec, self.placement)
+        return self.launch(Placement(self.broker.endpoint, prepared=self.prepared_dir, log_dir=self.log_dir,
+                                     splits=tuple(self.prepared), train_rows=self.prepared["train"].rows,
+                                     stages=stages), columns_of(self.prepared["train"]))
+
+    def launch(self, placement, train, worker_env=None):
+        """Start the job's ps shards, input and workers on `placement`, whose broker runs already (start()
+        starts the job's own; a sweep's runs share one); `train`: the {component: rows} that preloaded and
+        ps input feed. The workers get `worker_env` too."""
+        spec, self.placement = self.spec, placement
+        self.examples_per_epoch, self.stages = placement.train_rows, placement.stages
+        planned = tasks(spec, placement)
         self._ps_tasks = {t.index: t for t in planned if t.role == "ps"}
         for i in range(spec.cluster.ps):
             self.shards.append(self.start_ps(i))
-        train = columns_of(self.prepared["train"])
         if spec.input.kind == "ps":    # held once on ps 0, sliced by the workers
             with PsShardClient(self.shards[0].endpoint) as client:
                 client.preload(spec.input.queue, train, timeout=30)
         elif spec.input.kind == "preloaded":   # a thread here enqueues shuffled epochs from memory
-            start_feeder(train, spec.training.epochs, self._stop, self.broker.endpoint, spec.input.queue,
+            start_feeder(train, spec.training.epochs, self._stop, placement.broker, spec.input.queue,
                          spec.input.capacity, min(spec.input.min_after_dequeue, len(train["label"]) // 2)
-                         if spec.input.shuffled else None, spec.training.seed)
+                         if spec.input.shuffled else None, spec.training.seed, placement.container or "")
         for task in planned:
             if task.role == "reader":
                 self._start(task, env=compute_thread_env(1))
         self.placement = dataclasses.replace(self.placement, ps=tuple(shard.endpoint for shard in self.shards))
         workers = [t for t in tasks(spec, self.placement) if t.role == "worker"]
         threads = self.threads_per_worker or max(1, (os.cpu_count() or 2) // max(1, spec.total_workers))
+        env = {**compute_thread_env(threads), **(worker_env or {})}
         if self.stages > 1:
-            self._start_pipeline(workers, compute_thread_env(threads))
+            self._start_pipeline(workers, env)
         else:
-            self.workers = [self._start(task, env=compute_thread_env(threads)) for task in workers]
+            self.workers = [self._start(task, env=env) for task in workers]
         return self
 
     def _start(self, task, service=False, **kwargs):
@@ -222,17 +226,20 @@ class LocalCluster:
         with PsShardClient(self.shards[index].endpoint, heartbeat_interval=timeout) as client:
             return client.stats(timeout=timeout)
 
-    def wait(self, progress=False, timeout=600):
+    def wait(self, progress=False, timeout=600, interrupt=None):
         """Wait for every worker to exit; return the job's summary. When any task of the job fails (exits
-        non-zero), every other one is stopped and AbortedError names it, its exit code and its last log lines."""
+        non-zero), or `interrupt` (an Event) is set, every other one is stopped and AbortedError says why: the
+        task, its exit code and its last log lines."""
         started, training = time.perf_counter(), self.spec.training
         steps, deadline = training.epochs * self.examples_per_epoch // training.batch_size, time.monotonic() + timeout
         try:
             with tqdm(total=steps, desc="training", unit="step", disable=not progress) as bar:
                 for point in job_metrics.stream(self, 0.2, self._raise_on_failure):   # until every worker exits
                     bar.update(max(0, min(point["global_step"], steps) - bar.n))
+                    if interrupt is not None and interrupt.is_set():
+                        raise AbortedError("the job was interrupted")
                     if time.monotonic() > deadline:
-                        raise AbortedError(f"the job did not end within {timeout:.0f} s")
+                        raise AbortedError(f"the job did not finish within {timeout:g} s")
             self._raise_on_failure()
         except AbortedError:
             self.stop()

@@ -11,45 +11,27 @@ The repository's folders are mapped into this one package (pyproject.toml, packa
     bench/, loadtest/, data/ -> zmqflow.bench, zmqflow.loadtest, zmqflow.data
 """
 
+import importlib
+
 from zmqflow.common.version import __version__  # noqa: F401  (one home: common/version.py)
+
+API = {
+    "local_cluster": "zmqflow.jobs.job", "Job": "zmqflow.jobs.job", "serve": "zmqflow.jobs.serving",
+    "ModelClient": "zmqflow.common.clients.serve", "AggregatorClient": "zmqflow.common.clients.aggregator",
+    "replica_device_setter": "zmqflow.common.cluster.replica_device_setter",
+    "device": "zmqflow.common.cluster.device:device_scope", "ClusterSpec": "zmqflow.common.cluster.spec",
+    "SummaryHook": "zmqflow.services.worker.summary_hook", "ValidationHook": "zmqflow.services.worker.validation",
+    "Coordinator": "zmqflow.common.clients.coordination", "QueueRunner": "zmqflow.common.clients.coordination",
+    "Server": "zmqflow.jobs.session", "MonitoredTrainingSession": "zmqflow.jobs.session",
+    **dict.fromkeys(("StopAtStepHook", "CheckpointHook", "LoggingHook", "Hook", "StepContext"),
+                    "zmqflow.services.worker.hooks"),
+}
+"""The Python API: name -> its module (or module:attribute), imported on first use."""
 
 
 def __getattr__(name):
     """The Python API, imported on first use (so `import zmqflow` stays light)."""
-    if name == "local_cluster":
-        from zmqflow.jobs.job import local_cluster
-        return local_cluster
-    if name == "serve":
-        from zmqflow.jobs.serving import serve
-        return serve
-    if name in ("ModelClient", "AggregatorClient"):
-        from zmqflow.common.clients import aggregator as aggregator_client, serve as serve_client
-        return getattr(serve_client if name == "ModelClient" else aggregator_client, name)
-    if name == "Job":
-        from zmqflow.jobs.job import Job
-        return Job
-    if name == "replica_device_setter":
-        from zmqflow.common.cluster.replica_device_setter import replica_device_setter
-        return replica_device_setter
-    if name == "device":
-        from zmqflow.common.cluster.device import device_scope
-        return device_scope
-    if name == "SummaryHook":
-        from zmqflow.services.worker.summary_hook import SummaryHook
-        return SummaryHook
-    if name == "ValidationHook":
-        from zmqflow.services.worker.validation import ValidationHook
-        return ValidationHook
-    if name in ("Coordinator", "QueueRunner"):
-        from zmqflow.common.clients import coordination
-        return getattr(coordination, name)
-    if name == "ClusterSpec":
-        from zmqflow.common.cluster.spec import ClusterSpec
-        return ClusterSpec
-    if name in ("Server", "MonitoredTrainingSession"):
-        from zmqflow.jobs import session
-        return getattr(session, name)
-    if name in ("StopAtStepHook", "CheckpointHook", "LoggingHook", "Hook", "StepContext"):
-        from zmqflow.services.worker import hooks
-        return getattr(hooks, name)
-    raise AttributeError(f"module 'zmqflow' has no attribute {name!r}")
+    if name not in API:
+        raise AttributeError(f"module 'zmqflow' has no attribute {name!r}")
+    module, _, attribute = API[name].partition(":")
+    return getattr(importlib.import_module(module), attribute or name)

@@ -6,7 +6,7 @@ import click
 from zmqflow.common.clients.aggregator import AggregatorClient
 from zmqflow.common.clients.serve import ModelClient
 from zmqflow.inputs.metrics import PRIMARY, metrics
-from zmqflow.jobs.ensemble.evaluate import outputs_of, verdict
+from zmqflow.jobs.evaluate import outputs_of
 
 COMBINES = {"multiclass": ("mean", "vote"), "binary": ("mean", "vote"), "multi_label": ("mean",),
             "regression": ("mean", "median")}
@@ -35,6 +35,18 @@ def score(ensemble, x, y, deadline_ms, task="multiclass"):
     return {"task": task, "metric": metric, "members": members, "ensemble": combined,
             "ensemble_metrics": combined_metrics, "aggregator": ensemble.aggregator.endpoint,
             "verdict": verdict(combined["mean"], [m["test_score"] for m in members], metric, better is max)}
+
+
+def verdict(ensemble_value, member_values, metric="accuracy", higher_is_better=True):
+    """One line answering the seeds' exercise: does the ensemble beat its members (on `metric`)?"""
+    best = max(member_values) if higher_is_better else min(member_values)
+    gain = ensemble_value - best if higher_is_better else best - ensemble_value
+    scale, unit = (100, " points") if metric == "accuracy" else (1, "")
+    if gain > 0:
+        return f"the ensemble beats its best member by {scale * gain:.{2 if scale == 100 else 4}f}{unit} of {metric}"
+    if gain == 0:
+        return "the ensemble ties its best member"
+    return f"the ensemble trails its best member by {-scale * gain:.{2 if scale == 100 else 4}f}{unit} of {metric}"
 
 
 def print_report(report):

@@ -162,11 +162,7 @@ def _labels(job, **extra):
 
 
 def _metadata(options, name, labels):
-    meta = {"name": name}
-    if options.namespace:
-        meta["namespace"] = options.namespace
-    meta["labels"] = labels
-    return meta
+    return {"name": name, **({"namespace": options.namespace} if options.namespace else {}), "labels": labels}
 
 
 def _resources(role):
@@ -174,46 +170,44 @@ def _resources(role):
     return {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": limit}}
 
 
+def _probe(action, period, timeout, failures=3, delay=0):
+    """`action` (an exec command or an HTTP GET) every `period` s, failing after `failures` misses in a row."""
+    return {**action, **({"initialDelaySeconds": delay} if delay else {}), "periodSeconds": period,
+            "timeoutSeconds": timeout, "failureThreshold": failures}
+
+
 def _exec(command):
     return {"exec": {"command": command}}
 
 
-def _ping(port):
-    return ["zmqflow", "ping", f"tcp://127.0.0.1:{port}"]
+def _http_get(path, port):
+    return {"httpGet": {"path": path, "port": port}}
 
 
-def ready_when(command, period=5, timeout=5):
-    return {**_exec(command), "periodSeconds": period, "timeoutSeconds": timeout, "failureThreshold": 3}
+def _ping(port, timeout=None):
+    return ["zmqflow", "ping", f"tcp://127.0.0.1:{port}", *(["--timeout", str(timeout)] if timeout else [])]
 
 
-def alive_while(command):
-    """A service that stops answering its ping for a minute is restarted."""
-    return {**_exec(command), "initialDelaySeconds": 30, "periodSeconds": 20, "timeoutSeconds": 10,
-            "failureThreshold": 3}
+def _ordinal_ping(base, timeout=None):
+    """A ping of this StatefulSet pod's own port: base + the ordinal of its name."""
+    script = f'zmqflow ping "tcp://127.0.0.1:$(({base} + ${{POD_NAME##*-}}))"'
+    return ["sh", "-c", script + (f" --timeout {timeout}" if timeout else "")]
 
 
-# Tasks that only dial out (workers, readers) have no ZeroMQ port to ping, and a worker is busy for
-# seconds at a time: they are alive while their metrics endpoint answers -- it runs on a thread of its
-# own, so it answers during a step -- with a long budget (3 minutes of silence). It starts once the
-# task has its peers and input, so the startup probe gives it up to 10 minutes before liveness counts.
-def _metrics_get():
-    return {"httpGet": {"path": "/metrics", "port": "metrics"}}
+def _pinged(ping, port):
+    """The probes of a server: ready while it answers a ping, restarted when it stops answering for a minute."""
+    return {"readiness": _probe(_exec(ping(port)), 5, 5),
+            "liveness": _probe(_exec(ping(port, timeout=5)), 20, 10, delay=30)}
 
 
-def started_when_metrics_answer():
-    return {**_metrics_get(), "periodSeconds": 10, "timeoutSeconds": 10, "failureThreshold": 60}
-
-
-def alive_while_metrics_answer():
-    return {**_metrics_get(), "periodSeconds": 30, "timeoutSeconds": 10, "failureThreshold": 6}
-
-
-def _http_get(path, period, timeout, failures, delay=0):
-    """An HTTP probe of the container's `http` port (the gateway's Open Inference Protocol health routes)."""
-    probe = {"httpGet": {"path": path, "port": "http"}}
-    if delay:
-        probe["initialDelaySeconds"] = delay
-    return {**probe, "periodSeconds": period, "timeoutSeconds": timeout, "failureThreshold": failures}
+def _dials_out(ready_command):
+    """The probes of a task that only dials out (workers, readers): it has no ZeroMQ port to ping, and a
+    worker is busy for seconds at a time, so it is alive while its metrics endpoint answers -- on a thread of
+    its own, so it answers during a step -- with a long budget (3 minutes of silence). The endpoint starts
+    once the task has its peers and input: the startup probe gives it up to 10 minutes before liveness counts."""
+    metrics = _http_get("/metrics", "metrics")
+    return {"readiness": _probe(_exec(ready_command), 10, 10), "liveness": _probe(metrics, 30, 10, 6),
+            "startup": _probe(metrics, 10, 10, 60)}
 
 
 def _container_security():
@@ -225,6 +219,11 @@ def _port(name, port):
     return {"name": name, "containerPort": port}
 
 
+def _present(mapping):
+    """`mapping` without its empty entries (a manifest has no `ports: []` nor `startupProbe: null`)."""
+    return {key: value for key, value in mapping.items() if value}
+
+
 def _container(options, name, role, args, *, command=ZMQFLOW, ports=(), env=(), mounts=(), readiness=None,
                liveness=None, startup=None, init=False):
     """A container of the image; with --curve it gets the key directory (mount and environment).
@@ -233,49 +232,28 @@ def _container(options, name, role, args, *, command=ZMQFLOW, ports=(), env=(), 
     if options.curve and not init:
         env.append({"name": curve.ENV, "value": CURVE_DIR})
         mounts.append({"name": "curve", "mountPath": CURVE_DIR, "readOnly": True})
-    spec = {"name": name, "image": options.image, "command": list(command), "args": list(args)}
-    if ports:
-        spec["ports"] = list(ports)
-    if env:
-        spec["env"] = env
-    if not init:
-        if startup:
-            spec["startupProbe"] = startup
-        spec["readinessProbe"] = readiness
-        spec["livenessProbe"] = liveness
-    spec["resources"] = _resources(role)
-    spec["securityContext"] = _container_security()
-    if mounts:
-        spec["volumeMounts"] = mounts
-    return spec
+    probes = {} if init else {"startupProbe": startup, "readinessProbe": readiness, "livenessProbe": liveness}
+    return _present({"name": name, "image": options.image, "command": list(command), "args": list(args),
+                     "ports": list(ports), "env": env, **probes, "resources": _resources(role),
+                     "securityContext": _container_security(), "volumeMounts": mounts})
 
 
 def _pod_template(options, labels, metrics_port, containers, volumes=(), init_containers=()):
-    volumes = list(volumes)
-    if options.curve:
-        volumes.append({"name": "curve", "secret": {"secretName": CURVE_SECRET, "defaultMode": 0o440,
-                                                    "items": _curve_items()}})
-    spec = {"securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID}}
-    if init_containers:
-        spec["initContainers"] = list(init_containers)
-    spec["containers"] = list(containers)
-    if volumes:
-        spec["volumes"] = volumes
-    metadata = {"labels": labels} if labels else {}
-    metadata["annotations"] = {"prometheus.io/scrape": "true", "prometheus.io/port": str(metrics_port)}
-    return {"metadata": metadata, "spec": spec}
+    curve_volume = {"name": "curve", "secret": {"secretName": CURVE_SECRET, "defaultMode": 0o440,
+                                                "items": _curve_items()}}
+    spec = {"securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID},
+            "initContainers": list(init_containers), "containers": list(containers),
+            "volumes": [*volumes, *([curve_volume] if options.curve else [])]}
+    annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(metrics_port)}
+    return {"metadata": _present({"labels": labels, "annotations": annotations}), "spec": _present(spec)}
 
 
-def _volume_data():
-    return {"name": "data", "persistentVolumeClaim": {"claimName": DATA_CLAIM}}
+VOLUMES = {"cluster": {"configMap": {"name": CLUSTER_CONFIG_MAP}},
+           "data": {"persistentVolumeClaim": {"claimName": DATA_CLAIM}}, "prepared": {"emptyDir": {}}}
 
 
-def _volume_cluster():
-    return {"name": "cluster", "configMap": {"name": CLUSTER_CONFIG_MAP}}
-
-
-def _volume_prepared():
-    return {"name": "prepared", "emptyDir": {}}
+def _volumes(*names):
+    return [{"name": name, **VOLUMES[name]} for name in names]
 
 
 def _mount_prepared(read_only=True):
@@ -292,12 +270,10 @@ POD_NAME_ENV = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "met
 
 
 def _service(options, name, labels, ports, headless=False):
-    spec = {}
-    if headless:   # stable per-pod names (ps-1.ps), resolvable before the pod is ready
-        spec.update(clusterIP="None", publishNotReadyAddresses=True)
-    spec["selector"] = labels
-    spec["ports"] = ports
-    return {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(options, name, labels), "spec": spec}
+    # headless: stable per-pod names (ps-1.ps), resolvable before the pod is ready
+    spec = {"clusterIP": "None", "publishNotReadyAddresses": True} if headless else {}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(options, name, labels),
+            "spec": {**spec, "selector": labels, "ports": ports}}
 
 
 def _deployment(options, name, labels, template):
@@ -380,22 +356,6 @@ def curve_component(options, files):
     ])
 
 
-def _ordinal_ping(base, timeout=None):
-    """A ping of this StatefulSet pod's own port: base + the ordinal of its name."""
-    script = f'zmqflow ping "tcp://127.0.0.1:$(({base} + ${{POD_NAME##*-}}))"'
-    return ["sh", "-c", script + (f" --timeout {timeout}" if timeout else "")]
-
-
-def _pinged(port):
-    """The probes of a server: ready while it answers a ping, restarted when it stops answering."""
-    return {"readiness": ready_when(_ping(port)), "liveness": alive_while(_ping(port) + ["--timeout", "5"])}
-
-
-def _dials_out(readiness):
-    """The probes of a task that only dials out: alive while its metrics endpoint answers."""
-    return {"readiness": readiness, "liveness": alive_while_metrics_answer(), "startup": started_when_metrics_answer()}
-
-
 def _env(task):
     """The task's environment but TF_CONFIG (the entry snippet or the TFJob operator sets that)."""
     return [{"name": key, "value": value} for key, value in task.env.items() if key != "TF_CONFIG"]
@@ -405,7 +365,7 @@ def _served(options, task, comment="", mounts=(), volumes=(), probes=None):
     """A server task as a Deployment and a Service on the task's ports (a model server's labels name its member)."""
     labels = _labels(task.role, **({"member": str(task.index)} if task.role == "serve" else {}))
     main = _container(options, task.role, task.role, _args(task), ports=[_port(n, p) for n, p in task.ports.items()],
-                      mounts=mounts, **(probes or _pinged(task.ports["zmq"])))
+                      mounts=mounts, **(probes or _pinged(_ping, task.ports["zmq"])))
     template = _pod_template(options, labels, task.ports["metrics"], [main], volumes)
     ports = [{"name": name, "port": port, "targetPort": port} for name, port in task.ports.items()]
     return [(comment, _service(options, task.name, labels, ports)),
@@ -419,7 +379,7 @@ def _stateful(options, task, count, base, comment, probes):
     mounts = [{"name": "cluster", "mountPath": CONFIG_DIR}, {"name": "data", "mountPath": DATA_DIR}, _mount_prepared()]
     main = _container(options, role, role, _args(task), command=ENTRY + ZMQFLOW, ports=[_port("metrics", metrics)],
                       env=[POD_NAME_ENV] + _env(task), mounts=mounts, **probes)
-    template = _pod_template(options, labels, metrics, [main], [_volume_cluster(), _volume_data(), _volume_prepared()],
+    template = _pod_template(options, labels, metrics, [main], _volumes("cluster", "data", "prepared"),
                              init_containers=[_data_init(options)])
     ports = [{"name": f"{role}-{i}", "port": base + i} for i in range(count)]
     stateful_set = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _metadata(options, role, labels),
@@ -434,8 +394,7 @@ def ps_component(options):
         f"ps shards: {count} pods with the stable names ps-0.ps, ps-1.ps, ... from the headless Service;\n"
         f"shard i listens on {PS_PORT} + i (the port of its task in cluster.json). Each pod's initContainer\n"
         f"fits the model to the data ({PREPARED}/model.json) as the reader's prepares its shards: the same bytes\n"
-        "in every pod."), {"readiness": ready_when(_ordinal_ping(PS_PORT)),
-                           "liveness": alive_while(_ordinal_ping(PS_PORT, timeout=5))})
+        "in every pod."), _pinged(_ordinal_ping, PS_PORT))
 
 
 def worker_component(options):
@@ -446,7 +405,7 @@ def worker_component(options):
         "is ready while every server of its cluster answers (`zmqflow cluster check`), alive while its metrics\n"
         "endpoint answers (its own thread: a long step does not count). The initContainer writes the model and\n"
         f"the data config ({PREPARED}): the chief scores the data's test split at the end."),
-        _dials_out(ready_when(ENTRY + ["zmqflow", "cluster", "check"], period=10, timeout=10)))
+        _dials_out(ENTRY + ["zmqflow", "cluster", "check"]))
 
 
 def tfjob_component(options):
@@ -455,13 +414,13 @@ def tfjob_component(options):
                           ports=[_port("tfjob-port", port), _port("metrics", task.ports["metrics"])], env=_env(task),
                           mounts=[{"name": "data", "mountPath": DATA_DIR}, _mount_prepared()], **probes)
         template = _pod_template(options, _labels(task.role), task.ports["metrics"], [main],
-                                 [_volume_data(), _volume_prepared()], init_containers=[_data_init(options)])
+                                 _volumes("data", "prepared"), init_containers=[_data_init(options)])
         return {"replicas": count, "restartPolicy": "OnFailure", "template": template}
 
     spec, job_tasks = options.spec, _tasks(options.spec)
-    ps = replica(job_tasks["ps", 0], spec.cluster.ps, PS_PORT, _pinged(PS_PORT))
+    ps = replica(job_tasks["ps", 0], spec.cluster.ps, PS_PORT, _pinged(_ping, PS_PORT))
     worker = replica(job_tasks["worker", 0], spec.cluster.workers, WORKER_PORT,
-                     _dials_out(ready_when(["zmqflow", "cluster", "check"], period=10, timeout=10)))
+                     _dials_out(["zmqflow", "cluster", "check"]))
     job = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": _metadata(options, TFJOB_NAME, {"app": APP}),
            "spec": {"runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 3},
                     "tfReplicaSpecs": {"PS": ps, "Worker": worker}}}
@@ -482,11 +441,10 @@ def tfjob_component(options):
 
 def reader_component(options):
     task, labels = _tasks(options.spec)["reader", 0], _labels("reader")
-    ready = ready_when(["sh", "-c", f"zmqflow queues tcp://broker:{BROKER_PORT} | grep -q {task.options['queue']}"],
-                       period=10, timeout=10)
+    ready = ["sh", "-c", f"zmqflow queues tcp://broker:{BROKER_PORT} | grep -q {task.options['queue']}"]
     main = _container(options, "reader", "reader", _args(task), ports=[_port("metrics", task.ports["metrics"])],
                       mounts=[_mount_prepared()], **_dials_out(ready))
-    template = _pod_template(options, labels, task.ports["metrics"], [main], [_volume_prepared()],
+    template = _pod_template(options, labels, task.ports["metrics"], [main], _volumes("prepared"),
                              init_containers=[_data_init(options)])
     return Component("reader", [
         (f"Readers: more replicas join the same pipeline (--queue {task.options['queue']}); the last to finish "
@@ -506,7 +464,7 @@ def serving_components(options):
             f"Model servers serve0..serve{replicas - 1}: one Deployment + Service each, so the aggregator names "
             f"its members\n(serve0:{SERVE_PORT}, ...) as in docker-compose.yml. A server starts once the chief's first "
             "checkpoint is in\n/data/ckpt (it restarts until then) and reloads newer ones."),
-            mounts=[{"name": "data", "mountPath": DATA_DIR, "readOnly": True}], volumes=[_volume_data()])
+            mounts=[{"name": "data", "mountPath": DATA_DIR, "readOnly": True}], volumes=_volumes("data"))
     aggregator = _served(options, job_tasks["aggregator", 0],
                          f"The aggregator fronts the {replicas} model servers (one --member each).")
     gateway = _served(options, job_tasks["gateway", 0], (
@@ -514,8 +472,8 @@ def serving_components(options):
         "aggregator: the ensemble is the model `ensemble`, each model server a model of its own. Ready while the\n"
         "aggregator answers and a model is ready (/v2/health/ready); alive while it serves HTTP (/v2/health/live).\n"
         f"More replicas share the load; outside the cluster: kubectl port-forward service/gateway {GATEWAY_PORT}."),
-        probes={"readiness": _http_get("/v2/health/ready", 5, 5, 3),
-                "liveness": _http_get("/v2/health/live", 20, 10, 3, delay=10)})
+        probes={"readiness": _probe(_http_get("/v2/health/ready", "http"), 5, 5),
+                "liveness": _probe(_http_get("/v2/health/live", "http"), 20, 10, delay=10)})
     return [Component("serve", serve), Component("aggregator", aggregator), Component("gateway", gateway)]
 
 

@@ -7,34 +7,27 @@ worker with cores/parallel compute threads. A run that fails (exit code, timeout
 checkpoint) becomes a failed entry with its error; the others go on.
 """
 
-import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
-import numpy as np
-
 from zmqflow.common.clients import queues
-from zmqflow.common.errors import DeadlineExceededError
-from zmqflow.inputs.metrics import PRIMARY, metrics
-from zmqflow.models.saved import LoadedCheckpoint
+from zmqflow.inputs.metrics import PRIMARY
 from zmqflow.common.rpc import admin_token
-from zmqflow.common.processes.children import compute_thread_env, start_service
+from zmqflow.common.processes.children import start_service
 from zmqflow.common.processes.supervisor import Supervisor
 from zmqflow.common.rpc.client import default_pool
 from zmqflow.jobs.sweep.learning_curve import CURVE_ENV, HOOK, read_curve
 from zmqflow.jobs.sweep.space import model_options
-from zmqflow.jobs.local_cluster import start_feeder
+from zmqflow.jobs.evaluate import evaluate_checkpoint
+from zmqflow.jobs.local_cluster import LocalCluster
 from zmqflow.jobs.spec import (DATA_CONFIG, CheckpointConfig, ClusterConfig, InputConfig, JobSpec, Placement,
-                               TrainConfig, optimizer_config, tasks)
-from zmqflow.common.clients.ps import PsShardClient
+                               TrainConfig, optimizer_config)
 
 INPUTS = ("preloaded", "ps")
-QUEUE = InputConfig().queue   # the job description's default
 
 
 def model_spec(point, seed=1, base=None):
@@ -129,10 +122,9 @@ class SweepRunner:
         with open(model_file, "w") as f:
             json.dump(entry["model"], f, indent=1)
         curve_file = os.path.join(run_dir, "curve.jsonl")
-        point, stop = entry["hyperparameters"], threading.Event()
-        supervisor = Supervisor(log_dir=log_dir, admin_token_value=self.admin_token)   # this run's ps and worker
+        point = entry["hyperparameters"]
         spec = JobSpec(ClusterConfig(ps=1, workers=1), model=entry["model"], data=self.data,
-                       input=InputConfig(self.input),
+                       input=InputConfig(self.input, capacity=5_000),
                        training=TrainConfig(epochs=point["epochs"], batch_size=point["batch_size"],
                                             optimizer=entry["optimizer"], backend=self.backend, log_every=1000),
                        checkpoint=CheckpointConfig(dir=ckpt_dir, keep=1))
@@ -141,20 +133,18 @@ class SweepRunner:
         placement = Placement(self.broker.endpoint, prepared=ckpt_dir, log_dir=run_dir, train_rows=len(self.train[1]),
                               container=name if self.input == "preloaded" else None, hooks=(HOOK,),
                               evaluate=self.data is None)
-        ps_task, = tasks(spec, placement)[:1]
+        x, y = self.train
+        columns = {**(dict(x) if isinstance(x, dict) else {"image" if self.data is None else "input": x}), "label": y}
+        supervisor = Supervisor(log_dir=log_dir, admin_token_value=self.admin_token)   # this run's ps and worker
+        cluster = LocalCluster(spec, run_dir, threads_per_worker=self.threads, supervisor=supervisor)
         try:
-            ps = supervisor.start_service("zmqflow.services.ps", ps_task.config_args(run_dir), name="ps0")
-            self._start_input(name, ps.endpoint, point["epochs"], stop)
-            worker_task = tasks(spec, dataclasses.replace(placement, ps=(ps.endpoint,)))[-1]
-            worker = supervisor.start_process("zmqflow.services.worker", worker_task.config_args(run_dir), name="worker0",
-                                              env={**compute_thread_env(self.threads), CURVE_ENV: curve_file})
-            self._wait(worker)
+            cluster.launch(placement, columns, worker_env={CURVE_ENV: curve_file})
+            cluster.wait(timeout=self.timeout, interrupt=self._stop)
         finally:
-            stop.set()
-            supervisor.stop_all()
+            cluster.stop()
             self._free_container(name)
         result_file = os.path.join(run_dir, "result.json")   # the run's directory: result.json, curve.jsonl, logs
-        os.replace(worker_task.options["result-file"], result_file)
+        os.replace(cluster.result_files[0], result_file)
         with open(result_file) as f:
             result = json.load(f)
         validation = self.validate(ckpt_dir, entry["model"])
@@ -166,30 +156,6 @@ class SweepRunner:
                 "examples_per_s": round(result["examples_per_s"]), "global_step": result["global_step"],
                 "checkpoint": ckpt_dir, "model_file": model_file, "curve_file": curve_file,
                 "curve_points": len(read_curve(curve_file))}
-
-    def _start_input(self, container, ps_endpoint, epochs, stop):
-        """Feed the run's data: preloaded on its ps, or into its container's queue by a thread here."""
-        x, y = self.train
-        columns = {**(dict(x) if isinstance(x, dict) else {"image" if self.data is None else "input": x}), "label": y}
-        if self.input == "ps":  # held once on the run's own ps task, sliced by the worker
-            with PsShardClient(ps_endpoint) as client:
-                client.preload(QUEUE, columns, timeout=60)
-            return
-        start_feeder(columns, epochs, stop, self.broker.endpoint, QUEUE, capacity=5_000, container=container)
-
-    def _wait(self, worker):
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                code = worker.proc.wait(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                if self._stop.is_set():
-                    raise RuntimeError("the sweep was interrupted") from None
-                if time.monotonic() > deadline:
-                    raise DeadlineExceededError(f"the run did not finish within {self.timeout:g} s") from None
-        if code != 0:
-            raise RuntimeError(f"the worker exited with {code}: {_last_error(worker.log())}")
 
     def _free_container(self, container):
         if self.input != "preloaded":
@@ -205,18 +171,6 @@ class SweepRunner:
 
     def validate(self, ckpt_dir, spec):
         """The task's metrics on the validation split, from the run's last checkpoint (what a server would load)."""
-        loaded = LoadedCheckpoint.open(ckpt_dir, spec)
-        model, params = loaded.model, loaded.params
         x, y = self.validation
-        rows = (lambda i: {k: v[i:i + 1000] for k, v in x.items()}) if isinstance(x, dict) else (lambda i: x[i:i + 1000])
-        outputs = np.concatenate([model.predict(params, rows(i)) for i in range(0, len(y), 1000)])
-        return metrics(outputs, y, self.task)
+        return evaluate_checkpoint(ckpt_dir, x, y, model_spec=spec, task=self.task)["metrics"]
 
-
-def _last_error(log, limit=400):
-    """The last line of a log that looks like an error, else its last line."""
-    lines = [line for line in log.strip().splitlines() if line.strip()]
-    for line in reversed(lines):
-        if "Error" in line or "error" in line:
-            return line.strip()[-limit:]
-    return lines[-1].strip()[-limit:] if lines else "(empty log)"

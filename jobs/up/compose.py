@@ -116,7 +116,7 @@ def load(path, env=None, env_file=None):
             if dep not in services:
                 raise ComposeError(f"service {service.name} depends_on: {dep!r} is not a service "
                                    f"(services: {', '.join(services)})")
-    _check_cycles(services)
+    start_order(services)   # no depends_on cycle
     _check_published_ports(services)
     volumes = list(doc.get("volumes") or {})
     for service in services.values():
@@ -290,8 +290,10 @@ def _volume(volume, base, where):
     return Volume(source, target.rstrip("/") or "/", bind)
 
 
-def _check_cycles(services):
-    state = {}
+def start_order(services):
+    """Names in an order where every service comes after what it depends on (file order otherwise);
+    ComposeError when depends_on makes a cycle."""
+    order, state = [], {}
 
     def visit(name, path):
         if state.get(name) == "done":
@@ -302,23 +304,9 @@ def _check_cycles(services):
         for dep in services[name].depends_on:
             visit(dep, path + [name])
         state[name] = "done"
-    for name in services:
-        visit(name, [])
-
-
-def start_order(services):
-    """Names in an order where every service comes after what it depends on (file order otherwise)."""
-    order, seen = [], set()
-
-    def visit(name):
-        if name in seen:
-            return
-        seen.add(name)
-        for dep in services[name].depends_on:
-            visit(dep)
         order.append(name)
     for name in services:
-        visit(name)
+        visit(name, [])
     return order
 
 

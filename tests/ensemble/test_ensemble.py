@@ -9,7 +9,8 @@ import pytest
 
 from zmqflow.common.clients.aggregator import AggregatorClient
 from zmqflow.common.errors import NotFoundError
-from zmqflow.jobs.ensemble.evaluate import accuracy, verdict
+from zmqflow.jobs.ensemble.score import verdict
+from zmqflow.jobs.evaluate import outputs_of
 from zmqflow.jobs.ensemble.launch import Ensemble, best_runs
 
 pytestmark = pytest.mark.integration
@@ -62,14 +63,14 @@ def test_a_sweep_without_kept_checkpoints_is_a_clear_error(tmp_path):
 @pytest.mark.unit
 def test_accuracy_and_verdict():
     x, y = np.eye(3, dtype=np.float32), np.array([0, 1, 1])
-    assert accuracy(lambda b: b, x, y, batch=2) == pytest.approx(2 / 3)
+    assert np.mean(outputs_of(lambda b: b, x, batch=2).argmax(axis=1) == y) == pytest.approx(2 / 3)
     assert "beats" in verdict(0.9, [0.8, 0.85]) and "ties" in verdict(0.9, [0.9]) and "trails" in verdict(0.8, [0.9])
     assert verdict(0.9, [0.8, 0.85]) == "the ensemble beats its best member by 5.00 points of accuracy"
     assert verdict(0.2, [0.25, 0.3], "rmse", higher_is_better=False) == \
         "the ensemble beats its best member by 0.0500 of rmse"
     assert "trails" in verdict(0.4, [0.25, 0.3], "rmse", higher_is_better=False)
     two_inputs = {"a": np.eye(3, dtype=np.float32), "b": np.zeros((3, 1))}
-    assert accuracy(lambda b: b["a"], two_inputs, y, batch=2) == pytest.approx(2 / 3)
+    assert np.mean(outputs_of(lambda b: b["a"], two_inputs, batch=2).argmax(axis=1) == y) == pytest.approx(2 / 3)
 
 
 def test_an_ensemble_of_regressions_is_scored_on_the_data_its_checkpoints_record(tmp_path):
