@@ -9,7 +9,6 @@ import json
 
 import click
 
-from zmqflow.common.errors import OpError
 
 
 @click.group(name="checkpoint", context_settings={"show_default": True})
@@ -25,10 +24,7 @@ def inspect(directory, as_json):
     one ckpt-<step>) with their shapes, dtypes, optimizer slots and files, its step and the model and
     data it was trained with."""
     from zmqflow.common.checkpoints.inspect import describe, format_table
-    try:
-        description = describe(directory)
-    except OpError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    description = describe(directory)
     click.echo(json.dumps(description, indent=1) if as_json else format_table(description))
 
 
@@ -45,8 +41,6 @@ def convert(directory, out):
     from zmqflow.common.checkpoints.convert import convert as convert_checkpoints
     try:
         done = convert_checkpoints(directory, out)
-    except OpError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
     except OSError as exc:
         raise click.ClickException(f"cannot convert {directory}: {exc}") from None
     for source, written in done:

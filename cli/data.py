@@ -64,14 +64,11 @@ def prepare_command(data_spec, model_spec, model_opts, out_dir, shards, seed):
     --model OUT/model.json`, `zmqflow worker --model OUT/model.json --data-config OUT/data-config.json
     --evaluate` (the chief scores the test split at the end). Bad data exits 1 naming the file, line and
     column."""
-    from zmqflow.common.errors import OpError
     from zmqflow.inputs.prepared_shards import prepare_for_readers
     from zmqflow.models.spec import resolve_model, with_options
     try:
         model = with_options(resolve_model(model_spec), model_opts)
         done = prepare_for_readers(data_spec, out_dir, model, shards=shards, seed=seed)
-    except OpError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
     except OSError as exc:
         raise click.ClickException(f"cannot write to {out_dir}: {exc}") from None
     splits = ", ".join(f"{split} {rows:,}" for split, rows in done["splits"].items())
@@ -90,12 +87,8 @@ def inspect_spec(spec, as_json):
     the classes, a split with no rows) exits 1 naming the file, line and column."""
     import json
 
-    from zmqflow.common.errors import OpError
     from zmqflow.inputs.data_spec import inspect, load_spec
-    try:
-        report = inspect(load_spec(spec))
-    except OpError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    report = inspect(load_spec(spec))
     if as_json:
         click.echo(json.dumps(report))
         return

@@ -8,7 +8,6 @@ import time
 import click
 
 from zmqflow.common.processes.service_cli import launcher_curve_option
-from zmqflow.common.errors import OpError
 from zmqflow.jobs.evaluate import labelled_split
 from zmqflow.jobs.ensemble.score import print_report, score
 from zmqflow.jobs.ensemble.launch import Ensemble, best_runs, checkpoint_members
@@ -42,10 +41,7 @@ def command(leaderboard, top, checkpoints, deadline_ms, log_dir, keep_serving, a
     its members?"""
     runs = best_runs(leaderboard, top) if leaderboard or not checkpoints else []
     runs += checkpoint_members(checkpoints, taken={run["run_id"] for run in runs})
-    try:
-        data, prepared = labelled_split(data_spec, split, runs[0]["checkpoint"])
-    except OpError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    data, prepared = labelled_split(data_spec, split, runs[0]["checkpoint"])
     log_dir = log_dir or tempfile.mkdtemp(prefix="zmqflow-ensemble-")
     os.makedirs(log_dir, exist_ok=True)
     with Ensemble(runs, log_dir=log_dir) as ensemble:

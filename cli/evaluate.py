@@ -4,7 +4,6 @@ import json
 
 import click
 
-from zmqflow.common.errors import OpError
 
 
 @click.command(name="evaluate", context_settings={"show_default": True})
@@ -28,13 +27,10 @@ def command(checkpoint_dir, model_spec, model_opts, data_spec, split, backend, a
     from zmqflow.models.spec import resolve_model, with_options
     if model_opts and not model_spec:
         raise click.UsageError("--model-opt needs --model")
-    try:
-        spec = with_options(resolve_model(model_spec), model_opts) if model_spec else None
-        data, prepared = labelled_split(data_spec, split, checkpoint_dir)
-        result = evaluate_checkpoint(checkpoint_dir, prepared.x, prepared.y, model_spec=spec, backend=backend,
-                                     task=data.label.task)
-    except OpError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    spec = with_options(resolve_model(model_spec), model_opts) if model_spec else None
+    data, prepared = labelled_split(data_spec, split, checkpoint_dir)
+    result = evaluate_checkpoint(checkpoint_dir, prepared.x, prepared.y, model_spec=spec, backend=backend,
+                                 task=data.label.task)
     if as_json:
         click.echo(json.dumps(result))
         return

@@ -4,7 +4,7 @@ import json
 
 import click
 
-from zmqflow.common.errors import FailedPreconditionError, OpError, UnimplementedError
+from zmqflow.common.errors import FailedPreconditionError, UnimplementedError
 from zmqflow.models.onnx_export import DEFAULT_OPSET, MIN_OPSET
 
 
@@ -38,8 +38,6 @@ def command(checkpoint_dir, fmt, opset, model_name, as_json, out):
         written = export_checkpoint(checkpoint_dir, out, fmt, opset, model_name)
     except (FailedPreconditionError, UnimplementedError) as exc:
         raise CannotExport(f"{type(exc).__name__}: {exc}") from None
-    except OpError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
     if as_json:
         click.echo(json.dumps(written))
         return

@@ -9,6 +9,7 @@ import importlib
 
 import click
 
+from zmqflow.common.errors import OpError
 from zmqflow.common.version import __version__
 
 COMMANDS = {
@@ -60,6 +61,14 @@ class LazyGroup(click.Group):
                 raise RuntimeError(f"{COMMANDS[name]} is `{command.name}`, not `{name}`")
             self.add_command(command, name)
         return self.commands.get(name)
+
+    def invoke(self, ctx):
+        """An OpError out of any subcommand (bad input, a file that is not what it says, a service's refusal)
+        ends it as one line naming its class, as TensorFlow's errors read, not as a traceback."""
+        try:
+            return super().invoke(ctx)
+        except OpError as exc:
+            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -4,7 +4,6 @@ import json
 
 import click
 
-from zmqflow.common.errors import OpError
 from zmqflow.models.spec import MNIST_MLP, read_spec
 from zmqflow.models.registry import model_variables
 from zmqflow.common.cluster.placement import STRATEGIES, place
@@ -21,11 +20,8 @@ from zmqflow.common.cluster.placement import STRATEGIES, place
 @click.option("--json", "as_json", is_flag=True, help="Print the pieces and shard loads as JSON.")
 def placement(model_spec, num_ps, strategy, max_shard_bytes, as_json):
     """Print which ps task holds which variable (or rows of one) for a model."""
-    try:
-        spec = MNIST_MLP if model_spec is None else read_spec(model_spec)
-        result = place(model_variables(spec), num_ps, strategy, max_shard_bytes)
-    except OpError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    spec = MNIST_MLP if model_spec is None else read_spec(model_spec)
+    result = place(model_variables(spec), num_ps, strategy, max_shard_bytes)
     if as_json:
         click.echo(json.dumps({"num_ps": num_ps, "strategy": strategy, "max_shard_bytes": max_shard_bytes,
                                "pieces": result.as_rows(), "shard_bytes": result.shard_bytes()}))

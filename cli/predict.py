@@ -4,7 +4,6 @@ import sys
 
 import click
 
-from zmqflow.common.errors import OpError
 
 
 @click.command(name="predict", context_settings={"show_default": True})
@@ -30,11 +29,8 @@ def command(checkpoint_dir, address, input_path, out_path, fmt, data_spec):
         raise click.UsageError("give --checkpoint DIR or --server ENDPOINT (one of them)")
     if address and data_spec:
         raise click.UsageError("--data goes with --checkpoint; a server uses the spec its checkpoint records")
-    try:
-        columns, rows = (predict_served(address, input_path) if address
-                         else predict_file(checkpoint_dir, input_path, data_spec))
-    except OpError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    columns, rows = (predict_served(address, input_path) if address
+                     else predict_file(checkpoint_dir, input_path, data_spec))
     if out_path == "-":
         write_predictions(columns, rows, sys.stdout, fmt)
     else:
