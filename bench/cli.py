@@ -1,5 +1,6 @@
 """`zmqflow bench ...`: benchmarks that print one JSON object on their last line."""
 
+import importlib
 import json
 
 import click
@@ -10,6 +11,12 @@ def bench():
     """Benchmarks; each measures its own baseline in the same run and reports ratios."""
 
 
+def _report(name, as_json, **options):
+    """Run zmqflow.bench.<name> (progress lines unless --json) and print its result as one JSON line."""
+    run = importlib.import_module(f"zmqflow.bench.{name}").run
+    click.echo(json.dumps(run(progress=None if as_json else click.echo, **options)))
+
+
 @bench.command()
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON result line.")
 @click.option("--seconds", default=3.0, show_default=True, help="Duration of each throughput phase.")
@@ -17,10 +24,7 @@ def bench():
 def broker(as_json, seconds, window):
     """Queue-broker: small ops/s, dequeue latency, batch throughput vs a raw pyzmq relay, and the broker's RSS
     against the bytes a full shuffle (and FIFO) queue holds (memory_*: rss_over_held, above the idle broker)."""
-    from zmqflow.bench.broker import run
-
-    result = run(seconds=seconds, window=window, progress=None if as_json else click.echo)
-    click.echo(json.dumps(result))
+    _report("broker", as_json, seconds=seconds, window=window)
 
 
 @bench.command()
@@ -28,10 +32,7 @@ def broker(as_json, seconds, window):
 @click.option("--seconds", default=3.0, show_default=True, help="Duration of each phase.")
 def kernels(as_json, seconds):
     """Forward+backward steps/s of the MNIST MLP and the tutorial CNN (batch 100) vs JAX on the CPU."""
-    from zmqflow.bench.kernels import run
-
-    result = run(seconds=seconds, progress=None if as_json else click.echo)
-    click.echo(json.dumps(result))
+    _report("kernels", as_json, seconds=seconds)
 
 
 @bench.command()
@@ -39,10 +40,7 @@ def kernels(as_json, seconds):
 @click.option("--epochs", default=10, show_default=True, help="Epochs of the 1 ps + 2 workers async run.")
 def train(as_json, epochs):
     """Training: examples/s of real clusters vs one process, ps pull/push vs raw pyzmq."""
-    from zmqflow.bench.train import run
-
-    result = run(epochs=epochs, progress=None if as_json else click.echo)
-    click.echo(json.dumps(result))
+    _report("train", as_json, epochs=epochs)
 
 
 @bench.command()
@@ -57,11 +55,8 @@ def train(as_json, epochs):
 def reader(as_json, epochs, repeats, tabular_rows, tabular_epochs, tabular_train_epochs):
     """Reader: MNIST rows/s from CSV and TFRecord shards into the broker vs parsing alone; a data spec's
     tabular CSV parsed into model inputs vs through the broker, and trained on (under "tabular")."""
-    from zmqflow.bench.reader import run
-
-    result = run(epochs=epochs, repeats=repeats, progress=None if as_json else click.echo, tabular_rows=tabular_rows,
-                 tabular_epochs=tabular_epochs, tabular_train_epochs=tabular_train_epochs)
-    click.echo(json.dumps(result))
+    _report("reader", as_json, epochs=epochs, repeats=repeats, tabular_rows=tabular_rows,
+            tabular_epochs=tabular_epochs, tabular_train_epochs=tabular_train_epochs)
 
 
 @bench.command()

@@ -5,6 +5,7 @@ import signal
 
 import click
 
+from zmqflow.cli.train import fitted_data, model_for
 from zmqflow.common.processes.service_cli import launcher_curve_option
 from zmqflow.jobs.spec import TrainConfig
 from zmqflow.jobs.sweep.runner import INPUTS
@@ -80,7 +81,7 @@ def command(grid_text, space_file, random_runs, seed, parallel, epochs, batch_si
     from zmqflow.jobs.sweep.sweep import run_sweep
 
     points = _points(grid_text, space_file, random_runs, seed, epochs, batch_size)
-    data = _data(data_spec)
+    data = fitted_data(data_spec)
     base_model = _base_model(model_spec, model_opts, grid_text or space_file, points, data)
     mlp = base_model is None or base_model.get("type") == "mlp"
     if dry_run:
@@ -117,37 +118,14 @@ def command(grid_text, space_file, random_runs, seed, parallel, epochs, batch_si
         click.echo(f"serve the best: zmqflow serve --checkpoint {best['checkpoint']} --model {best['model_file']}")
 
 
-def _data(data_spec):
-    """The data spec, fitted on its train split (bad data named before anything starts), or None."""
-    if data_spec is None:
-        return None
-    from zmqflow.common.errors import OpError
-    from zmqflow.inputs.data_spec import fit, load_spec, load_tables
-    try:
-        data = load_spec(data_spec)
-        fit(data, load_tables(data)["train"])
-    except OpError as exc:
-        raise click.BadParameter(str(exc), param_hint="--data") from None
-    return data
-
-
 def _base_model(model_spec, model_opts, space_text, points, data=None):
     """The spec every run starts from (None: the MLP of the points), after checking that every point's
     model builds: a bad option fails here, before any process starts."""
     from zmqflow.common.errors import OpError
     from zmqflow.jobs.sweep.runner import model_spec as point_model
     from zmqflow.models.registry import load_model
-    from zmqflow.models.spec import resolve_model, with_options
-    if model_spec is None and not model_opts and data is None:
-        base = None
-    else:
-        try:
-            base = with_options(resolve_model(model_spec or "mlp"), model_opts)
-            if data is not None:
-                from zmqflow.inputs.data_spec import model_for_data
-                base = model_for_data(data, base)
-        except OpError as exc:
-            raise click.BadParameter(str(exc), param_hint="--model") from None
+    none_given = model_spec is None and not model_opts and data is None
+    base = None if none_given else model_for(model_spec or "mlp", model_opts, data)
     if base is not None and base.get("type") != "mlp":
         shaped = sorted(set(MLP_ONLY) & _given(space_text))
         if shaped:

@@ -73,25 +73,15 @@ def command(optimizer_kind, learning_rate, model_spec, model_opts, data_spec, su
     with a broker, NUM_PS ps shards and NUM_WORKERS workers on this machine. If any task of the job
     fails, the others are stopped and the command exits 1 naming it."""
     from zmqflow.models.stages import stage_count
-    data = None
-    if data_spec is not None:
-        from zmqflow.inputs.data_spec import fit, load_spec, load_tables
+    data = fitted_data(data_spec)
+    if data is not None and options["early_stop_metric"]:
+        from zmqflow.inputs.metrics import monitored
         try:
-            data = load_spec(data_spec)
-            fit(data, load_tables(data)["train"])     # bad data fails here, naming the file, line and column
+            monitored(data.label.task, options["early_stop_metric"])     # a metric the task reports
         except OpError as exc:
-            raise click.BadParameter(str(exc), param_hint="--data") from None
-        if options["early_stop_metric"]:
-            from zmqflow.inputs.metrics import monitored
-            try:
-                monitored(data.label.task, options["early_stop_metric"])     # a metric the task reports
-            except OpError as exc:
-                raise click.BadParameter(str(exc), param_hint="--early-stop-metric") from None
+            raise click.BadParameter(str(exc), param_hint="--early-stop-metric") from None
+    model = model_for(model_spec, model_opts, data)
     try:
-        model = with_options(resolve_model(model_spec), model_opts)
-        if data is not None:
-            from zmqflow.inputs.data_spec import model_for_data
-            model = model_for_data(data, model)
         stages = stage_count(load_model(model, backend="numpy"))   # a bad model fails here, before any process starts
     except OpError as exc:
         raise click.BadParameter(str(exc), param_hint="--model") from None
@@ -114,3 +104,28 @@ def command(optimizer_kind, learning_rate, model_spec, model_opts, data_spec, su
             if summary.get("stopped_early_at") else f"after {spec.training.epochs} epochs")
     click.echo((f"{summary['test_split']}: {scores} " if scores else "") + f"{when}, {summary['examples_per_s']:,} "
                f"examples/s while training (logs in {summary['log_dir']})")
+
+
+def fitted_data(data_spec):
+    """The data spec fitted on its train split, or None: bad data fails here, naming the file, line and column."""
+    if data_spec is None:
+        return None
+    from zmqflow.inputs.data_spec import fit, load_spec, load_tables
+    try:
+        data = load_spec(data_spec)
+        fit(data, load_tables(data)["train"])
+    except OpError as exc:
+        raise click.BadParameter(str(exc), param_hint="--data") from None
+    return data
+
+
+def model_for(model_spec, model_opts, data):
+    """The model spec with its options, shaped for the data (None: as it is): a bad option fails here."""
+    try:
+        model = with_options(resolve_model(model_spec), model_opts)
+        if data is not None:
+            from zmqflow.inputs.data_spec import model_for_data
+            model = model_for_data(data, model)
+    except OpError as exc:
+        raise click.BadParameter(str(exc), param_hint="--model") from None
+    return model
