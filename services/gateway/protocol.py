@@ -157,6 +157,8 @@ def _column_values(tensor, spec, body, offset):
     bad = next((v for v in values if not isinstance(v, wanted) or isinstance(v, bool)), _NONE)
     if bad is not _NONE:
         raise InvalidArgumentError(f"column {name!r}: {bad!r:.40} is not {'a string' if datatype == 'BYTES' else 'a number'}")
+    if datatype != "BYTES":
+        values = _numbers(values, datatype, f"column {name!r}", shape).tolist()
     return values, offset
 
 
@@ -251,19 +253,26 @@ def _input_array(tensor, spec, body, offset):
     if not isinstance(data, list):
         raise InvalidArgumentError(f"input {name!r} needs \"data\" (a list of {count} numbers, row-major) or "
                                    "binary_data_size")
-    try:
-        with np.errstate(over="raise", invalid="raise"):
-            array = np.asarray(data, dtype=dtype)
-    except (OverflowError, FloatingPointError):
-        raise InvalidArgumentError(f"input {name!r}: data holds a number out of the range of {datatype}") from None
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"input {name!r}: data is not a (nested) list of {datatype} numbers "
-                                   f"in the shape {shape}") from None
-    if dtype.kind == "f" and not np.isfinite(array).all():   # JSON has no NaN: a null, or an overflow the cast let by
-        raise InvalidArgumentError(f"input {name!r}: data holds a null or a number out of the range of {datatype}")
+    array = _numbers(data, datatype, f"input {name!r}", shape)
     if array.size != count:
         raise InvalidArgumentError(f"input {name!r}: shape {shape} needs {count} values, data holds {array.size}")
     return array.reshape(shape), offset
+
+
+def _numbers(data, datatype, where, shape):
+    """`data` (nested lists from JSON) as an array of `datatype`; a value out of its range, a null or
+    anything but numbers is the client's error (numpy raised OverflowError for them: a 500 before)."""
+    try:
+        with np.errstate(over="raise", invalid="raise"):
+            array = np.asarray(data, dtype=NUMPY_OF[datatype])
+    except (OverflowError, FloatingPointError):
+        raise InvalidArgumentError(f"{where}: data holds a number out of the range of {datatype}") from None
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"{where}: data is not a (nested) list of {datatype} numbers in the shape "
+                                   f"{shape}") from None
+    if array.dtype.kind == "f" and not np.isfinite(array).all():   # JSON has no NaN: a null, or an overflow let by
+        raise InvalidArgumentError(f"{where}: data holds a null or a number out of the range of {datatype}")
+    return array
 
 
 def _binary_outputs(outputs, parameters, model, records=False):
