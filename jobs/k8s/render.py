@@ -70,7 +70,7 @@ RESOURCES = {
     "reader": ("250m", "256Mi", "1Gi"),
     "serve": ("250m", "256Mi", "1Gi"),
     "aggregator": ("100m", "128Mi", "512Mi"),
-    "gateway": ("100m", "128Mi", "512Mi"),   # bodies up to --max-body-bytes (64 MiB) per connection at once
+    "gateway": ("100m", "128Mi", "512Mi"),   # ~50 MB + --max-inflight-bytes (256 MiB): docs/security/gateway.md
 }
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")

@@ -7,6 +7,7 @@ import click
 
 from zmqflow.common.processes.service_cli import curve_option, ops_options, setup_logging, write_ready_file
 from zmqflow.common.rpc.probe import endpoint_of
+from zmqflow.services.gateway.limits import JSON_COST, RAW_COST
 
 HTTP_EXTRA_HINT = "the gateway needs the http extra: pip install 'zmqflow[http]' (Starlette, uvicorn, httptools, orjson)"
 
@@ -24,8 +25,13 @@ HTTP_EXTRA_HINT = "the gateway needs the http extra: pip install 'zmqflow[http]'
               help="Deadline of an infer request that names none (the aggregator's own --deadline-ms still "
                    "applies to the ensemble); a request sets its own with the X-Zmqflow-Deadline-Ms header or "
                    "the `timeout` parameter (microseconds, as Triton's clients send it).")
-@click.option("--max-body-bytes", default=64 * 1024 * 1024, type=click.IntRange(min=1),
+@click.option("--max-body-bytes", default=8 * 1024 * 1024, type=click.IntRange(min=1),
               help="Largest request body; a larger one is answered 413 without being read.")
+@click.option("--max-inflight-bytes", default=256 * 1024 * 1024, type=click.IntRange(min=1),
+              help="Memory the requests in flight may hold together, estimated from their bodies: "
+                   f"{JSON_COST}x their JSON (what parsing it costs at worst), {RAW_COST}x their binary tensor data; "
+                   "a request that would go over is answered 503 (Retry-After) before its body is read. "
+                   f"At least {JSON_COST}x --max-body-bytes, so that the largest body fits.")
 @click.option("--body-timeout-s", default=30.0, type=click.FloatRange(min=0.001),
               help="Time a client has to send a request's body; a slower one is answered 408.")
 @click.option("--header-timeout-s", default=10.0, type=click.FloatRange(min=0.001),
@@ -33,18 +39,22 @@ HTTP_EXTRA_HINT = "the gateway needs the http extra: pip install 'zmqflow[http]'
 @click.option("--keep-alive-s", default=5, type=click.IntRange(min=1),
               help="How long an idle keep-alive connection stays open.")
 @click.option("--max-connections", default=1000, type=click.IntRange(min=1),
-              help="Connections and requests at once; more are answered 503 at once.")
+              help="Connections and requests at once; more are answered 503 at once (uvicorn's limit_concurrency).")
 @click.option("--refresh-s", default=5.0, type=click.FloatRange(min=0.05),
               help="How often the models (the aggregator's members and their metadata) are asked for again.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 @curve_option()
 @ops_options
-def command(aggregator, server, bind, ensemble_name, ready_file, timeout_s, max_body_bytes, body_timeout_s,
-            header_timeout_s, keep_alive_s, max_connections, refresh_s, log_level):
+def command(aggregator, server, bind, ensemble_name, ready_file, timeout_s, max_body_bytes, max_inflight_bytes,
+            body_timeout_s, header_timeout_s, keep_alive_s, max_connections, refresh_s, log_level):
     """Serve the Open Inference Protocol (KServe v2 REST: health, model metadata, infer with JSON or binary
     tensors) over HTTP, forwarding each inference over ZeroMQ to an aggregator or a model server."""
     if (aggregator is None) == (server is None):
         raise click.UsageError("give one of --aggregator ENDPOINT or --server ENDPOINT")
+    if max_inflight_bytes < JSON_COST * max_body_bytes:
+        raise click.BadParameter(f"{max_inflight_bytes} cannot hold one JSON body of --max-body-bytes {max_body_bytes} "
+                                 f"while it is parsed: give at least {JSON_COST * max_body_bytes}",
+                                 param_hint="--max-inflight-bytes")
     try:
         from zmqflow.services.gateway import server as http_server
         from zmqflow.services.gateway.app import GatewaySettings, build_app
@@ -79,7 +89,7 @@ def command(aggregator, server, bind, ensemble_name, ready_file, timeout_s, max_
         if ready_file:
             write_ready_file(ready_file, url)
 
-    settings = GatewaySettings(discovery, upstreams, max_body_bytes, body_timeout_s, timeout_s, stats)
+    settings = GatewaySettings(discovery, upstreams, max_body_bytes, body_timeout_s, timeout_s, stats, max_inflight_bytes)
     app = build_app(settings, http_server.discovery_lifespan(discovery, upstreams, announce))
     http_server.serve(app, sock, header_timeout_s, keep_alive_s, max_connections)
 

@@ -14,6 +14,8 @@ MNIST row of 784 numbers, a quarter of the gateway's whole overhead budget; orjs
 
 import json
 import math
+import re
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +25,8 @@ from zmqflow.common.errors import InvalidArgumentError
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 DEADLINE_HEADER = "X-Zmqflow-Deadline-Ms"
+MAX_DEADLINE_MS = 24 * 3600 * 1000
+"""The longest deadline a request may set (a day): beyond it a timer or the wire's integers would overflow."""
 
 NUMPY_OF = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
             "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,
@@ -56,7 +60,7 @@ def parse_infer(body, header_length, model):
     for i, tensor in enumerate(inputs):
         if not isinstance(tensor, dict):
             raise InvalidArgumentError(f"inputs[{i}] must be an object with name, shape, datatype and data")
-        name = tensor.get("name")
+        name = _name(tensor)
         if name not in specs:
             raw = f"; or its raw columns: {', '.join(c.name for c in model.columns)}" if model.columns else ""
             raise InvalidArgumentError(f"inputs[{i}]: model {model.name!r} has no input {name!r:.80} "
@@ -67,6 +71,12 @@ def parse_infer(body, header_length, model):
     _check_complete(arrays, specs, len(body) - offset, f"model {model.name!r} needs input(s)", "")
     return InferRequest(request.get("id"), [arrays[name] for name in specs], parameters,
                         _binary_outputs(request.get("outputs"), parameters, model))
+
+
+def _name(tensor):
+    """A tensor's name when it is a string (a list or object for a name is no name: never a key looked up)."""
+    name = tensor.get("name") if isinstance(tensor, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _check_complete(given, specs, left_over, needs, hint):
@@ -86,7 +96,7 @@ def _raw_columns(inputs, model):
     """Whether the request sends raw columns: every input is named by one, none by a tensor input."""
     if not model.columns or not isinstance(inputs, list) or not inputs:
         return False
-    names = [tensor.get("name") if isinstance(tensor, dict) else None for tensor in inputs]
+    names = [_name(tensor) for tensor in inputs]
     columns, tensors = {c.name for c in model.columns}, {spec.name for spec in model.inputs}
     return all(name in columns for name in names) and not any(name in tensors for name in names)
 
@@ -147,26 +157,39 @@ def _column_values(tensor, spec, body, offset):
     bad = next((v for v in values if not isinstance(v, wanted) or isinstance(v, bool)), _NONE)
     if bad is not _NONE:
         raise InvalidArgumentError(f"column {name!r}: {bad!r:.40} is not {'a string' if datatype == 'BYTES' else 'a number'}")
+    if datatype != "BYTES":
+        values = _numbers(values, datatype, f"column {name!r}", shape).tolist()
     return values, offset
 
 
 _NONE = object()
 
 
+_LENGTH = struct.Struct("<I")
+
+
 def _bytes_elements(raw, rows, name):
-    """The `rows` strings of a binary BYTES tensor: each a 4-byte little-endian length, then its UTF-8 bytes."""
-    values, at = [], 0
-    for _ in range(rows):
-        if at + 4 > len(raw):
-            raise InvalidArgumentError(f"input {name!r}: its binary BYTES data ends before element {len(values)}")
-        length = int.from_bytes(raw[at:at + 4], "little")
-        if at + 4 + length > len(raw):
-            raise InvalidArgumentError(f"input {name!r}: element {len(values)} of {length} bytes runs past its data")
-        try:
-            values.append(raw[at + 4:at + 4 + length].decode())
-        except UnicodeDecodeError:
-            raise InvalidArgumentError(f"input {name!r}: element {len(values)} is not UTF-8 text") from None
-        at += 4 + length
+    """The `rows` strings of a binary BYTES tensor: each a 4-byte little-endian length, then its UTF-8 bytes.
+    One tight loop (struct, errors checked once outside it): 0.29 s for 8 MiB of short strings, where
+    the checks and int.from_bytes of each element took 0.53 s (best of 3; the app runs it on a thread)."""
+    if rows > len(raw) // 4:
+        raise InvalidArgumentError(f"input {name!r}: {rows} element(s) need at least {4 * rows} bytes of binary "
+                                   f"BYTES data, got {len(raw)}")
+    values, at, unpack = [None] * rows, 0, _LENGTH.unpack_from
+    try:
+        for i in range(rows):
+            length = unpack(raw, at)[0]
+            at += 4
+            values[i] = raw[at:at + length].decode()
+            at += length
+    except struct.error:   # element i's length is not all there: element i - 1 ran past the end, or the data ends
+        if at > len(raw):
+            raise InvalidArgumentError(f"input {name!r}: element {i - 1} of {length} bytes runs past its data") from None
+        raise InvalidArgumentError(f"input {name!r}: its binary BYTES data ends before element {i}") from None
+    except UnicodeDecodeError:
+        raise InvalidArgumentError(f"input {name!r}: element {i} is not UTF-8 text") from None
+    if at > len(raw):
+        raise InvalidArgumentError(f"input {name!r}: element {rows - 1} of {length} bytes runs past its data")
     if at != len(raw):
         raise InvalidArgumentError(f"input {name!r}: {len(raw) - at} byte(s) of binary data after its {rows} element(s)")
     return values
@@ -230,13 +253,26 @@ def _input_array(tensor, spec, body, offset):
     if not isinstance(data, list):
         raise InvalidArgumentError(f"input {name!r} needs \"data\" (a list of {count} numbers, row-major) or "
                                    "binary_data_size")
-    try:
-        array = np.asarray(data, dtype=dtype)
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgumentError(f"input {name!r}: data is not a (nested) list of {datatype} numbers: {exc}") from None
+    array = _numbers(data, datatype, f"input {name!r}", shape)
     if array.size != count:
         raise InvalidArgumentError(f"input {name!r}: shape {shape} needs {count} values, data holds {array.size}")
     return array.reshape(shape), offset
+
+
+def _numbers(data, datatype, where, shape):
+    """`data` (nested lists from JSON) as an array of `datatype`; a value out of its range, a null or
+    anything but numbers is the client's error (numpy raised OverflowError for them: a 500 before)."""
+    try:
+        with np.errstate(over="raise", invalid="raise"):
+            array = np.asarray(data, dtype=NUMPY_OF[datatype])
+    except (OverflowError, FloatingPointError):
+        raise InvalidArgumentError(f"{where}: data holds a number out of the range of {datatype}") from None
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"{where}: data is not a (nested) list of {datatype} numbers in the shape "
+                                   f"{shape}") from None
+    if array.dtype.kind == "f" and not np.isfinite(array).all():   # JSON has no NaN: a null, or an overflow let by
+        raise InvalidArgumentError(f"{where}: data holds a null or a number out of the range of {datatype}")
+    return array
 
 
 def _binary_outputs(outputs, parameters, model, records=False):
@@ -262,20 +298,21 @@ def deadline_ms(parameters, header_value):
     """The request's deadline in ms: the X-Zmqflow-Deadline-Ms header, else the `timeout` parameter
     (microseconds, as Triton's clients send it); None when neither is given."""
     if header_value is not None:
-        try:
-            value = int(header_value)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise InvalidArgumentError(f"{DEADLINE_HEADER} must be a whole number of milliseconds >= 1, "
-                                       f"got {header_value!r:.40}")
+        value = int(header_value) if _DIGITS.fullmatch(header_value) else 0
+        if not 1 <= value <= MAX_DEADLINE_MS:
+            raise InvalidArgumentError(f"{DEADLINE_HEADER} must be a whole number of milliseconds from 1 to "
+                                       f"{MAX_DEADLINE_MS}, got {header_value!r:.40}")
         return value
     timeout = parameters.get("timeout")
     if timeout is None:
         return None
-    if type(timeout) is not int or timeout < 1:
-        raise InvalidArgumentError(f"parameter timeout must be a whole number of microseconds >= 1, got {timeout!r:.40}")
+    if type(timeout) is not int or not 1 <= timeout <= MAX_DEADLINE_MS * 1000:
+        raise InvalidArgumentError(f"parameter timeout must be a whole number of microseconds from 1 to "
+                                   f"{MAX_DEADLINE_MS * 1000}, got {timeout!r:.40}")
     return max(1, math.ceil(timeout / 1000))
+
+
+_DIGITS = re.compile(r"[0-9]{1,12}")
 
 
 def encode_infer(model, request, output, parameters):
