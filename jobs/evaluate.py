@@ -15,9 +15,10 @@ from zmqflow.inputs.metrics import metrics
 from zmqflow.models.saved import LoadedCheckpoint, recorded_data
 
 
-def evaluate_checkpoint(checkpoint_dir, x, y, model_spec=None, backend="numpy", batch_size=1000, task=None):
+def evaluate_checkpoint(checkpoint_dir, x, y, model_spec=None, backend="numpy", batch_size=1000, task=None,
+                        trust_checkpoint_code=False):
     """{"metrics", "examples", "step", "model", "checkpoint", "seconds"} of the latest checkpoint in `checkpoint_dir`."""
-    loaded = LoadedCheckpoint.open(checkpoint_dir, model_spec, backend)
+    loaded = LoadedCheckpoint.open(checkpoint_dir, model_spec, backend, trust_checkpoint_code)
     model, params = loaded.model, loaded.params
     started = time.perf_counter()
     rows = (lambda i: {k: v[i:i + batch_size] for k, v in x.items()}) if isinstance(x, dict) else (
