@@ -46,12 +46,16 @@ class LoadedCheckpoint:
 def model_spec_of(ckpt, model_spec=None, trust_checkpoint_code=False):
     """The spec to rebuild `ckpt`'s model (a Checkpoint, or None when there is none yet): `model_spec`
     (a --model value) when given, else the one the checkpoint records (code only if trusted:
-    check_recorded_model), else the MNIST MLP."""
+    check_recorded_model), else the MNIST MLP. A `model_spec` that names just the recorded model's type
+    (`--model path/model.py:build`) is the operator naming that code: the recorded spec, options and all."""
     recorded = ckpt.config.get("model") if ckpt is not None else None
-    if model_spec is None and isinstance(recorded, dict):
+    if not isinstance(recorded, dict):
+        return resolve_model(model_spec)
+    if model_spec is None:
         check_recorded_model(ckpt, recorded, trust_checkpoint_code)
         return recorded
-    return resolve_model(model_spec)
+    named = resolve_model(model_spec)
+    return recorded if named == {"type": recorded.get("type")} else named
 
 
 def check_recorded_model(ckpt, spec, trust_checkpoint_code):

@@ -40,8 +40,8 @@ from zmqflow.models.builtin import build as builtin
 open(os.environ["ZMQFLOW_TEST_MARKER"], "a").close()   # the file ran: the test sees it
 
 
-def build(input_signature):
-    return builtin({"type": "logistic", "inputs": 784, "classes": 10})
+def build(input_signature, classes=5):
+    return builtin({"type": "logistic", "inputs": 784, "classes": classes})
 '''
 
 
@@ -128,10 +128,11 @@ def test_trusted_the_checkpoint_code_runs(crafted):
 
 @pytest.fixture
 def model_file_checkpoint(tmp_path):
-    """A checkpoint of a model in a file, saved as the chief saves one (its config with the file's sha256)."""
+    """A checkpoint of a model in a file with an option (classes=10), saved as the chief saves one (its config
+    with the file's sha256)."""
     path = tmp_path / "my_model.py"
     path.write_text(MODEL_FILE)
-    spec = {"type": f"{path}:build"}
+    spec = {"type": f"{path}:build", "classes": 10}
     params = load_model(LOGISTIC).initial_values(1)
     marker = tmp_path / "imported"
     save_params(str(tmp_path / "ckpt"), 3, params, with_model_sha256({"model": spec}))
@@ -139,6 +140,8 @@ def model_file_checkpoint(tmp_path):
 
 
 def test_a_model_file_runs_only_when_trusted_or_named(model_file_checkpoint):
+    """Named by --model (just the reference), the recorded spec is built, its options too (classes=10, where the
+    file's default is 5)."""
     ckpt, path, marker, env = model_file_checkpoint
     assert json.loads((ckpt / "ckpt-3" / "manifest.json").read_text())["config"]["model_sha256"]
     refused = _zmqflow("evaluate", "--checkpoint", ckpt, env=env)
