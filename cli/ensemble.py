@@ -8,6 +8,7 @@ import time
 import click
 
 from zmqflow.common.processes.service_cli import launcher_curve_option
+from zmqflow.common.processes.task_options import trust_checkpoint_code_option
 from zmqflow.jobs.evaluate import labelled_split
 from zmqflow.jobs.ensemble.score import print_report, score
 from zmqflow.jobs.ensemble.launch import Ensemble, best_runs, checkpoint_members
@@ -34,7 +35,9 @@ from zmqflow.jobs.ensemble.launch import Ensemble, best_runs, checkpoint_members
                    "member's checkpoint records (trained with --data), else the shipped MNIST sample.")
 @click.option("--split", default="test", show_default=True, type=click.Choice(["test", "validation", "train"]),
               help="Which split of the data to score on.")
-def command(leaderboard, top, checkpoints, deadline_ms, log_dir, keep_serving, as_json, data_spec, split):
+@trust_checkpoint_code_option
+def command(leaderboard, top, checkpoints, deadline_ms, log_dir, keep_serving, as_json, data_spec, split,
+            trust_checkpoint_code):
     """Start model servers for the best TOP runs of a sweep (and any --checkpoint) and an aggregator
     over them, then report each member's test metrics next to the ensemble's (mean of probabilities
     and majority vote for classifiers, mean and median for a regression): does the ensemble beat
@@ -44,7 +47,8 @@ def command(leaderboard, top, checkpoints, deadline_ms, log_dir, keep_serving, a
     data, prepared = labelled_split(data_spec, split, runs[0]["checkpoint"])
     log_dir = log_dir or tempfile.mkdtemp(prefix="zmqflow-ensemble-")
     os.makedirs(log_dir, exist_ok=True)
-    with Ensemble(runs, log_dir=log_dir) as ensemble:
+    serve_args = ["--trust-checkpoint-code"] if trust_checkpoint_code else []
+    with Ensemble(runs, log_dir=log_dir, serve_args=serve_args) as ensemble:
         report = score(ensemble, prepared.x, prepared.y, deadline_ms, task=data.label.task)
         if as_json:
             click.echo(json.dumps(report))

@@ -4,6 +4,7 @@ import json
 
 import click
 
+from zmqflow.common.processes.task_options import trust_checkpoint_code_option
 
 
 @click.command(name="evaluate", context_settings={"show_default": True})
@@ -13,6 +14,7 @@ import click
               help="The model to read it into. Default: the model the checkpoint records.")
 @click.option("--model-opt", "model_opts", multiple=True, metavar="KEY=VALUE",
               help="A model option (repeatable), with --model.")
+@trust_checkpoint_code_option
 @click.option("--data", "data_spec", default=None, metavar="SPEC",
               help="A data spec (YAML) or `mnist`, the shipped sample; its statistics are fitted on its train split, "
                    "as training did. Default: the spec the checkpoint records (trained with --data), else mnist.")
@@ -20,7 +22,7 @@ import click
               help="Which split of the data.")
 @click.option("--backend", default="numpy", type=click.Choice(["numpy", "numba"]), help="Kernels of the model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-def command(checkpoint_dir, model_spec, model_opts, data_spec, split, backend, as_json):
+def command(checkpoint_dir, model_spec, model_opts, trust_checkpoint_code, data_spec, split, backend, as_json):
     """Load the checkpoint into its model and report accuracy and log-loss (classifiers) or RMSE, MAE
     and R² (one output) on a split. Exit 1 when the checkpoint cannot be read into the model."""
     from zmqflow.jobs.evaluate import evaluate_checkpoint, labelled_split
@@ -30,7 +32,7 @@ def command(checkpoint_dir, model_spec, model_opts, data_spec, split, backend, a
     spec = with_options(resolve_model(model_spec), model_opts) if model_spec else None
     data, prepared = labelled_split(data_spec, split, checkpoint_dir)
     result = evaluate_checkpoint(checkpoint_dir, prepared.x, prepared.y, model_spec=spec, backend=backend,
-                                 task=data.label.task)
+                                 task=data.label.task, trust_checkpoint_code=trust_checkpoint_code)
     if as_json:
         click.echo(json.dumps(result))
         return

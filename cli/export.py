@@ -5,6 +5,7 @@ import json
 import click
 
 from zmqflow.common.errors import FailedPreconditionError, UnimplementedError
+from zmqflow.common.processes.task_options import trust_checkpoint_code_option
 from zmqflow.models.onnx_export import DEFAULT_OPSET, MIN_OPSET
 
 
@@ -23,8 +24,9 @@ class CannotExport(click.ClickException):
 @click.option("--name", "model_name", default=None,
               help="The model name in the file's metadata (default: the checkpoint directory's, as a server names it).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as one JSON object.")
+@trust_checkpoint_code_option
 @click.argument("out", type=click.Path(dir_okay=False))
-def command(checkpoint_dir, fmt, opset, model_name, as_json, out):
+def command(checkpoint_dir, fmt, opset, model_name, as_json, trust_checkpoint_code, out):
     """Write the checkpoint's model to OUT (e.g. model.onnx) for onnxruntime or any ONNX runtime.
 
     The file computes what `zmqflow serve` answers for tensor requests: inputs named by the model's
@@ -35,7 +37,7 @@ def command(checkpoint_dir, fmt, opset, model_name, as_json, out):
     onnx package is missing: pip install 'zmqflow[onnx]'), 1 when the checkpoint cannot be read."""
     from zmqflow.jobs.export import export_checkpoint
     try:
-        written = export_checkpoint(checkpoint_dir, out, fmt, opset, model_name)
+        written = export_checkpoint(checkpoint_dir, out, fmt, opset, model_name, trust_checkpoint_code)
     except (FailedPreconditionError, UnimplementedError) as exc:
         raise CannotExport(f"{type(exc).__name__}: {exc}") from None
     if as_json:

@@ -4,6 +4,7 @@ import sys
 
 import click
 
+from zmqflow.common.processes.task_options import trust_checkpoint_code_option
 
 
 @click.command(name="predict", context_settings={"show_default": True})
@@ -20,7 +21,8 @@ import click
               help="CSV with a header, or JSON lines.")
 @click.option("--data", "data_spec", default=None, metavar="SPEC",
               help="The data spec, when the checkpoint records none.")
-def command(checkpoint_dir, address, input_path, out_path, fmt, data_spec):
+@trust_checkpoint_code_option
+def command(checkpoint_dir, address, input_path, out_path, fmt, data_spec, trust_checkpoint_code):
     """Read the file's rows as the model's inputs (with the training split's statistics), run the model
     (of a checkpoint, here; or of a running server) and write, per row, the predicted class and each
     class's probability (or the regressed value)."""
@@ -30,7 +32,7 @@ def command(checkpoint_dir, address, input_path, out_path, fmt, data_spec):
     if address and data_spec:
         raise click.UsageError("--data goes with --checkpoint; a server uses the spec its checkpoint records")
     columns, rows = (predict_served(address, input_path) if address
-                     else predict_file(checkpoint_dir, input_path, data_spec))
+                     else predict_file(checkpoint_dir, input_path, data_spec, trust_checkpoint_code=trust_checkpoint_code))
     if out_path == "-":
         write_predictions(columns, rows, sys.stdout, fmt)
     else:

@@ -1,7 +1,7 @@
 """Your own model in a file of your own: `build(input_signature, **options)` returns a model.
 
     zmqflow train --model examples/my_model.py:build --model-opt width=64 --epochs 5 --checkpoint-dir /tmp/mine
-    zmqflow serve --checkpoint /tmp/mine --bind tcp://127.0.0.1:5700      # the checkpoint names this file
+    zmqflow serve --checkpoint /tmp/mine --model examples/my_model.py:build   # code runs only where you name it
 
 Run as a script it checks the model on one batch without a cluster.
 """

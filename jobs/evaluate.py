@@ -22,9 +22,10 @@ def outputs_of(predict, x, batch=500):
     return np.concatenate([np.asarray(predict(take(start))) for start in range(0, rows, batch)])
 
 
-def evaluate_checkpoint(checkpoint_dir, x, y, model_spec=None, backend="numpy", batch_size=1000, task=None):
+def evaluate_checkpoint(checkpoint_dir, x, y, model_spec=None, backend="numpy", batch_size=1000, task=None,
+                        trust_checkpoint_code=False):
     """{"metrics", "examples", "step", "model", "checkpoint", "seconds"} of the latest checkpoint in `checkpoint_dir`."""
-    loaded = LoadedCheckpoint.open(checkpoint_dir, model_spec, backend)
+    loaded = LoadedCheckpoint.open(checkpoint_dir, model_spec, backend, trust_checkpoint_code)
     model, params = loaded.model, loaded.params
     started = time.perf_counter()
     outputs = outputs_of(lambda rows: model.predict(params, rows), x, batch_size)

@@ -20,12 +20,12 @@ from zmqflow.services.serve.server import default_model_name
 FORMATS = ("onnx",)
 
 
-def export_checkpoint(directory, out_path, fmt="onnx", opset=DEFAULT_OPSET, name=None):
+def export_checkpoint(directory, out_path, fmt="onnx", opset=DEFAULT_OPSET, name=None, trust_checkpoint_code=False):
     """Write the checkpoint's model to `out_path`; returns what was written (inputs, outputs, ops, bytes)."""
     if fmt not in FORMATS:
         raise InvalidArgumentError(f"export format {fmt!r} is not one of {', '.join(FORMATS)}")
     onnx = onnx_module()
-    loaded = LoadedCheckpoint.open(directory)
+    loaded = LoadedCheckpoint.open(directory, trust_checkpoint_code=trust_checkpoint_code)
     name = name or default_model_name(model_directory(directory), ())
     extra = {"zmqflow.model_spec": json.dumps(loaded.spec, sort_keys=True, default=str)}
     if loaded.data:

@@ -17,9 +17,9 @@ from zmqflow.inputs.predictions import labels_of, predicted
 from zmqflow.models.saved import LoadedCheckpoint
 
 
-def predict_file(checkpoint_dir, path, data_spec=None, batch_size=1000):
+def predict_file(checkpoint_dir, path, data_spec=None, batch_size=1000, trust_checkpoint_code=False):
     """(column names, rows) of predictions for every row of `path`."""
-    loaded = LoadedCheckpoint.open(checkpoint_dir)
+    loaded = LoadedCheckpoint.open(checkpoint_dir, trust_checkpoint_code=trust_checkpoint_code)
     recorded = loaded.data
     if data_spec is None and recorded is None:
         raise InvalidArgumentError(f"the checkpoint in {checkpoint_dir} records no data spec (it was not trained "

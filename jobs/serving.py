@@ -35,11 +35,13 @@ class ServedModel(ModelClient):
 
 @contextlib.contextmanager
 def serve(checkpoint_dir, model=None, backend="numpy", bind="tcp://127.0.0.1:*", timeout=30.0, log_dir=None,
-          **options):
+          trust_checkpoint_code=False, **options):
     """Serve the latest checkpoint in `checkpoint_dir` (the model it records, or `model`, a --model value)
     in its own process while the block runs. Other options are `zmqflow serve`'s (max_batch, max_delay_ms,
-    name, data), given as keywords."""
+    name, data), given as keywords; `trust_checkpoint_code` is --trust-checkpoint-code."""
     args = ["--checkpoint", str(checkpoint_dir), "--backend", backend]
+    if trust_checkpoint_code:
+        args.append("--trust-checkpoint-code")
     if model is not None:
         args += ["--model", model if isinstance(model, str) else json.dumps(model)]
     for key, value in options.items():

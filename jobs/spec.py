@@ -272,7 +272,7 @@ def tasks(spec, placement):
         out += [_reader_task(spec, placement, i) for i in range(spec.cluster.readers)]
     out += [_worker_task(spec, placement, i) for i in range(spec.total_workers)]
     if deployed and spec.serving.replicas:
-        out += _serving_tasks(spec)
+        out += _serving_tasks(spec, placement)
     return out
 
 
@@ -360,12 +360,14 @@ def _worker_task(spec, placement, index):
                     ports={"metrics": metrics})
 
 
-def _serving_tasks(spec):
+def _serving_tasks(spec, placement):
     serving, out = spec.serving, []
     for i in range(serving.replicas):
+        # the job's model, as the ps and workers get it: a model that is code (a file, module:Class) is built
+        # because the job names it, not because the checkpoint does (docs/security/checkpoints.md)
         out.append(_server("serve", i, ["serve"], SERVE_PORT + i,
-                           {"checkpoint": spec.checkpoint.dir, "refresh-secs": serving.refresh_secs,
-                            "name": serving.name}))
+                           {"checkpoint": spec.checkpoint.dir, "model": f"{placement.prepared}/{MODEL_JSON}",
+                            "refresh-secs": serving.refresh_secs, "name": serving.name}))
     members = [f"tcp://serve{i}:{SERVE_PORT + i}" for i in range(serving.replicas)]
     out.append(_server("aggregator", 0, ["aggregator"], AGGREGATOR_PORT,
                        {"mode": "replica", "member": members, "deadline-ms": 1000, "min-members": 1}))

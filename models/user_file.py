@@ -62,6 +62,16 @@ def load_function(path, function, what="model file"):
     return builder
 
 
+def file_sha256(path):
+    """The sha256 (hex) of the file at `path` (resolved as load_function resolves it), or None when
+    it cannot be read."""
+    try:
+        with open(os.path.abspath(os.path.expanduser(path)), "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
 def _signature(raw):
     if raw is None:
         return dict(DEFAULT_SIGNATURE)

@@ -332,8 +332,8 @@ class Checkpoint:
     def _load_piece(self, piece):
         """[value, *slots] of one piece, checked against the manifest's shape and dtype."""
         if self.format == checkpoint_npy.FORMAT:
-            return checkpoint_npy.load_npy_piece(self.path, piece)
-        path = os.path.join(self.path, piece.get("file", "?"))
+            return checkpoint_npy.load_npy_piece(self._file_path(piece.get("file")), piece)
+        path = self._file_path(piece.get("file"))
         try:
             names = [piece["tensor"]] + [piece["slot_tensors"][slot] for slot in piece["slots"]]
         except (KeyError, TypeError) as exc:
@@ -350,10 +350,24 @@ class Checkpoint:
             arrays.append(array)
         return arrays
 
+    def _file_path(self, name):
+        """The path of a file the manifest names, which must lie inside the checkpoint directory: a relative
+        name without `..` whose real path (symlinks followed) stays inside; DataLossError otherwise, as for
+        any malformed manifest, so a crafted one reads no file outside its checkpoint."""
+        root = os.path.realpath(self.path)
+        if not isinstance(name, str) or not name or os.path.isabs(name) or ".." in name.split("/"):
+            raise DataLossError(f"checkpoint manifest of {self.path!r} names the file {name!r}: a file of a checkpoint "
+                                "is a relative name inside its directory")
+        path = os.path.join(self.path, name)
+        if os.path.commonpath([root, os.path.realpath(path)]) != root:
+            raise DataLossError(f"checkpoint manifest of {self.path!r} names the file {name!r}, a link to "
+                                f"{os.path.realpath(path)!r} outside the checkpoint directory")
+        return path
+
     def _load_file(self, name):
         """{tensor name: array} of one tensor file, read once and checked against the manifest's size and crc32."""
         if name not in self._files:
-            path = os.path.join(self.path, name)
+            path = self._file_path(name)
             info = self.manifest["files"].get(name)
             if info is None:
                 raise DataLossError(f"checkpoint manifest {os.path.join(self.path, MANIFEST)!r} lists no file {name!r}")

@@ -36,7 +36,7 @@ def convert(directory, out=None):
         old = Checkpoint(path)
         if old.format != checkpoint_npy.FORMAT:
             if out is not None:
-                shutil.copytree(path, os.path.join(out, os.path.basename(path)), dirs_exist_ok=True)
+                shutil.copytree(path, os.path.join(out, os.path.basename(path)), symlinks=True, dirs_exist_ok=True)
                 commit(out, old.step, old.num_shards, old.config, keep=None)
             done.append((path, None))
             continue

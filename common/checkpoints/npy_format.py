@@ -6,7 +6,6 @@ turns such a checkpoint into the safetensors one.
 """
 
 import io
-import os
 import zlib
 
 import numpy as np
@@ -30,9 +29,9 @@ def read_checked(path, size, crc32):
     return data
 
 
-def load_npy_piece(directory, piece):
-    """[value, *slots] of one piece file, checked against the manifest's size, checksum, shape and dtype."""
-    path = os.path.join(directory, piece["file"])
+def load_npy_piece(path, piece):
+    """[value, *slots] of one piece file at `path` (Checkpoint._file_path: inside the checkpoint), checked
+    against the manifest's size, checksum, shape and dtype."""
     data = read_checked(path, piece["bytes"], piece["crc32"])
     stream, dtype, arrays = io.BytesIO(data), as_numpy(piece["dtype"]), []
     try:

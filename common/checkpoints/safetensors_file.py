@@ -54,6 +54,8 @@ def decode(data, path):
         metadata = header.pop(METADATA, None) or {}
         buffer = memoryview(data)[end:]
         tensors = {name: _tensor(name, entry, buffer) for name, entry in header.items()}
+    except RecursionError:   # JSON nested deeper than Python's stack: no header of ours, a crafted one
+        raise DataLossError(f"safetensors file {path!r} is corrupt: its header is nested too deeply") from None
     except (ValueError, TypeError, KeyError) as exc:
         raise DataLossError(f"safetensors file {path!r} is corrupt: {exc}") from exc
     return metadata, tensors

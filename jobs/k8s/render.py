@@ -20,7 +20,7 @@ it. Every container sets `command:` -- the program: ["zmqflow"], or, where TF_CO
 pod name, the entry snippet followed by "zmqflow" -- and `args:` is always the zmqflow subcommand
 with its options: the service's docker-compose command without a leading "zmqflow".
 
-Data and model: every pod that needs them (ps, workers, reader) runs compose's one-shot `data` command,
+Data and model: every pod that needs them (ps, workers, reader, model servers) runs compose's one-shot `data` command,
 `zmqflow data prepare --data SPEC --model MODEL`, as an initContainer into an emptyDir of its own at
 /prepared (compose writes /data/prepared once). The command is deterministic, so every pod holds the
 same model.json, data-config.json and shards with no ordering between pods, and a pod that restarts
@@ -361,12 +361,12 @@ def _env(task):
     return [{"name": key, "value": value} for key, value in task.env.items() if key != "TF_CONFIG"]
 
 
-def _served(options, task, comment="", mounts=(), volumes=(), probes=None):
+def _served(options, task, comment="", mounts=(), volumes=(), probes=None, init_containers=()):
     """A server task as a Deployment and a Service on the task's ports (a model server's labels name its member)."""
     labels = _labels(task.role, **({"member": str(task.index)} if task.role == "serve" else {}))
     main = _container(options, task.role, task.role, _args(task), ports=[_port(n, p) for n, p in task.ports.items()],
                       mounts=mounts, **(probes or _pinged(_ping, task.ports["zmq"])))
-    template = _pod_template(options, labels, task.ports["metrics"], [main], volumes)
+    template = _pod_template(options, labels, task.ports["metrics"], [main], volumes, init_containers)
     ports = [{"name": name, "port": port, "targetPort": port} for name, port in task.ports.items()]
     return [(comment, _service(options, task.name, labels, ports)),
             ("", _deployment(options, task.name, labels, template))]
@@ -463,8 +463,10 @@ def serving_components(options):
         serve += _served(options, job_tasks["serve", i], "" if i else (
             f"Model servers serve0..serve{replicas - 1}: one Deployment + Service each, so the aggregator names "
             f"its members\n(serve0:{SERVE_PORT}, ...) as in docker-compose.yml. A server starts once the chief's first "
-            "checkpoint is in\n/data/ckpt (it restarts until then) and reloads newer ones."),
-            mounts=[{"name": "data", "mountPath": DATA_DIR, "readOnly": True}], volumes=_volumes("data"))
+            "checkpoint is in\n/data/ckpt (it restarts until then) and reloads newer ones. It builds the job's model "
+            f"({PREPARED}/model.json,\nas the ps and workers do), not code the checkpoint names."),
+            mounts=[{"name": "data", "mountPath": DATA_DIR, "readOnly": True}, _mount_prepared()],
+            volumes=_volumes("data", "prepared"), init_containers=[_data_init(options)])
     aggregator = _served(options, job_tasks["aggregator", 0],
                          f"The aggregator fronts the {replicas} model servers (one --member each).")
     gateway = _served(options, job_tasks["gateway", 0], (

@@ -3,7 +3,7 @@
 import click
 
 from zmqflow.common.processes.service_cli import run_service_instance, service_options
-from zmqflow.common.processes.task_options import model_options
+from zmqflow.common.processes.task_options import model_options, trust_checkpoint_code_option
 
 
 @click.command(name="serve", context_settings={"show_default": True})
@@ -15,6 +15,7 @@ from zmqflow.common.processes.task_options import model_options
 @click.option("--refresh-secs", default=None, type=float,
               help="Reload parameters this often (newer checkpoint or ps version). Default: 5 with --follow-ps.")
 @model_options
+@trust_checkpoint_code_option
 @click.option("--backend", default="numba", type=click.Choice(["numpy", "numba", "cupy"]))
 @click.option("--max-batch", default=256, help="Most rows run together in one batch.")
 @click.option("--max-delay-ms", default=2.0, help="Longest a request waits for others to join its batch.")
@@ -22,8 +23,8 @@ from zmqflow.common.processes.task_options import model_options
 @click.option("--data", "data_spec", default=None,
               help="A data spec (YAML) whose raw feature columns requests may send as records, made into inputs with "
                    "its train split's statistics. Default: the spec the checkpoint records (trained with --data).")
-def command(checkpoint_dir, follow_ps, refresh_secs, model_spec, placement_strategy, max_shard_bytes, backend, max_batch,
-            max_delay_ms, model_name, data_spec, **service):
+def command(checkpoint_dir, follow_ps, refresh_secs, model_spec, placement_strategy, max_shard_bytes,
+            trust_checkpoint_code, backend, max_batch, max_delay_ms, model_name, data_spec, **service):
     """Answer predict requests from a checkpoint or the live ps shards, batching concurrent requests.
 
     A request sends the model's inputs as tensors (their names, shapes and dtypes are the model's
@@ -37,8 +38,13 @@ def command(checkpoint_dir, follow_ps, refresh_secs, model_spec, placement_strat
     if refresh_secs is None and endpoints:
         refresh_secs = 5.0
     from zmqflow.common.checkpoints.checkpoint import Checkpoint, find_checkpoint
+    from zmqflow.common.errors import OpError
     from zmqflow.models.saved import model_spec_of
-    spec = model_spec_of(Checkpoint(find_checkpoint(checkpoint_dir)) if checkpoint_dir else None, model_spec)
+    try:
+        spec = model_spec_of(Checkpoint(find_checkpoint(checkpoint_dir)) if checkpoint_dir else None, model_spec,
+                             trust_checkpoint_code)
+    except OpError as exc:   # a checkpoint that is missing, malformed or names code not trusted: say so, exit 1
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
     data_config = None
     if data_spec:
         from zmqflow.inputs.data_spec import fit, load_spec, load_tables, to_config

@@ -22,6 +22,7 @@ import numpy as np
 
 from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError, UnavailableError
 from zmqflow.models.protocol import every_gradient, input_signature, zero_inputs, zero_labels
+from zmqflow.models.saved import with_model_sha256
 from zmqflow.services.worker.hooks import StepContext
 from zmqflow.services.worker.leased_batches import LeasedBatches
 
@@ -67,7 +68,7 @@ class Trainer:
         self.batch_size, self.mode, self.seed = batch_size, mode, seed
         self.checkpoint_dir, self.examples_per_epoch = checkpoint_dir, examples_per_epoch
         self.sync_timeout, self.end_timeout = sync_timeout, end_timeout
-        self.config = config or {}
+        self.config = with_model_sha256(config or {})   # what its checkpoints record: a model file's sha256 too
         self.hooks = []
         self.global_step = 0
         self.examples = 0

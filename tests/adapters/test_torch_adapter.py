@@ -76,7 +76,8 @@ def test_a_torch_module_trains_and_serves_on_the_cluster(tmp_path, processes):
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["worker_exit_codes"] == [0, 0] and summary["test_accuracy"] > 0.75, summary
-    server = processes.service("zmqflow.services.serve", ["--checkpoint", str(tmp_path / "ckpt"), "--backend", "numpy"])
+    server = processes.service("zmqflow.services.serve", ["--checkpoint", str(tmp_path / "ckpt"), "--backend", "numpy",
+                                                          "--model", f"{TORCH_MODEL}:build"])   # its code: named here
     _, (x, y) = mnist_split()
     with ModelClient(server.endpoint) as client:
         probabilities, _ = client.predict(x[:200])

@@ -143,10 +143,11 @@ def test_every_container_sets_its_command_and_args_never_repeat_the_entrypoint()
 
 
 def test_every_pod_that_reads_the_prepared_files_writes_them_first(project):
-    """The reader, the ps shards and the workers (StatefulSets and TFJob) run compose's one-shot `data`
-    command as an initContainer into an emptyDir of their own, and read what it wrote from there."""
+    """The reader, the ps shards, the workers (StatefulSets and TFJob) and the model servers (the job's model,
+    not code a checkpoint names) run compose's one-shot `data` command as an initContainer into an emptyDir
+    of their own, and read what it wrote from there."""
     templates = dict(pod_templates(documents()))
-    names = ["reader", "ps", "worker", "zmqflow-train/PS", "zmqflow-train/Worker"]
+    names = ["reader", "ps", "worker", "zmqflow-train/PS", "zmqflow-train/Worker", "serve0", "serve1", "serve2"]
     assert sorted(name for name, t in templates.items() if t["spec"].get("initContainers")) == sorted(names)
     for name in names:
         spec = templates[name]["spec"]

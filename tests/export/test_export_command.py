@@ -80,7 +80,8 @@ def test_an_adapted_jax_model_is_sent_to_its_own_framework(tmp_path):
     spec = {"type": f"{ROOT}/examples/jax_model.py:build"}
     model = load_model(spec)
     save_params(str(tmp_path / "jax"), 1, model.initial_values(0), {"model": spec})
-    result = CliRunner().invoke(main, ["export", "--checkpoint", str(tmp_path / "jax"), str(tmp_path / "m.onnx")])
+    result = CliRunner().invoke(main, ["export", "--checkpoint", str(tmp_path / "jax"), "--trust-checkpoint-code",
+                                       str(tmp_path / "m.onnx")])
     assert result.exit_code == 2, result.output
     assert "JaxModel is adapted from JAX" in result.output and "with jax2onnx" in result.output
     assert not (tmp_path / "m.onnx").exists()
@@ -106,7 +107,8 @@ def test_a_layer_without_a_mapping_is_named(tmp_path):
     (tmp_path / "custom.py").write_text(CUSTOM_LAYER_MODEL)
     spec = {"type": f"{tmp_path}/custom.py:build"}
     save_params(str(tmp_path / "ckpt"), 1, load_model(spec).initial_values(0), {"model": spec})
-    result = CliRunner().invoke(main, ["export", "--checkpoint", str(tmp_path / "ckpt"), str(tmp_path / "m.onnx")])
+    result = CliRunner().invoke(main, ["export", "--checkpoint", str(tmp_path / "ckpt"), "--trust-checkpoint-code",
+                                       str(tmp_path / "m.onnx")])
     assert result.exit_code == 2, result.output
     assert "layer 'doubled' (Doubled) has no ONNX mapping" in result.output
 
@@ -151,7 +153,7 @@ def test_a_model_trained_on_a_data_spec_takes_its_model_inputs_and_records_the_s
     (tmp_path / "embedding_model.py").write_text(EMBEDDING_MODEL)
     spec = load_spec(spec_dict(tmp_path / "train.csv", encode="ids"))
     model, params = checkpoint(tmp_path / "ckpt", spec, f"{tmp_path}/embedding_model.py:build", seed=3)
-    written = export_checkpoint(str(tmp_path / "ckpt"), str(tmp_path / "m.onnx"))
+    written = export_checkpoint(str(tmp_path / "ckpt"), str(tmp_path / "m.onnx"), trust_checkpoint_code=True)
     assert [(i["name"], i["dtype"]) for i in written["inputs"]] == [("input", "float32"), ("city", "int64")]
     x = model_inputs(spec, read_features(spec, str(tmp_path / "train.csv")))
     got = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, x)[0]

@@ -1,5 +1,6 @@
 """Models other than the built-in MLP, trained by `zmqflow train` on real ps shards and workers."""
 
+import hashlib
 import json
 import re
 import os
@@ -106,15 +107,16 @@ def test_a_jax_model_trains_on_the_cluster(trained):
 
 @pytest.mark.slow
 def test_one_ensemble_of_an_mlp_a_cnn_and_a_jax_model_served_from_their_checkpoints(tmp_path, processes, trained):
-    """Each checkpoint records its model, so `serve --checkpoint` rebuilds it with no --model;
-    the aggregator averages three different models."""
+    """Each checkpoint records its model, so `serve --checkpoint` rebuilds it with no --model (the JAX model's
+    file, code, with --trust-checkpoint-code); the aggregator averages three different models."""
     import numpy as np
 
     from zmqflow.common.clients.aggregator import AggregatorClient
     from zmqflow.common.clients.serve import ModelClient
     from zmqflow.inputs.datasets import mnist_split
     checkpoints = {name: trained(name)[1] for name in MODELS}
-    servers = [processes.service("zmqflow.services.serve", ["--checkpoint", str(directory), "--backend", "numpy"])
+    servers = [processes.service("zmqflow.services.serve", ["--checkpoint", str(directory), "--backend", "numpy",
+                                                           "--trust-checkpoint-code"])
                for directory in checkpoints.values()]
     kinds = []
     for server in servers:
@@ -128,6 +130,7 @@ def test_one_ensemble_of_an_mlp_a_cnn_and_a_jax_model_served_from_their_checkpoi
     assert len(info["answered"]) == 3, info
     assert np.mean(np.argmax(probabilities, axis=1) == y[:200]) > 0.8
     done = subprocess.run([sys.executable, "-m", "zmqflow", "ensemble", "--json", "--log-dir", str(tmp_path / "logs"),
+                           "--trust-checkpoint-code",
                            *[a for directory in checkpoints.values() for a in ("--checkpoint", str(directory))]],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -169,7 +172,10 @@ def test_batch_norm_moving_statistics_live_on_the_ps_and_are_served(tmp_path, pr
     assert np.abs(params["batch_normalization/moving_variance"] - 1).max() > 0.01
     _, (x, _) = mnist_split()
     model = load_model(checkpoint.config["model"])
-    server = processes.service("zmqflow.services.serve", ["--checkpoint", str(tmp_path / "ckpt"), "--backend", "numpy"])
+    # the chief recorded the model file's sha256: a server trusting the checkpoint's code builds it while it matches
+    assert checkpoint.config["model_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    server = processes.service("zmqflow.services.serve", ["--checkpoint", str(tmp_path / "ckpt"), "--backend", "numpy",
+                                                          "--trust-checkpoint-code"])
     with ModelClient(server.endpoint) as client:
         served, _ = client.predict(x[:50])
     np.testing.assert_allclose(served, model.predict(params, x[:50]), rtol=1e-4, atol=1e-5)

@@ -41,8 +41,10 @@ def served(tmp_path_factory, module_processes):
             ("linear2", "one_hot", "linear", "regression")):
         spec = load_spec(spec_dict(root / "train.csv", encode, task))
         model, params = checkpoint(root / name, spec, model_spec, seed=len(out) + 1)
+        trust = ["--trust-checkpoint-code"] if model_spec.endswith(":build") else []   # the test's own model file
         proc = module_processes.service("zmqflow.services.serve", ["--checkpoint", str(root / name), "--backend",
-                                                                   "numpy", "--max-delay-ms", "1", "--name", name])
+                                                                   "numpy", "--max-delay-ms", "1", "--name", name,
+                                                                   *trust])
         out[name] = (proc, spec, model, params)
     return out
 

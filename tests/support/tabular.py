@@ -6,6 +6,7 @@ import numpy as np
 from zmqflow.common.checkpoints.checkpoint import save_params
 from zmqflow.inputs.data_spec import fit, load_tables, model_for_data, to_config
 from zmqflow.models.registry import load_model
+from zmqflow.models.saved import with_model_sha256
 from zmqflow.models.spec import resolve_model
 
 CITIES = ["paris", "rome", "oslo"]
@@ -31,10 +32,11 @@ def spec_dict(path, encode="one_hot", task="multiclass", split=None):
 
 
 def checkpoint(directory, spec, model_spec, seed):
-    """A checkpoint of `model_spec` fitted to `spec`, with random parameters, recording the data."""
+    """A checkpoint of `model_spec` fitted to `spec`, with random parameters, recording the data (and, as the
+    chief does, a model file's sha256)."""
     fit(spec, load_tables(spec)["train"])
     model_spec = model_for_data(spec, resolve_model(model_spec))
     model = load_model(model_spec)
     params = model.initial_values(seed)
-    save_params(str(directory), 1, params, {"model": model_spec, "data": to_config(spec)})
+    save_params(str(directory), 1, params, with_model_sha256({"model": model_spec, "data": to_config(spec)}))
     return model, params
