@@ -91,26 +91,34 @@ class Calls:
 
     # ------------------------------------------------ requests
 
-    def request(self, op, args, tensors, timeout, now, waiter=None, grace=None, rid=None):
+    def request(self, op, args, tensors, timeout, now, waiter=None, grace=None, rid=None, encoded=None):
         """(the Call, its frames): `op` a declared request or an op's name with `args`; `timeout` (s, None: no
         deadline) is the service's deadline, the call's is `grace` later (default `grace_for`). Refused now if over
-        the service's limit. `rid`: the caller's own request id (unique among its calls in flight)."""
-        if isinstance(op, Request):
-            op, args = op.OP, op.encode()
-        rid, frames, size = self._frames(op, args, tensors, timeout, rid)
+        the service's limit. `rid`: the caller's own request id (unique among its calls in flight). `encoded`:
+        the same request's `encode` by another Calls (a fan-out encodes once for every member)."""
+        rid, frames, size = encoded or self.encode(op, args, tensors, timeout, rid)
+        op = op.OP if isinstance(op, Request) else op
+        if encoded is not None:
+            self._check_size(op, size)
         deadline = None if timeout is None else now + timeout + (grace_for(timeout) if grace is None else grace)
         call = self.pending[rid] = self.call_class(rid, op, deadline, size, waiter)
         return call, frames
 
-    def _frames(self, op, args, tensors, timeout, rid=None):
+    def encode(self, op, args, tensors, timeout, rid=None):
+        """(request id, frames, bytes) of a request; refused now if over the service's limit."""
+        if isinstance(op, Request):
+            op, args = op.OP, op.encode()
         rid = next(self._ids) if rid is None else rid
         deadline_ms = None if timeout is None else max(0, int(timeout * 1000))
         token = self._token() if op in ADMIN_OPS else None
         frames = wire.request_frames(op, rid, args, tensors, deadline_ms, token)
         size = sum(map(len, frames)) if tensors else len(frames[0])
+        self._check_size(op, size)
+        return rid, frames, size
+
+    def _check_size(self, op, size):
         if self.service_max_bytes is not None and size > self.service_max_bytes:  # it would be refused: say so now
             raise self._oversize(op, size)
-        return rid, frames, size
 
     def _token(self):
         """The admin token to send, or None (a CURVE client needs none: its key is its credential)."""
@@ -118,11 +126,11 @@ class Calls:
 
     def cancel(self, call):
         """The frames asking the service to withdraw `call` (a late success still arrives, and is dropped)."""
-        return self._frames(Ops.Cancel.OP, {"target": call.id}, (), None)[1]
+        return self.encode(Ops.Cancel.OP, {"target": call.id}, (), None)[1]
 
     def ping(self):
         """The frames of a ping asking which of our calls in flight the service no longer holds."""
-        rid, frames, _ = self._frames(Ops.Ping.OP, {"ids": list(self.pending)}, (), None)
+        rid, frames, _ = self.encode(Ops.Ping.OP, {"ids": list(self.pending)}, (), None)
         self.pings.add(rid)
         return frames
 

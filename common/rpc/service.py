@@ -467,10 +467,10 @@ class LoopClient:
             self.calls.endpoint = endpoint
         return endpoint
 
-    def submit(self, op, args=None, tensors=(), timeout=None, rid=None):
-        """Send a request now (`rid`: the owner's id, unique among its calls here); its Call. A send that
-        cannot go at once raises zmq.ZMQError."""
-        call, frames = self.calls.request(op, args, tensors, timeout, time.monotonic(), rid=rid)
+    def submit(self, op, args=None, tensors=(), timeout=None, rid=None, encoded=None):
+        """Send a request now (`rid`: the owner's id, unique among its calls here; `encoded`: see
+        Calls.request); its Call. A send that cannot go at once raises zmq.ZMQError."""
+        call, frames = self.calls.request(op, args, tensors, timeout, time.monotonic(), rid=rid, encoded=encoded)
         try:
             wire.send_message(self.sock, frames)
         except zmq.ZMQError:
