@@ -218,13 +218,14 @@ def recv_message(sock, expect_identity, limits=DEFAULT_LIMITS, curve=False):
     specs = header.get("tensors") if header is not None else None
     big = [_declared_bytes(s) >= ZERO_COPY_BYTES for s in specs] if isinstance(specs, list) else []
     frames, total = [], len(raw)
-    wire_bytes = zmtp_bytes(total, curve)
+    wire_bytes, pad = zmtp_bytes(total, curve), _CURVE_PAD if curve else 0
     while more(_RCVMORE):
         i = len(frames)
         frame = sock.recv(copy=not (big[i] if i < len(big) else True))
         n = len(frame.buffer) if isinstance(frame, zmq.Frame) else len(frame)
         total += n
-        wire_bytes += zmtp_bytes(n, curve)
+        n += pad
+        wire_bytes += n + 2 if n < 256 else n + 9  # zmtp_bytes, inlined: per frame received
         if len(frames) < limits.max_frames:
             frames.append(frame)
         elif error is None:
