@@ -32,7 +32,7 @@ SOURCES = {
     "csv": {"header": True, "delimiter": ",", "columns": None},
     "npz": {},
     "npy": {"columns": None},
-    "tfrecord": {"features": None, "compression": None},
+    "tfrecord": {"features": None, "compression": None, "max_record_bytes": None},
     "fixed_length": {"record_bytes": None, "fields": None, "header_bytes": 0, "footer_bytes": 0, "compression": None},
     "parquet": {},
     "mnist": {},
@@ -105,9 +105,20 @@ def _tfrecord_format(source, names, defaults=None):
         default = entry.get("default", (defaults or {}).get(name))
         parsed[name] = FixedLenFeature(entry.get("shape") or [], entry["dtype"], default)
     try:
-        return TFRecordFormat(parsed, chunk_size=_CHUNK, compression=source["compression"])
+        return TFRecordFormat(parsed, chunk_size=_CHUNK, compression=source["compression"],
+                              **_max_record_bytes(source))
     except (InvalidArgumentError, TypeError, ValueError) as exc:
         raise InvalidArgumentError(f"data spec source: {exc}") from None
+
+
+def _max_record_bytes(source):
+    """source.max_record_bytes as TFRecordFormat's keyword (absent: its default, 256 MiB)."""
+    limit = source.get("max_record_bytes")
+    if limit is None:
+        return {}
+    if type(limit) is not int or limit <= 0:
+        raise InvalidArgumentError(f"data spec source.max_record_bytes must be a positive int, got {limit!r}")
+    return {"max_record_bytes": limit}
 
 
 def _fixed_length_format(source, names):
@@ -380,7 +391,7 @@ def read_tfrecord(spec, path, label=True):
         count = 0
         try:
             with open_input(path, resolve_compression(path, spec.source["compression"])) as stream:
-                for at, _ in framed_records(stream, path):
+                for at, _ in framed_records(stream, path, fmt.max_record_bytes):
                     if at >= offset:
                         break
                     count += 1

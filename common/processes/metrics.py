@@ -208,6 +208,12 @@ def export_service(service, task):
         yield from service.op_stats.families(service.name)
         yield gauge_family("zmqflow_rpc_parked_requests", "Requests parked (waiting) in the service now.",
                            {(service.name,): len(service.parked)}, ("service",))
+        yield gauge_family("zmqflow_rpc_connections", "Connections to the service now (--max-connections).",
+                           {(service.name,): len(service.connections)}, ("service",))
+        yield counter_family("zmqflow_rpc_peers_refused", "Peers dropped or requests refused at a bound "
+                             "(docs/security/bounds.md), by which.",
+                             {(service.name, why): n for why, n in service.connections.refused.items()},
+                             ("service", "reason"))
         if own is not None:
             yield from own()
     set_task(task, service.name)

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 
 import click
 
@@ -13,6 +14,23 @@ from zmqflow.common.wire.limits import DEFAULT_LIMITS
 from zmqflow.common.memory import keep_freed_memory
 
 METRICS_PORT_ENV = "ZMQFLOW_METRICS_PORT"
+
+_UNITS = {"": 1, "k": 10 ** 3, "m": 10 ** 6, "g": 10 ** 9, "t": 10 ** 12,
+          "ki": 2 ** 10, "mi": 2 ** 20, "gi": 2 ** 30, "ti": 2 ** 40}
+
+
+class ByteSize(click.ParamType):
+    """A byte count: 1000000, 512M, 4GiB (0 = unlimited)."""
+
+    name = "bytes"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        m = re.fullmatch(r"\s*(\d+)\s*([kmgt]i?)?b?\s*", str(value), re.IGNORECASE)
+        if not m:
+            self.fail(f"{value!r} is not a byte count (e.g. 1000000, 512M, 4GiB)", param, ctx)
+        return int(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
 
 
 def service_options(default_bind):
@@ -28,6 +46,18 @@ def service_options(default_bind):
                          help="Seconds a client holding blocked requests may stay silent before they are cancelled."),
             click.option("--max-message-bytes", default=DEFAULT_LIMITS.max_message_bytes,
                          help="Largest request accepted; bigger ones are answered INVALID_ARGUMENT."),
+            click.option("--max-connections", type=click.IntRange(1), default=DEFAULT_LIMITS.max_connections,
+                         help="Connections served at once (at most half of RLIMIT_NOFILE); past it a new peer "
+                              "closes the oldest idle one, else itself (docs/security/bounds.md)."),
+            click.option("--handshake-timeout", type=click.FloatRange(0.1),
+                         default=DEFAULT_LIMITS.handshake_timeout_ms / 1000,
+                         help="Seconds a new connection has to finish the ZeroMQ handshake before it is closed."),
+            click.option("--max-unread-reply-bytes", type=ByteSize(), default=DEFAULT_LIMITS.max_unread_reply_bytes,
+                         help="Reply bytes a client may leave unread; past it its requests are answered "
+                              "RESOURCE_EXHAUSTED until it reads."),
+            click.option("--max-parked-per-client", type=click.IntRange(1),
+                         default=DEFAULT_LIMITS.max_parked_per_client,
+                         help="Requests one client may have waiting in the service; past it RESOURCE_EXHAUSTED."),
             curve_option("Encrypt with ZeroMQ CURVE and accept only the clients in DIR/authorized/ "
                          "(keys from `zmqflow keys generate DIR`)", serves=True),
             admin_token_option("Without CURVE, the service's admin ops (shutdown; a ps's init and restore, a "
@@ -145,14 +175,18 @@ def profiled(function, *args, task):
 
 
 def run_service_instance(task, make_service, *args, bind, ready_file, log_level, client_timeout, max_message_bytes,
-                         **options):
+                         max_connections, handshake_timeout, max_unread_reply_bytes, max_parked_per_client, **options):
     """Set up the process, build the service, `make_service(bind, *args, limits=..., client_timeout=...,
     **options)` (a Service class, or a function making one), announce it, serve until SIGTERM.
-    The keywords from `bind` to `max_message_bytes` are service_options' (a command passes them on whole)."""
+    The keywords from `bind` to `max_parked_per_client` are service_options' (a command passes them on whole)."""
     setup_logging(log_level, task)
     keep_freed_memory()
     try:
-        limits = dataclasses.replace(DEFAULT_LIMITS, max_message_bytes=max_message_bytes)
+        limits = dataclasses.replace(DEFAULT_LIMITS, max_message_bytes=max_message_bytes,
+                                     max_connections=max_connections,
+                                     handshake_timeout_ms=round(handshake_timeout * 1000),
+                                     max_unread_reply_bytes=max_unread_reply_bytes,
+                                     max_parked_per_client=max_parked_per_client)
         service = make_service(bind, *args, limits=limits, client_timeout=client_timeout, **options)
     except InvalidArgumentError as exc:   # a bad option value: exit 2, as a usage error
         raise click.UsageError(str(exc)) from None

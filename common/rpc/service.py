@@ -30,6 +30,12 @@ meets a client gone before its event was read fails (ROUTER_MANDATORY) rather th
 vanishing, so what it carried can be taken back (the broker's dequeues).
 Both paths, and `bye`, go through `on_client_gone`, which a service extends for
 what else it keeps per client.
+
+What a peer may hold is bounded (docs/security/bounds.md): connections, the ZMTP handshake's time, an
+unfinished message and unread replies (common/rpc/connections.py), and parked requests per client
+(`max_parked_per_client`; a request past it is answered RESOURCE_EXHAUSTED, as is one from a client
+whose replies wait unread). A client's parked requests are indexed by client, so withdrawing them is
+O(1) each.
 """
 
 import heapq
@@ -45,17 +51,19 @@ from zmq.utils.monitor import recv_monitor_message
 from zmqflow.common.rpc import admin_token, encryption as curve, health
 from zmqflow.common.wire import frames as wire
 from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError,
-                                   shown)
+                                   ResourceExhaustedError, shown)
 from zmqflow.common.wire.limits import DEFAULT_LIMITS
 from zmqflow.common.memory import release_freed_memory
 from zmqflow.common.wire.protocol import ADMIN, Ops, ops_with_role
 from zmqflow.common.rpc.resolver import default_resolver
 from zmqflow.common.rpc.calls import Calls, client_socket
+from zmqflow.common.rpc.connections import Connections
 from zmqflow.common.rpc.sockets import connect_resolved
 
 log = logging.getLogger(__name__)
 
 PARKED = object()
+_ALWAYS_ADMITTED = frozenset((Ops.Ping.OP, Ops.Cancel.OP, Ops.Bye.OP))  # how a client at its bounds gets out
 _DRAIN_BATCH = 256
 _COMPACT_MIN = 1024  # the deadline heap is rebuilt without answered calls once it is this long and twice live
 
@@ -96,14 +104,18 @@ class Service:
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.linger = 0
         self.socket.setsockopt(zmq.MAXMSGSIZE, limits.socket_max_frame_bytes)
+        self.socket.setsockopt(zmq.HANDSHAKE_IVL, limits.handshake_timeout_ms)  # half-open peers go
         self.socket.sndhwm = self.socket.rcvhwm = 100_000
         # a reply to a client that is gone fails at once (EHOSTUNREACH) instead of vanishing: what it carried
         # (a dequeue's elements) can be taken back (reply() says whether it was delivered)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.curve_dir = curve_dir or curve.curve_dir_from_env()  # CURVE keys, or a warning when exposed
         curve.secure_server(self.socket, bind, curve.ServerKeys(self.curve_dir) if self.curve_dir else None)
-        # dropped connections: a client that died holding parked requests is cancelled at once
-        self._monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        # dropped connections: a client that died holding parked requests is cancelled at once; new ones counted
+        self._monitor = self.socket.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self._curve = bool(self.curve_dir)
+        self.connections = Connections(limits.max_connections, limits.socket_max_frame_bytes,
+                                       limits.max_unread_reply_bytes, self._curve, self.name)
         self.socket.bind(bind)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         health.announce(self.endpoint)
@@ -113,6 +125,7 @@ class Service:
         if self.admin_ops and not self.curve_dir:
             self.admin_token, self._admin_token_file = admin_token.for_service(self.endpoint, sorted(self.admin_ops))
         self.parked = {}
+        self._parked_by = {}  # identity -> {key: call}: its parked calls, for the cap and O(1) withdrawal
         self._deadlines = []
         self._compact_at = _COMPACT_MIN  # the heap's length that triggers dropping answered calls from it
         self._seq = 0
@@ -150,7 +163,7 @@ class Service:
         """The client `identity` is gone (connection dropped, `bye`, or silent while it waited):
         withdraw its parked requests. A service that keeps more for a client (the broker's
         leases) extends this to let go of it too."""
-        for call in [c for c in self.parked.values() if c.identity == identity]:
+        for call in list(self._parked_by.get(identity, {}).values()):
             if not call.finished:
                 self.on_cancel(call, error)
 
@@ -189,6 +202,10 @@ class Service:
 
     def park(self, call):
         self.parked[call.key] = call
+        mine = self._parked_by.get(call.identity)
+        if mine is None:
+            mine = self._parked_by[call.identity] = {}
+        mine[call.key] = call
         if call.deadline is not None:
             self._push_timer(call.deadline, call.key)
         return PARKED
@@ -214,6 +231,8 @@ class Service:
             return False
         call.finished, call.state = True, None  # answered: nothing of its handler's stays with it 
         parked = self.parked.pop(call.key, None)
+        if parked is not None:
+            self._unpark(call)
         if self.op_stats is not None:
             self.op_stats.observe(call.op, call.received, 0, parked is not None)
         return self._send(call.identity, wire.reply_frames(call.id, 0, None, result, tensors))
@@ -223,16 +242,25 @@ class Service:
             return
         call.finished, call.state = True, None
         parked = self.parked.pop(call.key, None)
+        if parked is not None:
+            self._unpark(call)
         self.stats["errors"] += 1
         if self.op_stats is not None:
             self.op_stats.observe(call.op, call.received, error.code, parked is not None)
         self._send(call.identity, wire.reply_frames(call.id, error.code, error.message, details=error.details))
 
+    def _unpark(self, call):
+        mine = self._parked_by[call.identity]
+        del mine[call.key]
+        if not mine:
+            del self._parked_by[call.identity]
+
     def _send(self, identity, frames):
         """Whether the message went out: a client that is gone (EHOSTUNREACH) or whose queue is full (EAGAIN)
-        loses the reply, never the loop."""
+        loses the reply, never the loop. What went is counted against its connection's unread replies."""
         try:
             wire.send_message(self.socket, frames, identity)
+            self.connections.sent(self._fd_of.get(identity), frames)
             return True
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
@@ -255,14 +283,18 @@ class Service:
             now = time.monotonic()
             wait = self._next_wake(next_sweep) - now
             # whole milliseconds, rounded up: a sub-millisecond timeout would be 0, a busy spin
-            for sock, _ in poller.poll(math.ceil(max(0.0, min(wait, 0.2)) * 1000)):
+            for sock, _ in poller.poll(math.ceil(max(0.0, min(wait, 0.1)) * 1000)):
                 if sock is self.socket:
                     self._drain()
                 elif sock in self._extra_sockets:
                     self._extra_sockets[sock]()
             now = time.monotonic()
             self._expire(now)
+            self.connections.check(now, self._readable)
             if now >= next_sweep:
+                if self.connections.trim_due:  # libzmq has freed a dropped peer's unfinished message by now
+                    self.connections.trim_due = False
+                    release_freed_memory()
                 self._sweep_clients(now)
                 self.housekeeping(now)
                 next_sweep = now + 1.0
@@ -271,12 +303,15 @@ class Service:
     def stop(self):
         self._running = False
 
+    def _readable(self):
+        return wire.readable(self.socket)
+
     def _drain(self):
         for _ in range(_DRAIN_BATCH):
             if not wire.readable(self.socket):
                 return
             try:
-                message = wire.recv_message(self.socket, True, self.limits)
+                message = wire.recv_message(self.socket, True, self.limits, self._curve)
             except Exception as exc:  # never let one message stop the loop
                 log.exception("receive failed: %s", exc)
                 while self.socket.rcvmore:
@@ -293,6 +328,7 @@ class Service:
             # cannot be taken later for this client's (a live client's requests were cancelled that way)
             self._watch_connections()
             self._fd_of[identity] = identity.fd
+            self.connections.received(identity.fd, identity.wire_bytes)
         self.stats["requests"] += 1
         rid = header.get("id") if header is not None and type(header.get("id")) is int else 0
         if error is not None:
@@ -308,6 +344,8 @@ class Service:
             handler = self.handlers.get(op)
             if handler is None:
                 raise InvalidArgumentError(f"unknown op {op!r} for {self.name}; known: {', '.join(sorted(self.handlers))}")
+            if op not in _ALWAYS_ADMITTED:
+                self._admit(identity)
             request = self.requests.get(op)
             if request is not None:
                 self._authorize(request, header)
@@ -342,6 +380,20 @@ class Service:
             self.stats["admin_refused"] += 1
             log.warning("refused %s: %s", request.OP, exc)
             raise
+
+    def _admit(self, identity):
+        """ResourceExhausted for a client at a bound: max_parked_per_client requests parked, or replies it
+        has not read past max_unread_reply_bytes (an amplifying request, a pull, is not run for it again)."""
+        mine = self._parked_by.get(identity)
+        if mine is not None and len(mine) >= self.limits.max_parked_per_client:
+            self.connections.refused["parked_requests"] += 1
+            raise ResourceExhaustedError(f"this client has {len(mine)} requests waiting in {self.name}, the "
+                                         f"max_parked_per_client limit ({self.limits.max_parked_per_client})")
+        unread = self.connections.congested(identity.fd)
+        if unread:
+            raise ResourceExhaustedError(f"this client leaves {unread} bytes of replies unread, over the "
+                                         f"max_unread_reply_bytes limit ({self.limits.max_unread_reply_bytes}): "
+                                         "read them first")
 
     def _refuse(self, identity, header, rid, error, now):
         """Answer a request with its error (an OpError), counted."""
@@ -380,20 +432,25 @@ class Service:
         return min(default, heap[0][0]) if heap else default
 
     def _watch_connections(self):
-        """The monitor's events: a dropped connection cancels the parked requests of the clients on it."""
+        """The monitor's events: a new connection is counted (connections.py), a dropped one cancels the
+        parked requests of the clients on it."""
         while self._monitor is not None and wire.readable(self._monitor):
             event = recv_monitor_message(self._monitor)
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self.connections.accepted(event["value"], time.monotonic())
+                continue
             if event["event"] != zmq.EVENT_DISCONNECTED:
                 continue
+            self.connections.closed(event["value"])
             gone = [identity for identity, fd in self._fd_of.items() if fd == event["value"]]
             for identity in gone:
                 del self._fd_of[identity]
-                if any(c.identity == identity for c in self.parked.values()):
+                if identity in self._parked_by:
                     log.info("client %r disconnected: cancelling its parked requests", identity)
                 self.on_client_gone(identity, CancelledError("client disconnected: its requests were cancelled"))
 
     def _sweep_clients(self, now):
-        gone = {c.identity for c in self.parked.values() if now - self._last_seen.get(c.identity, now) > self.client_timeout}
+        gone = [i for i in self._parked_by if now - self._last_seen.get(i, now) > self.client_timeout]
         for identity in gone:
             log.info("client %r silent for more than %.0f s: cancelling its requests", identity, self.client_timeout)
             self.on_client_gone(identity, CancelledError("client went away: its requests were cancelled"))
@@ -423,8 +480,8 @@ class Service:
     def _info(self, call):
         return {"service": self.name, "endpoint": self.endpoint, "pid": os.getpid(),
                 "uptime_s": round(time.monotonic() - self.started, 3), "parked": len(self.parked),
-                "timers": len(self._deadlines),
-                "stats": dict(self.stats), "curve": bool(self.curve_dir), "metrics": self.metrics_address,
+                "timers": len(self._deadlines), "connections": len(self.connections),
+                "stats": dict(self.stats), "refused": dict(self.connections.refused), "curve": bool(self.curve_dir), "metrics": self.metrics_address,
                 **self.describe()}
 
 

@@ -68,6 +68,11 @@ def check_spec(spec, limits=DEFAULT_LIMITS):
     for dim in shape:
         if type(dim) is not int or dim < 0:
             raise InvalidArgumentError(f"tensor dims must be non-negative ints, got {shown(shape)}")
+    # a zero-size tensor's other dims are bounded as a tensor with one row would be: [0, 2**62] arrived as
+    # 0 bytes, then broke whatever sized a buffer by its shape (INTERNAL)
+    if 0 in shape and math.prod(d for d in shape if d) > limits.max_message_bytes:
+        raise InvalidArgumentError(f"tensor shape {shown(shape)}: its non-zero dims make more elements than "
+                                   f"max_message_bytes ({limits.max_message_bytes})")
     return name, tuple(shape)
 
 
@@ -172,19 +177,31 @@ def check_request(header, limits=DEFAULT_LIMITS):
 
 
 class Identity(bytes):
-    """A ROUTER peer's routing id, with `fd`: the connection it came on (its disconnect names that fd)."""
+    """A ROUTER peer's routing id, with `fd`: the connection it came on (its disconnect names that fd), and
+    `wire_bytes`: what its message took on that connection (common/rpc/connections.py counts them)."""
 
     fd = None
+    wire_bytes = 0
 
 
-def recv_message(sock, expect_identity, limits=DEFAULT_LIMITS):
+_CURVE_PAD = 33  # CURVE's MESSAGE command around each frame: "\x07MESSAGE", nonce (8), MAC (16), flags (1)
+
+
+def zmtp_bytes(n, curve=False):
+    """Wire bytes of one ZMTP 3 frame of `n` bytes: flags, size (1 or 8 bytes), CURVE's box when on."""
+    n += _CURVE_PAD if curve else 0
+    return n + (2 if n < 256 else 9)
+
+
+def recv_message(sock, expect_identity, limits=DEFAULT_LIMITS, curve=False):
     """Receive one whole multipart message; frames from 64 KiB up without a copy.
 
     A frame's size is unknown before it is read, so the header (small) is read
     with a copy and parsed first; its declared tensors tell which following
     frames are large enough to read zero-copy. The message is always drained,
     also when the header is bad, so the next message starts clean.
-    Returns (identity or None, header dict or None, frames, error or None).
+    Returns (identity or None, header dict or None, frames, error or None); the identity counts the
+    message's wire bytes (`curve`: as CURVE frames them).
     """
     more = sock.getsockopt
     identity = None
@@ -201,10 +218,14 @@ def recv_message(sock, expect_identity, limits=DEFAULT_LIMITS):
     specs = header.get("tensors") if header is not None else None
     big = [_declared_bytes(s) >= ZERO_COPY_BYTES for s in specs] if isinstance(specs, list) else []
     frames, total = [], len(raw)
+    wire_bytes, pad = zmtp_bytes(total, curve), _CURVE_PAD if curve else 0
     while more(_RCVMORE):
         i = len(frames)
         frame = sock.recv(copy=not (big[i] if i < len(big) else True))
-        total += len(frame.buffer) if isinstance(frame, zmq.Frame) else len(frame)
+        n = len(frame.buffer) if isinstance(frame, zmq.Frame) else len(frame)
+        total += n
+        n += pad
+        wire_bytes += n + 2 if n < 256 else n + 9  # zmtp_bytes, inlined: per frame received
         if len(frames) < limits.max_frames:
             frames.append(frame)
         elif error is None:
@@ -214,6 +235,8 @@ def recv_message(sock, expect_identity, limits=DEFAULT_LIMITS):
                                      "bytes (max_message_bytes)")
     if error is not None:
         frames = []        # a refused message's frames are not needed: let them go now
+    if identity is not None:
+        identity.wire_bytes = wire_bytes
     return identity, header, frames, error
 
 

@@ -6,7 +6,9 @@ Each record is framed as
 
 with masked_crc(x) = ((crc >> 15 | crc << 17) + 0xa282ead8) mod 2**32 over CRC-32C.
 Both checksums are checked; a corrupt or truncated record is DataLossError naming
-the file and the record's byte offset (in the decompressed stream for GZIP files).
+the file and the record's byte offset (in the decompressed stream for GZIP files), as is a
+record longer than `max_record_bytes` (MAX_RECORD_BYTES, 256 MiB, by default), refused before
+anything is read for it: a length field of 2**60 must not become an allocation.
 
 Records are parsed as tf.train.Example by a spec like TF's parse_example:
 {"image": FixedLenFeature([784], "float32"), "label": FixedLenFeature([], "int64", 0),
@@ -92,8 +94,11 @@ def frame(data):
     return length + struct.pack("<I", masked_crc32c(length)) + data + struct.pack("<I", masked_crc32c(data))
 
 
-def framed_records(stream, path):
-    """(offset, data) of each record of an open stream, both checksums checked."""
+MAX_RECORD_BYTES = 256 * 1024 * 1024
+
+
+def framed_records(stream, path, max_record_bytes=MAX_RECORD_BYTES):
+    """(offset, data) of each record of an open stream, both checksums checked, none over `max_record_bytes`."""
     offset = 0
     while head := read_full(stream, 12):
         if len(head) < 12:
@@ -101,6 +106,9 @@ def framed_records(stream, path):
         length, length_crc = struct.unpack("<QI", head)
         if masked_crc32c(head[:8]) != length_crc:
             raise DataLossError(f"{path}: corrupted record at offset {offset}: length checksum mismatch")
+        if length > max_record_bytes:
+            raise DataLossError(f"{path}: record at offset {offset} of {length} bytes is over the maximum record "
+                                f"size ({max_record_bytes} bytes, max_record_bytes)")
         body = read_full(stream, length + 4)
         if len(body) < length + 4:
             raise DataLossError(f"{path}: truncated record at offset {offset}: "
@@ -112,10 +120,10 @@ def framed_records(stream, path):
         offset += 16 + length
 
 
-def iter_records(path, compression=None):
+def iter_records(path, compression=None, max_record_bytes=MAX_RECORD_BYTES):
     """The serialized records of a TFRecord file, like tf.data.TFRecordDataset."""
     with open_input(path, resolve_compression(path, compression)) as stream:
-        for _, data in framed_records(stream, path):
+        for _, data in framed_records(stream, path, max_record_bytes):
             yield data
 
 
@@ -239,8 +247,9 @@ class TFRecordFormat(RecordFormat):
 
     kind = "tfrecord"
 
-    def __init__(self, features=None, chunk_size=256, compression=None, scale=None):
+    def __init__(self, features=None, chunk_size=256, compression=None, scale=None, max_record_bytes=MAX_RECORD_BYTES):
         self._parsers = None if features is None else [_Parser(n, s) for n, s in dict(features).items()]
+        self.max_record_bytes = max_record_bytes
         super().__init__(chunk_size, compression, scale)
 
     def _spec(self):
@@ -250,7 +259,7 @@ class TFRecordFormat(RecordFormat):
 
     def _chunks(self, stream, path):
         batch, offsets = [], []
-        for offset, data in framed_records(stream, path):
+        for offset, data in framed_records(stream, path, self.max_record_bytes):
             self.counters.bytes_read += 16 + len(data)
             batch.append(data)
             offsets.append(offset)

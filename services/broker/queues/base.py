@@ -14,7 +14,7 @@ restored, shape-checked and batched.
 """
 
 import sys
-from collections import deque
+from collections import OrderedDict
 
 import numpy as np
 
@@ -75,6 +75,27 @@ def batch_of_rows(held, dtypes):
     return out
 
 
+class Waiting(OrderedDict):
+    """A list of pending tickets in arrival order (E or D) from which any one leaves in O(1): a cancel, a
+    deadline or a client gone takes its ticket out of the middle (a deque's remove scanned it: 20,000
+    cancels cost 3.8 s)."""
+
+    __slots__ = ()
+
+    def append(self, ticket):
+        self[ticket] = None
+
+    def extend(self, tickets):
+        for ticket in tickets:
+            self[ticket] = None
+
+    def head(self):
+        return next(iter(self))
+
+    def popleft(self):
+        self.popitem(last=False)
+
+
 class QueueBase:
     """A queue's state and service rule; `submit` and `cancel` are its whole interface to the server."""
 
@@ -97,8 +118,8 @@ class QueueBase:
         self._leased = 0  # elements handed out on leases not settled yet (leases.py): held, not stored
         self._lease_acked = self._lease_returned = 0   # leased elements acked, and given back, so far
         self.freed = False
-        self._enq = deque()  # E
-        self._deq = deque()  # D
+        self._enq = Waiting()  # E
+        self._deq = Waiting()  # D
         self._tries = {"enqueue": self._try_enqueue, "enqueue_many": self._try_enqueue_many,
                        "dequeue": self._try_dequeue, "dequeue_many": self._try_dequeue_many,
                        "dequeue_up_to": self._try_dequeue_many, "close": self._try_close}
@@ -156,8 +177,7 @@ class QueueBase:
         """Withdraw a pending ticket with `error` (deadline, client cancel); [] if it is not pending here."""
         if ticket._queue is not self:
             return []
-        lst = self._enq if ticket in self._enq else self._deq
-        lst.remove(ticket)
+        del (self._enq if ticket in self._enq else self._deq)[ticket]
         done = [self._withdraw(ticket, error)]
         self._run(done)
         return done
@@ -325,7 +345,7 @@ class QueueBase:
     def _serve(self, lst, done):
         tries, progress = self._tries, False
         while lst:
-            t = lst[0]
+            t = lst.head()
             res = tries[t.op](t)
             if res != COMPLETE:
                 return progress or res == PROGRESS

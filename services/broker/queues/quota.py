@@ -11,6 +11,7 @@ amount asked for and what is held; nothing changes. 0 means unlimited.
 """
 
 import math
+import os
 import sys
 from dataclasses import dataclass
 
@@ -73,6 +74,31 @@ class Quota:
     def release(self, container, n):
         self.container_bytes[container] -= n
         self.total_bytes -= n
+
+
+CGROUP_MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # v2, v1
+
+
+def default_max_total_bytes(cgroup_files=CGROUP_MEMORY_LIMITS):
+    """(bytes, how they were found): half the memory this process may use, the cgroup's limit (a pod's, a
+    container's) when one is set and below the machine's memory, else the machine's; 0 (unlimited) when
+    neither is known. Half the node's memory let a broker in a 512 Mi pod queue gigabytes and be OOM-killed."""
+    try:
+        machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        machine = 0
+    for path in cgroup_files:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and (not machine or int(text) < machine):  # "max" (v2) or a huge number: no limit
+            return int(text) // 2, f"half the cgroup memory limit {int(text)} ({path})"
+        break
+    if machine:
+        return machine // 2, f"half this machine's memory {machine} (no cgroup memory limit below it)"
+    return 0, "unlimited: neither a cgroup memory limit nor the machine's memory is known"
 
 
 ELEMENT_BYTES = sys.getsizeof((None,)) + 8                 # the element's tuple and its slot in the queue
