@@ -66,6 +66,7 @@ class SweepRunner:
         self._stop = threading.Event()
         self.broker = None
         self.admin_token = admin_token.for_job()   # one for the sweep: its broker and every run's tasks
+        self.job_token = admin_token.for_job(admin_token.JOB_TOKEN)
 
     def run(self, points, on_done=None):
         """Train every point; returns the entries in run order. `on_done(entry)` after each run."""
@@ -80,8 +81,10 @@ class SweepRunner:
             self.data_config = os.path.join(self.out_dir, "data-config.json")
             with open(self.data_config, "w") as f:
                 json.dump(to_config(self.data), f)
-        self.broker = start_service("zmqflow.services.broker", log_dir=log_dir, env={admin_token.ENV: self.admin_token})
+        self.broker = start_service("zmqflow.services.broker", log_dir=log_dir,
+                                    env={admin_token.ENV: self.admin_token, admin_token.JOB_TOKEN.env: self.job_token})
         admin_token.remember(self.broker.endpoint, self.admin_token)
+        admin_token.remember(self.broker.endpoint, self.job_token, admin_token.JOB_TOKEN)
         entries = [None] * len(points)
         try:
             with ThreadPoolExecutor(self.parallel, thread_name_prefix="sweep") as pool:
@@ -130,7 +133,7 @@ class SweepRunner:
             json.dump(entry["model"], f, indent=1)
         curve_file = os.path.join(run_dir, "curve.jsonl")
         point, stop = entry["hyperparameters"], threading.Event()
-        supervisor = Supervisor(log_dir=log_dir, admin_token_value=self.admin_token)   # this run's ps and worker
+        supervisor = Supervisor(log_dir=log_dir, admin_token_value=self.admin_token, job_token_value=self.job_token)   # this run's ps and worker
         spec = JobSpec(ClusterConfig(ps=1, workers=1), model=entry["model"], data=self.data,
                        input=InputConfig(self.input),
                        training=TrainConfig(epochs=point["epochs"], batch_size=point["batch_size"],

@@ -33,7 +33,7 @@ def missing(op, service, endpoint):
     """The exact answer to an admin op sent without a token."""
     return (f"{op} on the {service} at {endpoint} is an admin op: it needs the admin token (set {admin_token.ENV}, "
             f"or {admin_token.FILE_ENV} / --admin-token-file; a service that made its own wrote it to "
-            f"{admin_token.token_file(endpoint)}) or a CURVE client key")
+            f"{admin_token.token_file(endpoint)}) or a CURVE client key granted the admin role")
 
 
 def wrong(op, service, endpoint):
