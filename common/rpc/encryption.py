@@ -27,7 +27,6 @@ heartbeats make that an UnavailableError, bounded.
 import ipaddress
 import logging
 import os
-import shutil
 
 import re
 
@@ -88,11 +87,14 @@ def generate(directory, clients=(CLIENT,), force=False, keep=False):
     for name, roles in [(SERVER, None), *specs.items()]:
         if keep and not force and os.path.exists(os.path.join(directory, f"{name}.key_secret")):
             continue
-        public, secret = zmq.auth.create_certificates(directory, name, None if roles is None
-                                                      else {"roles": "+".join(roles)})
+        public, secret = zmq.auth.create_certificates(directory, name)
         os.chmod(secret, 0o600)
-        if roles is not None:
-            shutil.copy(public, os.path.join(authorized, f"{name}.key"))
+        if roles is not None:   # the roles go in the certificate's metadata, where ZAP reads them
+            with open(public) as f:
+                text = f.read().replace("metadata\n", f'metadata\n    roles = "{"+".join(roles)}"\n', 1)
+            for path in (public, os.path.join(authorized, f"{name}.key")):
+                with open(path, "w") as f:
+                    f.write(text)
     return list(specs)
 
 
