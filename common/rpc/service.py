@@ -103,7 +103,11 @@ class Service:
         # (a dequeue's elements) can be taken back (reply() says whether it was delivered)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.curve_dir = curve_dir or curve.curve_dir_from_env()  # CURVE keys, or a warning when exposed
-        curve.secure_server(self.socket, bind, curve.ServerKeys(self.curve_dir) if self.curve_dir else None)
+        try:
+            curve.secure_server(self.socket, bind, curve.ServerKeys(self.curve_dir) if self.curve_dir else None)
+        except Exception:  # refused (protected mode, bad keys): the socket goes, or its context could never end
+            self.socket.close(0)
+            raise
         # dropped connections: a client that died holding parked requests is cancelled at once
         self._monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | curve.RefusedPeers.EVENTS)
         self.socket.bind(bind)
