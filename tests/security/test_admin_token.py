@@ -19,6 +19,7 @@ def runtime(tmp_path, monkeypatch):
     monkeypatch.setenv(admin_token.RUNTIME_ENV, str(tmp_path / "run"))
     monkeypatch.delenv(admin_token.ENV, raising=False)
     monkeypatch.delenv(admin_token.FILE_ENV, raising=False)
+    monkeypatch.delenv(admin_token.JOB_TOKEN.env, raising=False)
     monkeypatch.setattr(admin_token, "_known", {})    # launchers' tokens of this process: none
     return tmp_path / "run"
 
