@@ -156,8 +156,8 @@ def check(expected, presented, op, service, endpoint, kind=ADMIN_TOKEN):
     The messages name the op and where the token comes from, never a token."""
     if presented is None or presented == "":
         raise UnauthenticatedError(
-            f"{op} on the {service} at {endpoint} is {'an' if kind.role == ADMIN else 'a'} {kind.role} op: it needs the {kind.name} token "
-            f"(set "
+            f"{op} on the {service} at {endpoint} is {'an' if kind.role == ADMIN else 'a'} {kind.role} op: "
+            f"it needs the {kind.name} token (set "
             f"{kind.env}, or {kind.file_env} / {kind.option}; a service that made its own wrote it to "
             f"{token_file(endpoint, kind)}) or a CURVE client key granted the {kind.role} role")
     if not isinstance(presented, str) or not hmac.compare_digest(presented.encode(), expected.encode()):

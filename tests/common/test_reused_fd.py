@@ -21,7 +21,8 @@ pytestmark = pytest.mark.service
 
 def send(sock, op, args, rid):
     """A request as a job's member sends it (the job's token: this test run's)."""
-    wire.send_message(sock, wire.request_frames(op, rid, args, token=admin_token.from_environment(admin_token.JOB_TOKEN)))
+    token = admin_token.from_environment(admin_token.JOB_TOKEN)
+    wire.send_message(sock, wire.request_frames(op, rid, args, token=token))
 
 
 def handle_one(service):

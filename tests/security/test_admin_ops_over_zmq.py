@@ -40,11 +40,12 @@ def wrong(op, service, endpoint):
     return f"{op} on the {service} at {endpoint}: wrong admin token"
 
 
-def refused(endpoint, op, args=None, tensors=()):
-    """(error without a token, error with a wrong one) of one admin op, each from a fresh local client."""
+def refused(endpoint, op, args=None, tensors=(), credential="admin_token"):
+    """(error without a token, error with a wrong one) of one admin op (`credential` job_token: a member op),
+    each from a fresh local client."""
     errors = []
     for token, expected in ((None, UnauthenticatedError), ("not-the-token", PermissionDeniedError)):
-        with RpcClient(endpoint, admin_token=token) as client, pytest.raises(expected) as caught:
+        with RpcClient(endpoint, **{credential: token}) as client, pytest.raises(expected) as caught:
             client.call(op, args, tensors, timeout=5)
         errors.append(str(caught.value))
     return errors

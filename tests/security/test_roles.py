@@ -18,12 +18,13 @@ from zmqflow.common.clients.ps import PsClient, PsShardClient
 from zmqflow.common.clients.queues import FIFOQueue
 from zmqflow.common.cluster.placement import place
 from zmqflow.common.errors import (AlreadyExistsError, InvalidArgumentError, PermissionDeniedError,
-                                   ResourceExhaustedError, UnauthenticatedError)
+                                   ResourceExhaustedError)
 from zmqflow.common.rpc import admin_token, encryption as curve
 from zmqflow.common.rpc.client import RpcClient
 from zmqflow.common.wire.protocol import MEMBER_OPS, BrokerOps, PsOps, requests_of
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.models.spec import MNIST_MLP
+from tests.security.test_admin_ops_over_zmq import refused as refused_without
 
 pytestmark = pytest.mark.service
 JOB = admin_token.JOB_TOKEN
@@ -38,12 +39,7 @@ def missing(op, service, endpoint):
 
 def refused(endpoint, op, args=None, tensors=()):
     """(error without the job token, error with a wrong one) of one member op, each from a fresh client."""
-    errors = []
-    for token, expected in ((None, UnauthenticatedError), ("not-the-token", PermissionDeniedError)):
-        with RpcClient(endpoint, job_token=token) as client, pytest.raises(expected) as caught:
-            client.call(op, args, tensors, timeout=5)
-        errors.append(str(caught.value))
-    return errors
+    return refused_without(endpoint, op, args, tensors, credential="job_token")
 
 
 def stats(endpoint):
@@ -176,8 +172,9 @@ def test_preload_is_capped_and_never_replaces_a_name(ps):
         with pytest.raises(AlreadyExistsError, match="^ps:0 already holds preloaded data 'small'; it is never "
                                                      "replaced"):
             rpc.preload("small", {"x": np.zeros(10, dtype=np.int32)})
-        with pytest.raises(ResourceExhaustedError, match=r"^preloaded data 'big' of 2004 bytes: ps:0 holds 2000 and "
-                                                         r"preloads at most 4000 bytes in all \(--max-preload-bytes\)$"):
+        with pytest.raises(ResourceExhaustedError, match=r"^preloaded data 'big' of 2004 bytes: ps:0 holds 2000 "
+                                                         r"and preloads at most 4000 bytes in all "
+                                                         r"\(--max-preload-bytes\)$"):
             rpc.preload("big", {"x": np.zeros(501, dtype=np.int32)})
     assert client.take_rows_async("small", [0, 499]).result()["x"].tolist() == [0, 499]
 
