@@ -58,12 +58,13 @@ class Server:
         self.service = None
         if job_name == "ps":
             from zmqflow.services.ps.server import PsService
-            pieces = {p.key: p for p in self.placement(model_variables(self.model_spec)).for_shard(self.task_index)}
+            variables = model_variables(self.model_spec)
+            pieces = {p.key: p for p in self.placement(variables).for_shard(self.task_index)}
             options = {"optimizer": optimizer or dict(DEFAULT_OPTIMIZER), "mode": mode}
             if mode == "sync":
                 options["replicas_to_aggregate"] = self.num_workers
             self.service = PsService(f"tcp://{self.cluster.task_address('ps', self.task_index)}", self.task_index,
-                                     pieces, options)
+                                     pieces, options, trainable={v.name for v in variables if v.trainable})
 
     @classmethod
     def from_tf_config(cls, model=None, optimizer=None, mode="async", device_setter=None, env=None):

@@ -2,6 +2,7 @@
 
 import atexit
 import os
+import secrets
 import shutil
 import tempfile
 
@@ -14,6 +15,9 @@ from tests.support.tiers import assign_tiers
 # the admin-token files services write when no token is given: in a directory of this run, not the user's
 os.environ["ZMQFLOW_RUNTIME_DIR"] = _RUNTIME_DIR = tempfile.mkdtemp(prefix="zmqflow-test-runtime-")
 atexit.register(shutil.rmtree, _RUNTIME_DIR, True)
+# this test run is one job: what its tests start, also by subprocess themselves, are its members (job token);
+# the tests of refusals send none or a wrong one explicitly
+os.environ.setdefault("ZMQFLOW_JOB_TOKEN", secrets.token_urlsafe(32))
 
 
 @pytest.hookimpl(tryfirst=True)

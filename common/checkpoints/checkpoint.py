@@ -54,6 +54,11 @@ _PARTIAL = re.compile(r"^ckpt-(\d+)\.partial$")
 
 # --- writing ----------------------------------------------------------------------------
 
+def staging_name(step):
+    """The folder the shards of checkpoint `step` are written into before it is committed."""
+    return f"ckpt-{int(step)}.partial"
+
+
 def write_shard(ckpt_dir, step, shard_index, pieces, metadata=None):
     """Write one shard's pieces into `ckpt_dir/ckpt-<step>.partial/shard-<i>.safetensors`.
 
@@ -62,7 +67,7 @@ def write_shard(ckpt_dir, step, shard_index, pieces, metadata=None):
     which variable `value` holds. `metadata` ({str: str}, e.g. the model) goes into the
     file's header too. Returns the staging directory.
     """
-    staging = os.path.join(ckpt_dir, f"ckpt-{int(step)}.partial")
+    staging = os.path.join(ckpt_dir, staging_name(step))
     os.makedirs(staging, exist_ok=True)
     index_path = os.path.join(staging, f"shard-{int(shard_index)}.json")
     if os.path.exists(index_path):  # an earlier attempt: its file is about to be overwritten
@@ -139,7 +144,7 @@ def commit(ckpt_dir, step, num_shards, config, keep=5):
     are kept (the one committed included); None or 0 keeps all.
     """
     step = int(step)
-    staging = os.path.join(ckpt_dir, f"ckpt-{step}.partial")
+    staging = os.path.join(ckpt_dir, staging_name(step))
     final = os.path.join(ckpt_dir, f"ckpt-{step}")
     if os.path.isfile(os.path.join(final, MANIFEST)):
         shutil.rmtree(staging, ignore_errors=True)

@@ -64,7 +64,18 @@ def service_options(default_bind):
                                "broker's reset) need this token: read it from FILE. Else it comes from "
                                f"{admin_token.ENV}, or the service makes one and writes it, readable by this user "
                                f"only, to the runtime directory (${admin_token.RUNTIME_ENV}, $XDG_RUNTIME_DIR/zmqflow "
-                               "or ~/.zmqflow/runtime) as admin-token-tcp-PORT, where clients on this machine find it"),
+                               "or ~/.zmqflow/runtime) as admin-token-tcp-HOST-PORT, where clients on this machine "
+                               "find it"),
+            admin_token_option("Without CURVE, the service's member ops (a ps's push, pull, assign, save, preload, "
+                               "worker_done; a broker's queue ops but size/list) need the job's token: read it from "
+                               f"FILE. Else it comes from {admin_token.JOB_TOKEN.env}, or the service makes one and "
+                               "writes it as job-token-tcp-HOST-PORT beside the admin token", admin_token.JOB_TOKEN),
+            click.option("--insecure", is_flag=True, envvar=curve.INSECURE_ENV, expose_value=False,
+                         callback=lambda ctx, param, value: os.environ.__setitem__(curve.INSECURE_ENV, "1")
+                         if value else None,
+                         help="Listen beyond loopback without CURVE anyway (refused otherwise, as Redis's protected "
+                              f"mode: anyone who reaches the port may then use it). Also read from "
+                              f"{curve.INSECURE_ENV}."),
         ]
         for option in reversed(options):
             fn = option(fn)
@@ -92,18 +103,19 @@ def curve_option(what="Connect over ZeroMQ CURVE with the client keys in DIR (fr
 
 def admin_token_option(what="Send this file's admin token with admin ops (shutdown, init, restore, reset) when "
                              "CURVE is off. Default: $" + admin_token.ENV + ", else the token file the service "
-                             "wrote on this machine"):
-    """--admin-token-file: checked, then put in the environment, where the Service or RpcClient finds it."""
+                             "wrote on this machine", kind=admin_token.ADMIN_TOKEN):
+    """--admin-token-file (--job-token-file for the job token): checked, then put in the environment, where the
+    Service or RpcClient finds it."""
     def use_token_file(ctx, param, value):
         if value:
             try:
-                admin_token.read_token_file(value)
+                admin_token.read_token_file(value, kind)
             except InvalidArgumentError as exc:
                 raise click.BadParameter(str(exc)) from None
-            os.environ[admin_token.FILE_ENV] = os.path.abspath(value)
-    return click.option("--admin-token-file", envvar=admin_token.FILE_ENV, expose_value=False,
+            os.environ[kind.file_env] = os.path.abspath(value)
+    return click.option(kind.option, envvar=kind.file_env, expose_value=False,
                         callback=use_token_file, type=click.Path(dir_okay=False), default=None,
-                        help=f"{what}. Also read from {admin_token.FILE_ENV}.")
+                        help=f"{what}. Also read from {kind.file_env}.")
 
 
 def launcher_curve_option():

@@ -7,9 +7,10 @@ ensembles, the demo and the tests own their children through one of these, so no
 a job started outlives it: leaving the `with` block, also by an exception or Ctrl-C,
 stops every child still running.
 
-One job, one admin token (common/rpc/admin_token.py): every child gets it in ZMQFLOW_ADMIN_TOKEN, so
-the chief may init, restore and shut down the job's services while no other local process may
-(without CURVE); this process's clients of the services it started use it too.
+One job, one admin token and one job token (common/rpc/admin_token.py): every child gets them in
+ZMQFLOW_ADMIN_TOKEN and ZMQFLOW_JOB_TOKEN, so the job's processes may push, enqueue, save... and the
+chief init, restore and shut down the job's services while no other local process may (without
+CURVE); this process's clients of the services it started use them too.
 """
 
 import sys
@@ -19,9 +20,10 @@ from zmqflow.common.processes.children import spawn, start_process, start_servic
 
 
 class Supervisor:
-    def __init__(self, log_dir=None, stop_timeout=5.0, admin_token_value=None):
+    def __init__(self, log_dir=None, stop_timeout=5.0, admin_token_value=None, job_token_value=None):
         self.log_dir, self.stop_timeout = log_dir, stop_timeout
         self.admin_token = admin_token_value or admin_token.for_job()   # the job's, given to every child
+        self.job_token = job_token_value or admin_token.for_job(admin_token.JOB_TOKEN)
         self.children = []          # in start order
         self.codes = {}             # child -> exit code, once seen (a restarted task is a new child)
 
@@ -35,20 +37,24 @@ class Supervisor:
     def start_service(self, module, args=(), **options):
         """A service that binds a port; returns once it serves (common/processes/children.py's start_service)."""
         options.setdefault("log_dir", self.log_dir)
-        options["env"] = {**(options.get("env") or {}), admin_token.ENV: self.admin_token}
+        options["env"] = {**(options.get("env") or {}), **self._tokens()}
         child = self.adopt(start_service(module, args, **options))
         admin_token.remember(child.endpoint, self.admin_token)
+        admin_token.remember(child.endpoint, self.job_token, admin_token.JOB_TOKEN)
         return child
+
+    def _tokens(self):
+        return {admin_token.ENV: self.admin_token, admin_token.JOB_TOKEN.env: self.job_token}
 
     def start_process(self, module, args=(), **options):
         """`python -m module args...` with its output in a log file."""
         options.setdefault("log_dir", self.log_dir)
-        options["env"] = {**(options.get("env") or {}), admin_token.ENV: self.admin_token}
+        options["env"] = {**(options.get("env") or {}), **self._tokens()}
         return self.adopt(start_process(module, args, **options))
 
     def start(self, name, argv, env=None, cwd=None, stdout=None, log_path=None):
         """Any command; OSError when it cannot be started (no such program)."""
-        env = admin_token.child_env(self.admin_token, env)
+        env = admin_token.child_env(self.admin_token, env, self.job_token)
         return self.adopt(spawn(argv, name, log_path=log_path, env=env, cwd=cwd, stdout=stdout))
 
     def python(self, name, module, args=(), **options):
@@ -99,6 +105,7 @@ class Supervisor:
                 self.codes.setdefault(child, child.returncode)
             if child.endpoint:   # its port may serve another service, with another token, next
                 admin_token.forget(child.endpoint, self.admin_token)
+                admin_token.forget(child.endpoint, self.job_token, admin_token.JOB_TOKEN)
         return dict(self.codes)
 
     def __enter__(self):

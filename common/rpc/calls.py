@@ -18,9 +18,10 @@ import logging
 from zmqflow.common.rpc import admin_token as tokens
 from zmqflow.common.rpc import encryption as curve
 from zmqflow.common.wire import frames as wire
-from zmqflow.common.errors import InvalidArgumentError, UnavailableError, error_from_code
+from zmqflow.common.errors import (PERMISSION_DENIED, UNAUTHENTICATED, InvalidArgumentError, UnavailableError,
+                                   error_from_code)
 from zmqflow.common.wire.limits import DEFAULT_LIMITS
-from zmqflow.common.wire.protocol import ADMIN_OPS, Ops, Request
+from zmqflow.common.wire.protocol import ADMIN, MEMBER, ROLE_OF, Ops, Request
 from zmqflow.common.rpc.resolver import default_resolver
 from zmqflow.common.rpc.sockets import dealer_socket
 
@@ -63,12 +64,15 @@ class Calls:
     call_class = Call
 
     def __init__(self, address, limits=DEFAULT_LIMITS, resolver=default_resolver, admin_token=USE_DEFAULT,
-                 decode=True, writable=True):
+                 decode=True, writable=True, job_token=USE_DEFAULT):
         self.address, self.limits, self.resolver = address, limits, resolver
         # a reply's tensors: decoded (`writable`: copied where the frame is read-only), or left as frames (`decode`
         # False) for an owner that checks them itself
         self.decode, self.writable = decode, writable
-        self._admin_token = admin_token  # USE_DEFAULT: looked up at each admin op (a restarted service makes a new one)
+        # each guarded role's token: given, or (USE_DEFAULT) looked up once and again after a refusal (a restarted
+        # service makes a new one), so a member op's token costs a dict lookup, not a file read
+        self._given_tokens = {ADMIN: admin_token, MEMBER: job_token}
+        self._tokens = {}
         self.service_max_bytes = None  # the service's request size limit, told by its ping answers
         self.pending = {}
         self.pings = set()
@@ -110,7 +114,8 @@ class Calls:
             op, args = op.OP, op.encode()
         rid = next(self._ids) if rid is None else rid
         deadline_ms = None if timeout is None else max(0, int(timeout * 1000))
-        token = self._token() if op in ADMIN_OPS else None
+        role = ROLE_OF.get(op)
+        token = self._token(role) if role in self._given_tokens else None
         frames = wire.request_frames(op, rid, args, tensors, deadline_ms, token)
         size = sum(map(len, frames)) if tensors else len(frames[0])
         self._check_size(op, size)
@@ -120,9 +125,14 @@ class Calls:
         if self.service_max_bytes is not None and size > self.service_max_bytes:  # it would be refused: say so now
             raise self._oversize(op, size)
 
-    def _token(self):
-        """The admin token to send, or None (a CURVE client needs none: its key is its credential)."""
-        return tokens.for_client(self.address) if self._admin_token is USE_DEFAULT else self._admin_token
+    def _token(self, role):
+        """The token of `role` to send, or None (a CURVE client needs none: its key is its credential)."""
+        token = self._tokens.get(role, USE_DEFAULT)
+        if token is USE_DEFAULT:
+            given = self._given_tokens[role]
+            token = self._tokens[role] = tokens.for_client(self.address, tokens.FOR_ROLE[role]) \
+                if given is USE_DEFAULT else given
+        return token
 
     def cancel(self, call):
         """The frames asking the service to withdraw `call` (a late success still arrives, and is dropped)."""
@@ -166,6 +176,8 @@ class Calls:
             return None
         code = header.get("code", 0)
         if code:
+            if code in (UNAUTHENTICATED, PERMISSION_DENIED):
+                self._tokens.clear()   # looked up again: the service may have restarted with a new one
             call.finish(error=error_from_code(code, header.get("error") or "", header.get("details")))
             return call
         if not self.decode:

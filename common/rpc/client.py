@@ -10,7 +10,8 @@ timeout, and fails with UnavailableError if it does not; a service declared dead
 
 One client belongs to one thread (ZeroMQ sockets are not thread-safe); use one client per thread.
 With ZMQFLOW_CURVE_DIR set (or `curve_dir=`) it speaks CURVE and checks the service's key. Admin ops
-carry the admin token (`admin_token=`, else common/rpc/admin_token.py's `for_client`).
+carry the admin token (`admin_token=`), member ops the job token (`job_token=`), else the ones
+common/rpc/admin_token.py's `for_client` finds.
 """
 
 import time
@@ -55,7 +56,7 @@ class PendingCall(Call):
 class RpcClient:
     def __init__(self, address, default_timeout=None, heartbeat_interval=1.0, heartbeat_liveness=3,
                  limits=DEFAULT_LIMITS, context=None, name="client", curve_dir=USE_DEFAULT, admin_token=USE_DEFAULT,
-                 resolver=default_resolver):
+                 resolver=default_resolver, job_token=USE_DEFAULT):
         self.address = address
         self.default_timeout = default_timeout
         self.heartbeat_interval = heartbeat_interval
@@ -65,7 +66,7 @@ class RpcClient:
         self.name = name
         self.resolver = resolver
         self._curve_dir = curve.curve_dir_from_env() if curve_dir is USE_DEFAULT else curve_dir
-        self.calls = Calls(address, limits, resolver, admin_token)
+        self.calls = Calls(address, limits, resolver, admin_token, job_token=job_token)
         self.calls.call_class = PendingCall
         self.socket = self._monitor = None
         self._connect()

@@ -13,10 +13,12 @@ requests the service no longer holds), `cancel` (withdraw a parked request),
 A subclass serves the ops its `protocol` table declares (common/wire/protocol.py): `serve({Request: handler})`.
 Before a declared op's handler runs, its sender is checked against the declared role (`_authorize`,
 the one check point) and its args become the declaration (`validate`), so `call.args` is typed; an
-undeclared op (a test's toy service) gets its args as the dict that came. Admin ops need a credential:
-with CURVE the handshake is one (only authorized client keys get through); without it the request
-header must carry the service's admin token (common/rpc/admin_token.py). A refused one is answered
-UNAUTHENTICATED (no token) or PERMISSION_DENIED (a wrong one) before its handler runs, and counted.
+undeclared op (a test's toy service) gets its args as the dict that came. Member and admin ops need a
+credential: with CURVE a client key granted the role (common/rpc/encryption.py); without it the request
+header must carry the role's token, the job's or the admin's (common/rpc/admin_token.py). A refused one is
+answered UNAUTHENTICATED (no token) or PERMISSION_DENIED (a wrong one, a key without the role) before its
+handler runs, and counted (stats member_refused, admin_refused). The socket has a ZAP domain, so libzmq
+refuses pre-ZMTP-3 peers (an HTTP POST) before any frame reaches the loop.
 
 A client that holds parked requests must be heard from (any message, pings
 included) at least every `client_timeout` seconds; otherwise it is taken as
@@ -54,7 +56,7 @@ from zmqflow.common.errors import (CancelledError, DeadlineExceededError, Intern
                                    ResourceExhaustedError, shown)
 from zmqflow.common.wire.limits import DEFAULT_LIMITS
 from zmqflow.common.memory import release_freed_memory
-from zmqflow.common.wire.protocol import ADMIN, Ops, ops_with_role
+from zmqflow.common.wire.protocol import CLIENT, Ops, ops_with_role
 from zmqflow.common.rpc.resolver import default_resolver
 from zmqflow.common.rpc.calls import Calls, client_socket
 from zmqflow.common.rpc.connections import Connections
@@ -110,20 +112,29 @@ class Service:
         # (a dequeue's elements) can be taken back (reply() says whether it was delivered)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.curve_dir = curve_dir or curve.curve_dir_from_env()  # CURVE keys, or a warning when exposed
-        curve.secure_server(self.socket, bind, curve.ServerKeys(self.curve_dir) if self.curve_dir else None)
-        # dropped connections: a client that died holding parked requests is cancelled at once; new ones counted
-        self._monitor = self.socket.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        try:
+            curve.secure_server(self.socket, bind, curve.ServerKeys(self.curve_dir) if self.curve_dir else None)
+        except Exception:  # refused (protected mode, bad keys): the socket goes, or its context could never end
+            self.socket.close(0)
+            raise
+        # dropped connections: a client that died holding parked requests is cancelled at once; new ones counted,
+        # and a peer that closes before its handshake taken as refused (RefusedPeers)
+        self._monitor = self.socket.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED |
+                                                       curve.RefusedPeers.EVENTS)
         self._curve = bool(self.curve_dir)
         self.connections = Connections(limits.max_connections, limits.socket_max_frame_bytes,
                                        limits.max_unread_reply_bytes, self._curve, self.name)
         self.socket.bind(bind)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         health.announce(self.endpoint)
-        # without CURVE, admin ops need this token (from the environment, else made and written to a 0600 file)
-        self.admin_token, self._admin_token_file = None, None
-        self.admin_ops = ops_with_role(self.protocol, ADMIN) if self.protocol else set()
-        if self.admin_ops and not self.curve_dir:
-            self.admin_token, self._admin_token_file = admin_token.for_service(self.endpoint, sorted(self.admin_ops))
+        # without CURVE, admin and member ops need their token (from the environment, else made and written to
+        # a 0600 file); with CURVE, the roles of the client's key
+        self.tokens, self._token_files = {}, []   # role -> token; (path, token, kind) of the files written
+        for role, kind in () if self.curve_dir else admin_token.FOR_ROLE.items():
+            ops = ops_with_role(self.protocol, role) if self.protocol else set()
+            if ops:
+                self.tokens[role], path = admin_token.for_service(self.endpoint, sorted(ops), kind)
+                self._token_files += [(path, self.tokens[role], kind)] if path else []
         self.parked = {}
         self._parked_by = {}  # identity -> {key: call}: its parked calls, for the cap and O(1) withdrawal
         self._deadlines = []
@@ -133,7 +144,9 @@ class Service:
         self._fd_of = {}   # identity -> the fd of the connection its last message came on
         self._running = False
         self.started = time.monotonic()
-        self.stats = {"requests": 0, "errors": 0, "bad_requests": 0, "deadlines": 0, "admin_refused": 0}
+        self.stats = {"requests": 0, "errors": 0, "bad_requests": 0, "deadlines": 0, "admin_refused": 0,
+                      "member_refused": 0}
+        self.refused_peers = curve.RefusedPeers(f"{self.name} at {self.endpoint}", self.stats)
         self.op_stats = None  # zmqflow.common.processes.metrics.OpStats: requests timed per op, only with --metrics-port
         self.metrics_address = None
         self.handlers, self.requests = {}, {}  # op -> handler; op -> its declaration (the declared ones)
@@ -194,9 +207,9 @@ class Service:
             self._monitor.close(0)
             self._monitor = None
         self.socket.close(linger=500)  # the last replies (a shutdown's own) still leave; bounded
-        if self._admin_token_file is not None:
-            admin_token.forget_file(self._admin_token_file, self.admin_token)
-            self._admin_token_file = None
+        for path, token, kind in self._token_files:
+            admin_token.forget_file(path, token, kind)
+        self._token_files = []
 
     # ------------------------------------------------ completing calls
 
@@ -348,7 +361,7 @@ class Service:
                 self._admit(identity)
             request = self.requests.get(op)
             if request is not None:
-                self._authorize(request, header)
+                self._authorize(request, header, identity)
                 args = request.validate(args)
             tensors = wire.decode_tensors(header.get("tensors", []), frames, self.limits)
             deadline = None if deadline_ms is None else now + deadline_ms / 1000.0
@@ -362,22 +375,27 @@ class Service:
         except OpError as exc:
             self._refuse(identity, header, rid, exc, now)
         except Exception as exc:  # a bug in a handler must not kill the loop
-            log.exception("internal error handling %s", shown(header))
+            log.exception("internal error handling %s", shown(admin_token.without_token(header)))
             self.stats["errors"] += 1
             if self.op_stats is not None:
                 self.op_stats.observe(self._op_label(header), now, InternalError.code, False)
             self._send(identity, wire.reply_frames(rid, InternalError.code, f"internal error: {exc!r}"))
 
-    def _authorize(self, request, header):
-        """The one check of a request's sender against the role its declaration names. Only `admin` is
-        enforced today: the admin token, unless CURVE is on (its handshake was the credential); member
-        and client requests pass (their credentials are issue 23's)."""
-        if request.ROLE != ADMIN or self.admin_token is None:
+    def _authorize(self, request, header, identity):
+        """The one check of a request's sender against the role its declaration names: a client op passes;
+        a member or admin op needs, with CURVE, a client key granted that role (ZAP's User-Id on the
+        identity's frame), without it the role's token (the job token, the admin token) in the header."""
+        role = request.ROLE
+        if role == CLIENT:
             return
         try:
-            admin_token.check(self.admin_token, header.get(admin_token.HEADER), request.OP, self.name, self.endpoint)
+            if self.curve_dir:
+                curve.check_role(identity.user_id(), role, request.OP, self.name, self.endpoint)
+            else:
+                admin_token.check(self.tokens[role], header.get(admin_token.HEADER), request.OP, self.name,
+                                  self.endpoint, admin_token.FOR_ROLE[role])
         except OpError as exc:
-            self.stats["admin_refused"] += 1
+            self.stats[f"{role}_refused"] += 1
             log.warning("refused %s: %s", request.OP, exc)
             raise
 
@@ -436,6 +454,7 @@ class Service:
         parked requests of the clients on it."""
         while self._monitor is not None and wire.readable(self._monitor):
             event = recv_monitor_message(self._monitor)
+            self.refused_peers.seen(event)
             if event["event"] == zmq.EVENT_ACCEPTED:
                 self.connections.accepted(event["value"], time.monotonic())
                 continue

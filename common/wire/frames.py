@@ -1,7 +1,7 @@
 """The wire format: one ZeroMQ multipart message = msgpack header + one raw frame per tensor.
 
 Request header: {"v": 1, "op": str, "id": int, "deadline_ms": int|None, "args": {...}, "tensors": [[dtype, shape], ...]}
-                (+ "token": str on admin ops when CURVE is off: common/rpc/admin_token.py)
+                (+ "token": str on admin and member ops when CURVE is off: common/rpc/admin_token.py)
 Reply header:   {"v": 1, "id": int, "code": int, "error": str|None, "result": {...}, "tensors": [[dtype, shape], ...]}
 
 A numeric tensor frame holds the array's C-contiguous bytes. A `string` tensor
@@ -143,7 +143,7 @@ def unpack(frame, limits=DEFAULT_LIMITS):
 
 
 def request_frames(op, rid, args, tensors=(), deadline_ms=None, token=None):
-    """`token`: the admin token, sent (as header field "token") with admin ops only (common/rpc/admin_token.py)."""
+    """`token`: the op's role's token (admin, job), sent as header field "token" (common/rpc/admin_token.py)."""
     specs, frames = encode_tensors(tensors)
     header = {"v": VERSION, "op": op, "id": rid, "deadline_ms": deadline_ms, "args": args or {}, "tensors": specs}
     if token is not None:
@@ -178,10 +178,18 @@ def check_request(header, limits=DEFAULT_LIMITS):
 
 class Identity(bytes):
     """A ROUTER peer's routing id, with `fd`: the connection it came on (its disconnect names that fd), and
-    `wire_bytes`: what its message took on that connection (common/rpc/connections.py counts them)."""
+    `wire_bytes`: what its message took on that connection (common/rpc/connections.py counts them);
+    `frame`: the frame it came in, whose connection's properties (ZAP's User-Id) `user_id` reads."""
 
-    fd = None
+    fd = frame = None
     wire_bytes = 0
+
+    def user_id(self):
+        """The ZAP User-Id of the connection (a CURVE client's `NAME:ROLES`, common/rpc/encryption.py)."""
+        try:
+            return self.frame.get("User-Id")
+        except (AttributeError, zmq.ZMQError):
+            return None
 
 
 _CURVE_PAD = 33  # CURVE's MESSAGE command around each frame: "\x07MESSAGE", nonce (8), MAC (16), flags (1)
@@ -209,6 +217,7 @@ def recv_message(sock, expect_identity, limits=DEFAULT_LIMITS, curve=False):
         frame = sock.recv(copy=False)
         identity = Identity(frame.bytes)
         identity.fd = frame.get(zmq.SRCFD)
+        identity.frame = frame
     raw = sock.recv() if (identity is None or more(_RCVMORE)) else b""
     header, error = None, None
     try:

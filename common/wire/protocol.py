@@ -9,9 +9,11 @@ handler reads typed fields and a bad one is INVALID_ARGUMENT naming op and field
 and the tensor frames are common/wire/frames.py's; docs/protocol.md is rendered from here
 (`python -m zmqflow.common.wire.protocol`, and a test fails when it differs).
 
-Roles: `client` (anyone who may reach the service: serving requests, introspection), `member`
-(a job's own processes: queues, variables), `admin` (changes what the service is or stops it).
-Only `admin` is enforced today: CURVE (the handshake is the credential) or the admin token.
+Roles: `client` (anyone who may reach the service: serving requests and read-only introspection),
+`member` (a job's own processes: what changes or reads a job's queues, variables and data), `admin`
+(changes what the service is or stops it). Each guarded role has its credential: without CURVE the
+job token (member) or the admin token (admin), common/rpc/admin_token.py; with CURVE the roles granted
+to the client's key (common/rpc/encryption.py). docs/security/roles.md says who holds which.
 """
 
 import dataclasses
@@ -236,17 +238,17 @@ class BrokerOps:
         shared_name: Name
         container: str = ""
 
-    class Size(Request, role=MEMBER, answer="size"):
+    class Size(Request, answer="size"):
         queue: int
 
-    class IsClosed(Request, role=MEMBER, answer="closed"):
+    class IsClosed(Request, answer="closed"):
         queue: int
 
     class Reset(Request, role=ADMIN, answer="container freed"):
         """Free every queue of a container (their pending requests fail)."""
         container: str = ""
 
-    class ListQueues(Request, role=MEMBER, answer="queues"):
+    class ListQueues(Request, answer="queues"):
         """One entry per queue: handle, container, name, kind, size, capacity, closed, waiting requests."""
 
     class Shutdown(Request, role=ADMIN, answer="queues"):
@@ -314,7 +316,7 @@ class BrokerOps:
         code: int
         error: str
 
-    class Producers(Request, role=MEMBER, answer=PRODUCERS_STATE):
+    class Producers(Request, answer=PRODUCERS_STATE):
         """The queue's producers and its end: closed (None, 'ok', 'failed'), error, each one's progress."""
         queue: int
 
@@ -336,7 +338,7 @@ class PsOps:
         path: str | None = None
         at_least: int | None = None
 
-    class WaitReady(Request, role=MEMBER, answer="version"):
+    class WaitReady(Request, answer="version"):
         """Parked until the shard is initialized."""
 
     class Pull(Request, role=MEMBER, answer="version released names"):
@@ -380,7 +382,7 @@ class PsOps:
         replica: int = 0
         lost: bool = False
 
-    class Stats(Request, role=MEMBER, answer="shard initialized version done_workers lost_workers"):
+    class Stats(Request, answer="shard initialized version done_workers lost_workers"):
         pass
 
     class Preload(Request, role=MEMBER, answer="rows names"):
@@ -443,8 +445,23 @@ class AggregatorOps:
 
 TABLES = {"every service": Ops, "queue-broker": BrokerOps, "ps-shard": PsOps, "serve": ServeOps,
           "aggregator": AggregatorOps}
-ADMIN_OPS = frozenset().union(*(ops_with_role(table, ADMIN) for table in TABLES.values()))
-"""Every admin op name: a client sends its admin token with these only (common/rpc/client.py)."""
+
+
+def _roles_by_op():
+    """{op name: role} over every table; an op name declared with two roles would make a client send the
+    wrong credential, so it is refused here."""
+    roles = {}
+    for table in TABLES.values():
+        for op, request in requests_of(table).items():
+            if roles.setdefault(op, request.ROLE) != request.ROLE:
+                raise ValueError(f"op {op!r} is declared with roles {roles[op]} and {request.ROLE}")
+    return roles
+
+
+ROLE_OF = _roles_by_op()
+"""{op name: role}: a client sends an op's credential with it (common/rpc/calls.py)."""
+ADMIN_OPS = frozenset(op for op, role in ROLE_OF.items() if role == ADMIN)
+MEMBER_OPS = frozenset(op for op, role in ROLE_OF.items() if role == MEMBER)
 
 
 def markdown():

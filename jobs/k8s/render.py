@@ -232,6 +232,8 @@ def _container(options, name, role, args, *, command=ZMQFLOW, ports=(), env=(), 
     if options.curve and not init:
         env.append({"name": curve.ENV, "value": CURVE_DIR})
         mounts.append({"name": "curve", "mountPath": CURVE_DIR, "readOnly": True})
+    elif not init:   # --no-curve: the operator's choice to serve the pod network in the clear (protected mode off)
+        env.append({"name": curve.INSECURE_ENV, "value": "1"})
     probes = {} if init else {"startupProbe": startup, "readinessProbe": readiness, "livenessProbe": liveness}
     return _present({"name": name, "image": options.image, "command": list(command), "args": list(args),
                      "ports": list(ports), "env": env, **probes, "resources": _resources(role),

@@ -59,6 +59,7 @@ class SweepRunner:
         self._stop = threading.Event()
         self.broker = None
         self.admin_token = admin_token.for_job()   # one for the sweep: its broker and every run's tasks
+        self.job_token = admin_token.for_job(admin_token.JOB_TOKEN)
 
     def run(self, points, on_done=None):
         """Train every point; returns the entries in run order. `on_done(entry)` after each run."""
@@ -73,8 +74,10 @@ class SweepRunner:
             self.data_config = os.path.join(self.out_dir, "data-config.json")
             with open(self.data_config, "w") as f:
                 json.dump(to_config(self.data), f)
-        self.broker = start_service("zmqflow.services.broker", log_dir=log_dir, env={admin_token.ENV: self.admin_token})
+        self.broker = start_service("zmqflow.services.broker", log_dir=log_dir,
+                                    env={admin_token.ENV: self.admin_token, admin_token.JOB_TOKEN.env: self.job_token})
         admin_token.remember(self.broker.endpoint, self.admin_token)
+        admin_token.remember(self.broker.endpoint, self.job_token, admin_token.JOB_TOKEN)
         entries = [None] * len(points)
         try:
             with ThreadPoolExecutor(self.parallel, thread_name_prefix="sweep") as pool:
@@ -135,7 +138,8 @@ class SweepRunner:
                               evaluate=self.data is None)
         x, y = self.train
         columns = {**(dict(x) if isinstance(x, dict) else {"image" if self.data is None else "input": x}), "label": y}
-        supervisor = Supervisor(log_dir=log_dir, admin_token_value=self.admin_token)   # this run's ps and worker
+        supervisor = Supervisor(log_dir=log_dir, admin_token_value=self.admin_token,   # this run's ps and worker
+                                job_token_value=self.job_token)
         cluster = LocalCluster(spec, run_dir, threads_per_worker=self.threads, supervisor=supervisor)
         try:
             cluster.launch(placement, columns, worker_env={CURVE_ENV: curve_file})

@@ -37,9 +37,14 @@ from zmqflow.common.processes.task_options import model_options, parse_json_opti
                    "from) or fail every waiting pull with ABORTED naming it, ending the workers.")
 @click.option("--restore-from", default=None, type=click.Path(file_okay=False),
               help="Restore this shard's share of the latest checkpoint here at start (a restarted shard).")
+@click.option("--checkpoint-root", default=None, type=click.Path(file_okay=False),
+              show_default="--restore-from, else the current directory",
+              help="`save` writes checkpoints only in this directory and below it, never through a symbolic link.")
+@click.option("--max-preload-bytes", type=click.IntRange(min=0), default=None, show_default="1 GiB",
+              help="Bytes of preloaded data sets this shard holds in all; a preload past them is refused.")
 def command(task_index, num_ps, model_spec, placement_strategy, max_shard_bytes, optimizer, mode, replicas_to_aggregate,
             total_num_replicas, staleness_bound, staleness_scaling, warmup_steps, nonfinite, lost_after, lost_policy,
-            restore_from, **service):
+            restore_from, checkpoint_root, max_preload_bytes, **service):
     """Hold a share of the model's variables and apply the workers' gradients.
 
     The placement is computed from the model's variable list, the same on every
@@ -57,7 +62,8 @@ def command(task_index, num_ps, model_spec, placement_strategy, max_shard_bytes,
         # (README, Security); a loopback host keeps the loopback default
         service["bind"] = f"tcp://{host if host in ('127.0.0.1', 'localhost') else '*'}:{port}"
     task_index, num_ps = task_index or 0, num_ps or 1
-    placement = place(model_variables(resolve_model(model_spec)), num_ps, placement_strategy, max_shard_bytes)
+    variables = model_variables(resolve_model(model_spec))
+    placement = place(variables, num_ps, placement_strategy, max_shard_bytes)
     pieces = {p.key: p for p in placement.for_shard(task_index)}
     state_options = {"optimizer": parse_json_option(optimizer, "--optimizer"), "mode": mode,
                      "replicas_to_aggregate": replicas_to_aggregate, "total_num_replicas": total_num_replicas,
@@ -75,7 +81,10 @@ def command(task_index, num_ps, model_spec, placement_strategy, max_shard_bytes,
         return shard
 
     run_service_instance(f"ps:{task_index}", start_shard, task_index, pieces, state_options,
-                         lost_after=lost_after or None, lost_policy=lost_policy, **service)
+                         lost_after=lost_after or None, lost_policy=lost_policy,
+                         trainable={v.name for v in variables if v.trainable},
+                         checkpoint_root=checkpoint_root or restore_from,
+                         **({} if max_preload_bytes is None else {"max_preload_bytes": max_preload_bytes}), **service)
 
 
 def main():

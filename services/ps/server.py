@@ -10,13 +10,14 @@ from again) or fails every waiting pull with ABORTED naming it (`abort`), so no 
 """
 
 import logging
+import os
 import time
 
 import ml_dtypes
 import numpy as np
 
-from zmqflow.common.errors import (AbortedError, DeadlineExceededError, FailedPreconditionError, InvalidArgumentError,
-                                   NotFoundError)
+from zmqflow.common.errors import (AbortedError, AlreadyExistsError, DeadlineExceededError, FailedPreconditionError,
+                                   InvalidArgumentError, NotFoundError, PermissionDeniedError, ResourceExhaustedError)
 from zmqflow.common.rpc.service import Service
 from zmqflow.common.checkpoints import checkpoint
 from zmqflow.services.ps.rules import PARK, RELEASE, update_rule
@@ -27,6 +28,9 @@ log = logging.getLogger(__name__)
 BF16 = np.dtype(ml_dtypes.bfloat16)
 LOST_POLICIES = ("continue", "abort")
 LOST_CHECK_S = 0.5   # how often waiting pulls make the shard look for lost replicas
+MAX_PRELOAD_BYTES = 1 << 30
+"""What a shard holds of preloaded data sets in all by default (--max-preload-bytes): MNIST's training
+set is 47 MB as float32; a bigger data set belongs in readers and the broker."""
 
 
 class PsService(Service):
@@ -34,7 +38,7 @@ class PsService(Service):
     protocol = PsOps
 
     def __init__(self, bind, shard_index, pieces, state_options, lost_after=5.0, lost_policy="continue",
-                 **service_options):
+                 trainable=None, checkpoint_root=None, max_preload_bytes=MAX_PRELOAD_BYTES, **service_options):
         super().__init__(bind, **service_options)
         if lost_policy not in LOST_POLICIES:
             raise InvalidArgumentError(f"lost_policy must be one of {', '.join(LOST_POLICIES)}, got {lost_policy!r}")
@@ -50,6 +54,12 @@ class PsService(Service):
         self.names = list(pieces)
         self._ready_waiters = []
         self.preloaded = {}  # name -> {component: array}: a data set held once, never trained
+        self.max_preload_bytes = max_preload_bytes
+        # `assign` sets non-trainable pieces only (BatchNorm's statistics): the trainable ones move by pushes,
+        # through the optimizer and the non-finite policy. None: every variable is trainable.
+        self.trainable = {k for k, p in pieces.items() if trainable is None or p.variable in trainable}
+        # `save` writes only below this directory (the job's checkpoints), never through a symbolic link
+        self.checkpoint_root = os.path.abspath(checkpoint_root or os.getcwd())
         self.serve({PsOps.Init: self._init, PsOps.Restore: self._restore, PsOps.WaitReady: self._wait_ready,
                     PsOps.Pull: self._pull, PsOps.Push: self._push, PsOps.PushSparse: self._push_sparse,
                     PsOps.PullRows: self._pull_rows, PsOps.Assign: self._assign, PsOps.Save: self._save,
@@ -217,8 +227,20 @@ class PsService(Service):
         return vars(result)
 
     def _assign(self, call):
+        """New values of non-trainable pieces only, finite unless the policy skips them (then nothing changes)."""
         self._require_ready()
-        return {"assigned": self.store.assign(self._named_tensors(call)), "version": self.store.version}
+        values = self._named_tensors(call)
+        trainable = sorted(set(values) & self.trainable)
+        if trainable:
+            raise PermissionDeniedError(f"assign sets non-trainable variables only; {trainable[0]!r} is trainable "
+                                        "(its values change by pushed gradients, through the optimizer)")
+        bad = next((n for n, v in values.items() if v.dtype.kind == "f" and not np.isfinite(v).all()), None)
+        if bad is not None:
+            if self.rule.nonfinite == "refuse":
+                raise InvalidArgumentError(f"assigned value of {bad!r} holds NaN or Inf: refused, the variables are "
+                                           "unchanged (the ps runs with nonfinite=refuse)")
+            return {"assigned": 0, "version": self.store.version}
+        return {"assigned": self.store.assign(values), "version": self.store.version}
 
     def _pull_rows(self, call):
         self._require_ready()
@@ -235,6 +257,15 @@ class PsService(Service):
         rows = {len(t) if t.ndim else -1 for t in data.values()}
         if len(rows) != 1 or -1 in rows:
             raise InvalidArgumentError(f"preloaded data {name!r}: every component needs the same number of rows")
+        if name in self.preloaded:
+            raise AlreadyExistsError(f"ps:{self.shard_index} already holds preloaded data {name!r}; it is never "
+                                     "replaced (workers may be slicing it): preload under another name")
+        held = sum(t.nbytes for d in self.preloaded.values() for t in d.values())
+        size = sum(t.nbytes for t in data.values())
+        if held + size > self.max_preload_bytes:
+            raise ResourceExhaustedError(f"preloaded data {name!r} of {size} bytes: ps:{self.shard_index} holds "
+                                         f"{held} and preloads at most {self.max_preload_bytes} bytes in all "
+                                         "(--max-preload-bytes)")
         self.preloaded[name] = data
         log.info("ps:%d holds preloaded data %r: %d rows, %d bytes", self.shard_index, name, rows.pop(),
                  sum(t.nbytes for t in data.values()))
@@ -259,14 +290,32 @@ class PsService(Service):
         self._require_ready()
         own_step, values, slots = self.store.snapshot_for_checkpoint()
         step = own_step if call.args.step is None else call.args.step  # the chief's global step names it
+        directory = self._checkpoint_dir(call.args.dir, step)
         try:
-            checkpoint.write_shard(call.args.dir, step, self.shard_index, {k: (self.pieces[k], values[k], slots[k])
+            checkpoint.write_shard(directory, step, self.shard_index, {k: (self.pieces[k], values[k], slots[k])
                                                                            for k in self.names},
                                    metadata=call.args.metadata or {})
         except (OSError, ValueError) as exc:  # a directory that cannot be written (too long, a NUL): the caller's to fix
             raise FailedPreconditionError(f"ps:{self.shard_index} cannot write checkpoint {step} in "
                                           f"{call.args.dir!r:.120}: {getattr(exc, 'strerror', None) or exc}") from None
         return {"step": step}
+
+    def _checkpoint_dir(self, directory, step):
+        """`directory` when it lies in the checkpoint root and no symbolic link leads there (nor is the staging
+        folder of `step` one; its files are written by rename), else PermissionDenied: a peer cannot make the
+        ps write where it chooses."""
+        path = os.path.abspath(directory)
+        root = next((r for r in (self.checkpoint_root, os.path.realpath(self.checkpoint_root))
+                     if os.path.commonpath([r, path]) == r), None)
+        where = f"ps:{self.shard_index} saves checkpoints only in {self.checkpoint_root} (--checkpoint-root)"
+        if root is None:
+            raise PermissionDeniedError(f"{where}, not in {directory!r:.200}")
+        current = root
+        for part in [*os.path.relpath(path, root).split(os.sep), checkpoint.staging_name(step)]:
+            current = current if part == "." else os.path.join(current, part)
+            if os.path.islink(current):
+                raise PermissionDeniedError(f"{where}, never through a symbolic link: {current!r:.200} is one")
+        return path
 
     def _worker_done(self, call):
         self._release(self.rule.worker_done(call.args.replica, lost=call.args.lost))

@@ -13,6 +13,7 @@ import os
 from zmqflow.common.errors import AbortedError, OpError, UnavailableError
 from zmqflow.common.cluster.placement import place
 from zmqflow.common.clients.ps import PsClient
+from zmqflow.common.rpc import admin_token
 from zmqflow.models.registry import model_variables
 from zmqflow.models.spec import resolve_model
 from zmqflow.services.worker import hooks as H
@@ -123,10 +124,17 @@ def pipeline_stages(config, model):
     return stages
 
 
+def stage_token(config):
+    """The token a pipeline's stages know each other by without CURVE: the job's, which the ps they all
+    use holds (the environment's, else the one ps 0 wrote on this machine)."""
+    return admin_token.for_client(config.ps_endpoints[0], admin_token.JOB_TOKEN) if config.ps_endpoints else None
+
+
 def run_stage(config, model, stages, ps):
     """Worker k > 0 of a pipelined model: serve stage k until worker 0 says the training ended."""
     from zmqflow.services.worker.stage_link import StageLink, serve_stage
-    link = StageLink(bind=config.bind, next_endpoint=config.pipeline_next, timeout=config.pipeline_timeout)
+    link = StageLink(bind=config.bind, next_endpoint=config.pipeline_next, timeout=config.pipeline_timeout,
+                     job_token=stage_token(config))
     if config.ready_file:
         from zmqflow.common.processes.service_cli import write_ready_file
         write_ready_file(config.ready_file, link.endpoint)
@@ -156,7 +164,7 @@ def run(config):
     if stages:
         from zmqflow.services.worker.stage_link import PipelineModel, StageLink
         model = PipelineModel(model, stages, StageLink(next_endpoint=config.pipeline_next,
-                                                       timeout=config.pipeline_timeout),
+                                                       timeout=config.pipeline_timeout, job_token=stage_token(config)),
                               config.micro_batches, versions=lambda: list(ps.versions))
     batches = training_input(config, ps)
     hooks, tensorboard = training_hooks(config)

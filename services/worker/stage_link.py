@@ -11,7 +11,12 @@ and checkpoints work as for any model. Each stage pulls its own variables itself
 the versions stage 0 trained the batch with.
 
 Links are PAIR sockets (one per neighbour: a stage binds for the stage before it and connects
-to the one after it); messages are the wire format's request frames (op = message kind). Every
+to the one after it); messages are the wire format's request frames (op = message kind). A PAIR
+takes one peer, so the bound side lets only the stage before it in (common/rpc/encryption.py's
+`guard_stage_link`): with CURVE (ZMQFLOW_CURVE_DIR) a client key granted the member role, without it
+the job's token (ZMQFLOW_JOB_TOKEN, else the one the ps gave this worker) over ZAP PLAIN; a stranger,
+or an HTTP POST, is refused in the handshake and never takes the stage's place. Messages are held to
+the services' size limit (common/wire/limits.py). Every
 wait is bounded; a stage that fails sends `failed` with its error up and down the chain, and a
 lost stage is AbortedError (the worker's peer-lost exit code, 3), never a ps outage to wait out.
 """
@@ -21,7 +26,9 @@ import logging
 import numpy as np
 import zmq
 
+from zmqflow.common.rpc import admin_token, encryption as curve
 from zmqflow.common.wire import frames as wire
+from zmqflow.common.wire.limits import DEFAULT_LIMITS
 from zmqflow.common.errors import AbortedError, DeadlineExceededError, InvalidArgumentError
 
 log = logging.getLogger("pipeline")
@@ -32,17 +39,23 @@ FORWARD, BACKWARD, GRADIENTS, END, FAILED = "forward", "backward", "gradients", 
 class StageLink:
     """The sockets of one stage: `up` (bound, for the previous stage) and `down` (to the next)."""
 
-    def __init__(self, bind=None, next_endpoint=None, timeout=60.0, context=None):
+    def __init__(self, bind=None, next_endpoint=None, timeout=60.0, context=None, job_token=None, curve_dir=None,
+                 limits=DEFAULT_LIMITS):
+        """`job_token`: default ZMQFLOW_JOB_TOKEN; `curve_dir`: default ZMQFLOW_CURVE_DIR."""
         self.context = context or zmq.Context()
-        self.timeout = timeout
+        self.timeout, self.limits = timeout, limits
+        curve_dir = curve_dir or curve.curve_dir_from_env()
+        job_token = job_token or admin_token.from_environment(admin_token.JOB_TOKEN)
         self.up = self.down = None
         self.endpoint = None
         if bind:
             self.up = self._socket()
+            curve.guard_stage_link(self.up, bind, curve.ServerKeys(curve_dir) if curve_dir else None, job_token)
             self.up.bind(bind)
             self.endpoint = self.up.getsockopt_string(zmq.LAST_ENDPOINT)
         if next_endpoint:
             self.down = self._socket()
+            curve.stage_client(self.down, curve.ClientKeys(curve_dir) if curve_dir else None, job_token)
             self.down.connect(next_endpoint)
         self.next_endpoint = next_endpoint
 
@@ -50,6 +63,7 @@ class StageLink:
         sock = self.context.socket(zmq.PAIR)
         sock.setsockopt(zmq.LINGER, 1000)
         sock.setsockopt(zmq.SNDTIMEO, int(self.timeout * 1000))   # a PAIR send waits while no peer is there
+        sock.setsockopt(zmq.MAXMSGSIZE, self.limits.socket_max_frame_bytes)
         return sock
 
     def send(self, sock, kind, args=None, tensors=()):
@@ -70,10 +84,10 @@ class StageLink:
             raise AbortedError(f"pipeline: no {what} within {self.timeout:.0f} s: the neighbouring stage "
                                "is gone or stuck")
         sock = self.down if self.down is not None and self.down in ready else self.up
-        _, header, frames, error = wire.recv_message(sock, expect_identity=False)
+        _, header, frames, error = wire.recv_message(sock, False, self.limits)
         if error is not None:
             raise error
-        tensors = wire.decode_tensors(header.get("tensors"), frames)
+        tensors = wire.decode_tensors(header.get("tensors"), frames, self.limits)
         kind, args = header.get("op"), header.get("args") or {}
         if kind == FAILED:
             raise AbortedError(f"pipeline stage {args.get('stage')} failed: {args.get('error')}")
@@ -90,10 +104,11 @@ class StageLink:
                     pass
 
     def close(self):
-        """Close the sockets (what is queued gets a second to leave) and the context."""
+        """Close the sockets (what is queued gets a second to leave), the link's ZAP handler and the context."""
         for sock in (self.up, self.down):
             if sock is not None:
                 sock.close(linger=1000)
+        curve.stop_authenticator(self.context)
         self.context.term()
 
 

@@ -13,6 +13,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from zmqflow.common.rpc import admin_token
 from zmqflow.common.wire import frames as wire
 from zmqflow.common.errors import OK
 from zmqflow.common.clients.queues import FIFOQueue
@@ -99,10 +100,11 @@ def test_sizes_larger_than_the_frames_are_refused(broker, sentinel):
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
     sock.connect(broker)
+    token = admin_token.for_client(broker, admin_token.JOB_TOKEN)
     for spec, frame in ((["int32", [1]], b""), (["int32", [2**40, 2**40]], b"\0" * 8), (["int32", [1, 2]], b"\0" * 8 * 3),
                         (["string", [2]], b"\0" * 4), (["string", [1]], np.array([99], "<u8").tobytes() + b"ab")):
         header = {"v": 1, "op": "enqueue", "id": 1, "deadline_ms": None, "args": {"queue": sentinel.handle},
-                  "tensors": [spec]}
+                  "tensors": [spec], "token": token}   # a member's: the frames themselves are judged
         sock.send_multipart([wire.pack(header), frame])
         assert sock.poll(3000)
         assert wire.unpack(sock.recv_multipart()[0])["code"] == 3

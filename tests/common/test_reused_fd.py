@@ -14,12 +14,15 @@ import zmq
 from zmqflow.common.wire import frames as wire
 from zmqflow.common.wire.protocol import BrokerOps
 from zmqflow.services.broker.server import BrokerService
+from zmqflow.common.rpc import admin_token
 
 pytestmark = pytest.mark.service
 
 
 def send(sock, op, args, rid):
-    wire.send_message(sock, wire.request_frames(op, rid, args))
+    """A request as a job's member sends it (the job's token: this test run's)."""
+    token = admin_token.from_environment(admin_token.JOB_TOKEN)
+    wire.send_message(sock, wire.request_frames(op, rid, args, token=token))
 
 
 def handle_one(service):

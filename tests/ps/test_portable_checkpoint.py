@@ -34,7 +34,8 @@ def ps_checkpoint(tmp_path_factory):
     """A checkpoint saved by two real ps shards (momentum slots) after one step, with the values they held."""
     tmp = tmp_path_factory.mktemp("ps")
     procs = [start_service("zmqflow.services.ps", ["--task-index", str(i), "--num-ps", "2", "--model",
-                                                   json.dumps(MNIST_MLP), "--optimizer", MOMENTUM], log_dir=str(tmp))
+                                                   json.dumps(MNIST_MLP), "--optimizer", MOMENTUM,
+                                                   "--checkpoint-root", str(tmp)], log_dir=str(tmp))
              for i in range(2)]
     try:
         ps = PsClient([p.endpoint for p in procs], place(model_variables(MNIST_MLP), 2))

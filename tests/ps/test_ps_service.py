@@ -26,7 +26,8 @@ SGD = json.dumps({"kind": "sgd", "learning_rate": 0.5})
 
 def shards(tmp_path, n=1, *extra):
     return [start_service("zmqflow.services.ps", ["--task-index", str(i), "--num-ps", str(n), "--model", SPEC,
-                                          "--optimizer", SGD, *extra], log_dir=str(tmp_path)) for i in range(n)]
+                                          "--optimizer", SGD, "--checkpoint-root", str(tmp_path), *extra],
+                          log_dir=str(tmp_path)) for i in range(n)]
 
 
 def client(procs, **kw):

@@ -33,18 +33,19 @@ def missing(op, service, endpoint):
     """The exact answer to an admin op sent without a token."""
     return (f"{op} on the {service} at {endpoint} is an admin op: it needs the admin token (set {admin_token.ENV}, "
             f"or {admin_token.FILE_ENV} / --admin-token-file; a service that made its own wrote it to "
-            f"{admin_token.token_file(endpoint)}) or a CURVE client key")
+            f"{admin_token.token_file(endpoint)}) or a CURVE client key granted the admin role")
 
 
 def wrong(op, service, endpoint):
     return f"{op} on the {service} at {endpoint}: wrong admin token"
 
 
-def refused(endpoint, op, args=None, tensors=()):
-    """(error without a token, error with a wrong one) of one admin op, each from a fresh local client."""
+def refused(endpoint, op, args=None, tensors=(), credential="admin_token"):
+    """(error without a token, error with a wrong one) of one admin op (`credential` job_token: a member op),
+    each from a fresh local client."""
     errors = []
     for token, expected in ((None, UnauthenticatedError), ("not-the-token", PermissionDeniedError)):
-        with RpcClient(endpoint, admin_token=token) as client, pytest.raises(expected) as caught:
+        with RpcClient(endpoint, **{credential: token}) as client, pytest.raises(expected) as caught:
             client.call(op, args, tensors, timeout=5)
         errors.append(str(caught.value))
     return errors

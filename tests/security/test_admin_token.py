@@ -19,6 +19,7 @@ def runtime(tmp_path, monkeypatch):
     monkeypatch.setenv(admin_token.RUNTIME_ENV, str(tmp_path / "run"))
     monkeypatch.delenv(admin_token.ENV, raising=False)
     monkeypatch.delenv(admin_token.FILE_ENV, raising=False)
+    monkeypatch.delenv(admin_token.JOB_TOKEN.env, raising=False)
     monkeypatch.setattr(admin_token, "_known", {})    # launchers' tokens of this process: none
     return tmp_path / "run"
 
@@ -30,15 +31,32 @@ def test_the_admin_ops_are_listed_once_per_service():
     assert ADMIN_OPS == {"reset", "shutdown", "init", "restore", "add_member", "remove_member"}
 
 
-def test_a_port_names_one_service_whatever_address_dials_it():
-    keys = {admin_token.endpoint_key(a) for a in ("tcp://127.0.0.1:5555", "tcp://0.0.0.0:5555", "tcp://localhost:5555")}
-    assert keys == {"tcp-5555"}
+def test_a_host_and_port_name_one_service_whatever_local_address_dials_it():
+    keys = {admin_token.endpoint_key(a) for a in ("tcp://127.0.0.1:5555", "tcp://0.0.0.0:5555", "tcp://localhost:5555",
+                                                  "tcp://[::1]:5555", "tcp://*:5555")}
+    assert keys == {"tcp-localhost-5555"}
+    assert admin_token.endpoint_key("tcp://10.0.0.7:5555") == "tcp-10.0.0.7-5555"
     assert admin_token.endpoint_key("ipc:///tmp/a b/broker.sock") == "ipc-tmp_a_b_broker.sock"
+
+
+def test_a_local_service_token_is_never_sent_to_another_host_on_its_port(runtime):
+    token, path = admin_token.for_service("tcp://0.0.0.0:5611")
+    job, _ = admin_token.for_service("tcp://0.0.0.0:5611", kind=admin_token.JOB_TOKEN)
+    assert admin_token.for_client("tcp://127.0.0.1:5611") == token
+    assert admin_token.for_client("tcp://127.0.0.1:5611", admin_token.JOB_TOKEN) == job != token
+    for elsewhere in ("tcp://evil.example:5611", "tcp://10.0.0.7:5611"):
+        assert admin_token.for_client(elsewhere) is None
+        assert admin_token.for_client(elsewhere, admin_token.JOB_TOKEN) is None
+
+
+def test_a_logged_request_never_shows_its_token():
+    header = {"op": "init", "token": "s3cret", "args": {}}
+    assert "s3cret" not in repr(admin_token.without_token(header)) and header["token"] == "s3cret"
 
 
 def test_a_service_without_a_token_writes_a_new_one_only_its_user_can_read(runtime):
     token, path = admin_token.for_service("tcp://127.0.0.1:5601")
-    assert path == str(runtime / "admin-token-tcp-5601") and len(token) >= 40
+    assert path == str(runtime / "admin-token-tcp-localhost-5601") and len(token) >= 40
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and stat.S_IMODE(os.stat(runtime).st_mode) == 0o700
     assert admin_token.for_client("tcp://localhost:5601") == token       # a client on this machine finds it
     again, _ = admin_token.for_service("tcp://127.0.0.1:5601")           # a restart on the port: a new one

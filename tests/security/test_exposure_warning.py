@@ -1,4 +1,5 @@
-"""A service listening beyond loopback without CURVE says so, loudly, in its log.
+"""A service asked to listen beyond loopback without CURVE refuses (protected mode, as Redis's), unless
+told `--insecure` (ZMQFLOW_INSECURE); then it says so, loudly, in its log.
 
 The services here really bind loopback: a context whose sockets rewrite the
 wildcard address lets the test see the service's own log line without ever
@@ -6,10 +7,12 @@ listening on the network.
 """
 
 import logging
+import re
 
 import pytest
 import zmq
 
+from zmqflow.common.errors import PermissionDeniedError
 from zmqflow.common.rpc import encryption as curve
 from zmqflow.common.rpc.service import Service
 
@@ -39,8 +42,19 @@ def serve(bind, context, **kw):
     return service
 
 
+@pytest.mark.parametrize("bind", ["tcp://0.0.0.0:*", "tcp://*:*", "tcp://10.1.2.3:*"])
+def test_binding_beyond_loopback_without_curve_is_refused(bind, context, monkeypatch):
+    monkeypatch.delenv(curve.INSECURE_ENV, raising=False)
+    with pytest.raises(PermissionDeniedError, match=re.escape(f"refusing to listen on {bind} without CURVE "
+                                                              "(protected mode): SECURITY: listening on")) as caught:
+        serve(bind, context)
+    assert str(caught.value).endswith(f"or pass --insecure (set {curve.INSECURE_ENV}=1) to accept anyone who "
+                                      "reaches it")
+
+
 @pytest.mark.parametrize("bind", ["tcp://0.0.0.0:*", "tcp://*:*"])
-def test_binding_every_interface_without_curve_logs_a_security_warning(bind, context, caplog):
+def test_binding_every_interface_without_curve_logs_a_security_warning(bind, context, caplog, monkeypatch):
+    monkeypatch.setenv(curve.INSECURE_ENV, "1")
     with caplog.at_level(logging.WARNING):
         serve(bind, context)
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

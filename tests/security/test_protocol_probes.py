@@ -30,6 +30,7 @@ from zmqflow.common.errors import (AbortedError, FailedPreconditionError, Intern
                                    NotFoundError, OpError, OutOfRangeError, PermissionDeniedError, UnauthenticatedError,
                                    UnknownError)
 from zmqflow.common.clients import queues
+from zmqflow.common.rpc import admin_token
 from zmqflow.common.clients.producers import Producer
 from zmqflow.common.rpc.client import RpcClient
 from zmqflow.common.wire import protocol
@@ -256,6 +257,10 @@ def test_frames_that_are_not_the_wire_format_are_refused_and_the_broker_serves_o
     broker = services["broker"]
     queue = queues.FIFOQueue(10, ["float32"], shapes=[[4]], shared_name="raw", broker=broker.endpoint)
     enqueue = {"queue": queue.handle}
+    token = admin_token.for_client(broker.endpoint, admin_token.JOB_TOKEN)   # a member's: its frames are judged
+
+    def member(*args):
+        return header(*args, token=token)
     cases = [  # (frames, id the reply names, its message's start)
         ([b"\xff\x00garbage"], 0, "header is not valid msgpack"),
         ([b""], 0, "header is not valid msgpack"),
@@ -272,20 +277,20 @@ def test_frames_that_are_not_the_wire_format_are_refused_and_the_broker_serves_o
         ([header(tensors=[["float32", [4]]])], 7, "header declares 1 tensors but 0 frames arrived"),
         ([header(), b"extra", b"frames"], 7, "header declares 0 tensors but 2 frames arrived"),
         ([header()] + [b"x"] * 1025, 7, "message has more than 1024 frames"),
-        ([header("enqueue", enqueue, [["float32", [4]]]), b"\x00" * 15], 7,
+        ([member("enqueue", enqueue, [["float32", [4]]]), b"\x00" * 15], 7,
          "tensor frame of 15 bytes does not match float32[4] (16 bytes)"),
-        ([header("enqueue", enqueue, [["float32", [2 ** 62, 2 ** 62]]]), b"\x00" * 16], 7, "tensor frame of 16 bytes"),
-        ([header("enqueue", enqueue, [["float32", [-4]]]), b"\x00" * 16], 7, "tensor dims must be non-negative ints"),
-        ([header("enqueue", enqueue, [["float32", [1] * 33]]), b"\x00" * 4], 7, "tensor shape must be a list of at most"),
-        ([header("enqueue", enqueue, [["evil", [4]]]), b"\x00" * 16], 7, "unsupported dtype 'evil'"),
-        ([header("enqueue", enqueue, [[["float32"], [4]]]), b"\x00" * 16], 7, "unsupported dtype ['float32']"),
-        ([header("enqueue", enqueue, [["float32"]]), b"\x00" * 16], 7, "tensor spec must be [dtype, shape]"),
-        ([header("enqueue", enqueue, [deep_map(1000)]), b"\x00" * 16], 7, "tensor spec must be [dtype, shape]"),
+        ([member("enqueue", enqueue, [["float32", [2 ** 62, 2 ** 62]]]), b"\x00" * 16], 7, "tensor frame of 16 bytes"),
+        ([member("enqueue", enqueue, [["float32", [-4]]]), b"\x00" * 16], 7, "tensor dims must be non-negative ints"),
+        ([member("enqueue", enqueue, [["float32", [1] * 33]]), b"\x00" * 4], 7, "tensor shape must be a list of at most"),
+        ([member("enqueue", enqueue, [["evil", [4]]]), b"\x00" * 16], 7, "unsupported dtype 'evil'"),
+        ([member("enqueue", enqueue, [[["float32"], [4]]]), b"\x00" * 16], 7, "unsupported dtype ['float32']"),
+        ([member("enqueue", enqueue, [["float32"]]), b"\x00" * 16], 7, "tensor spec must be [dtype, shape]"),
+        ([member("enqueue", enqueue, [deep_map(1000)]), b"\x00" * 16], 7, "tensor spec must be [dtype, shape]"),
         ([header(op=deep_map(1000))], 7, "request op must be a non-empty string"),
-        ([header("enqueue", enqueue, "float32"), b"\x00" * 16], 7, "header field 'tensors' must be a list"),
-        ([header("enqueue", enqueue, [["string", [2]]]), np.array([9, 1], "<u8").tobytes() + b"ab"], 7,
+        ([member("enqueue", enqueue, "float32"), b"\x00" * 16], 7, "header field 'tensors' must be a list"),
+        ([member("enqueue", enqueue, [["string", [2]]]), np.array([9, 1], "<u8").tobytes() + b"ab"], 7,
          "string tensor offsets do not match the frame"),
-        ([header("enqueue", enqueue, [["string", [4]]]), b"\x01"], 7, "string tensor frame of 1 bytes is too short"),
+        ([member("enqueue", enqueue, [["string", [4]]]), b"\x01"], 7, "string tensor frame of 1 bytes is too short"),
     ]
     for frames, rid, message in cases:
         reply = raw_exchange(broker.endpoint, frames)
@@ -421,8 +426,9 @@ def test_a_producer_killed_mid_work_fails_the_queue_for_its_consumers_within_its
     its file, well within the lease; a hostile `reading` in its last beat is refused or survived, never the
     broker's end (it once crashed the broker's loop when the producer vanished)."""
     queue, broker = fifo
+    job = {admin_token.JOB_TOKEN.env: admin_token.for_client(broker, admin_token.JOB_TOKEN)}   # a job's member
     child = subprocess.Popen([sys.executable, "-c", PRODUCER.format(reading=reading), broker, queue.name, "30"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **job})
     try:
         line = child.stdout.readline()
         if reading == "5":   # refused at the door: the beat's progress is no producer's report

@@ -18,6 +18,12 @@ from zmqflow.services.worker.stage_link import PipelineModel, StageLink, micro_s
 pytestmark = pytest.mark.service
 
 
+@pytest.fixture(autouse=True)
+def job_token(monkeypatch):
+    """The stages know each other by the job's token (a launcher gives every worker one)."""
+    monkeypatch.setenv("ZMQFLOW_JOB_TOKEN", "this-job")
+
+
 class FixedParameters:
     """What a stage needs of a PsClient, answering with one set of parameters."""
 
