@@ -19,6 +19,7 @@ import pytest
 from zmqflow.common.clients.ps import PsClient
 from zmqflow.common.cluster.placement import place
 from zmqflow.common.errors import DataLossError, InvalidArgumentError, ResourceExhaustedError
+from zmqflow.common.rpc import admin_token
 from zmqflow.common.rpc.client import RpcClient
 from zmqflow.common.wire.frames import check_spec
 from zmqflow.common.wire.protocol import VERSION
@@ -112,8 +113,9 @@ def test_replies_a_client_never_reads_are_bounded(processes):
     legit.pull()
     before = rss(ps.pid)
     pulls = 400  # 160 MB of replies without the bound
-    attacker = zmtp.connect(ps.endpoint, rcvbuf=4096)
-    attacker.sendall(b"".join(zmtp.request("pull", rid, {"bf16": True}) for rid in range(1, pulls + 1)))
+    attacker = zmtp.connect(ps.endpoint, rcvbuf=4096)   # a job member (it has the token) that never reads
+    token = admin_token.for_client(ps.endpoint, admin_token.JOB_TOKEN)
+    attacker.sendall(b"".join(zmtp.request("pull", rid, {"bf16": True}, token=token) for rid in range(1, pulls + 1)))
     wait_for(lambda: info(ps.endpoint)["stats"]["requests"] >= pulls, 20, "the ps read every pull")
     grown = rss(ps.pid) - before
     state = info(ps.endpoint)
@@ -185,8 +187,9 @@ def test_twenty_thousand_cancels_cost_linear_time(processes):
         handle = client.call("open_queue", {"declaration": {"kind": "FIFOQueue", "dtypes": ["int32"], "shapes": [[]],
                                                             "capacity": 10, "shared_name": "q"}},
                              timeout=TIMEOUT)[0]["handle"]
-    attacker = zmtp.connect(broker.endpoint)
-    attacker.sendall(b"".join(zmtp.request("dequeue", rid, {"queue": handle}) for rid in range(1, n + 1)))
+    attacker = zmtp.connect(broker.endpoint)   # a job member: dequeue needs the job token
+    token = admin_token.for_client(broker.endpoint, admin_token.JOB_TOKEN)
+    attacker.sendall(b"".join(zmtp.request("dequeue", rid, {"queue": handle}, token=token) for rid in range(1, n + 1)))
     wait_for(lambda: info(broker.endpoint)["parked"] == n, 20, f"{n} dequeues parked")
     cpu = cpu_seconds(broker.pid)
     cancels = b"".join(zmtp.request("cancel", n + rid, {"target": rid}) for rid in range(n, 0, -1))  # newest first

@@ -31,9 +31,10 @@ def message(frames):
     return b"".join(frame(f, i < len(frames) - 1) for i, f in enumerate(frames))
 
 
-def request(op, rid, args=None, header=None):
-    """A whole request message as ZMTP bytes (`header`: a raw header dict instead of the usual one)."""
-    frames = wire.request_frames(op, rid, args) if header is None else [wire.pack(header), b""]
+def request(op, rid, args=None, header=None, token=None):
+    """A whole request message as ZMTP bytes (`header`: a raw header dict instead of the usual one; `token`:
+    the credential of the op's role, common/rpc/admin_token.py)."""
+    frames = wire.request_frames(op, rid, args, token=token) if header is None else [wire.pack(header), b""]
     return message(frames)
 
 
