@@ -10,6 +10,7 @@ nothing of the file reaches the instance queue, for every format. A legitimate r
 import json
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -68,11 +69,14 @@ def reader(broker, processes, queue, pattern, kind, options, **extra):
 
 
 def drain(queue, limit_s=60):
-    """Every record until the queue ends: ({"id", "tag"} arrays, the error that ended it or None)."""
-    got, error = [], None
+    """Every record until the queue ends, or a record of the secret file came: ({"id", "tag"} arrays, the
+    PermissionDenied that ended it or None). Bounded: `limit_s` in all."""
+    got, error, deadline = [], None, time.monotonic() + limit_s
     try:
-        while True:
-            got.append(queue.dequeue_up_to(25, timeout=limit_s))
+        while not got or SECRET_TAG not in got[-1]["tag"]:
+            left = deadline - time.monotonic()
+            assert left > 0, f"the queue did not end within {limit_s} s"
+            got.append(queue.dequeue_up_to(25, timeout=left))
     except OutOfRangeError:
         pass
     except PermissionDeniedError as exc:
