@@ -310,9 +310,9 @@ class ReaderPipeline:
         if not self.files:
             raise InvalidArgumentError(f"{self.member} runs the file-name producer of {self.queue_name!r} "
                                        "but was given no files")
-        produced = string_input_producer(self.files.paths, self.broker, self.queue_name + FILENAMES_SUFFIX, self.container,
-                                         self.num_epochs, self.shuffle_files, self.seed, self.filename_capacity,
-                                         stop=self._halt, pool=self.pool)
+        produced = string_input_producer(self.files.paths, self.broker, self.queue_name + FILENAMES_SUFFIX,
+                                         self.container, self.num_epochs, self.shuffle_files, self.seed,
+                                         self.filename_capacity, stop=self._halt, pool=self.pool)
         self.names_pushed = produced.names
         if produced.closed or self._halt.is_set():
             self._producer_done.set()
