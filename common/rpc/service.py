@@ -46,6 +46,7 @@ import math
 import os
 import signal
 import time
+import uuid
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -374,12 +375,20 @@ class Service:
                 self.reply(call, result, tensors)
         except OpError as exc:
             self._refuse(identity, header, rid, exc, now)
-        except Exception as exc:  # a bug in a handler must not kill the loop
-            log.exception("internal error handling %s", shown(admin_token.without_token(header)))
-            self.stats["errors"] += 1
-            if self.op_stats is not None:
-                self.op_stats.observe(self._op_label(header), now, InternalError.code, False)
-            self._send(identity, wire.reply_frames(rid, InternalError.code, f"internal error: {exc!r}"))
+        except Exception:  # a bug in a handler must not kill the loop, nor show a peer its text
+            self._internal_error(identity, header, rid, now)
+
+    def _internal_error(self, identity, header, rid, now):
+        """Answer an unexpected exception with INTERNAL and an id only; its class, message and traceback
+        go to this service's log under that id (docs/security/errors.md). OpErrors raised on purpose
+        keep their message."""
+        error_id = uuid.uuid4().hex[:12]
+        log.exception("internal error %s handling %s", error_id, shown(admin_token.without_token(header)))
+        self.stats["errors"] += 1
+        if self.op_stats is not None:
+            self.op_stats.observe(self._op_label(header), now, InternalError.code, False)
+        message = f"internal error (id {error_id}; the {self.name}'s log has the details)"
+        self._send(identity, wire.reply_frames(rid, InternalError.code, message))
 
     def _authorize(self, request, header, identity):
         """The one check of a request's sender against the role its declaration names: a client op passes;

@@ -9,6 +9,10 @@ epoch when asked (seeded: the same seed gives the same sequence of epochs),
 pushes the names into a FIFO queue of strings and closes it when the last epoch
 is in, so readers end on OutOfRange exactly when every name was handed out.
 
+Any client of the broker can enqueue into a file-name queue too, so a reader takes
+a name from it only as a pointer into its own list (`ReaderFiles`: its globs,
+expanded once at start) and refuses any other (docs/security/readers.md).
+
 The epoch order (`epoch_file_names`) is plain code; only `string_input_producer`
 talks to the broker. Names are pushed one `enqueue` at a time with a short
 deadline, retried while the queue is full: a timed-out single enqueue inserts
@@ -24,7 +28,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from zmqflow.common.errors import CancelledError, DeadlineExceededError, InvalidArgumentError, NotFoundError, check_int
+from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InvalidArgumentError, NotFoundError,
+                                   PermissionDeniedError, check_int)
 from zmqflow.common.clients.queues import FIFOQueue
 
 log = logging.getLogger(__name__)
@@ -57,6 +62,39 @@ def expand_globs(patterns):
                 seen.add(path)
                 files.append(path)
     return files
+
+
+class ReaderFiles:
+    """The files one reader process may open: its file list (globs expanded at start), each resolved once.
+
+    Any broker client can enqueue into a pipeline's file-name queue, so a name taken from it is read only
+    when it resolves (realpath, now) to a file of this list, and the path opened is the list's own. Any
+    other name, a path outside the globs, `../` out of them, a symlink made or retargeted after the start,
+    is refused with PermissionDenied naming it. A symlink the globs matched at start is followed: the
+    operator's glob named it. Names, not indexes, stay in the queue, as string_input_producer's."""
+
+    def __init__(self, paths):
+        self.paths = list(paths)
+        self._by_realpath = {}
+        for path in self.paths:
+            self._by_realpath.setdefault(os.path.realpath(path), path)
+
+    def __len__(self):
+        return len(self.paths)
+
+    def resolve(self, name, source):
+        """This list's path for `name` (bytes, as dequeued from the queue `source`), or PermissionDenied."""
+        text = os.fsdecode(name)
+        try:
+            path = self._by_realpath.get(os.path.realpath(text))
+        except ValueError:   # an embedded NUL byte: no file has that name
+            path = None
+        if path is None:
+            shown_name = repr(text[:512]) + ("..." if len(text) > 512 else "")
+            raise PermissionDeniedError(f"file name {shown_name} from {source!r} is not one of the {len(self)} files "
+                                        "this reader was given (its file list, expanded at start): refused, "
+                                        "nothing read (docs/security/readers.md)")
+        return path
 
 
 def epoch_file_names(files, num_epochs=None, shuffle=True, seed=None):

@@ -10,7 +10,8 @@ it registers, beats while it works, and says done when its readers are done; the
 closes the instance queue when the last producer is done, and fails it (every consumer gets
 the error) when one vanishes mid-file or reports an error. The first producer to register
 also runs the file-name producer (producer.py); every process should be given the same
-files and epochs.
+files and epochs, as a reader opens only the files of its own list and fails the pipeline
+(PermissionDenied) on any other name (ReaderFiles; docs/security/readers.md).
 
 Each of the `readers` threads dequeues a file name, reads the file chunk by chunk
 with its own format object (formats/) and pushes each chunk with one
@@ -44,13 +45,14 @@ import time
 import numpy as np
 
 from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError,
-                           OutOfRangeError, UnavailableError, check_int)
+                           OutOfRangeError, PermissionDeniedError, UnavailableError, check_int)
 from zmqflow.common.clients.producers import CALL_TIMEOUT, DEFAULT_LEASE_S, DEFAULT_REJOIN_S, Producer, producer_name
 from zmqflow.common.clients.queues import FIFOQueue, PaddingFIFOQueue, RandomShuffleQueue
 from zmqflow.common.rpc.client import default_pool
 from zmqflow.inputs.formats import open_format
 from zmqflow.inputs.spec_stream import SpecStream
-from zmqflow.services.reader.producer import DEFAULT_CAPACITY, expand_globs, filename_queue, string_input_producer
+from zmqflow.services.reader.producer import (DEFAULT_CAPACITY, ReaderFiles, expand_globs, filename_queue,
+                                              string_input_producer)
 
 log = logging.getLogger("reader")
 
@@ -167,7 +169,7 @@ class ReaderPipeline:
         self.cast = {n: np.dtype(d) for n, d in (cast or {}).items()}
         self.ragged = any(None in s for _, _, s in self.components)
         self.queue_options = dict(kind=queue_kind, capacity=capacity, min_after_dequeue=min_after_dequeue, seed=seed)
-        self.files = expand_globs(files) if files else []
+        self.files = ReaderFiles(expand_globs(files) if files else [])   # the only files its threads open
         self.num_epochs, self.shuffle_files, self.seed = num_epochs, shuffle_files, seed
         self.readers, self.filename_capacity = readers, filename_capacity
         self.at_least_once, self.rejoin_s = at_least_once, rejoin_s
@@ -308,9 +310,9 @@ class ReaderPipeline:
         if not self.files:
             raise InvalidArgumentError(f"{self.member} runs the file-name producer of {self.queue_name!r} "
                                        "but was given no files")
-        produced = string_input_producer(self.files, self.broker, self.queue_name + FILENAMES_SUFFIX, self.container,
-                                         self.num_epochs, self.shuffle_files, self.seed, self.filename_capacity,
-                                         stop=self._halt, pool=self.pool)
+        produced = string_input_producer(self.files.paths, self.broker, self.queue_name + FILENAMES_SUFFIX,
+                                         self.container, self.num_epochs, self.shuffle_files, self.seed,
+                                         self.filename_capacity, stop=self._halt, pool=self.pool)
         self.names_pushed = produced.names
         if produced.closed or self._halt.is_set():
             self._producer_done.set()
@@ -326,7 +328,7 @@ class ReaderPipeline:
                 self._exhausted.append(index)
                 return
             lease = name if self.at_least_once else None   # a Lease on the name (common/clients/leases.py)
-            path = (lease.values if lease else name).item().decode()
+            path = self._own_path((lease.values if lease else name).item())
             self.counters.reading[index] = path
             try:
                 if not self._push_file(fmt, path, lease):
@@ -341,6 +343,15 @@ class ReaderPipeline:
                 lease.settle(ack=True)
             self.counters.reading[index] = None
             self.counters.file_done()
+
+    def _own_path(self, name):
+        """The path this reader opens for a dequeued name: only one of its own files (ReaderFiles); any
+        other name fails the pipeline with PermissionDenied, logged here."""
+        try:
+            return self.files.resolve(name, self.queue_name + FILENAMES_SUFFIX)
+        except PermissionDeniedError as exc:
+            log.error("%s refused a file name: %s", self.member, exc)
+            raise
 
     def _push_file(self, fmt, path, lease=None):
         """Every chunk of `path` into the instance queue, up to `in_flight` pushes outstanding while the
