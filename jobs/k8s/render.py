@@ -80,12 +80,11 @@ RESOURCES = {
     "gateway": ("100m", "2", "128Mi", "512Mi"),   # ~50 MB + --max-inflight-bytes (256 MiB): docs/security/gateway.md
 }
 
-# Who dials whom (docker-compose.yml's commands): role -> [(ports of its pods, roles whose pods may connect)].
-# Every pod also lets anyone scrape its `metrics` port; the gateway's HTTP is open (it is the way in).
-# The ps ports are task i's 5600 + i (one per shard: a StatefulSet's pods share no port name).
+# Who dials whom (docker-compose.yml's commands): role -> [(ports of its pods, roles whose pods may connect;
+# None: anyone)]. Every pod also lets anyone scrape its `metrics` port; the gateway's HTTP is the way in.
 INGRESS = {
     "broker": [(["zmq"], ["reader", "worker"])],
-    "ps": [(None, ["worker"])],                # ps_ports(options): the shards' ports
+    "ps": [(None, ["worker"])],       # the caller's ports: 5600 + i (StatefulSet pods share no name) or tfjob-port
     "worker": [],                              # workers and readers only dial out
     "reader": [],
     "serve": [(["zmq"], ["aggregator", "gateway"])],   # the gateway asks each member for its model_info
@@ -138,7 +137,8 @@ class Options:
         """The `zmqflow k8s render` command that renders these options (the files' header)."""
         spec, base = self.spec, DEPLOYMENT
         changed = {"serve": (spec.serving.replicas, base.serving.replicas), "epochs": (spec.training.epochs,
-                   base.training.epochs), "image": (self.image, DEFAULT_IMAGE), "namespace": (self.namespace, DEFAULT_NAMESPACE),
+                   base.training.epochs), "image": (self.image, DEFAULT_IMAGE),
+                   "namespace": (self.namespace, DEFAULT_NAMESPACE),
                    "data": (spec.data, base.data), "model": (spec.model, base.model)}
         return shlex.join(["zmqflow", "k8s", "render", *to_flags({
             "ps": spec.cluster.ps, "workers": spec.cluster.workers,
@@ -331,10 +331,6 @@ def _service(options, name, labels, ports, headless=False):
 def _deployment(options, name, labels, template):
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _workload_metadata(options, name, labels),
             "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": template}}
-
-
-def ps_ports(options):
-    return [PS_PORT + i for i in range(options.spec.cluster.ps)]
 
 
 def network_policy(options, role, ports=None):
