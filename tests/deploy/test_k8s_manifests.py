@@ -212,8 +212,9 @@ def test_every_pod_is_scraped_by_prometheus_on_its_metrics_port():
         assert {"name": "metrics", "containerPort": int(port)} in main["ports"], name
 
 
-def test_the_gateway_is_probed_over_http_and_holds_the_aggregators_client_keys():
-    """Kubernetes' own HTTP probes on the protocol's health routes; the CURVE Secret mounted as the aggregator's."""
+def test_the_gateway_is_probed_over_http_and_holds_only_the_aggregators_client_keys():
+    """Kubernetes' own HTTP probes on the protocol's health routes; the CURVE Secret mounted where the aggregator
+    has it, but only a client's files of it: the gateway serves no ZeroMQ, so no server secret key is in its pod."""
     docs = documents()
     gateway, aggregator = container(docs[("Deployment", "gateway")]), container(docs[("Deployment", "aggregator")])
     assert gateway["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
@@ -221,7 +222,11 @@ def test_the_gateway_is_probed_over_http_and_holds_the_aggregators_client_keys()
     assert {"name": "http", "containerPort": 8000} in gateway["ports"]
     assert gateway["resources"]["requests"] and gateway["resources"]["limits"]["memory"]
     assert gateway["volumeMounts"] == aggregator["volumeMounts"] and gateway["env"] == aggregator["env"]
-    pods = [docs[("Deployment", name)]["spec"]["template"]["spec"] for name in ("gateway", "aggregator")]
-    assert pods[0]["volumes"] == pods[1]["volumes"]
+    pods = {name: docs[("Deployment", name)]["spec"]["template"]["spec"] for name in ("gateway", "aggregator")}
+    secrets = {name: [v["secret"] for v in pod["volumes"] if "secret" in v] for name, pod in pods.items()}
+    [gateway_secret], [aggregator_secret] = secrets["gateway"], secrets["aggregator"]
+    assert gateway_secret["secretName"] == aggregator_secret["secretName"] == "zmqflow-curve"
+    assert sorted(item["path"] for item in gateway_secret["items"]) == ["client.key", "client.key_secret", "server.key"]
+    assert "server.key_secret" in [item["path"] for item in aggregator_secret["items"]]
     service = docs[("Service", "gateway")]["spec"]
     assert [(p["name"], p["port"]) for p in service["ports"]] == [("http", 8000), ("metrics", 9000)]
