@@ -34,10 +34,12 @@ class Server:
     """One task of a cluster (tf.train.Server). A ps task builds its shard's service, bound to its
     address in the cluster; `join()` serves until shut down. A worker (or chief) task keeps the cluster
     for its session. The placement of the model's variables is the `device_setter`'s (or that of the
-    `replica_device_setter` whose device scope encloses the constructor; else round-robin)."""
+    `replica_device_setter` whose device scope encloses the constructor; else round-robin). A ps task
+    writes the chief's checkpoints only under `checkpoint_root` (default: the current directory;
+    docs/security.md)."""
 
     def __init__(self, cluster, job_name, task_index=0, model=None, optimizer=None, mode="async",
-                 device_setter=None):
+                 device_setter=None, checkpoint_root=None):
         self.cluster = ClusterSpec(cluster)
         self.cluster.validate()
         self.cluster.validate_task(job_name, task_index)
@@ -64,7 +66,8 @@ class Server:
             if mode == "sync":
                 options["replicas_to_aggregate"] = self.num_workers
             self.service = PsService(f"tcp://{self.cluster.task_address('ps', self.task_index)}", self.task_index,
-                                     pieces, options, trainable={v.name for v in variables if v.trainable})
+                                     pieces, options, trainable={v.name for v in variables if v.trainable},
+                                     checkpoint_root=checkpoint_root)
 
     @classmethod
     def from_tf_config(cls, model=None, optimizer=None, mode="async", device_setter=None, env=None):

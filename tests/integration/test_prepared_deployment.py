@@ -32,8 +32,9 @@ def test_prepared_shards_train_a_model_of_your_data_without_a_launcher(processes
     assert (layers[0], layers[-1]) == (6, 2)                     # fitted: 6 inputs, 2 classes
 
     broker = processes.service("zmqflow.services.broker")
-    ps = processes.service("zmqflow.services.ps", ["--model", model, "--optimizer",
-                                                  '{"kind": "adam", "learning_rate": 0.01}'])
+    ps = processes.service("zmqflow.services.ps", ["--model", model, "--optimizer",   # it saves under ckpt/ only
+                                                  '{"kind": "adam", "learning_rate": 0.01}', "--checkpoint-root",
+                                                  str(tmp_path / "ckpt")])
     reader = processes.process("zmqflow.services.reader", ["--broker", broker.endpoint, "--data-config", config,
                                                            "--num-epochs", "15", "--capacity", "2000"])
     common = ["--broker", broker.endpoint, "--ps", ps.endpoint, "--num-workers", "2", "--model", model,

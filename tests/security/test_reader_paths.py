@@ -118,7 +118,7 @@ def test_hostile_file_names_are_refused_and_nothing_of_the_file_is_read(broker, 
     assert error is not None, "the pipeline was not failed"
     assert f"file name {name!r} from '{queue_name}.filenames' is not one of the 5 files" in str(error)
     assert SECRET_TAG not in got["tag"] and not np.isin(got["id"], range(10_000, 10_000 + SECRET_ROWS)).any()
-    assert len(got["id"]) > 0 and set(got["tag"].tolist()) == {1}
+    assert set(got["tag"].tolist()) <= {1}   # own records only (none, when the hostile name was taken first)
     assert proc.proc.wait(30) == 1
     assert "refused a file name" in proc.log() and repr(name) in proc.log()
     summary = json.loads((tmp_path / "reader-0.json").read_text())

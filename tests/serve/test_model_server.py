@@ -22,7 +22,8 @@ pytestmark = pytest.mark.service
 def checkpoint_dir(tmp_path_factory, module_processes):
     """A checkpoint of step 1 written by a real ps shard (stopped once it is written)."""
     ckpt = tmp_path_factory.mktemp("ckpt")
-    proc = module_processes.service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP)])
+    proc = module_processes.service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP),
+                                                            "--checkpoint-root", str(ckpt)])
     ps = PsClient([proc.endpoint], place(model_variables(MNIST_MLP), 1))
     values = load_model(MNIST_MLP).initial_values(1)
     ps.initialize(values)
