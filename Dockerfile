@@ -1,5 +1,5 @@
 # One image for every zmqflow service: `zmqflow` is the entrypoint, the command picks the service.
-#   docker build -t zmqflow:latest .
+#   docker build -t zmqflow:latest -t zmqflow:0.2.0 .                     # deploy/k8s names the version tag
 #   docker run --rm zmqflow:latest broker --bind tcp://0.0.0.0:5555      # or: ps, worker, serve, ...
 # Stage 1 builds the project's wheel; stage 2 installs the locked dependencies with the http extra
 # (requirements/http.txt: core.txt's plus the gateway's, hashes checked) and that wheel into
@@ -7,6 +7,9 @@
 # no compiler, no source tree, no tests. Bring your own model code and data by mounting them
 # (docker-compose.yml mounts ZMQFLOW_USER_DIR at /user, on PYTHONPATH) or by building FROM this
 # image (deploy/README.md).
+# The base image is this build argument: a fixed version tag, never `latest`. Pin it by digest where the
+# registry is reachable: --build-arg PYTHON_IMAGE=python:3.11-slim@sha256:<digest> (docs/security/deploy.md).
+# checkov:skip=CKV_DOCKER_7:FROM names the build argument PYTHON_IMAGE (python:3.11-slim), which checkov does not expand
 ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS build

@@ -25,7 +25,9 @@ def k8s():
 @click.option("--epochs", type=click.IntRange(min=1), default=DEPLOYMENT.training.epochs,
               help="Epochs the reader streams (its --num-epochs).")
 @click.option("--image", default=k8s_render.DEFAULT_IMAGE,
-              help="The zmqflow image (ENTRYPOINT zmqflow) every container runs.")
+              help="The zmqflow image (ENTRYPOINT zmqflow) every container runs: `docker build -t "
+                   f"{k8s_render.DEFAULT_IMAGE} .` makes the default. NAME@sha256:DIGEST pins it (the image-digest "
+                   "checks then need no skip).")
 @click.option("--data", "data_spec", default=DEPLOYMENT.data, metavar="SPEC",
               help="The data spec to train on: `mnist` (the shipped sample) or a spec file inside the image (an "
                    "image built FROM zmqflow's holding the spec and its data files, with --image). Every ps, worker "
@@ -37,7 +39,9 @@ def k8s():
               help="A model option for `data prepare` (repeatable).")
 @click.option("--model-name", default=DEPLOYMENT.serving.name,
               help="The name the model servers serve the model under (their --name).")
-@click.option("--namespace", default=None, help="Namespace of every object. Default: none (kubectl's current one).")
+@click.option("--namespace", default=k8s_render.DEFAULT_NAMESPACE,
+              help="The job's namespace: cluster.yaml creates it with the restricted Pod Security Standard "
+                   "enforced, and every object is in it.")
 @click.option("--curve/--no-curve", default=True,
               help="CURVE keys in a Secret zmqflow-curve, mounted read-only in every pod with ZMQFLOW_CURVE_DIR "
                    "set: every service encrypts and accepts only the deployment's clients, each pod holding its "

@@ -31,8 +31,8 @@ def command(checkpoint_dir, address, input_path, out_path, fmt, data_spec, trust
         raise click.UsageError("give --checkpoint DIR or --server ENDPOINT (one of them)")
     if address and data_spec:
         raise click.UsageError("--data goes with --checkpoint; a server uses the spec its checkpoint records")
-    columns, rows = (predict_served(address, input_path) if address
-                     else predict_file(checkpoint_dir, input_path, data_spec, trust_checkpoint_code=trust_checkpoint_code))
+    columns, rows = (predict_served(address, input_path) if address else
+                     predict_file(checkpoint_dir, input_path, data_spec, trust_checkpoint_code=trust_checkpoint_code))
     if out_path == "-":
         write_predictions(columns, rows, sys.stdout, fmt)
     else:

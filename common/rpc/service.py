@@ -509,7 +509,8 @@ class Service:
         return {"service": self.name, "endpoint": self.endpoint, "pid": os.getpid(),
                 "uptime_s": round(time.monotonic() - self.started, 3), "parked": len(self.parked),
                 "timers": len(self._deadlines), "connections": len(self.connections),
-                "stats": dict(self.stats), "refused": dict(self.connections.refused), "curve": bool(self.curve_dir), "metrics": self.metrics_address,
+                "stats": dict(self.stats), "refused": dict(self.connections.refused), "curve": bool(self.curve_dir),
+                "metrics": self.metrics_address,
                 **self.describe()}
 
 

@@ -15,9 +15,12 @@ authorized public keys. So the chief is a StatefulSet of its own (TF_CONFIG's `c
 and the TFJob's), the other workers another: a StatefulSet's pods share one pod spec, one key.
 
 What every pod gets: the same commands as docker-compose.yml (modulo host names and the prepared
-directory), a readiness and a liveness probe, resource requests (cpu, memory) and a memory limit, a
-non-root security context (uid 10001, the image's user), Prometheus annotations and a `metrics` port
-(its ZeroMQ port + 1000).
+directory), a readiness and a liveness probe, resource requests and limits (cpu, memory), Prometheus
+annotations and a `metrics` port (its ZeroMQ port + 1000), and the hardening of docs/security/deploy.md:
+a namespace of its own (Pod Security Standard `restricted` enforced), a non-root user (uid 10001, the
+image's) with no capability, the runtime's default seccomp profile, no service-account token, a
+read-only root filesystem (emptyDirs of bounded size at /tmp and the home directory are what it may
+write), and a NetworkPolicy that lets in only the job's own flows (`INGRESS`) and Prometheus.
 
 Commands: the image's ENTRYPOINT is ["zmqflow"] (CMD ["--help"]), but no container here relies on
 it. Every container sets `command:` -- the program: ["zmqflow"], or, where TF_CONFIG comes from the
@@ -39,7 +42,7 @@ import re
 import shlex
 import tempfile
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import yaml
 
@@ -47,10 +50,12 @@ from zmqflow.common.rpc import encryption as curve
 from zmqflow.common.processes.service_cli import to_flags
 from zmqflow.common.cluster.spec import ClusterSpec
 from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.version import __version__
 from zmqflow.jobs.spec import (BROKER_PORT, CURVE_KEYS, DEPLOYMENT, GATEWAY_PORT, PS_PORT, SERVE_PORT, WORKER_PORT,
                                JobSpec, deployment, tasks)
 
-DEFAULT_IMAGE = "zmqflow:latest"
+DEFAULT_IMAGE = f"zmqflow:{__version__}"   # the build's version: a fixed tag names what runs (and rolls back)
+DEFAULT_NAMESPACE = "zmqflow"
 UID = 10001                    # the image's `zmqflow` user
 APP = "zmqflow"
 CLUSTER_CONFIG_MAP = "zmqflow-cluster"
@@ -60,21 +65,44 @@ TFJOB_NAME = "zmqflow-train"
 CONFIG_DIR = "/etc/zmqflow"
 CURVE_DIR = "/etc/zmqflow-curve"   # ZMQFLOW_CURVE_DIR in every container with --curve
 DATA_DIR = "/data"
+HOME = "/home/zmqflow"        # the image's user's home: the runtime directory of admin tokens (--no-curve)
 PREPARED = "/prepared"        # each pod's own emptyDir: `zmqflow data prepare --out` of its initContainer
 
 ZMQFLOW = ["zmqflow"]
 ENTRY = ["sh", f"{CONFIG_DIR}/entrypoint.sh"]
 
-# (cpu request, memory request, memory limit) per container; no cpu limit (no throttling mid-step).
+# (cpu request, cpu limit, memory request, memory limit) per container. The cpu limit bounds a runaway (or a
+# peer's costly requests) to a few cores, well above the request so that a training step is not throttled.
 RESOURCES = {
-    "broker": ("250m", "256Mi", "1Gi"),      # holds the queue: 20,000 MNIST rows are ~63 MB
-    "ps": ("500m", "512Mi", "2Gi"),
-    "worker": ("1", "1Gi", "2Gi"),
-    "data": ("100m", "256Mi", "512Mi"),     # `data prepare` of MNIST peaks at ~125 MB
-    "reader": ("250m", "256Mi", "1Gi"),
-    "serve": ("250m", "256Mi", "1Gi"),
-    "aggregator": ("100m", "128Mi", "512Mi"),
-    "gateway": ("100m", "128Mi", "512Mi"),   # ~50 MB + --max-inflight-bytes (256 MiB): docs/security/gateway.md
+    "broker": ("250m", "2", "256Mi", "1Gi"),      # holds the queue: 20,000 MNIST rows are ~63 MB
+    "ps": ("500m", "4", "512Mi", "2Gi"),
+    "worker": ("1", "4", "1Gi", "2Gi"),
+    "data": ("100m", "2", "256Mi", "512Mi"),     # `data prepare` of MNIST peaks at ~125 MB
+    "reader": ("250m", "2", "256Mi", "1Gi"),
+    "serve": ("250m", "2", "256Mi", "1Gi"),
+    "aggregator": ("100m", "2", "128Mi", "512Mi"),
+    "gateway": ("100m", "2", "128Mi", "512Mi"),   # ~50 MB + --max-inflight-bytes (256 MiB): docs/security/gateway.md
+}
+
+# Who dials whom (docker-compose.yml's commands): role -> [(ports of its pods, roles whose pods may connect;
+# None: anyone)]. Every pod also lets anyone scrape its `metrics` port; the gateway's HTTP is the way in.
+INGRESS = {
+    "broker": [(["zmq"], ["reader", "chief", "worker"])],
+    "ps": [(None, ["chief", "worker"])],   # the caller's ports: 5600 + i (StatefulSet pods share no name) or tfjob-port
+    "chief": [],                               # the chief, workers and readers only dial out
+    "worker": [],
+    "reader": [],
+    "serve": [(["zmq"], ["aggregator", "gateway"])],   # the gateway asks each member for its model_info
+    "aggregator": [(["zmq"], ["gateway"])],
+    "gateway": [(["http"], None)],
+}
+
+# Inline checkov skips (checkov.io/skip<n> annotations) of a workload whose image has no digest, with the reason.
+UNPINNED_IMAGE_SKIPS = {
+    "CKV_K8S_43": "the image is named by tag: a locally built image has no registry digest when the manifests "
+                  "are rendered; render with --image NAME@sha256:DIGEST to pin it",
+    "CKV_K8S_15": "imagePullPolicy IfNotPresent: a locally built image loaded onto the nodes is in no registry "
+                  "that Always could pull from; an image pinned by digest passes without this skip",
 }
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
@@ -98,14 +126,14 @@ class Options:
 
     spec: JobSpec = DEPLOYMENT
     image: str = DEFAULT_IMAGE
-    namespace: Optional[str] = None
+    namespace: str = DEFAULT_NAMESPACE
     curve: bool = True
     tfjob: bool = False
 
     def __post_init__(self):
         if not self.image or any(c.isspace() for c in self.image):
             raise InvalidArgumentError(f"image {self.image!r} is not an image reference")
-        if self.namespace is not None and not _DNS_LABEL.match(self.namespace):
+        if not isinstance(self.namespace, str) or not _DNS_LABEL.match(self.namespace):
             raise InvalidArgumentError(f"namespace {self.namespace!r} is not a DNS label "
                                        "(lower case letters, digits and '-', at most 63)")
         deployment(self.spec)   # its ports fit
@@ -114,7 +142,8 @@ class Options:
         """The `zmqflow k8s render` command that renders these options (the files' header)."""
         spec, base = self.spec, DEPLOYMENT
         changed = {"serve": (spec.serving.replicas, base.serving.replicas), "epochs": (spec.training.epochs,
-                   base.training.epochs), "image": (self.image, DEFAULT_IMAGE), "namespace": (self.namespace, None),
+                   base.training.epochs), "image": (self.image, DEFAULT_IMAGE),
+                   "namespace": (self.namespace, DEFAULT_NAMESPACE),
                    "data": (spec.data, base.data), "model": (spec.model, base.model)}
         return shlex.join(["zmqflow", "k8s", "render", *to_flags({
             "ps": spec.cluster.ps, "workers": spec.cluster.workers,
@@ -171,13 +200,25 @@ def _labels(job, **extra):
     return {"app": APP, "job": job, **extra}
 
 
-def _metadata(options, name, labels):
-    return {"name": name, **({"namespace": options.namespace} if options.namespace else {}), "labels": labels}
+def _metadata(options, name, labels, annotations=None):
+    return _present({"name": name, "namespace": options.namespace, "labels": labels, "annotations": annotations})
+
+
+def _pinned(image):
+    return "@sha256:" in image
+
+
+def _workload_metadata(options, name, labels):
+    """A workload's metadata: without an image digest, the checkov checks that need one are skipped inline
+    with the reason (UNPINNED_IMAGE_SKIPS)."""
+    skips = {} if _pinned(options.image) else {f"checkov.io/skip{i}": f"{check}={reason}"
+                                               for i, (check, reason) in enumerate(UNPINNED_IMAGE_SKIPS.items(), 1)}
+    return _metadata(options, name, labels, skips)
 
 
 def _resources(role):
-    cpu, memory, limit = RESOURCES[role]
-    return {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": limit}}
+    cpu, cpu_limit, memory, memory_limit = RESOURCES[role]
+    return {"requests": {"cpu": cpu, "memory": memory}, "limits": {"cpu": cpu_limit, "memory": memory_limit}}
 
 
 def _probe(action, period, timeout, failures=3, delay=0):
@@ -222,7 +263,12 @@ def _dials_out(ready_command):
 
 def _container_security():
     return {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]}}
+            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+
+
+# What a container may write besides its volumes: /tmp (the health file, NUMBA_CACHE_DIR, temporary files)
+# and the home directory (the admin token's runtime directory without CURVE), each an emptyDir of bounded size.
+SCRATCH = {"tmp": ("/tmp", "512Mi"), "home": (HOME, "64Mi")}
 
 
 def _port(name, port):
@@ -231,34 +277,40 @@ def _port(name, port):
 
 def _present(mapping):
     """`mapping` without its empty entries (a manifest has no `ports: []` nor `startupProbe: null`)."""
-    return {key: value for key, value in mapping.items() if value}
+    return {key: value for key, value in mapping.items() if value is not None and value != [] and value != {}}
 
 
 def _container(options, name, role, args, *, command=ZMQFLOW, ports=(), env=(), mounts=(), readiness=None,
                liveness=None, startup=None, init=False):
-    """A container of the image; with --curve it gets the key directory (mount and environment; its key's name
-    comes with the task's environment, `_env`). An init container (`init`) gets neither probes nor keys: it never
-    talks ZeroMQ."""
-    env, mounts = list(env), list(mounts)
+    """A container of the image, with its scratch directories; with --curve it gets the key directory (mount
+    and environment; its key's name comes with the task's environment, `_env`). An init container (`init`)
+    gets neither probes nor keys: it never talks ZeroMQ."""
+    env = list(env)
+    mounts = [*mounts, *({"name": volume, "mountPath": path} for volume, (path, _) in SCRATCH.items())]
     if options.curve and not init:
         env.append({"name": curve.ENV, "value": CURVE_DIR})
         mounts.append({"name": "curve", "mountPath": CURVE_DIR, "readOnly": True})
     elif not init:   # --no-curve: the operator's choice to serve the pod network in the clear (protected mode off)
         env.append({"name": curve.INSECURE_ENV, "value": "1"})
     probes = {} if init else {"startupProbe": startup, "readinessProbe": readiness, "livenessProbe": liveness}
-    return _present({"name": name, "image": options.image, "command": list(command), "args": list(args),
+    return _present({"name": name, "image": options.image, "imagePullPolicy": "IfNotPresent",
+                     "command": list(command), "args": list(args),
                      "ports": list(ports), "env": env, **probes, "resources": _resources(role),
                      "securityContext": _container_security(), "volumeMounts": mounts})
 
 
 def _pod_template(options, task, labels, containers, volumes=(), init_containers=()):
-    """The pod of `task`: its containers, volumes and, with --curve, the key files of its role (`_curve_items`)."""
+    """The pod of `task`: its containers, volumes and, with --curve, the key files of its role (`curve_files_of`:
+    a pod that only dials out over ZeroMQ, the gateway and the workers, holds no server secret key)."""
     metrics_port = task.ports["metrics"]
     curve_volume = {"name": "curve", "secret": {"secretName": CURVE_SECRET, "defaultMode": 0o440,
                                                 "items": _curve_items(task)}}
-    spec = {"securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID},
+    scratch = [{"name": volume, "emptyDir": {"sizeLimit": size}} for volume, (_, size) in SCRATCH.items()]
+    spec = {"automountServiceAccountToken": False,   # no pod here talks to the Kubernetes API
+            "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
             "initContainers": list(init_containers), "containers": list(containers),
-            "volumes": [*volumes, *([curve_volume] if options.curve else [])]}
+            "volumes": [*volumes, *scratch, *([curve_volume] if options.curve else [])]}
     annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(metrics_port)}
     return {"metadata": _present({"labels": labels, "annotations": annotations}), "spec": _present(spec)}
 
@@ -292,8 +344,25 @@ def _service(options, name, labels, ports, headless=False):
 
 
 def _deployment(options, name, labels, template):
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(options, name, labels),
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _workload_metadata(options, name, labels),
             "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": template}}
+
+
+def network_policy(options, role, ports=None):
+    """(comment, NetworkPolicy) of `role`'s pods: only INGRESS[role]'s flows get in (`ports` for a flow that
+    names none: the ps shards' numbers), and anyone may scrape the `metrics` port."""
+    def rule(flow_ports, sources):
+        return _present({"from": [{"podSelector": {"matchLabels": _labels(source)}} for source in sources or ()],
+                         "ports": [{"protocol": "TCP", "port": port} for port in flow_ports or ports]})
+    ingress = [rule(flow_ports, sources) for flow_ports, sources in INGRESS[role]] + [rule(["metrics"], None)]
+    policy = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+              "metadata": _metadata(options, role, _labels(role)),
+              "spec": {"podSelector": {"matchLabels": _labels(role)}, "policyTypes": ["Ingress"], "ingress": ingress}}
+    flows = [(f"the {' and '.join(sources)} pods" if sources else "anyone",
+              ", ".join(str(port) for port in flow_ports or ports)) for flow_ports, sources in INGRESS[role]]
+    return ("".join([f"What may connect to the {role} pods (nothing else):\n",
+                     *(f"- {who} on port {what}\n" for who, what in flows), "- anyone on port metrics (Prometheus)"]),
+            policy)
 
 
 # ------------------------------------------------------------------ the CURVE secret
@@ -362,6 +431,13 @@ def curve_secret(options, files):
 # ------------------------------------------------------------------ components
 
 
+def namespace(options):
+    """The job's own namespace, where the restricted Pod Security Standard is enforced: a pod that asks for
+    more (root, a capability, privilege escalation, no seccomp profile) is refused at admission."""
+    labels = {"app": APP, **{f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn")}}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": options.namespace, "labels": labels}}
+
+
 def cluster_component(options):
     spec = cluster_spec(options)
     config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(options, CLUSTER_CONFIG_MAP, {"app": APP}),
@@ -370,6 +446,8 @@ def cluster_component(options):
              "metadata": _metadata(options, DATA_CLAIM, {"app": APP}),
              "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}
     return Component("cluster", [
+        (f"The job's namespace (--namespace): apply this file first. Its pods meet the restricted Pod Security\n"
+         "Standard, which the namespace enforces.", namespace(options)),
         ("The cluster spec every StatefulSet pod reads, and the entry snippet that turns it into this pod's\n"
          "TF_CONFIG: the task type and index come from the pod name (<job>-<ordinal>, as StatefulSets name\n"
          "their pods).", config),
@@ -381,11 +459,10 @@ def cluster_component(options):
 
 def curve_component(options, files):
     return Component("curve", [
-        (f"CURVE keys (`zmqflow keys generate --clients {','.join(CURVE_KEYS)}`): mounted read-only at {CURVE_DIR},\n"
-         f"where {curve.ENV} points the services and their clients (files mode 0440, defaultMode 288, group\n"
-         f"{UID}), each pod only its own role's pair ({curve.KEY_ENV}) and the servers' public key, a server also\n"
-         "the server pair. This Secret holds PRIVATE keys (*.key_secret): keep it out of version control.",
-         curve_secret(options, files)),
+        (f"CURVE keys (`zmqflow keys generate`): mounted read-only at {CURVE_DIR} in every pod, where\n"
+         f"{curve.ENV} points the services and their clients (files mode 0440, defaultMode 288, group\n"
+         f"{UID}). This Secret holds PRIVATE keys (server.key_secret, client.key_secret): keep it out of\n"
+         "version control.", curve_secret(options, files)),
     ])
 
 
@@ -397,7 +474,8 @@ def _env(options, task):
 
 
 def _served(options, task, comment="", mounts=(), volumes=(), probes=None, init_containers=()):
-    """A server task as a Deployment and a Service on the task's ports (a model server's labels name its member)."""
+    """A server task as a Deployment and a Service on the task's ports (a model server's labels name its member;
+    the gateway serves HTTP only: its keys are a client's, `curve_files_of`)."""
     labels = _labels(task.role, **({"member": str(task.index)} if task.role == "serve" else {}))
     main = _container(options, task.role, task.role, _args(task), ports=[_port(n, p) for n, p in task.ports.items()],
                       env=_env(options, task), mounts=mounts, **(probes or _pinged(_ping, task.ports["zmq"])))
@@ -418,10 +496,12 @@ def _stateful(options, task, count, base, comment, probes, job=None):
     template = _pod_template(options, task, labels, [main], _volumes("cluster", "data", "prepared"),
                              init_containers=[_data_init(options)])
     ports = [{"name": f"{job}-{i}", "port": base + i} for i in range(count)]
-    stateful_set = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _metadata(options, job, labels),
+    stateful_set = {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                    "metadata": _workload_metadata(options, job, labels),
                     "spec": {"serviceName": job, "replicas": count, "podManagementPolicy": "Parallel",
                              "selector": {"matchLabels": labels}, "template": template}}
-    return [(comment, _service(options, job, labels, ports, headless=True)), ("", stateful_set)]
+    policy = network_policy(options, job, [port["port"] for port in ports])
+    return [(comment, _service(options, job, labels, ports, headless=True)), ("", stateful_set), policy]
 
 
 def ps_component(options):
@@ -464,7 +544,8 @@ def tfjob_component(options):
                 "Chief": replica(job_tasks["worker", 0], 1, WORKER_PORT, probes, job="chief")}
     if spec.cluster.workers > 1:   # the chief is worker 0 of the job: its own replica type, the admin key
         replicas["Worker"] = replica(job_tasks["worker", 1], spec.cluster.workers - 1, WORKER_PORT, probes)
-    job = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": _metadata(options, TFJOB_NAME, {"app": APP}),
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob",
+           "metadata": _workload_metadata(options, TFJOB_NAME, {"app": APP}),
            "spec": {"runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 3},
                     "tfReplicaSpecs": replicas}}
     curve_file = " -f curve.yaml" if options.curve else ""
@@ -480,6 +561,8 @@ def tfjob_component(options):
          "-f serve.yaml -f aggregator.yaml -f gateway.yaml\n"
          "The job succeeds when the chief exits 0; it has told the ps shards and the broker to exit\n"
          "by then. Exit code 3 (a peer lost) restarts the pod (OnFailure): it restores the latest checkpoint.", job),
+        network_policy(options, "ps", ["tfjob-port"]), network_policy(options, "chief"),
+        network_policy(options, "worker"),
     ])
 
 
@@ -495,6 +578,7 @@ def reader_component(options):
          f"rows) in the\npod's own emptyDir at {PREPARED}, as the compose file's one-shot `data` service does; every "
          "pod that\nruns it (readers, ps shards, workers) writes the same bytes (seed 0).",
          _deployment(options, "reader", labels, template)),
+        network_policy(options, "reader"),
     ])
 
 
@@ -519,7 +603,8 @@ def serving_components(options):
         f"More replicas share the load; outside the cluster: kubectl port-forward service/gateway {GATEWAY_PORT}."),
         probes={"readiness": _probe(_http_get("/v2/health/ready", "http"), 5, 5),
                 "liveness": _probe(_http_get("/v2/health/live", "http"), 20, 10, delay=10)})
-    return [Component("serve", serve), Component("aggregator", aggregator), Component("gateway", gateway)]
+    return [Component(role, docs + [network_policy(options, role)])
+            for role, docs in (("serve", serve), ("aggregator", aggregator), ("gateway", gateway))]
 
 
 def render(options, curve_files=None):
@@ -529,7 +614,8 @@ def render(options, curve_files=None):
     components = [cluster_component(options)]
     if options.curve and curve_files is not None:
         components.append(curve_component(options, curve_files))
-    components.append(Component("broker", _served(options, _tasks(options.spec)["broker", 0])))
+    components.append(Component("broker", _served(options, _tasks(options.spec)["broker", 0])
+                                + [network_policy(options, "broker")]))
     if options.tfjob:
         components.append(tfjob_component(options))
     else:

@@ -96,9 +96,9 @@ class ModelServer(Service):
 
     def _model_info(self, call):
         first_shape = self.schema.describe()["inputs"][0]["shape"]
-        return {"model": self.model_name, "version": self.version, "spec": self.spec,
+        return {"model": self.model_name, "version": self.version, "spec": public_spec(self.spec),
                 "inputs": int(np.prod(first_shape)), "classes": self.schema.width, "schema": self.schema.describe(),
-                "backend": self.backend, "source": self.source,
+                "backend": self.backend, "source": os.path.basename(self.source or ""),
                 "max_batch": self.batcher.max_batch, "max_delay_ms": self.batcher.max_delay * 1000.0,
                 "stats": dict(self.stats)}
 
@@ -173,3 +173,12 @@ def default_model_name(checkpoint_dir, ps_endpoints):
     if checkpoint_dir:
         return os.path.basename(os.path.normpath(checkpoint_dir)) or "model"
     return "ps-model"
+
+
+def public_spec(spec):
+    """The model spec as any client may see it (model_info is a client op): a model file's reference
+    without its directories, so the answer names no path of the server's host (docs/security.md)."""
+    kind = spec.get("type") if isinstance(spec, dict) else None
+    if isinstance(kind, str) and ".py:" in kind:
+        return {**spec, "type": os.path.basename(kind)}
+    return spec

@@ -217,9 +217,10 @@ def test_every_pod_is_scraped_by_prometheus_on_its_metrics_port():
         assert {"name": "metrics", "containerPort": int(port)} in main["ports"], name
 
 
-def test_the_gateway_is_probed_over_http_and_holds_the_serving_key_only():
-    """Kubernetes' own HTTP probes on the protocol's health routes; the CURVE Secret mounted where the aggregator's
-    is, with the serving pair and the servers' public key only (no server secret key: it serves no ZeroMQ)."""
+def test_the_gateway_is_probed_over_http_and_holds_only_the_serving_client_keys():
+    """Kubernetes' own HTTP probes on the protocol's health routes; the CURVE Secret mounted where the aggregator
+    has it, but only a client's files of it, the serving pair: the gateway serves no ZeroMQ, so no server secret
+    key is in its pod, and it sends client ops only."""
     docs = documents()
     gateway, aggregator = container(docs[("Deployment", "gateway")]), container(docs[("Deployment", "aggregator")])
     assert gateway["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
@@ -227,7 +228,12 @@ def test_the_gateway_is_probed_over_http_and_holds_the_serving_key_only():
     assert {"name": "http", "containerPort": 8000} in gateway["ports"]
     assert gateway["resources"]["requests"] and gateway["resources"]["limits"]["memory"]
     assert gateway["volumeMounts"] == aggregator["volumeMounts"] and gateway["env"] == aggregator["env"]
-    [volume] = [v for v in docs[("Deployment", "gateway")]["spec"]["template"]["spec"]["volumes"] if "secret" in v]
-    assert [item["path"] for item in volume["secret"]["items"]] == ["server.key", "serving.key", "serving.key_secret"]
+    pods = {name: docs[("Deployment", name)]["spec"]["template"]["spec"] for name in ("gateway", "aggregator")}
+    secrets = {name: [v["secret"] for v in pod["volumes"] if "secret" in v] for name, pod in pods.items()}
+    [gateway_secret], [aggregator_secret] = secrets["gateway"], secrets["aggregator"]
+    assert gateway_secret["secretName"] == aggregator_secret["secretName"] == "zmqflow-curve"
+    assert sorted(item["path"] for item in gateway_secret["items"]) == ["server.key", "serving.key",
+                                                                        "serving.key_secret"]
+    assert "server.key_secret" in [item["path"] for item in aggregator_secret["items"]]
     service = docs[("Service", "gateway")]["spec"]
     assert [(p["name"], p["port"]) for p in service["ports"]] == [("http", 8000), ("metrics", 9000)]

@@ -42,7 +42,8 @@ def curve_files():
     return render.generate_curve_files()
 
 
-def options(ps=2, workers=2, image=render.DEFAULT_IMAGE, namespace=None, curve=True, tfjob=False, **spec):
+def options(ps=2, workers=2, image=render.DEFAULT_IMAGE, namespace=render.DEFAULT_NAMESPACE, curve=True, tfjob=False,
+            **spec):
     """render.Options of the shipped job resized: `spec` by job_spec's flat names (serve: its replicas)."""
     if "serve" in spec:
         spec["replicas"] = spec.pop("serve")
@@ -355,7 +356,9 @@ def test_render_prints_one_multi_document_stream():
     files = {path: base64.b64decode(secret["data"][path.replace("/", "-")]) for path in render.curve_file_names()}
     assert docs == render.manifests(options(ps=4, workers=8, serve=2, epochs=1, namespace="ml",
                                              image="registry.example/zmqflow:1.2"), files)
-    assert {d["metadata"].get("namespace") for d in docs} == {"ml"}
+    [namespace] = [d for d in docs if d["kind"] == "Namespace"]        # cluster-scoped: the one without a namespace
+    assert namespace["metadata"]["name"] == "ml" and docs[0] is namespace   # created before anything is put in it
+    assert {d["metadata"].get("namespace") for d in docs if d is not namespace} == {"ml"}
     reader = by_key(docs)[("Deployment", "reader")]["spec"]["template"]["spec"]["containers"][0]
     assert reader["args"][reader["args"].index("--num-epochs") + 1] == "1"
     assert {c["image"] for _, t in pod_templates(docs) for c in t["spec"]["containers"]} == {

@@ -26,6 +26,7 @@ OPS = ["--metrics-port", "0", "--log-format", "json"]
 STATE_GAUGES = {
     "zmqflow_task_info": "an info metric: 1, with the task and service as labels",
     "zmqflow_rpc_parked_requests": "requests parked now; they leave as they are answered",
+    "zmqflow_rpc_connections": "connections open now; they leave as their peers disconnect",
     "zmqflow_broker_queues": "queues held now; reset frees them",
     "zmqflow_broker_held_bytes": "bytes held now; dequeues free them",
     "zmqflow_broker_queue_size": "elements in a queue now",

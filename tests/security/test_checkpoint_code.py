@@ -180,9 +180,13 @@ def test_a_model_server_serves_a_trusted_model_file(model_file_checkpoint, proce
     client = ModelClient(server.endpoint, timeout=10)
     try:
         probabilities, _ = client.predict(np.zeros((2, 784), np.float32))
+        info = client.model_info()
     finally:
         client.close()
     assert probabilities.shape == (2, 10) and marker.exists()
+    # model_info is a client op: it names the model file and the checkpoint, not where they are on the host
+    assert info["spec"]["type"] == "my_model.py:build" and info["source"] == "ckpt-3", info
+    assert str(ckpt.parent) not in json.dumps(info, default=str), info
 
 
 # --- files the manifest names -------------------------------------------------------------------
