@@ -18,7 +18,8 @@ def k8s():
 @click.option("--ps", "ps", type=click.IntRange(min=1), default=2,
               help="ps shards: a StatefulSet of N pods ps-0.ps .. ps-{N-1}.ps, shard i on port 5600 + i.")
 @click.option("--workers", type=click.IntRange(min=1), default=2,
-              help="Workers: a StatefulSet of M pods worker-0.worker .. (worker 0 is the chief), task j on 5610 + j.")
+              help="Workers: the chief (StatefulSet chief, pod chief-0.chief on 5610: it alone holds the admin key) "
+                   "and a StatefulSet of M-1 pods worker-0.worker .. (worker j on 5611 + j).")
 @click.option("--serve", type=click.IntRange(min=1), default=DEPLOYMENT.serving.replicas,
               help="Model servers serve0 .. serve{K-1} (ports 5700 + i), all members of the aggregator.")
 @click.option("--epochs", type=click.IntRange(min=1), default=DEPLOYMENT.training.epochs,
@@ -43,12 +44,13 @@ def k8s():
                    "enforced, and every object is in it.")
 @click.option("--curve/--no-curve", default=True,
               help="CURVE keys in a Secret zmqflow-curve, mounted read-only in every pod with ZMQFLOW_CURVE_DIR "
-                   "set: every service encrypts and accepts only the deployment's clients (the credential of "
-                   "admin ops: shutdown, init, restore, reset). Fresh keys unless --curve-dir; the output then "
-                   "holds private keys. --no-curve: plain TCP, admin ops need ZMQFLOW_ADMIN_TOKEN in every pod.")
+                   "set: every service encrypts and accepts only the deployment's clients, each pod holding its "
+                   "role's key (the credential of member and admin ops). Fresh keys unless --curve-dir; the output "
+                   "then holds private keys. --no-curve: plain TCP, admin ops need ZMQFLOW_ADMIN_TOKEN in every pod.")
 @click.option("--curve-dir", default=None, type=click.Path(file_okay=False, exists=True),
               help="Put the keys of this directory (`zmqflow keys generate DIR`) in the Secret instead of fresh "
-                   "ones, so clients outside the cluster can use DIR's client key.")
+                   "ones, so clients outside the cluster can use DIR's keys (the pods mount its member, serving and "
+                   "admin pairs: `zmqflow keys generate DIR --clients member,serving,admin`).")
 @click.option("--tfjob", is_flag=True,
               help="Run the ps shards and workers as a Kubeflow TFJob (kubeflow.org/v1; the operator sets "
                    "TF_CONFIG) instead of StatefulSets.")
@@ -96,5 +98,5 @@ def render(ps, workers, serve, epochs, image, data_spec, model_spec, model_opts,
             click.echo(path, err=True)
     if curve:
         click.echo(f"note: the Secret {k8s_render.CURVE_SECRET} holds the deployment's CURVE private keys "
-                   "(server.key_secret, client.key_secret), base64 encoded, not encrypted: keep the output out "
+                   "(server.key_secret and one *.key_secret per role), base64 encoded, not encrypted: keep the output out "
                    "of version control and away from anyone who should not join the cluster.", err=True)

@@ -45,11 +45,15 @@ def generate(directory, clients, force, keep):
     authorized/ when they start).
     """
     if keep and not force and os.path.exists(os.path.join(directory, f"{curve.SERVER}.key")):
-        try:
+        try:   # check what is there, add the client pairs named since (a deployment's role keys)
             curve.check_dir(directory)
+            names = [curve.client_roles(spec)[0] for spec in _client_names(clients)]
+            missing = [name for name in names if not os.path.exists(os.path.join(directory, f"{name}.key_secret"))]
+            for name in curve.generate(directory, _client_names(clients), keep=True):
+                curve.ClientKeys(directory, name)
         except InvalidArgumentError as exc:
             raise click.ClickException(str(exc)) from None
-        click.echo(f"keeping the keys in {directory}")
+        click.echo(f"keeping the keys in {directory}" + (f"; added {', '.join(missing)}" if missing else ""))
         return
     try:
         names = curve.generate(directory, _client_names(clients), force=force)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from zmqflow.common.processes.service_cli import to_flags
 from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.rpc.encryption import KEY_ENV
 from zmqflow.models.spec import with_options
 
 INPUTS = ("readers", "preloaded", "ps")
@@ -192,6 +193,24 @@ DEPLOYMENT = JobSpec(cluster=ClusterConfig(ps=2, workers=2), model="mlp", data="
 """The shipped topology: docker-compose.yml and deploy/k8s render it."""
 
 
+CURVE_KEYS = ("member", "serving", "admin")
+"""A deployment's client keys, one per role (`zmqflow keys generate DIR --clients member,serving,admin`: their
+roles are common/rpc/encryption.py's DEFAULT_ROLES); each task dials with `curve_key`'s."""
+
+
+def curve_key(task):
+    """The client key a deployment's task dials with (its ZMQFLOW_CURVE_KEY), the least its requests need: the
+    chief `admin` (it initializes or restores the ps shards and shuts them and the broker down), the other
+    workers and the readers `member` (pull, push, enqueue, dequeue; a model server following the ps too), every
+    other task `serving`: client ops (the servers' own healthcheck pings, the aggregator's and the gateway's
+    predicts). None for the keys and data tasks, which dial nothing."""
+    if task.role == "worker":
+        return "admin" if task.index == 0 else "member"
+    if task.role == "reader" or (task.role == "serve" and task.options.get("ps")):
+        return "member"
+    return None if task.role in ("keys", "data") else "serving"
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where a job's tasks run. `cluster`: TF_CONFIG's cluster for a deployment (fixed ports, metrics, and
@@ -260,7 +279,7 @@ def tasks(spec, placement):
     deployed = placement.cluster is not None
     out = []
     if deployed:
-        out.append(TaskSpec("keys", 0, ["keys", "generate", "/keys"], {"keep": True}))
+        out.append(TaskSpec("keys", 0, ["keys", "generate", "/keys"], {"clients": ",".join(CURVE_KEYS), "keep": True}))
         out.append(_server("broker", 0, ["broker"], BROKER_PORT, {}))
         model = spec.model if isinstance(spec.model, str) or spec.model is None else json.dumps(spec.model)
         out.append(TaskSpec("data", 0, ["data", "prepare"], {"data": spec.data or "mnist", "model": model,
@@ -273,6 +292,10 @@ def tasks(spec, placement):
     out += [_worker_task(spec, placement, i) for i in range(spec.total_workers)]
     if deployed and spec.serving.replicas:
         out += _serving_tasks(spec, placement)
+    if deployed:
+        for task in out:
+            if curve_key(task):
+                task.env[KEY_ENV] = curve_key(task)
     return out
 
 

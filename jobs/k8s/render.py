@@ -7,8 +7,12 @@ disk except `generate_curve_files`, which runs the project's own key generation 
 directory and returns the files' bytes, and `read_curve_files`, which reads a key directory.
 
 CURVE is on by default (every pod mounts the Secret zmqflow-curve and sets ZMQFLOW_CURVE_DIR), so only
-the deployment's clients connect and only they may shut down or re-initialise a service; rendered
-without key files (deploy/k8s in the repository), the Secret is left out and applied on its own.
+the deployment's clients connect; rendered without key files (deploy/k8s in the repository), the Secret
+is left out and applied on its own. The Secret holds one client key per role (jobs/spec.py's CURVE_KEYS)
+and each pod mounts only its own (`curve_key`: the chief `admin`, the other workers and the reader
+`member`, the rest `serving`), with the servers' public key; a server also the server pair and the
+authorized public keys. So the chief is a StatefulSet of its own (TF_CONFIG's `chief` job, TensorFlow's
+and the TFJob's), the other workers another: a StatefulSet's pods share one pod spec, one key.
 
 What every pod gets: the same commands as docker-compose.yml (modulo host names and the prepared
 directory), a readiness and a liveness probe, resource requests and limits (cpu, memory), Prometheus
@@ -47,8 +51,8 @@ from zmqflow.common.processes.service_cli import to_flags
 from zmqflow.common.cluster.spec import ClusterSpec
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.version import __version__
-from zmqflow.jobs.spec import (BROKER_PORT, DEPLOYMENT, GATEWAY_PORT, PS_PORT, SERVE_PORT, WORKER_PORT, JobSpec,
-                               deployment, tasks)
+from zmqflow.jobs.spec import (BROKER_PORT, CURVE_KEYS, DEPLOYMENT, GATEWAY_PORT, PS_PORT, SERVE_PORT, WORKER_PORT,
+                               JobSpec, deployment, tasks)
 
 DEFAULT_IMAGE = f"zmqflow:{__version__}"   # the build's version: a fixed tag names what runs (and rolls back)
 DEFAULT_NAMESPACE = "zmqflow"
@@ -83,9 +87,10 @@ RESOURCES = {
 # Who dials whom (docker-compose.yml's commands): role -> [(ports of its pods, roles whose pods may connect;
 # None: anyone)]. Every pod also lets anyone scrape its `metrics` port; the gateway's HTTP is the way in.
 INGRESS = {
-    "broker": [(["zmq"], ["reader", "worker"])],
-    "ps": [(None, ["worker"])],       # the caller's ports: 5600 + i (StatefulSet pods share no name) or tfjob-port
-    "worker": [],                              # workers and readers only dial out
+    "broker": [(["zmq"], ["reader", "chief", "worker"])],
+    "ps": [(None, ["chief", "worker"])],   # the caller's ports: 5600 + i (StatefulSet pods share no name) or tfjob-port
+    "chief": [],                               # the chief, workers and readers only dial out
+    "worker": [],
     "reader": [],
     "serve": [(["zmq"], ["aggregator", "gateway"])],   # the gateway asks each member for its model_info
     "aggregator": [(["zmq"], ["gateway"])],
@@ -162,8 +167,14 @@ def _host(role, index):
 
 
 def cluster_spec(options):
-    """The spec every StatefulSet pod reads: ps-i.ps:5600+i, worker-j.worker:5610+j, broker:5555."""
-    return ClusterSpec(deployment(options.spec, _host).cluster).validate(require_dense=True)
+    """The spec every StatefulSet pod reads: ps-i.ps:5600+i, the chief chief-0.chief:5610, the other workers
+    worker-j.worker:5611+j, broker:5555 (the deployment's workers, the first one a job of its own)."""
+    cluster = dict(deployment(options.spec, _host).cluster)
+    workers = len(cluster.pop("worker"))
+    cluster["chief"] = [f"{_host('chief', 0)}:{WORKER_PORT}"]
+    if workers > 1:
+        cluster["worker"] = [f"{_host('worker', j)}:{WORKER_PORT + 1 + j}" for j in range(workers - 1)]
+    return ClusterSpec(cluster).validate(require_dense=True)
 
 
 # ------------------------------------------------------------------ the services' command lines
@@ -272,7 +283,8 @@ def _present(mapping):
 def _container(options, name, role, args, *, command=ZMQFLOW, ports=(), env=(), mounts=(), readiness=None,
                liveness=None, startup=None, init=False):
     """A container of the image, with its scratch directories; with --curve it gets the key directory (mount
-    and environment). An init container (`init`) gets neither probes nor keys: it never talks ZeroMQ."""
+    and environment; its key's name comes with the task's environment, `_env`). An init container (`init`)
+    gets neither probes nor keys: it never talks ZeroMQ."""
     env = list(env)
     mounts = [*mounts, *({"name": volume, "mountPath": path} for volume, (path, _) in SCRATCH.items())]
     if options.curve and not init:
@@ -287,11 +299,12 @@ def _container(options, name, role, args, *, command=ZMQFLOW, ports=(), env=(), 
                      "securityContext": _container_security(), "volumeMounts": mounts})
 
 
-def _pod_template(options, labels, metrics_port, containers, volumes=(), init_containers=(), serves=True):
-    """A pod of `containers`; its CURVE keys are a server's (`serves`) or, for a pod that only dials out
-    over ZeroMQ (the gateway), a client's: no server secret key."""
+def _pod_template(options, task, labels, containers, volumes=(), init_containers=()):
+    """The pod of `task`: its containers, volumes and, with --curve, the key files of its role (`curve_files_of`:
+    a pod that only dials out over ZeroMQ, the gateway and the workers, holds no server secret key)."""
+    metrics_port = task.ports["metrics"]
     curve_volume = {"name": "curve", "secret": {"secretName": CURVE_SECRET, "defaultMode": 0o440,
-                                                "items": _curve_items(serves)}}
+                                                "items": _curve_items(task)}}
     scratch = [{"name": volume, "emptyDir": {"sizeLimit": size}} for volume, (_, size) in SCRATCH.items()]
     spec = {"automountServiceAccountToken": False,   # no pod here talks to the Kubernetes API
             "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID,
@@ -359,23 +372,34 @@ def _secret_key(path):
     return path.replace("/", "-")
 
 
-def curve_file_names(serves=True):
-    """The files `zmqflow keys generate DIR` makes for the default client, relative to DIR; a pod that does
-    not serve ZeroMQ gets only a client's: the servers' public key and the client pair."""
-    client = [f"{curve.SERVER}.key", f"{curve.CLIENT}.key", f"{curve.CLIENT}.key_secret"]
-    every = [f"{curve.SERVER}.key", f"{curve.SERVER}.key_secret", f"{curve.CLIENT}.key",
-             f"{curve.CLIENT}.key_secret", f"{curve.AUTHORIZED}/{curve.CLIENT}.key"]
-    return every if serves else client
+def curve_file_names():
+    """The files of the Secret, relative to the key directory (`zmqflow keys generate DIR --clients
+    member,serving,admin`): the server pair, and each role's pair and public key in authorized/. Not the
+    default `client` pair: it has every role, and no pod needs it."""
+    return [f"{curve.SERVER}.key", f"{curve.SERVER}.key_secret",
+            *(path for key in CURVE_KEYS for path in (f"{key}.key", f"{key}.key_secret",
+                                                       f"{curve.AUTHORIZED}/{key}.key"))]
 
 
-def _curve_items(serves=True):
-    return [{"key": _secret_key(path), "path": path} for path in curve_file_names(serves)]
+def curve_files_of(task):
+    """The key files `task`'s pod mounts: the servers' public key and its own pair (`curve_key`); a server
+    (a task with a ZeroMQ port) also the server's secret key and the public keys of the clients it accepts.
+    No pod holds another role's secret key."""
+    key = task.env[curve.KEY_ENV]
+    paths = [f"{curve.SERVER}.key", f"{key}.key", f"{key}.key_secret"]
+    if "zmq" in task.ports:
+        paths += [f"{curve.SERVER}.key_secret", *(f"{curve.AUTHORIZED}/{name}.key" for name in CURVE_KEYS)]
+    return paths
+
+
+def _curve_items(task):
+    return [{"key": _secret_key(path), "path": path} for path in curve_files_of(task)]
 
 
 def generate_curve_files():
     """{relative path: bytes} of fresh keys from the project's own generation (common/rpc/encryption.py)."""
     with tempfile.TemporaryDirectory(prefix="zmqflow-curve-") as directory:
-        curve.generate(directory)
+        curve.generate(directory, CURVE_KEYS)
         return read_curve_files(directory)
 
 
@@ -388,7 +412,10 @@ def read_curve_files(directory):
             with open(os.path.join(directory, path), "rb") as f:
                 files[path] = f.read()
         except OSError as exc:
-            raise InvalidArgumentError(f"CURVE key file {os.path.join(directory, path)}: {exc.strerror}") from None
+            raise InvalidArgumentError(
+                f"CURVE key file {os.path.join(directory, path)}: {exc.strerror} (a deployment needs one key per "
+                f"role: `zmqflow keys generate {directory} --clients {','.join(CURVE_KEYS)} --keep` adds them)"
+            ) from None
     return files
 
 
@@ -439,92 +466,103 @@ def curve_component(options, files):
     ])
 
 
-def _env(task):
-    """The task's environment but TF_CONFIG (the entry snippet or the TFJob operator sets that)."""
-    return [{"name": key, "value": value} for key, value in task.env.items() if key != "TF_CONFIG"]
+def _env(options, task):
+    """The task's environment but TF_CONFIG (the entry snippet or the TFJob operator sets that), and without
+    --curve its key's name."""
+    skip = {"TF_CONFIG", *(() if options.curve else (curve.KEY_ENV,))}
+    return [{"name": key, "value": value} for key, value in task.env.items() if key not in skip]
 
 
-def _served(options, task, comment="", mounts=(), volumes=(), probes=None, init_containers=(), serves=True):
-    """A server task as a Deployment and a Service on the task's ports (a model server's labels name its member);
-    `serves`: whether it serves ZeroMQ (the gateway serves HTTP only: it holds a client's keys)."""
+def _served(options, task, comment="", mounts=(), volumes=(), probes=None, init_containers=()):
+    """A server task as a Deployment and a Service on the task's ports (a model server's labels name its member;
+    the gateway serves HTTP only: its keys are a client's, `curve_files_of`)."""
     labels = _labels(task.role, **({"member": str(task.index)} if task.role == "serve" else {}))
     main = _container(options, task.role, task.role, _args(task), ports=[_port(n, p) for n, p in task.ports.items()],
-                      mounts=mounts, **(probes or _pinged(_ping, task.ports["zmq"])))
-    template = _pod_template(options, labels, task.ports["metrics"], [main], volumes, init_containers, serves)
+                      env=_env(options, task), mounts=mounts, **(probes or _pinged(_ping, task.ports["zmq"])))
+    template = _pod_template(options, task, labels, [main], volumes, init_containers)
     ports = [{"name": name, "port": port, "targetPort": port} for name, port in task.ports.items()]
     return [(comment, _service(options, task.name, labels, ports)),
             ("", _deployment(options, task.name, labels, template))]
 
 
-def _stateful(options, task, count, base, comment, probes):
-    """ps or workers: a StatefulSet of `count` pods <role>-<i>.<role> behind a headless Service, each task's
-    TF_CONFIG made from its pod name by the entry snippet."""
-    role, labels, metrics = task.role, _labels(task.role), task.ports["metrics"]
+def _stateful(options, task, count, base, comment, probes, job=None):
+    """ps, the chief or workers (`job`, default the task's role): a StatefulSet of `count` pods <job>-<i>.<job>
+    behind a headless Service, each task's TF_CONFIG made from its pod name by the entry snippet."""
+    role, job = task.role, job or task.role
+    labels, metrics = _labels(job), task.ports["metrics"]
     mounts = [{"name": "cluster", "mountPath": CONFIG_DIR}, {"name": "data", "mountPath": DATA_DIR}, _mount_prepared()]
     main = _container(options, role, role, _args(task), command=ENTRY + ZMQFLOW, ports=[_port("metrics", metrics)],
-                      env=[POD_NAME_ENV] + _env(task), mounts=mounts, **probes)
-    template = _pod_template(options, labels, metrics, [main], _volumes("cluster", "data", "prepared"),
+                      env=[POD_NAME_ENV] + _env(options, task), mounts=mounts, **probes)
+    template = _pod_template(options, task, labels, [main], _volumes("cluster", "data", "prepared"),
                              init_containers=[_data_init(options)])
-    ports = [{"name": f"{role}-{i}", "port": base + i} for i in range(count)]
+    ports = [{"name": f"{job}-{i}", "port": base + i} for i in range(count)]
     stateful_set = {"apiVersion": "apps/v1", "kind": "StatefulSet",
-                    "metadata": _workload_metadata(options, role, labels),
-                    "spec": {"serviceName": role, "replicas": count, "podManagementPolicy": "Parallel",
+                    "metadata": _workload_metadata(options, job, labels),
+                    "spec": {"serviceName": job, "replicas": count, "podManagementPolicy": "Parallel",
                              "selector": {"matchLabels": labels}, "template": template}}
-    policy = network_policy(options, role, [port["port"] for port in ports])
-    return Component(role, [(comment, _service(options, role, labels, ports, headless=True)), ("", stateful_set),
-                            policy])
+    policy = network_policy(options, job, [port["port"] for port in ports])
+    return [(comment, _service(options, job, labels, ports, headless=True)), ("", stateful_set), policy]
 
 
 def ps_component(options):
     count = options.spec.cluster.ps
-    return _stateful(options, _tasks(options.spec)["ps", 0], count, PS_PORT, (
+    return Component("ps", _stateful(options, _tasks(options.spec)["ps", 0], count, PS_PORT, (
         f"ps shards: {count} pods with the stable names ps-0.ps, ps-1.ps, ... from the headless Service;\n"
         f"shard i listens on {PS_PORT} + i (the port of its task in cluster.json). Each pod's initContainer\n"
         f"fits the model to the data ({PREPARED}/model.json) as the reader's prepares its shards: the same bytes\n"
-        "in every pod."), _pinged(_ordinal_ping, PS_PORT))
+        "in every pod."), _pinged(_ordinal_ping, PS_PORT)))
 
 
 def worker_component(options):
-    count = options.spec.cluster.workers
-    return _stateful(options, _tasks(options.spec)["worker", 0], count, WORKER_PORT, (
-        f"Workers: {count} pods, worker-0 the chief (TF_CONFIG without a chief job). They dial out only;\n"
-        "the headless Service gives them the stable names of the cluster spec (worker-0.worker, ...). A worker\n"
-        "is ready while every server of its cluster answers (`zmqflow cluster check`), alive while its metrics\n"
-        "endpoint answers (its own thread: a long step does not count). The initContainer writes the model and\n"
-        f"the data config ({PREPARED}): the chief scores the data's test split at the end."),
-        _dials_out(ENTRY + ["zmqflow", "cluster", "check"]))
+    count, job_tasks = options.spec.cluster.workers, _tasks(options.spec)
+    probes = _dials_out(ENTRY + ["zmqflow", "cluster", "check"])
+    chief = _stateful(options, job_tasks["worker", 0], 1, WORKER_PORT, (
+        f"The chief, chief-0.chief (TF_CONFIG's chief job: worker 0 of the job's {count}), and the other workers,\n"
+        "worker-0.worker, ...: two StatefulSets, so only the chief's pod holds the admin key (it initializes or\n"
+        "restores the ps shards and shuts them and the broker down; the workers hold the member key). They dial\n"
+        "out only; the headless Services give them the stable names of the cluster spec. A worker is ready while\n"
+        "every server of its cluster answers (`zmqflow cluster check`), alive while its metrics endpoint answers\n"
+        "(its own thread: a long step does not count). The initContainer writes the model and the data config\n"
+        f"({PREPARED}): the chief scores the data's test split at the end."), probes, job="chief")
+    workers = _stateful(options, job_tasks["worker", 1], count - 1, WORKER_PORT + 1, "", probes) if count > 1 else []
+    return Component("worker", chief + workers)
 
 
 def tfjob_component(options):
-    def replica(task, count, port, probes):
+    def replica(task, count, port, probes, job=None):
         main = _container(options, "tensorflow", task.role, _args(task),   # the container the operator gives TF_CONFIG
-                          ports=[_port("tfjob-port", port), _port("metrics", task.ports["metrics"])], env=_env(task),
-                          mounts=[{"name": "data", "mountPath": DATA_DIR}, _mount_prepared()], **probes)
-        template = _pod_template(options, _labels(task.role), task.ports["metrics"], [main],
-                                 _volumes("data", "prepared"), init_containers=[_data_init(options)])
+                          ports=[_port("tfjob-port", port), _port("metrics", task.ports["metrics"])],
+                          env=_env(options, task), mounts=[{"name": "data", "mountPath": DATA_DIR}, _mount_prepared()],
+                          **probes)
+        template = _pod_template(options, task, _labels(job or task.role), [main], _volumes("data", "prepared"),
+                                 init_containers=[_data_init(options)])
         return {"replicas": count, "restartPolicy": "OnFailure", "template": template}
 
     spec, job_tasks = options.spec, _tasks(options.spec)
-    ps = replica(job_tasks["ps", 0], spec.cluster.ps, PS_PORT, _pinged(_ping, PS_PORT))
-    worker = replica(job_tasks["worker", 0], spec.cluster.workers, WORKER_PORT,
-                     _dials_out(["zmqflow", "cluster", "check"]))
+    probes = _dials_out(["zmqflow", "cluster", "check"])
+    replicas = {"PS": replica(job_tasks["ps", 0], spec.cluster.ps, PS_PORT, _pinged(_ping, PS_PORT)),
+                "Chief": replica(job_tasks["worker", 0], 1, WORKER_PORT, probes, job="chief")}
+    if spec.cluster.workers > 1:   # the chief is worker 0 of the job: its own replica type, the admin key
+        replicas["Worker"] = replica(job_tasks["worker", 1], spec.cluster.workers - 1, WORKER_PORT, probes)
     job = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob",
            "metadata": _workload_metadata(options, TFJOB_NAME, {"app": APP}),
            "spec": {"runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 3},
-                    "tfReplicaSpecs": {"PS": ps, "Worker": worker}}}
+                    "tfReplicaSpecs": replicas}}
     curve_file = " -f curve.yaml" if options.curve else ""
     return Component("tfjob", [
         (f"The same training job under Kubeflow's training operator, instead of ps.yaml and worker.yaml: the\n"
-         f"operator creates the {spec.cluster.ps} ps and {spec.cluster.workers} worker pods and sets TF_CONFIG in each "
+         f"operator creates the {spec.cluster.ps} ps pods, the chief and {spec.cluster.workers - 1} worker pods and "
+         "sets TF_CONFIG in each "
          f"(services {TFJOB_NAME}-ps-0, ...\n"
          "on the port named tfjob-port), so the commands are those of docker-compose.yml with no entry snippet;\n"
          f"each pod's initContainer prepares the model and the data in {PREPARED}, as in the StatefulSets.\n"
          "The broker, the reader and the model servers come from the other files:\n"
          f"  kubectl apply -f cluster.yaml{curve_file} -f broker.yaml -f reader.yaml -f tfjob.yaml "
          "-f serve.yaml -f aggregator.yaml -f gateway.yaml\n"
-         "The job succeeds when worker 0 (the chief) exits 0; it has told the ps shards and the broker to exit\n"
+         "The job succeeds when the chief exits 0; it has told the ps shards and the broker to exit\n"
          "by then. Exit code 3 (a peer lost) restarts the pod (OnFailure): it restores the latest checkpoint.", job),
-        network_policy(options, "ps", ["tfjob-port"]), network_policy(options, "worker"),
+        network_policy(options, "ps", ["tfjob-port"]), network_policy(options, "chief"),
+        network_policy(options, "worker"),
     ])
 
 
@@ -532,9 +570,8 @@ def reader_component(options):
     task, labels = _tasks(options.spec)["reader", 0], _labels("reader")
     ready = ["sh", "-c", f"zmqflow queues tcp://broker:{BROKER_PORT} | grep -q {task.options['queue']}"]
     main = _container(options, "reader", "reader", _args(task), ports=[_port("metrics", task.ports["metrics"])],
-                      mounts=[_mount_prepared()], **_dials_out(ready))
-    template = _pod_template(options, labels, task.ports["metrics"], [main], _volumes("prepared"),
-                             init_containers=[_data_init(options)])
+                      env=_env(options, task), mounts=[_mount_prepared()], **_dials_out(ready))
+    template = _pod_template(options, task, labels, [main], _volumes("prepared"), init_containers=[_data_init(options)])
     return Component("reader", [
         (f"Readers: more replicas join the same pipeline (--queue {task.options['queue']}); the last to finish "
          f"closes it.\nThe initContainer prepares the train split of `{options.spec.data}` (never the chief's test "
@@ -565,7 +602,7 @@ def serving_components(options):
         "aggregator answers and a model is ready (/v2/health/ready); alive while it serves HTTP (/v2/health/live).\n"
         f"More replicas share the load; outside the cluster: kubectl port-forward service/gateway {GATEWAY_PORT}."),
         probes={"readiness": _probe(_http_get("/v2/health/ready", "http"), 5, 5),
-                "liveness": _probe(_http_get("/v2/health/live", "http"), 20, 10, delay=10)}, serves=False)
+                "liveness": _probe(_http_get("/v2/health/live", "http"), 20, 10, delay=10)})
     return [Component(role, docs + [network_policy(options, role)])
             for role, docs in (("serve", serve), ("aggregator", aggregator), ("gateway", gateway))]
 

@@ -13,6 +13,7 @@ import json
 import os
 import textwrap
 
+from zmqflow.common.rpc.encryption import KEY_ENV
 from zmqflow.jobs.spec import (AGGREGATOR_PORT, BROKER_PORT, DEPLOYMENT, GATEWAY_PORT, METRICS_OFFSET, PS_PORT,
                                SERVE_PORT, WORKER_PORT, deployment, tasks)
 
@@ -95,7 +96,7 @@ def _dashboard(ps, workers, serves):
                "--broker", f"broker:{BROKER_PORT}", "--ps", _addresses(ps, PS_PORT),
                "--serve", _addresses(serves, SERVE_PORT), "--aggregator", f"aggregator:{AGGREGATOR_PORT}",
                "--worker-metrics", _addresses(workers, WORKER_PORT + METRICS_OFFSET)]
-    return _service("dashboard", command, {}, [DASHBOARD_PORT], {"keys": COMPLETED},
+    return _service("dashboard", command, {KEY_ENV: "serving"}, [DASHBOARD_PORT], {"keys": COMPLETED},
                     ("health_watch", ["CMD", "zmqflow", "healthcheck", "--http",
                                       f"http://127.0.0.1:{DASHBOARD_PORT}/api/snapshot"]),
                     published=(DASHBOARD_PORT, "ZMQFLOW_DASHBOARD_PORT"), profile="dashboard")

@@ -54,11 +54,11 @@ def test_one_spec_renders_the_same_tasks_arguments_and_ports_every_way(tmp_path)
         assert parse_zmqflow(service.command) == params, task.name                      # compose: the same arguments
         assert service.expose == list(task.ports.values()), task.name                    # and ports
         assert {k: v for k, v in service.environment.items() if k in task.env} == task.env, task.name
-        pod = containers.get({"ps": "ps", "worker": "worker"}.get(task.role, task.name))
+        pod = containers.get({"ps": "ps", "worker": "chief" if task.index == 0 else "worker"}.get(task.role, task.name))
         if task.role == "data":
             pod = containers["reader"]
-        if pod is None or task.role in ("ps", "worker") and task.index:
-            continue               # a StatefulSet's pods run task 0's command (TF_CONFIG and env set the rest)
+        if pod is None or task.role == "ps" and task.index or task.role == "worker" and task.index > 1:
+            continue               # a StatefulSet's pods run its first task's command (TF_CONFIG and env set the rest)
         main = (pod["initContainers"] if task.role == "data" else pod["containers"])[0]
         argv = [a.replace(k8s.PREPARED, "/data/prepared") for a in main["args"]]
         k8s_params = parse_zmqflow(["zmqflow", *argv])

@@ -56,7 +56,7 @@ def curve_files():
 @pytest.mark.parametrize("variant", VARIANTS, ids=["statefulsets", "tfjob", "digest"])
 def test_every_pod_runs_locked_down(variant):
     templates = list(pod_templates(all_docs(**variant)))
-    assert len(templates) == 9
+    assert len(templates) == 10   # broker, reader, 3 model servers, aggregator, gateway; ps, chief, workers
     for name, template in templates:
         spec = template["spec"]
         assert spec["automountServiceAccountToken"] is False, name
@@ -183,7 +183,8 @@ def test_the_policies_name_exactly_these_flows(tfjob):
         for rule in policy["spec"]["ingress"]:
             if [p["port"] for p in rule["ports"]] != ["metrics"]:
                 allowed[role] = sorted(s["podSelector"]["matchLabels"]["job"] for s in rule.get("from", [])) or "any"
-    assert allowed == {"broker": ["reader", "worker"], "ps": ["worker"], "serve": ["aggregator", "gateway"],
+    assert allowed == {"broker": ["chief", "reader", "worker"], "ps": ["chief", "worker"],
+                       "serve": ["aggregator", "gateway"],
                        "aggregator": ["gateway"], "gateway": "any"}
     _, policy = render.network_policy(options(), "ps", [5600, 5601])
     assert [p["port"] for p in policy["spec"]["ingress"][0]["ports"]] == [5600, 5601]
@@ -201,13 +202,14 @@ def test_the_gateway_pod_holds_a_clients_keys_and_no_servers_secret(curve_files,
         [volume] = [v for v in template["spec"]["volumes"] if "secret" in v]
         paths = {item["path"] for item in volume["secret"]["items"]}
         assert paths <= {render._secret_key(p).replace("-", "/") for p in render.curve_file_names()}
-        assert ("server.key_secret" in paths) == (name != "gateway"), name
+        servers = {"broker", "ps", "serve0", "serve1", "serve2", "aggregator"}   # the chief, workers, reader dial out
+        assert ("server.key_secret" in paths) == (name in servers), name
     [volume] = [v for v in templates["gateway"]["spec"]["volumes"] if "secret" in v]
     for item in volume["secret"]["items"]:
         path = tmp_path / item["path"]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(base64.b64decode(secret["data"][item["key"]]))
-    client = curve.ClientKeys(str(tmp_path))
+    client = curve.ClientKeys(str(tmp_path), "serving")
     assert client.server_public and client.secret
     with pytest.raises(InvalidArgumentError, match="server.key_secret is missing"):
         curve.ServerKeys(str(tmp_path))

@@ -17,8 +17,8 @@ from tests.deploy.conftest import K8S
 
 pytestmark = pytest.mark.unit
 
-# Kubernetes host -> compose service name
-HOSTS = {"ps-0.ps": "ps0", "ps-1.ps": "ps1", "worker-0.worker": "worker0", "worker-1.worker": "worker1"}
+# Kubernetes host -> compose service name (the chief is worker 0 of compose's TF_CONFIG)
+HOSTS = {"ps-0.ps": "ps0", "ps-1.ps": "ps1", "chief-0.chief": "worker0", "worker-0.worker": "worker1"}
 ENTRY = ["sh", "/etc/zmqflow/entrypoint.sh"]
 PREPARED = {"/prepared": "/data/prepared"}   # each pod's own emptyDir -> compose's one directory in the volume
 OUT = "deploy/k8s"   # as the files' header says
@@ -101,12 +101,16 @@ def test_manifests_are_the_expected_objects():
 
 
 def test_cluster_config_map_matches_compose_and_headless_services(project):
+    """The same tasks at the same ports; Kubernetes' chief is a job of its own (TensorFlow's convention: it comes
+    first among the workers), compose's worker 0."""
     docs = documents()
     cluster = ClusterSpec(json.loads(docs[("ConfigMap", "zmqflow-cluster")]["data"]["cluster.json"]))
     cluster.validate(require_dense=True)
     compose_tf = json.loads(project.services["ps0"].environment["TF_CONFIG"])["cluster"]
-    assert cluster.resolve_hosts(HOSTS) == ClusterSpec(compose_tf)
-    for job in ("ps", "worker"):
+    jobs = cluster.resolve_hosts(HOSTS).as_dict()
+    jobs["worker"] = jobs.pop("chief") + jobs["worker"]
+    assert ClusterSpec(jobs) == ClusterSpec(compose_tf)
+    for job in ("ps", "chief", "worker"):
         service, stateful = docs[("Service", job)], docs[("StatefulSet", job)]
         assert service["spec"]["clusterIP"] == "None" and stateful["spec"]["serviceName"] == job
         assert stateful["spec"]["replicas"] == cluster.num_tasks(job)
@@ -118,7 +122,7 @@ def test_cluster_config_map_matches_compose_and_headless_services(project):
 
 def test_same_commands_and_ports_as_compose(project):
     docs = documents()
-    pairs = {"ps0": ("StatefulSet", "ps"), "worker0": ("StatefulSet", "worker"), "worker1": ("StatefulSet", "worker"),
+    pairs = {"ps0": ("StatefulSet", "ps"), "worker0": ("StatefulSet", "chief"), "worker1": ("StatefulSet", "worker"),
              "broker": ("Deployment", "broker"), "reader": ("Deployment", "reader"),
              "aggregator": ("Deployment", "aggregator"), "serve0": ("Deployment", "serve0"),
              "serve1": ("Deployment", "serve1"), "serve2": ("Deployment", "serve2"),
@@ -128,7 +132,7 @@ def test_same_commands_and_ports_as_compose(project):
         if key[0] == "Deployment" and ("Service", key[1]) in docs:
             ports = [p["port"] for p in docs[("Service", key[1])]["spec"]["ports"]]
             assert ports == project.services[name].expose, name
-    for job in ("ps", "worker"):   # TF_CONFIG from the pod name: the entry snippet runs zmqflow
+    for job in ("ps", "chief", "worker"):   # TF_CONFIG from the pod name: the entry snippet runs zmqflow
         assert container(docs[("StatefulSet", job)])["command"] == ENTRY + ["zmqflow"]
 
 
@@ -147,7 +151,8 @@ def test_every_pod_that_reads_the_prepared_files_writes_them_first(project):
     not code a checkpoint names) run compose's one-shot `data` command as an initContainer into an emptyDir
     of their own, and read what it wrote from there."""
     templates = dict(pod_templates(documents()))
-    names = ["reader", "ps", "worker", "zmqflow-train/PS", "zmqflow-train/Worker", "serve0", "serve1", "serve2"]
+    names = ["reader", "ps", "chief", "worker", "zmqflow-train/PS", "zmqflow-train/Chief", "zmqflow-train/Worker",
+             "serve0", "serve1", "serve2"]
     assert sorted(name for name, t in templates.items() if t["spec"].get("initContainers")) == sorted(names)
     for name in names:
         spec = templates[name]["spec"]
@@ -166,13 +171,13 @@ def test_every_pod_that_reads_the_prepared_files_writes_them_first(project):
 
 def test_tfjob_runs_the_compose_commands(project):
     spec = documents()[("TFJob", "zmqflow-train")]["spec"]["tfReplicaSpecs"]
-    for replica, name in (("PS", "ps0"), ("Worker", "worker0")):
+    for replica, name, count in (("PS", "ps0", 2), ("Chief", "worker0", 1), ("Worker", "worker1", 1)):
         main = spec[replica]["template"]["spec"]["containers"][0]
         assert main["name"] == "tensorflow"                # the container the operator gives TF_CONFIG
         assert main["command"] == ["zmqflow"]              # no entry snippet: the operator sets TF_CONFIG
         assert compose_hosts(k8s_argv(main)) == compose_argv(project.services[name])
         assert main["ports"][0]["name"] == "tfjob-port"
-        assert spec[replica]["replicas"] == 2
+        assert spec[replica]["replicas"] == count
         assert spec[replica]["restartPolicy"] == "OnFailure"
 
 
@@ -181,13 +186,13 @@ def test_entry_snippet_builds_tf_config_from_the_pod_name(tmp_path):
     (tmp_path / "cluster.json").write_text(data["cluster.json"])
     script = tmp_path / "entrypoint.sh"
     script.write_text(data["entrypoint.sh"].replace("/etc/zmqflow", str(tmp_path)))
-    for pod, job, index in (("ps-1", "ps", 1), ("worker-0", "worker", 0)):
+    for pod, job, index, port in (("ps-1", "ps", 1, 5601), ("chief-0", "chief", 0, 5610), ("worker-0", "worker", 0, 5611)):
         out = subprocess.run(["sh", str(script), sys.executable, "-c", "import os; print(os.environ['TF_CONFIG'])"],
                              env={**os.environ, "POD_NAME": pod}, capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
         task = ClusterSpec.from_tf_config({"TF_CONFIG": out.stdout})
         assert (task.task_type, task.task_index) == (job, index)
-        assert task.address == f"{pod}.{job}:{(5600 if job == 'ps' else 5610) + index}"
+        assert task.address == f"{pod}.{job}:{port}"
 
 
 def pod_templates(docs):
@@ -212,9 +217,10 @@ def test_every_pod_is_scraped_by_prometheus_on_its_metrics_port():
         assert {"name": "metrics", "containerPort": int(port)} in main["ports"], name
 
 
-def test_the_gateway_is_probed_over_http_and_holds_only_the_aggregators_client_keys():
+def test_the_gateway_is_probed_over_http_and_holds_only_the_serving_client_keys():
     """Kubernetes' own HTTP probes on the protocol's health routes; the CURVE Secret mounted where the aggregator
-    has it, but only a client's files of it: the gateway serves no ZeroMQ, so no server secret key is in its pod."""
+    has it, but only a client's files of it, the serving pair: the gateway serves no ZeroMQ, so no server secret
+    key is in its pod, and it sends client ops only."""
     docs = documents()
     gateway, aggregator = container(docs[("Deployment", "gateway")]), container(docs[("Deployment", "aggregator")])
     assert gateway["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
@@ -226,7 +232,8 @@ def test_the_gateway_is_probed_over_http_and_holds_only_the_aggregators_client_k
     secrets = {name: [v["secret"] for v in pod["volumes"] if "secret" in v] for name, pod in pods.items()}
     [gateway_secret], [aggregator_secret] = secrets["gateway"], secrets["aggregator"]
     assert gateway_secret["secretName"] == aggregator_secret["secretName"] == "zmqflow-curve"
-    assert sorted(item["path"] for item in gateway_secret["items"]) == ["client.key", "client.key_secret", "server.key"]
+    assert sorted(item["path"] for item in gateway_secret["items"]) == ["server.key", "serving.key",
+                                                                        "serving.key_secret"]
     assert "server.key_secret" in [item["path"] for item in aggregator_secret["items"]]
     service = docs[("Service", "gateway")]["spec"]
     assert [(p["name"], p["port"]) for p in service["ports"]] == [("http", 8000), ("metrics", 9000)]

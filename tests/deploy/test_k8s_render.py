@@ -81,8 +81,8 @@ def check_tfjob(doc, ps, workers):
     """The TFJob's own fields (kubeflow.org/v1), then each replica's pod template against core/v1."""
     assert doc["apiVersion"] == "kubeflow.org/v1" and doc["kind"] == "TFJob"
     replicas = doc["spec"]["tfReplicaSpecs"]
-    assert set(replicas) == {"PS", "Worker"}
-    for key, count in (("PS", ps), ("Worker", workers)):
+    assert set(replicas) == {"PS", "Chief", "Worker"}   # the chief its own replica type: its pod alone holds admin
+    for key, count in (("PS", ps), ("Chief", 1), ("Worker", workers - 1)):
         spec = replicas[key]
         assert spec["replicas"] == count and isinstance(spec["replicas"], int)
         assert spec["restartPolicy"] in ("Always", "OnFailure", "Never", "ExitCode")
@@ -159,9 +159,9 @@ def test_names_and_ports_agree_with_the_cluster_spec(ps, workers):
     docs = by_key(rendered(ps, workers))
     cluster = ClusterSpec(json.loads(docs[("ConfigMap", "zmqflow-cluster")]["data"]["cluster.json"]))
     cluster.validate(require_dense=True)
-    assert cluster.num_tasks("ps") == ps and cluster.num_tasks("worker") == workers
+    assert cluster.num_tasks("ps") == ps and cluster.num_tasks("chief") + cluster.num_tasks("worker") == workers
     assert cluster.job_tasks("broker") == ["broker:5555"] and ("Service", "broker") in docs
-    for job, base in (("ps", 5600), ("worker", 5610)):
+    for job, base in (("ps", 5600), ("chief", 5610), ("worker", 5611)):
         service, stateful = docs[("Service", job)], docs[("StatefulSet", job)]
         assert service["spec"]["clusterIP"] == "None" and stateful["spec"]["serviceName"] == job
         assert stateful["spec"]["replicas"] == cluster.num_tasks(job)
@@ -180,7 +180,8 @@ def test_the_tfjob_has_the_counts_and_no_statefulsets(ps, workers):
 
 
 def test_the_entry_snippet_and_the_probes_find_each_pods_port(tmp_path):
-    """TF_CONFIG from the pod name for the last of 4 ps / 8 workers; the ps probe pings its own port."""
+    """TF_CONFIG from the pod name for the last of 4 ps / 8 workers (the chief and 7 others); the ps probe pings
+    its own port."""
     docs = by_key(rendered(4, 8))
     data = docs[("ConfigMap", "zmqflow-cluster")]["data"]
     (tmp_path / "cluster.json").write_text(data["cluster.json"])
@@ -190,7 +191,7 @@ def test_the_entry_snippet_and_the_probes_find_each_pods_port(tmp_path):
     fake.write_text('#!/bin/sh\necho "$@"\necho "${TF_CONFIG:-}"\n')
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
-    for pod, job, index, port in (("ps-3", "ps", 3, 5603), ("worker-7", "worker", 7, 5617)):
+    for pod, job, index, port in (("ps-3", "ps", 3, 5603), ("chief-0", "chief", 0, 5610), ("worker-6", "worker", 6, 5617)):
         main = docs[("StatefulSet", job)]["spec"]["template"]["spec"]["containers"][0]
         argv = [a.replace("/etc/zmqflow", str(tmp_path)) for a in main["command"] + main["args"]]
         out = subprocess.run(argv, env={**env, "POD_NAME": pod}, capture_output=True, text=True, timeout=30)
@@ -298,7 +299,7 @@ def test_the_secret_appears_only_with_curve(curve_files):
 def test_the_secret_is_mounted_read_only_in_every_pod(curve_files, tfjob):
     docs = rendered(4, 8, curve_files, tfjob=tfjob)
     templates = list(pod_templates(docs))
-    assert len(templates) == 9   # broker, reader, 3 model servers, aggregator, gateway; ps and workers
+    assert len(templates) == 10   # broker, reader, 3 model servers, aggregator, gateway; ps, chief and workers
     for name, template in templates:
         spec = template["spec"]
         volumes = {v["name"]: v for v in spec["volumes"]}
@@ -318,11 +319,15 @@ def test_the_secret_holds_real_keys_from_the_projects_generation(curve_files, tm
         path = tmp_path / item["path"]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(base64.b64decode(secret["data"][item["key"]], validate=True))
-    assert set(secret["data"]) == {item["key"] for item in volume["secret"]["items"]}
-    curve.check_dir(str(tmp_path))
-    server, client = curve.ServerKeys(str(tmp_path)), curve.ClientKeys(str(tmp_path))
+    assert set(secret["data"]) == {path.replace("/", "-") for path in render.curve_file_names()}
+    assert "client.key_secret" not in secret["data"]   # the every-role default pair: no pod needs it
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(curve.KEY_ENV, "serving")            # the broker's key (its healthcheck pings)
+        curve.check_dir(str(tmp_path))
+        server, client = curve.ServerKeys(str(tmp_path)), curve.ClientKeys(str(tmp_path))
     assert client.server_public == server.public
-    assert (tmp_path / "authorized" / "client.key").read_bytes() == (tmp_path / "client.key").read_bytes()
+    for key in ("member", "serving", "admin"):
+        assert base64.b64decode(secret["data"][f"authorized-{key}.key"]) == base64.b64decode(secret["data"][f"{key}.key"])
     assert render.generate_curve_files() != curve_files   # fresh keys every time
 
 
@@ -401,14 +406,20 @@ def test_out_writes_one_file_per_component(tmp_path):
 
 
 def test_curve_dir_puts_the_given_keys_in_the_secret(tmp_path):
-    curve.generate(str(tmp_path / "keys"))
-    result = invoke("--curve-dir", str(tmp_path / "keys"))
+    keys = str(tmp_path / "keys")
+    curve.generate(keys)                                                  # the default client pair only
+    result = invoke("--curve-dir", keys)
+    assert result.exit_code == 2, result.output
+    assert (f"CURVE key file {keys}/member.key: No such file or directory (a deployment needs one key per role: "
+            f"`zmqflow keys generate {keys} --clients member,serving,admin --keep` adds them)") in result.output
+    curve.generate(keys, ["member", "serving", "admin"], keep=True)
+    result = invoke("--curve-dir", keys)
     assert result.exit_code == 0, result.output
     [secret] = [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "Secret"]
-    assert base64.b64decode(secret["data"]["client.key_secret"]) == (tmp_path / "keys" / "client.key_secret").read_bytes()
+    assert base64.b64decode(secret["data"]["admin.key_secret"]) == (tmp_path / "keys" / "admin.key_secret").read_bytes()
     result = invoke("--curve-dir", str(tmp_path))                         # no keys there
     assert result.exit_code == 2 and "server.key_secret is missing" in result.output, result.output
-    assert invoke("--no-curve", "--curve-dir", str(tmp_path / "keys")).exit_code == 2
+    assert invoke("--no-curve", "--curve-dir", keys).exit_code == 2
 
 
 # ------------------------------------------------------------------ data and model
@@ -429,7 +440,8 @@ def test_data_and_model_options_reach_every_pod_that_prepares(tfjob):
     assert result.stdout.startswith("# Generated by `zmqflow k8s render " + " ".join(said) + "`")
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     pods = prepared_pods(docs)
-    expected = ((["zmqflow-train/PS", "zmqflow-train/Worker", "reader"] if tfjob else ["ps", "worker", "reader"])
+    expected = ((["zmqflow-train/PS", "zmqflow-train/Chief", "zmqflow-train/Worker", "reader"] if tfjob
+                 else ["ps", "chief", "worker", "reader"])
                 + ["serve0", "serve1", "serve2"])   # model servers build the job's model.json, not a checkpoint's code
     assert [name for name, _ in pods] == expected
     for name, spec in pods:
@@ -438,8 +450,8 @@ def test_data_and_model_options_reach_every_pod_that_prepares(tfjob):
         assert init["args"] == ["data", "prepare", "--data", "/app/pets.yaml", "--model", "cnn", "--model-opt",
                                 "filters=[8, 16]", "--model-opt", "dropout=0.25", "--out", "/prepared"], name
         main = spec["containers"][0]
-        wanted = {"ps": ["--model"], "worker": ["--model", "--data-config"], "reader": ["--data-config"],
-                  "serve": ["--model"]}
+        wanted = {"ps": ["--model"], "worker": ["--model", "--data-config"], "chief": ["--model", "--data-config"],
+                  "reader": ["--data-config"], "serve": ["--model"]}
         role = name.split("/")[-1].lower().rstrip("0123456789")
         for flag in wanted[role]:
             value = main["args"][main["args"].index(flag) + 1]

@@ -108,6 +108,7 @@ def test_shipped_topology_serves_an_ensemble_through_the_aggregator(project, tmp
             probabilities, info = client.predict(x, deadline_ms=2000)
         assert probabilities.shape == (4, 10) and np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-4)
         assert info["answered"], info
+        roles_of_the_deployments_keys(aggregator, keys, x)
         # the shipped topology's Prometheus endpoints, moved by the offset with everything else
         scraped = {name: urllib.request.urlopen(f"http://127.0.0.1:{port + offset}/metrics", timeout=5).read().decode()
                    for name, port in (("aggregator", 6800), ("serve0", 6700))}
@@ -126,6 +127,24 @@ def test_shipped_topology_serves_an_ensemble_through_the_aggregator(project, tmp
     for name in ("serve0", "serve1", "serve2", "aggregator", "gateway"):
         assert f"zmqflow up: {name} exited with code 0" in out, out[-5000:]
     assert out.index("zmqflow up: worker0 exited with code 0") < re.search(r"^serve0 +\| ", out, re.M).start()
+
+
+def roles_of_the_deployments_keys(aggregator, keys, x):
+    """The keys `zmqflow up`'s keys service made, as its components use them: the gateway's `serving` key is
+    served predictions and refused the admin op that would slip a model into the ensemble; `member` too."""
+    from zmqflow.common.clients.aggregator import AggregatorClient
+    from zmqflow.common.errors import PermissionDeniedError
+    from zmqflow.common.rpc import encryption as curve
+    for key in ("serving", "member"):
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv(curve.KEY_ENV, key)
+            with AggregatorClient(aggregator, curve_dir=keys) as client:
+                assert client.predict(x, deadline_ms=2000)[0].shape == (4, 10)
+                with pytest.raises(PermissionDeniedError) as caught:
+                    client.add_member("tcp://127.0.0.1:1")
+                assert str(caught.value) == (f"add_member on the aggregator at {aggregator} is an admin op: the CURVE "
+                                             f"client key '{key}' is not granted the admin role")
+                assert len(client.members()) == 3
 
 
 def predictions_through_the_gateway(address, x):

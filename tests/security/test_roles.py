@@ -25,6 +25,7 @@ from zmqflow.common.wire.protocol import MEMBER_OPS, BrokerOps, PsOps, requests_
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.models.spec import MNIST_MLP
 from tests.security.test_admin_ops_over_zmq import refused as refused_without
+from tests.support import wait_for
 
 pytestmark = pytest.mark.service
 JOB = admin_token.JOB_TOKEN
@@ -227,3 +228,57 @@ def test_the_gateway_key_is_served_on_client_ops_and_refused_on_member_and_admin
             member.call(BrokerOps.Reset(""), timeout=5)
     assert queue.size() == 4 and not queue.is_closed() and secure_broker.alive()
     np.testing.assert_array_equal(queue.dequeue_many(4), np.arange(4))
+
+
+@pytest.fixture(scope="module")
+def secure_ps(module_processes, role_keys):
+    """A ps shard under CURVE with the deployments' role keys, not yet initialized (the chief's first act)."""
+    return module_processes.service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP), "--curve-dir",
+                                                            role_keys])
+
+
+def test_each_deployment_key_does_what_its_component_needs_at_the_ps_and_no_more(secure_ps, role_keys, monkeypatch):
+    """The keys compose and Kubernetes give their components (jobs/spec.py's curve_key): a gateway's `serving`
+    reads stats only, a worker's `member` pulls and pushes but cannot initialize or stop the shard, the chief's
+    `admin` does both."""
+    placement = place(model_variables(MNIST_MLP), 1)
+    values = load_model(MNIST_MLP).initial_values(1)
+
+    def denied(key, role, op):
+        return (f"{op} on the ps-shard at {secure_ps.endpoint} is {'an' if role == 'admin' else 'a'} {role} op: "
+                f"the CURVE client key '{key}' is not granted the {role} role")
+
+    for key in ("serving", "member"):
+        as_key(key, monkeypatch, role_keys)
+        client = PsClient([secure_ps.endpoint], placement)
+        try:
+            assert client.stats()[0]["version"] == 0                      # a client op: anyone's
+            with pytest.raises(PermissionDeniedError) as caught:
+                client.initialize(values)
+            assert str(caught.value) == denied(key, "admin", "init")
+            with pytest.raises(PermissionDeniedError) as caught:
+                client.shutdown()
+            assert str(caught.value) == denied(key, "admin", "shutdown")
+            if key == "serving":
+                with pytest.raises(PermissionDeniedError) as caught:
+                    client.pull()
+                assert str(caught.value) == denied(key, "member", "pull")
+        finally:
+            client.close()
+    as_key("admin", monkeypatch, role_keys)
+    chief = PsClient([secure_ps.endpoint], placement)
+    chief.initialize(values)
+    as_key("member", monkeypatch, role_keys)
+    worker = PsClient([secure_ps.endpoint], placement)
+    try:
+        pulled = worker.pull()
+        np.testing.assert_array_equal(pulled["hidden/biases"], values["hidden/biases"])
+        grads = {name: np.ones_like(value) for name, value in pulled.items()}
+        worker.push(grads)
+        assert not np.array_equal(worker.pull()["hidden/biases"], values["hidden/biases"])   # the push applied
+    finally:
+        worker.close()
+    assert secure_ps.alive()
+    chief.shutdown()                                                   # the chief ends the job
+    chief.close()
+    wait_for(lambda: not secure_ps.alive(), 10, "the ps to exit on the chief's shutdown")
