@@ -8,7 +8,7 @@
 # (docker-compose.yml mounts ZMQFLOW_USER_DIR at /user, on PYTHONPATH) or by building FROM this
 # image (deploy/README.md).
 # The base image is this build argument: a fixed version tag, never `latest`. Pin it by digest where the
-# registry is reachable: --build-arg PYTHON_IMAGE=python:3.11-slim@sha256:<digest> (docs/security/deploy.md).
+# registry is reachable: --build-arg PYTHON_IMAGE=python:3.11-slim@sha256:<digest> (docs/security.md).
 # checkov:skip=CKV_DOCKER_7:FROM names the build argument PYTHON_IMAGE (python:3.11-slim), which checkov does not expand
 ARG PYTHON_IMAGE=python:3.11-slim
 

@@ -387,7 +387,7 @@ def _serving_tasks(spec, placement):
     serving, out = spec.serving, []
     for i in range(serving.replicas):
         # the job's model, as the ps and workers get it: a model that is code (a file, module:Class) is built
-        # because the job names it, not because the checkpoint does (docs/security/checkpoints.md)
+        # because the job names it, not because the checkpoint does (docs/security.md)
         out.append(_server("serve", i, ["serve"], SERVE_PORT + i,
                            {"checkpoint": spec.checkpoint.dir, "model": f"{placement.prepared}/{MODEL_JSON}",
                             "refresh-secs": serving.refresh_secs, "name": serving.name}))

@@ -5,7 +5,7 @@ checkpoint the same way: the model is the `--model` given, else the spec the che
 the MNIST MLP (checkpoints from before the model was recorded); every variable the model declares is
 read whatever the number of shards it was saved from, and checked against the model's shape.
 
-A checkpoint is data (docs/security/checkpoints.md): the model it records is built only when it is a
+A checkpoint is data (docs/security.md): the model it records is built only when it is a
 built-in one. Code it names (`module:Class`, `path/model.py:build`) runs only when the operator gives
 that model (`--model`, `model_spec=`) or trusts the checkpoint (`--trust-checkpoint-code`); a model
 file runs only if its sha256 is still the one recorded when the checkpoint was saved.

@@ -211,7 +211,7 @@ def export_service(service, task):
         yield gauge_family("zmqflow_rpc_connections", "Connections to the service now (--max-connections).",
                            {(service.name,): len(service.connections)}, ("service",))
         yield counter_family("zmqflow_rpc_peers_refused", "Peers dropped or requests refused at a bound "
-                             "(docs/security/bounds.md), by which.",
+                             "(docs/security.md), by which.",
                              {(service.name, why): n for why, n in service.connections.refused.items()},
                              ("service", "reason"))
         if own is not None:

@@ -48,7 +48,7 @@ def service_options(default_bind):
                          help="Largest request accepted; bigger ones are answered INVALID_ARGUMENT."),
             click.option("--max-connections", type=click.IntRange(1), default=DEFAULT_LIMITS.max_connections,
                          help="Connections served at once (at most half of RLIMIT_NOFILE); past it a new peer "
-                              "closes the oldest idle one, else itself (docs/security/bounds.md)."),
+                              "closes the oldest idle one, else itself (docs/security.md)."),
             click.option("--handshake-timeout", type=click.FloatRange(0.1),
                          default=DEFAULT_LIMITS.handshake_timeout_ms / 1000,
                          help="Seconds a new connection has to finish the ZeroMQ handshake before it is closed."),

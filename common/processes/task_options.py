@@ -26,7 +26,7 @@ def model_options(fn):
 trust_checkpoint_code_option = click.option(
     "--trust-checkpoint-code", is_flag=True,
     help="Build the model the checkpoint records even when it is code (module:Class, path/model.py:build) rather "
-         "than a built-in model: only for checkpoints you trust (docs/security/checkpoints.md). A model file runs "
+         "than a built-in model: only for checkpoints you trust (docs/security.md). A model file runs "
          "only while its sha256 is the one recorded at save time.")
 """The one --trust-checkpoint-code: every command that builds a checkpoint's model takes it (models/saved.py)."""
 

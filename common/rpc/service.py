@@ -33,7 +33,7 @@ vanishing, so what it carried can be taken back (the broker's dequeues).
 Both paths, and `bye`, go through `on_client_gone`, which a service extends for
 what else it keeps per client.
 
-What a peer may hold is bounded (docs/security/bounds.md): connections, the ZMTP handshake's time, an
+What a peer may hold is bounded (docs/security.md): connections, the ZMTP handshake's time, an
 unfinished message and unread replies (common/rpc/connections.py), and parked requests per client
 (`max_parked_per_client`; a request past it is answered RESOURCE_EXHAUSTED, as is one from a client
 whose replies wait unread). A client's parked requests are indexed by client, so withdrawing them is
@@ -380,7 +380,7 @@ class Service:
 
     def _internal_error(self, identity, header, rid, now):
         """Answer an unexpected exception with INTERNAL and an id only; its class, message and traceback
-        go to this service's log under that id (docs/security/errors.md). OpErrors raised on purpose
+        go to this service's log under that id (docs/security.md). OpErrors raised on purpose
         keep their message."""
         error_id = uuid.uuid4().hex[:12]
         log.exception("internal error %s handling %s", error_id, shown(admin_token.without_token(header)))

@@ -6,7 +6,7 @@ far beyond it, which libzmq refuses by dropping the connection. The client
 then names the limit itself: every ping answer carries max_message_bytes.
 The broker's limits on queues and bytes are in services/broker/queues/quota.py.
 
-What one peer may hold besides its messages (docs/security/bounds.md): `max_connections` connections to a
+What one peer may hold besides its messages (docs/security.md): `max_connections` connections to a
 service, `handshake_timeout_ms` to finish the ZMTP handshake, `max_unread_reply_bytes` of replies it has
 not read before its requests are refused, `max_parked_per_client` requests waiting in the service
 (common/rpc/connections.py and service.py enforce them). An unfinished message may hold what one frame may:

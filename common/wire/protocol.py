@@ -13,7 +13,7 @@ Roles: `client` (anyone who may reach the service: serving requests and read-onl
 `member` (a job's own processes: what changes or reads a job's queues, variables and data), `admin`
 (changes what the service is or stops it). Each guarded role has its credential: without CURVE the
 job token (member) or the admin token (admin), common/rpc/admin_token.py; with CURVE the roles granted
-to the client's key (common/rpc/encryption.py). docs/security/roles.md says who holds which.
+to the client's key (common/rpc/encryption.py). docs/security.md says who holds which.
 """
 
 import dataclasses

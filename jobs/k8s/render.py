@@ -16,7 +16,7 @@ and the TFJob's), the other workers another: a StatefulSet's pods share one pod 
 
 What every pod gets: the same commands as docker-compose.yml (modulo host names and the prepared
 directory), a readiness and a liveness probe, resource requests and limits (cpu, memory), Prometheus
-annotations and a `metrics` port (its ZeroMQ port + 1000), and the hardening of docs/security/deploy.md:
+annotations and a `metrics` port (its ZeroMQ port + 1000), and the hardening of docs/security.md:
 a namespace of its own (Pod Security Standard `restricted` enforced), a non-root user (uid 10001, the
 image's) with no capability, the runtime's default seccomp profile, no service-account token, a
 read-only root filesystem (emptyDirs of bounded size at /tmp and the home directory are what it may
@@ -81,7 +81,7 @@ RESOURCES = {
     "reader": ("250m", "2", "256Mi", "1Gi"),
     "serve": ("250m", "2", "256Mi", "1Gi"),
     "aggregator": ("100m", "2", "128Mi", "512Mi"),
-    "gateway": ("100m", "2", "128Mi", "512Mi"),   # ~50 MB + --max-inflight-bytes (256 MiB): docs/security/gateway.md
+    "gateway": ("100m", "2", "128Mi", "512Mi"),   # ~50 MB + --max-inflight-bytes (256 MiB): docs/security.md
 }
 
 # Who dials whom (docker-compose.yml's commands): role -> [(ports of its pods, roles whose pods may connect;

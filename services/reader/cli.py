@@ -194,7 +194,7 @@ def command(broker, file_patterns, preset, format_kind, format_options, data_con
     from it and pushes the file's instances with enqueue_many. A reader reads
     only the files of its own --files (expanded at start): any other name in
     that queue fails the pipeline with PermissionDenied, unopened
-    (docs/security/readers.md), so give every reader process the same files. Each reader
+    (docs/security.md), so give every reader process the same files. Each reader
     process is a registered producer of the instance queue: the broker closes it
     once the last one is done, so consumers get every instance and then
     OutOfRange. A reader that dies mid-file (its connection drops, or it stops

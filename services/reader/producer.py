@@ -11,7 +11,7 @@ is in, so readers end on OutOfRange exactly when every name was handed out.
 
 Any client of the broker can enqueue into a file-name queue too, so a reader takes
 a name from it only as a pointer into its own list (`ReaderFiles`: its globs,
-expanded once at start) and refuses any other (docs/security/readers.md).
+expanded once at start) and refuses any other (docs/security.md).
 
 The epoch order (`epoch_file_names`) is plain code; only `string_input_producer`
 talks to the broker. Names are pushed one `enqueue` at a time with a short
@@ -93,7 +93,7 @@ class ReaderFiles:
             shown_name = repr(text[:512]) + ("..." if len(text) > 512 else "")
             raise PermissionDeniedError(f"file name {shown_name} from {source!r} is not one of the {len(self)} files "
                                         "this reader was given (its file list, expanded at start): refused, "
-                                        "nothing read (docs/security/readers.md)")
+                                        "nothing read (docs/security.md)")
         return path
 
 

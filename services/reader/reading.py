@@ -11,7 +11,7 @@ closes the instance queue when the last producer is done, and fails it (every co
 the error) when one vanishes mid-file or reports an error. The first producer to register
 also runs the file-name producer (producer.py); every process should be given the same
 files and epochs, as a reader opens only the files of its own list and fails the pipeline
-(PermissionDenied) on any other name (ReaderFiles; docs/security/readers.md).
+(PermissionDenied) on any other name (ReaderFiles; docs/security.md).
 
 Each of the `readers` threads dequeues a file name, reads the file chunk by chunk
 with its own format object (formats/) and pushes each chunk with one

@@ -1,4 +1,4 @@
-"""The manifests' hardening (docs/security/deploy.md), checked on what the renderer makes and what deploy/k8s ships.
+"""The manifests' hardening (docs/security.md), checked on what the renderer makes and what deploy/k8s ships.
 
 checkov is not a dependency, so these are its checks that matter here, as assertions: a namespace of the job's
 own with the restricted Pod Security Standard; in every pod no service-account token, the runtime's seccomp
@@ -175,7 +175,7 @@ def test_every_pod_has_a_network_policy_that_admits_its_jobs_flows_and_no_other_
 
 @pytest.mark.parametrize("tfjob", [False, True], ids=["statefulsets", "tfjob"])
 def test_the_policies_name_exactly_these_flows(tfjob):
-    """Who may connect to whom, beyond Prometheus on `metrics`: the table docs/security/deploy.md shows."""
+    """Who may connect to whom, beyond Prometheus on `metrics`: the table docs/security.md shows."""
     docs = all_docs(tfjob=tfjob)
     allowed = {}
     for policy in (d for d in docs if d["kind"] == "NetworkPolicy"):

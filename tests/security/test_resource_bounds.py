@@ -1,4 +1,4 @@
-"""What one peer may hold in a service is bounded (docs/security/bounds.md), attacked for real.
+"""What one peer may hold in a service is bounded (docs/security.md), attacked for real.
 
 Real services on ephemeral loopback ports, stopped by PID; the attackers are raw TCP sockets speaking
 ZMTP 3 (tests/support/zmtp.py): an unfinished message sent for ever, replies never read, a thousand
