@@ -24,7 +24,8 @@ def test_a_restarted_sync_chief_resumes_without_rolling_back(processes, tmp_path
     broker = processes.service("zmqflow.services.broker")
     ps = processes.service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP), "--mode", "sync",
                                                   "--replicas-to-aggregate", "2", "--total-num-replicas", "2",
-                                                  "--lost-after", "30"])   # the restart, not the lost-replica rule
+                                                  "--lost-after", "30",   # the restart, not the lost-replica rule
+                                                  "--checkpoint-root", str(tmp_path / "ckpt")])
     processes.process("zmqflow.services.reader", ["--broker", broker.endpoint, "--preset", "mnist-shards", "--files",
                                                   str(tmp_path / "shards" / "*.bin"), "--num-epochs", "40"])
 
@@ -47,6 +48,7 @@ def test_a_restarted_sync_chief_resumes_without_rolling_back(processes, tmp_path
     follower = threading.Thread(target=follow, daemon=True)
     follower.start()
     try:
+        assert " stops: " not in chief.log(), chief.log()[-2000:]   # the first chief trained until the kill
         chief.kill()
         time.sleep(1.0)
         restarted = worker(0)
@@ -62,4 +64,5 @@ def test_a_restarted_sync_chief_resumes_without_rolling_back(processes, tmp_path
     print(f"\nsync training moved {moved:.2f} s after the restarted chief was ready; version never went back "
           f"({len(versions)} samples, {versions[0][1]} -> {versions[-1][1]})")
     assert not drops and moved <= 2.0
+    assert " stops: " not in restarted.log(), restarted.log()[-2000:]
     assert re.search(r"the 1 ps shards kept their state \(step \d+\)", restarted.log())
