@@ -128,7 +128,7 @@ class RpcClient:
         """Take in the replies that arrive within `timeout` s, without waiting for one call: for
         open-loop drivers that send on a schedule and collect in between. Calls past their
         deadline (and grace) are given up. Returns how many calls are still pending."""
-        if wire.readable(self.socket) or self._poller.poll(max(0, int(timeout * 1000))):
+        if self._poller.poll(max(0, int(timeout * 1000))):   # returns at once when a reply waits
             self._receive_all()
         for call in self.calls.overdue(time.monotonic()):
             self._give_up(call)
@@ -218,15 +218,21 @@ class RpcClient:
                     self._unanswered_since = now
             limit = min(self.heartbeat_interval, (call.deadline - now) if call.deadline else 1e9,
                         (until - now) if until is not None else 1e9)
-            if wire.readable(self.socket) or self._poller.poll(max(1, int(limit * 1000))):
+            if self._poller.poll(max(1, int(limit * 1000))):
                 self._receive_all()
 
     def _receive_all(self):
-        while wire.readable(self.socket):
-            _, header, frames, error = wire.recv_message(self.socket, False, self.limits)
+        """The replies waiting (the poller said one does: it is read without asking the socket again)."""
+        while True:
+            try:   # NOBLOCK all the same: a wait here would be a hang
+                _, header, frames, error = wire.recv_message(self.socket, False, self.limits, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
             self._last_heard = time.monotonic()
             self._unanswered_since = None
             self.calls.received(header, frames, error)
+            if not wire.readable(self.socket):
+                return
 
     def _give_up(self, call):
         self._send(call.op, self.calls.give_up(call))

@@ -201,24 +201,29 @@ def zmtp_bytes(n, curve=False):
     return n + (2 if n < 256 else 9)
 
 
-def recv_message(sock, expect_identity, limits=DEFAULT_LIMITS, curve=False):
+def recv_message(sock, expect_identity, limits=DEFAULT_LIMITS, curve=False, flags=0):
     """Receive one whole multipart message; frames from 64 KiB up without a copy.
 
     A frame's size is unknown before it is read, so the header (small) is read
     with a copy and parsed first; its declared tensors tell which following
-    frames are large enough to read zero-copy. The message is always drained,
+    frames are large enough to keep zero-copy. The message is always drained,
     also when the header is bad, so the next message starts clean.
+    `flags`: zmq.NOBLOCK raises zmq.Again when no message waits, a drain loop's end (asking the socket
+    first, `readable`, costs more than the receive). Each frame's `more` says whether another follows.
     Returns (identity or None, header dict or None, frames, error or None); the identity counts the
     message's wire bytes (`curve`: as CURVE frames them).
     """
-    more = sock.getsockopt
-    identity = None
+    identity, more = None, True
     if expect_identity:
-        frame = sock.recv(copy=False)
-        identity = Identity(frame.bytes)
-        identity.fd = frame.get(zmq.SRCFD)
-        identity.frame = frame
-    raw = sock.recv() if (identity is None or more(_RCVMORE)) else b""
+        frame = sock.recv(flags, copy=False)
+        identity, more, flags = Identity(frame.bytes), frame.more, 0
+        identity.fd = frame.get(_SRCFD)
+        if curve:
+            identity.frame = frame   # its connection's properties: the ZAP User-Id
+    raw = b""
+    if more:
+        frame = sock.recv(flags, copy=False)
+        raw, more = frame.bytes, frame.more
     header, error = None, None
     try:
         header = unpack(raw, limits)
@@ -228,15 +233,15 @@ def recv_message(sock, expect_identity, limits=DEFAULT_LIMITS, curve=False):
     big = [_declared_bytes(s) >= ZERO_COPY_BYTES for s in specs] if isinstance(specs, list) else []
     frames, total = [], len(raw)
     wire_bytes, pad = zmtp_bytes(total, curve), _CURVE_PAD if curve else 0
-    while more(_RCVMORE):
+    while more:
         i = len(frames)
-        frame = sock.recv(copy=not (big[i] if i < len(big) else True))
-        n = len(frame.buffer) if isinstance(frame, zmq.Frame) else len(frame)
+        frame = sock.recv(copy=False)
+        more, n = frame.more, len(frame.buffer)
         total += n
         n += pad
         wire_bytes += n + 2 if n < 256 else n + 9  # zmtp_bytes, inlined: per frame received
         if len(frames) < limits.max_frames:
-            frames.append(frame)
+            frames.append(frame if (big[i] if i < len(big) else True) else frame.bytes)
         elif error is None:
             error = InvalidArgumentError(f"message has more than {limits.max_frames} frames (the limit)")
     if error is None and total > limits.max_message_bytes:
@@ -272,7 +277,7 @@ def readable(sock):
     return bool(sock.getsockopt(_EVENTS) & _POLLIN)
 
 
-_RCVMORE, _SNDMORE, _EVENTS, _POLLIN = int(zmq.RCVMORE), int(zmq.SNDMORE), int(zmq.EVENTS), int(zmq.POLLIN)
+_SNDMORE, _EVENTS, _POLLIN, _SRCFD = int(zmq.SNDMORE), int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.SRCFD)
 _NOBLOCK = int(zmq.NOBLOCK)
 
 

@@ -216,6 +216,8 @@ def test_the_services_error_and_its_retry_hint_reach_the_caller(driver):
 def test_the_service_enforces_the_deadline(driver, toy):
     with pytest.raises(DeadlineExceededError):
         driver.submit("wait", timeout=0.3).result()
+    # in-loop, the relay's own deadline (the same 0.3 s, from its receipt) answers the caller first
+    wait_for(lambda: toy.withdrawn, 2, "the service to withdraw the call")
     assert toy.withdrawn[-1][0] == "deadline"
 
 
