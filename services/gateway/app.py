@@ -16,8 +16,6 @@ import json
 import logging
 import time
 import uuid
-from importlib.metadata import PackageNotFoundError, version
-
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -26,15 +24,15 @@ from starlette.routing import Route
 
 from zmqflow.common.errors import InvalidArgumentError, OpError, UnavailableError
 from zmqflow.services.gateway import protocol
+from zmqflow.services.gateway.catalog import server_metadata
 from zmqflow.services.gateway.forward import infer
-from zmqflow.services.gateway.limits import InflightBytes, request_cost
+from zmqflow.services.gateway.limits import InflightBytes, Reservation, request_cost
 from zmqflow.services.gateway.statuses import BodyTimeoutError, BodyTooLargeError, http_status
 
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
 BINARY = "application/octet-stream"
-EXTENSIONS = ["binary_tensor_data"]
 PARSE_ON_THREAD_BYTES = 256 * 1024
 """Bodies larger than this are parsed on a thread: a BYTES column of 8 MiB takes 0.3 s, that the loop would wait."""
 
@@ -96,13 +94,10 @@ async def _internal_error(request, exc):
 
 
 def _server_metadata(settings):
-    try:
-        release = version("zmqflow")
-    except PackageNotFoundError:
-        release = "unknown"
+    metadata = server_metadata()
 
     async def endpoint(request):
-        return _json({"name": "zmqflow", "version": release, "extensions": EXTENSIONS})
+        return _json(metadata)
     return endpoint
 
 
@@ -112,11 +107,10 @@ async def _live(request):
 
 def _ready(settings):
     async def endpoint(request):
-        discovery = settings.discovery
-        ready = discovery.error is None and any(m.ready for m in discovery.catalog.models.values())
+        ready, why_not = settings.discovery.ready()
         body = {"ready": ready}
         if not ready:
-            body["error"] = discovery.error or "no model is ready"
+            body["error"] = why_not
         return _json(body, 200 if ready else 503)
     return endpoint
 
@@ -162,7 +156,7 @@ def _infer(settings):
 
 def _answer_infer(settings):
     async def endpoint(request):
-        reservation = _Reservation(settings.inflight)
+        reservation = Reservation(settings.inflight)
         try:
             model = _model(settings, request)
             header_length = request.headers.get(protocol.HEADER_LENGTH)
@@ -192,22 +186,6 @@ def _answer_infer(settings):
 def _json_bytes(header_length, body_bytes):
     """How many of a body's bytes are JSON: the Inference-Header-Content-Length, else all (checked when parsed)."""
     return int(header_length) if header_length is not None and header_length.isdigit() else body_bytes
-
-
-class _Reservation:
-    """One request's share of --max-inflight-bytes: grown as its body's size becomes known, ended with it."""
-
-    def __init__(self, inflight):
-        self.inflight, self.nbytes = inflight, 0
-
-    def grow(self, nbytes):
-        if nbytes > self.nbytes:
-            self.inflight.reserve(nbytes - self.nbytes)
-            self.nbytes = nbytes
-
-    def end(self):
-        self.inflight.release(self.nbytes)
-        self.nbytes = 0
 
 
 async def read_body(request, limit, timeout_s, reserve=None):

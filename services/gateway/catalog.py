@@ -11,6 +11,7 @@ that server's model is the only one. Plain code, no sockets.
 """
 
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 
 from zmqflow.common.errors import InvalidArgumentError, NotFoundError
 
@@ -18,6 +19,9 @@ DATATYPES = {"bool": "BOOL", "uint8": "UINT8", "uint16": "UINT16", "uint32": "UI
              "int8": "INT8", "int16": "INT16", "int32": "INT32", "int64": "INT64", "float16": "FP16",
              "float32": "FP32", "float64": "FP64", "bfloat16": "BF16", "string": "BYTES"}
 """numpy / wire dtype name -> the protocol's datatype name."""
+
+EXTENSIONS = ("binary_tensor_data",)
+"""The protocol's extensions this gateway serves (the server metadata's `extensions`)."""
 
 ENSEMBLE, MEMBER, SERVER = "ensemble", "member", "server"
 CLASSIFICATION_OUTPUT, VALUE_OUTPUT = "probabilities", "predictions"
@@ -80,6 +84,15 @@ class Catalog:
         if version not in (None, "", model.version):
             raise NotFoundError(f"model {name!r} has no version {version!r:.40}; it serves version {model.version}")
         return model
+
+
+def server_metadata():
+    """The protocol's server metadata: this server's name, its release and its extensions (REST and gRPC)."""
+    try:
+        release = version("zmqflow")
+    except PackageNotFoundError:
+        release = "unknown"
+    return {"name": "zmqflow", "version": release, "extensions": list(EXTENSIONS)}
 
 
 def model_from_info(info, kind, address, name=None, ready=True, members=()):

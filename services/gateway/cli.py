@@ -1,5 +1,6 @@
 """`zmqflow gateway` / `zmqflow-gateway`: the Open Inference Protocol over HTTP in front of an aggregator or a model server."""
 
+import contextlib
 import logging
 import os
 
@@ -10,6 +11,7 @@ from zmqflow.common.rpc.probe import endpoint_of
 from zmqflow.services.gateway.limits import JSON_COST, RAW_COST
 
 HTTP_EXTRA_HINT = "the gateway needs the http extra: pip install 'zmqflow[http]' (Starlette, uvicorn, httptools, orjson)"
+GRPC_EXTRA_HINT = "--grpc-bind needs the grpc extra: pip install 'zmqflow[http,grpc]' (grpcio)"
 
 
 @click.command(name="gateway", context_settings={"show_default": True})
@@ -18,6 +20,10 @@ HTTP_EXTRA_HINT = "the gateway needs the http extra: pip install 'zmqflow[http]'
 @click.option("--server", default=None, metavar="ENDPOINT", help="A single model server to front instead.")
 @click.option("--bind", default="127.0.0.1:8000", metavar="HOST:PORT",
               help="HTTP address to listen on; port 0 picks a free one (the ready file and the log name it).")
+@click.option("--grpc-bind", default=None, metavar="[HOST:]PORT",
+              help="Also serve the protocol over gRPC (inference.GRPCInferenceService, as Triton and KServe do; "
+                   "their port is 8001) on this address, with the same models, limits and metrics; a bare PORT "
+                   "listens on 127.0.0.1, port 0 picks a free one (the log names it). Needs the grpc extra.")
 @click.option("--name", "ensemble_name", default="ensemble", help="Model name of the aggregator's ensemble.")
 @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
               help="Write the gateway's URL to this file once it serves (for scripts and tests).")
@@ -45,10 +51,11 @@ HTTP_EXTRA_HINT = "the gateway needs the http extra: pip install 'zmqflow[http]'
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 @curve_option()
 @ops_options
-def command(aggregator, server, bind, ensemble_name, ready_file, timeout_s, max_body_bytes, max_inflight_bytes,
+def command(aggregator, server, bind, grpc_bind, ensemble_name, ready_file, timeout_s, max_body_bytes, max_inflight_bytes,
             body_timeout_s, header_timeout_s, keep_alive_s, max_connections, refresh_s, log_level):
     """Serve the Open Inference Protocol (KServe v2 REST: health, model metadata, infer with JSON or binary
-    tensors) over HTTP, forwarding each inference over ZeroMQ to an aggregator or a model server."""
+    tensors) over HTTP, and with --grpc-bind over gRPC too, forwarding each inference over ZeroMQ to an
+    aggregator or a model server."""
     if (aggregator is None) == (server is None):
         raise click.UsageError("give one of --aggregator ENDPOINT or --server ENDPOINT")
     if max_inflight_bytes < JSON_COST * max_body_bytes:
@@ -61,6 +68,12 @@ def command(aggregator, server, bind, ensemble_name, ready_file, timeout_s, max_
     except ImportError as exc:
         click.echo(f"Error: {HTTP_EXTRA_HINT} ({exc})", err=True)
         raise SystemExit(2) from None
+    if grpc_bind is not None:
+        try:
+            from zmqflow.services.gateway import grpc_service
+        except ImportError as exc:
+            click.echo(f"Error: {GRPC_EXTRA_HINT} ({exc})", err=True)
+            raise SystemExit(2) from None
     from zmqflow.common.rpc import health
     from zmqflow.common.processes import metrics
     from zmqflow.common.errors import InvalidArgumentError
@@ -74,6 +87,13 @@ def command(aggregator, server, bind, ensemble_name, ready_file, timeout_s, max_
     except InvalidArgumentError as exc:
         raise click.BadParameter(str(exc), param_hint="--bind") from None
     url = http_server.url_of(sock)
+    if grpc_bind is not None:
+        try:
+            grpc_host, grpc_port = http_server.parse_bind(grpc_bind if ":" in grpc_bind else f"127.0.0.1:{grpc_bind}")
+            if grpc_port:   # in use or not an address here: said now, not once the HTTP side serves
+                http_server.listening_socket(grpc_host, grpc_port).close()
+        except InvalidArgumentError as exc:
+            raise click.BadParameter(str(exc), param_hint="--grpc-bind") from None
     upstreams = AsyncClients(name="gateway")
     discovery = Discovery(upstreams, aggregator and endpoint_of(aggregator), server and endpoint_of(server),
                           ensemble_name, refresh_s)
@@ -81,16 +101,27 @@ def command(aggregator, server, bind, ensemble_name, ready_file, timeout_s, max_
     stats = RequestStats().export() if metrics.requested() else None
     metrics.serve_requested()   # --metrics-port: process metrics and the infer requests' (request_stats.py)
 
+    grpc_address = []   # where the gRPC service listens, once it does
+
     def announce():
-        logging.getLogger("gateway").info("gateway listening on %s (pid %d) for %s; models: %s", url, os.getpid(),
-                                          aggregator or server, ", ".join(discovery.catalog.models) or
+        also = f" and gRPC on {grpc_address[0]}" if grpc_address else ""
+        logging.getLogger("gateway").info("gateway listening on %s%s (pid %d) for %s; models: %s", url, also,
+                                          os.getpid(), aggregator or server, ", ".join(discovery.catalog.models) or
                                           f"none yet ({discovery.error})")
         health.announce(url)   # the image's HEALTHCHECK asks its /v2/health/ready
         if ready_file:
             write_ready_file(ready_file, url)
 
     settings = GatewaySettings(discovery, upstreams, max_body_bytes, body_timeout_s, timeout_s, stats, max_inflight_bytes)
-    app = build_app(settings, http_server.discovery_lifespan(discovery, upstreams, announce))
+    beside = []
+    if grpc_bind is not None:
+        @contextlib.asynccontextmanager
+        async def grpc_beside():
+            async with grpc_service.serving(settings, grpc_host, grpc_port, max_connections, keep_alive_s) as address:
+                grpc_address.append(address)
+                yield
+        beside.append(grpc_beside())
+    app = build_app(settings, http_server.discovery_lifespan(discovery, upstreams, announce, beside))
     http_server.serve(app, sock, header_timeout_s, keep_alive_s, max_connections)
 
 

@@ -42,6 +42,11 @@ class Discovery:
             self.catalog = Catalog({name: _not_ready(model) for name, model in self.catalog.models.items()},
                                    self.catalog.loaded)
 
+    def ready(self):
+        """(whether the gateway is ready: the upstream answers and one model is ready, why not or None)."""
+        ready = self.error is None and any(m.ready for m in self.catalog.models.values())
+        return ready, None if ready else (self.error or "no model is ready")
+
     async def run(self):
         while True:
             await asyncio.sleep(self.refresh_s)

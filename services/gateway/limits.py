@@ -44,3 +44,19 @@ class InflightBytes:
 
     def release(self, nbytes):
         self.used -= nbytes
+
+
+class Reservation:
+    """One request's share of --max-inflight-bytes: grown as its size becomes known, ended with it."""
+
+    def __init__(self, inflight):
+        self.inflight, self.nbytes = inflight, 0
+
+    def grow(self, nbytes):
+        if nbytes > self.nbytes:
+            self.inflight.reserve(nbytes - self.nbytes)
+            self.nbytes = nbytes
+
+    def end(self):
+        self.inflight.release(self.nbytes)
+        self.nbytes = 0

@@ -1,4 +1,5 @@
-"""The gateway's infer requests for Prometheus (--metrics-port): counts per model and HTTP status, latency per model.
+"""The gateway's infer requests for Prometheus (--metrics-port): counts per model and status, latency per model,
+for HTTP (status: the HTTP status) and for gRPC (code: the gRPC status code's name) apart.
 
 Kept in plain dicts on the event loop's thread (no lock on the request path) and turned into metric
 families only when /metrics is scraped, from the metrics endpoint's own thread: a scrape may read a
@@ -10,8 +11,8 @@ import bisect
 from zmqflow.common.processes import metrics
 
 
-class RequestStats:
-    """`observe(model, status, seconds)` per infer request; `families()` at scrape time."""
+class _Requests:
+    """Counts per (model, status) and a latency histogram per model, of one protocol's infer requests."""
 
     def __init__(self):
         self.codes = {}       # (model, status) -> requests
@@ -26,12 +27,33 @@ class RequestStats:
         h[0] += seconds
         h[1][bisect.bisect_left(metrics.LATENCY_BUCKETS, seconds)] += 1
 
-    def families(self):
-        yield metrics.counter_family("zmqflow_gateway_infer_requests", "Infer requests answered, per model and "
-                                     "HTTP status.", dict(self.codes), ("model", "status"))
-        yield metrics.histogram_family("zmqflow_gateway_infer_duration_seconds", "Time from an infer request's "
-                                       "routing to its answer, body read and upstream call included.", ("model",),
+    def families(self, prefix, status_label, counted, timed):
+        yield metrics.counter_family(f"{prefix}_requests", counted, dict(self.codes), ("model", status_label))
+        yield metrics.histogram_family(f"{prefix}_duration_seconds", timed, ("model",),
                                        {(model, ): (h[0], list(h[1])) for model, h in list(self.duration.items())})
+
+
+class RequestStats:
+    """`observe(model, status, seconds)` per HTTP infer request, `observe_grpc(model, code, seconds)` per gRPC
+    ModelInfer; `families()` at scrape time."""
+
+    def __init__(self):
+        self.http, self.grpc = _Requests(), _Requests()
+
+    def observe(self, model, status, seconds):
+        self.http.observe(model, status, seconds)
+
+    def observe_grpc(self, model, code, seconds):
+        self.grpc.observe(model, code, seconds)
+
+    def families(self):
+        yield from self.http.families("zmqflow_gateway_infer", "status", "Infer requests answered, per model and "
+                                      "HTTP status.", "Time from an infer request's routing to its answer, body "
+                                      "read and upstream call included.")
+        if self.grpc.codes:
+            yield from self.grpc.families("zmqflow_gateway_grpc_infer", "code", "gRPC ModelInfer requests answered, "
+                                          "per model and gRPC status code.", "Time from a gRPC ModelInfer's start "
+                                          "to its answer, upstream call included.")
 
     def export(self):
         """Serve these families at every scrape of this process's metrics endpoint."""

@@ -92,16 +92,20 @@ def header_timeout_protocol(timeout_s):
     return HeaderTimeoutProtocol
 
 
-def discovery_lifespan(discovery, upstreams, on_ready):
-    """The app's lifespan: load the catalog, keep it fresh in the background, close the sockets at the end."""
+def discovery_lifespan(discovery, upstreams, on_ready, beside=()):
+    """The app's lifespan: load the catalog, keep it fresh in the background, run the `beside` services (async
+    context managers: the gRPC server) on the same loop, close them and then the sockets at the end."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         await discovery.refresh()
         refresher = asyncio.get_running_loop().create_task(discovery.run())
-        on_ready()
         try:
-            yield
+            async with contextlib.AsyncExitStack() as stack:
+                for service in beside:
+                    await stack.enter_async_context(service)
+                on_ready()
+                yield
         finally:
             refresher.cancel()
             upstreams.close()
