@@ -3,6 +3,7 @@ column, BYTES for a categorical one), made into the model's inputs by the model 
 of training, and answers each row's class name as the `predicted` output; through plain HTTP and through
 `tritonclient.http` (binary strings), to a member and to the ensemble. Real servers, aggregator and gateway."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from zmqflow.inputs.data_spec import Table, load_spec, model_inputs
 from tests.gateway import plain_http
+from tests.support import free_port
 from tests.support.tabular import checkpoint, spec_dict, write_csv
 
 pytest.importorskip("starlette", reason="the gateway needs the http extra (pip install 'zmqflow[http]')")
@@ -38,11 +40,13 @@ def cluster(tmp_path_factory, module_processes):
             "--checkpoint", str(root / name), "--backend", "numpy", "--max-delay-ms", "1", "--name", name]))
     aggregator = module_processes.service("zmqflow.services.aggregator", [
         *[a for m in members for a in ("--member", m.endpoint)], "--deadline-ms", "3000"])
+    grpc = f"127.0.0.1:{free_port()}" if importlib.util.find_spec("grpc") else None
     gateway = module_processes.service("zmqflow.services.gateway", [
-        "--aggregator", aggregator.endpoint, "--refresh-s", "0.3"], bind="127.0.0.1:0")
+        "--aggregator", aggregator.endpoint, "--refresh-s", "0.3", *(["--grpc-bind", grpc] if grpc else [])],
+        bind="127.0.0.1:0")
     wait_ready(gateway.endpoint, ("ensemble", "mlp", "logistic"))
     (root / "spec.yaml").write_text(json.dumps(spec_dict(root / "train.csv")))
-    return gateway.endpoint, local, root / "spec.yaml"
+    return gateway.endpoint, local, root / "spec.yaml", grpc
 
 
 def wait_ready(url, models, timeout_s=15.0):
@@ -71,7 +75,7 @@ def outputs_of(answer):
 
 
 def test_metadata_lists_the_raw_columns_and_the_predicted_output(cluster):
-    url, _, _ = cluster
+    url, _, _, _ = cluster
     metadata = plain_http.request(url, path="/v2/models/mlp").json()
     assert metadata["raw_inputs"] == [{"name": "age", "datatype": "FP32", "shape": [-1]},
                                       {"name": "size", "datatype": "FP32", "shape": [-1]},
@@ -80,7 +84,7 @@ def test_metadata_lists_the_raw_columns_and_the_predicted_output(cluster):
 
 
 def test_plain_http_raw_rows_get_the_models_answer_and_each_rows_class(cluster):
-    url, local, _ = cluster
+    url, local, _, _ = cluster
     answer = infer(url, "mlp", columns_request(ROWS))
     assert answer.status == 200, answer.body
     outputs = outputs_of(answer)
@@ -90,7 +94,7 @@ def test_plain_http_raw_rows_get_the_models_answer_and_each_rows_class(cluster):
 
 
 def test_the_ensemble_takes_raw_rows_and_names_the_combined_class(cluster):
-    url, local, _ = cluster
+    url, local, _, _ = cluster
     answer = infer(url, "ensemble", columns_request(ROWS, outputs=[{"name": "predicted"}]))
     assert answer.status == 200, answer.body
     mean = (local["mlp"] + local["logistic"]) / 2
@@ -101,7 +105,7 @@ def test_the_ensemble_takes_raw_rows_and_names_the_combined_class(cluster):
 
 def test_tritonclient_sends_raw_columns_as_binary_strings(cluster):
     httpclient = pytest.importorskip("tritonclient.http", reason="the test extra installs tritonclient[http]")
-    url, local, _ = cluster
+    url, local, _, _ = cluster
     client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=10.0)
     try:
         inputs = []
@@ -119,8 +123,47 @@ def test_tritonclient_sends_raw_columns_as_binary_strings(cluster):
     assert [v.decode() for v in result.as_numpy("predicted")] == [CLASSES[i] for i in np.argmax(mean, axis=1)]
 
 
+def test_raw_columns_over_grpc_raw_and_typed(cluster):
+    """tritonclient.grpc sends the columns as raw_input_contents (BYTES length-prefixed); typed contents
+    (bytes_contents, fp32_contents) get typed outputs; a mistyped column is INVALID_ARGUMENT naming it."""
+    grpc = pytest.importorskip("grpc", reason="the grpc extra installs grpcio")
+    grpcclient = pytest.importorskip("tritonclient.grpc", reason="the test extra installs tritonclient[grpc]")
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+    _, local, _, address = cluster
+    mean = (local["mlp"] + local["logistic"]) / 2
+    classes = [CLASSES[i] for i in np.argmax(mean, axis=1)]
+    with grpcclient.InferenceServerClient(address) as client:
+        inputs = []
+        for name, values in ROWS.items():
+            tensor = grpcclient.InferInput(name, [len(values)], "BYTES" if name == "city" else "FP32")
+            tensor.set_data_from_numpy(np.array(values, dtype=object if name == "city" else np.float32))
+            inputs.append(tensor)
+        result = client.infer("ensemble", inputs)   # unasked: probabilities and predicted, to raw columns
+        np.testing.assert_allclose(result.as_numpy("probabilities"), mean, rtol=1e-5, atol=1e-6)
+        assert [v.decode() for v in result.as_numpy("predicted")] == classes
+
+    request = service_pb2.ModelInferRequest(model_name="mlp")
+    for name, values in ROWS.items():
+        tensor = request.inputs.add(name=name, datatype="BYTES" if name == "city" else "FP32", shape=[len(values)])
+        if name == "city":
+            tensor.contents.bytes_contents.extend(v.encode() for v in values)
+        else:
+            tensor.contents.fp32_contents.extend(values)
+    with grpc.insecure_channel(address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        outputs = {o.name: o for o in stub.ModelInfer(request, timeout=10).outputs}
+        np.testing.assert_allclose(np.reshape(outputs["probabilities"].contents.fp32_contents, (3, 2)), local["mlp"],
+                                   rtol=1e-5, atol=1e-6)
+        assert [v.decode() for v in outputs["predicted"].contents.bytes_contents] == \
+            [CLASSES[i] for i in np.argmax(local["mlp"], axis=1)]
+        request.inputs[2].datatype = "FP32"
+        with pytest.raises(grpc.RpcError) as error:
+            stub.ModelInfer(request, timeout=10)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'city' is categorical" in error.value.details()
+
+
 def test_a_missing_or_mistyped_column_is_a_400_naming_it(cluster):
-    url, _, _ = cluster
+    url, _, _, _ = cluster
     missing = infer(url, "mlp", columns_request({"age": [1.0], "city": ["rome"]}))
     assert missing.status == 400 and "needs raw column(s) 'size'" in missing.json()["error"]
     mistyped = columns_request({"age": [1.0], "size": [0.0], "city": ["rome"]})
@@ -130,7 +173,7 @@ def test_a_missing_or_mistyped_column_is_a_400_naming_it(cluster):
 
 
 def test_loadtest_over_http_sends_a_data_specs_rows_as_raw_columns(cluster, tmp_path):
-    url, _, spec = cluster
+    url, _, spec, _ = cluster
     report_file = tmp_path / "load.json"
     done = subprocess.run([sys.executable, "-m", "zmqflow", "loadtest", "--http", url, "--model", "ensemble",
                            "--data", str(spec), "--split", "train", "--rows", "4", "--rate", "100", "--duration", "1",
@@ -145,7 +188,7 @@ def test_loadtest_over_http_sends_a_data_specs_rows_as_raw_columns(cluster, tmp_
 
 def test_the_rows_of_a_split_become_consecutive_raw_column_bodies(cluster):
     from zmqflow.loadtest.http_target import data_bodies
-    url, _, spec = cluster
+    url, _, spec, _ = cluster
     metadata = plain_http.request(url, path="/v2/models/ensemble").json()
     bodies, _ = data_bodies(metadata, str(spec), "train", rows=50)
     assert len(bodies) == 2   # 120 rows: two whole blocks of 50, cycled
@@ -157,7 +200,7 @@ def test_the_rows_of_a_split_become_consecutive_raw_column_bodies(cluster):
 
 
 def test_a_model_without_raw_columns_is_refused_by_the_http_loadtest(topology, cluster, tmp_path):
-    _, _, spec = cluster
+    _, _, spec, _ = cluster
     done = subprocess.run([sys.executable, "-m", "zmqflow", "loadtest", "--http", topology.gateway, "--data", str(spec),
                            "--duration", "1"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "takes no raw rows over HTTP: it was not trained on a data spec" in done.stderr
