@@ -78,11 +78,11 @@ def reader(as_json, epochs, repeats, tabular_rows, tabular_epochs, tabular_train
               help="--overload: the members' MLP has two hidden layers this wide (100: the shipped one-layer MLP), so "
                    "that the model servers, not the load generator on the same cores, set the capacity.")
 @click.option("--concurrency", default=2, show_default=True, type=click.IntRange(min=1),
-              help="Closed-loop clients of the HTTP gateway vs ZeroMQ comparison.")
+              help="Closed-loop clients of the gateway (REST and gRPC) vs ZeroMQ comparison.")
 def serve(as_json, duration, rate, deadline_ms, profile_dir, overload, rows, hidden, concurrency):
     """Serving: one model server direct vs an aggregator over 3 (open loop), with one member killed, and the
-    HTTP gateway against the ZeroMQ path at the same closed-loop load (with the http extra); or, with --overload,
-    the aggregator over its capacity."""
+    gateway (REST JSON, REST binary and, with the grpc extra, gRPC) against the ZeroMQ path at the same
+    closed-loop load (with the http extra); or, with --overload, the aggregator over its capacity."""
     from zmqflow.bench.serve import run, run_overload
 
     progress = None if as_json else click.echo

@@ -1,13 +1,15 @@
-"""The HTTP gateway's cost: the same rows at the same closed-loop concurrency, over ZeroMQ and through the gateway.
+"""The gateway's cost: the same rows at the same closed-loop concurrency, over ZeroMQ and through the gateway.
 
 Closed loop: each of `concurrency` threads sends its next request when the previous one is answered,
-over ZeroMQ (an AggregatorClient per thread) or over HTTP (a keep-alive http.client connection per
-thread, the Open Inference Protocol's JSON body, or binary tensors, encoded once). The two paths run
-in alternating rounds so that a noisy neighbour on the shared machine hits both alike; the overhead
-is the difference of the medians measured in the same run.
+over ZeroMQ (an AggregatorClient per thread), over HTTP (a keep-alive http.client connection per
+thread, the Open Inference Protocol's JSON body, or binary tensors, encoded once) or over gRPC (a
+channel per thread, ModelInfer with raw_input_contents, as Triton's clients send it; where grpcio is
+installed). The paths run in alternating rounds so that a noisy neighbour on the shared machine hits
+them alike; the overhead is the difference of the medians measured in the same run.
 """
 
 import http.client
+import importlib.util
 import json
 import socket
 import threading
@@ -29,12 +31,16 @@ def compare(aggregator, x, seconds, concurrency=2, log_dir=None):
         import starlette  # noqa: F401  (the http extra)
     except ImportError:
         return {"gateway_skipped": "the http extra is not installed (pip install 'zmqflow[http]')"}
-    gateway = start_service("zmqflow.services.gateway", ["--aggregator", aggregator, "--log-level", "WARNING"],
+    grpc_address = f"127.0.0.1:{_free_port()}" if importlib.util.find_spec("grpc") else None
+    gateway = start_service("zmqflow.services.gateway", ["--aggregator", aggregator, "--log-level", "WARNING",
+                                                         *(["--grpc-bind", grpc_address] if grpc_address else [])],
                             bind="127.0.0.1:0", log_dir=log_dir)
     try:
         paths = {"zmq": lambda: _zmq_sender(aggregator, x),
                  "gateway": lambda: _http_sender(gateway.endpoint, _json_body(x)),
                  "gateway_binary": lambda: _http_sender(gateway.endpoint, _binary_body(x))}
+        if grpc_address:
+            paths["gateway_grpc"] = lambda: _grpc_sender(grpc_address, x)
         latencies = {name: [] for name in paths}
         counts = {name: 0 for name in paths}
         for name, make in paths.items():  # connected and warm before anything is timed
@@ -47,12 +53,14 @@ def compare(aggregator, x, seconds, concurrency=2, log_dir=None):
     finally:
         gateway.stop()
     result = {"concurrency": concurrency}
+    if not grpc_address:
+        result["gateway_grpc_skipped"] = "the grpc extra is not installed (pip install 'zmqflow[grpc]')"
     for name, values in latencies.items():
         values = np.asarray(values)
         result.update({f"{name}_p50_ms": round(float(np.percentile(values, 50)), 3),
                        f"{name}_p99_ms": round(float(np.percentile(values, 99)), 3),
                        f"{name}_qps": round(counts[name] / seconds, 1)})
-    for name in ("gateway", "gateway_binary"):
+    for name in ("gateway", "gateway_binary", "gateway_grpc")[:len(paths) - 1]:
         result[f"{name}_overhead_p50_ms"] = round(result[f"{name}_p50_ms"] - result["zmq_p50_ms"], 3)
     return result
 
@@ -113,3 +121,25 @@ def _http_sender(url, payload):
         if response.status != 200:
             raise RuntimeError(f"gateway answered {response.status}: {content[:200]!r}")
     return send, connection.close
+
+
+def _grpc_sender(address, x):
+    """ModelInfer of `x` as raw_input_contents over one channel (the gateway's own generated stubs)."""
+    import grpc
+    from zmqflow.services.gateway import grpc_predict_v2_pb2 as pb
+    from zmqflow.services.gateway.grpc_predict_v2_pb2_grpc import GRPCInferenceServiceStub
+
+    request = pb.ModelInferRequest(model_name="ensemble", raw_input_contents=[x.astype("<f4").tobytes()])
+    request.inputs.add(name="input", datatype="FP32", shape=list(x.shape))
+    channel = grpc.insecure_channel(address)
+    infer = GRPCInferenceServiceStub(channel).ModelInfer
+
+    def send():
+        infer(request, timeout=10)
+    return send, channel.close
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -8,8 +8,8 @@ Phases (model servers and aggregators are real processes started by PID):
   agg3_replica    the same aggregator in replica mode (each request to the least busy member).
   agg3_dead       ensemble with one member SIGKILLed, the aggregator's deadline `deadline_ms`.
   gateway         the HTTP gateway (Open Inference Protocol) over the agg3 aggregator against the ZeroMQ
-                  path to it, closed loop at the same concurrency and rows (bench/gateway.py): p50/p99 and
-                  the p50 overhead, with JSON and with binary tensors.
+                  path to it, closed loop at the same concurrency and rows (bench/gateway.py): p50/p99,
+                  req/s and the p50 overhead, with JSON, with binary tensors and over gRPC.
 
 Costs per request are also given as CPU microseconds of the aggregator and of a server
 (from /proc): on a shared 2-core machine they hold up better than latencies, and show
@@ -138,6 +138,10 @@ def run(seconds=3.0, rate=500, deadline_ms=50, members=3, profile_dir=None, prog
             say(f"HTTP gateway over that aggregator, closed loop x{concurrency}: p50 {result['gateway_p50_ms']} ms, "
                 f"p99 {result['gateway_p99_ms']} ms vs ZeroMQ p50 {result['zmq_p50_ms']} ms: overhead "
                 f"{result['gateway_overhead_p50_ms']} ms (binary tensors: {result['gateway_binary_overhead_p50_ms']} ms)")
+            if "gateway_grpc_p50_ms" in result:
+                say(f"gRPC (raw contents) through that gateway: p50 {result['gateway_grpc_p50_ms']} ms, p99 "
+                    f"{result['gateway_grpc_p99_ms']} ms, {result['gateway_grpc_qps']} req/s: overhead "
+                    f"{result['gateway_grpc_overhead_p50_ms']} ms")
 
         lat, errors = open_loop(agg.endpoint, x, rate, seconds, AggregatorOps.Predict(mode="replica"), deadline_ms=1000)
         result.update(agg3_replica_p50_ms=_pct(lat, 50), agg3_replica_p99_ms=_pct(lat, 99),
