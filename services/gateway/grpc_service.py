@@ -186,13 +186,7 @@ def parse_request(request, model):
         return protocol.InferRequest(request.id or None, [], parameters, _outputs(request, model, raw, True), records)
     arrays = {}
     for i, tensor in enumerate(tensors):
-        name = tensor.name
-        if name not in specs:
-            hint = f"; or its raw columns: {', '.join(c.name for c in model.columns)}" if model.columns else ""
-            raise InvalidArgumentError(f"inputs[{i}]: model {model.name!r} has no input {name!r:.80} "
-                                       f"(its inputs: {', '.join(specs)}{hint})")
-        if name in arrays:
-            raise InvalidArgumentError(f"inputs[{i}]: input {name!r} is given twice")
+        name = protocol.checked_name(i, tensor.name, specs, arrays, model)
         arrays[name] = _input_array(tensor, specs[name], raw[i] if raw else None)
     protocol.check_complete(arrays, specs, 0, f"model {model.name!r} needs input(s)", "")
     return protocol.InferRequest(request.id or None, [arrays[name] for name in specs], parameters,

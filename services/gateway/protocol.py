@@ -60,17 +60,22 @@ def parse_infer(body, header_length, model):
     for i, tensor in enumerate(inputs):
         if not isinstance(tensor, dict):
             raise InvalidArgumentError(f"inputs[{i}] must be an object with name, shape, datatype and data")
-        name = _name(tensor)
-        if name not in specs:
-            raw = f"; or its raw columns: {', '.join(c.name for c in model.columns)}" if model.columns else ""
-            raise InvalidArgumentError(f"inputs[{i}]: model {model.name!r} has no input {name!r:.80} "
-                                       f"(its inputs: {', '.join(specs)}{raw})")
-        if name in arrays:
-            raise InvalidArgumentError(f"inputs[{i}]: input {name!r} is given twice")
+        name = checked_name(i, _name(tensor), specs, arrays, model)
         arrays[name], offset = _input_array(tensor, specs[name], body, offset)
     check_complete(arrays, specs, len(body) - offset, f"model {model.name!r} needs input(s)", "")
     return InferRequest(request.get("id"), [arrays[name] for name in specs], parameters,
                         _binary_outputs(request.get("outputs"), parameters, model))
+
+
+def checked_name(i, name, specs, given, model):
+    """`name`, the name of request input `i`, when it is one of the model's inputs (`specs`) not `given` yet."""
+    if name not in specs:
+        raw = f"; or its raw columns: {', '.join(c.name for c in model.columns)}" if model.columns else ""
+        raise InvalidArgumentError(f"inputs[{i}]: model {model.name!r} has no input {name!r:.80} "
+                                   f"(its inputs: {', '.join(specs)}{raw})")
+    if name in given:
+        raise InvalidArgumentError(f"inputs[{i}]: input {name!r} is given twice")
+    return name
 
 
 def _name(tensor):
