@@ -72,15 +72,20 @@ class InferenceService(GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):
         started = time.perf_counter()
-        outcome = []   # the status code's name, for the request stats
-        try:
-            return await _answer(context, lambda: self._infer(request, context), outcome)
-        finally:
+        done = []   # whether the request stats have it
+
+        def observe(code):   # before the answer leaves: a scrape after it has this request
+            done.append(code)
             stats = self.settings.stats
             if stats is not None:   # any name a client sends would grow the label set without bound
                 known = request.model_name if request.model_name in self.settings.discovery.catalog.models \
                     else "(unknown)"
-                stats.observe_grpc(known, outcome[0] if outcome else "CANCELLED", time.perf_counter() - started)
+                stats.observe_grpc(known, code, time.perf_counter() - started)
+        try:
+            return await _answer(context, lambda: self._infer(request, context), observe)
+        finally:
+            if not done:   # cancelled: the client went away or its deadline passed
+                observe("CANCELLED")
 
     async def _model_ready(self, request):
         return pb.ModelReadyResponse(ready=self._model(request.name, request.version).ready)
@@ -113,21 +118,21 @@ class InferenceService(GRPCInferenceServiceServicer):
             reservation.end()
 
 
-async def _answer(context, work, outcome=None):
+async def _answer(context, work, observe=None):
     """work()'s answer, or the call aborted with the status of its OpError (INTERNAL: by an id only, the
-    details logged under it, as the REST side answers a 500); `outcome` gets the status code's name."""
+    details logged under it, as the REST side answers a 500); `observe` hears the status code's name."""
     try:
         answer = await work()
-        if outcome is not None:
-            outcome.append("OK")
+        if observe is not None:
+            observe("OK")
         return answer
     except OpError as exc:
         code = STATUS.get(exc.code, grpc.StatusCode.UNKNOWN)
         message = _internal(f"upstream internal error: {exc}") if exc.code in (INTERNAL, UNKNOWN) else str(exc)
     except Exception as exc:   # a bug: the client gets an id, never the exception's text
         code, message = grpc.StatusCode.INTERNAL, _internal("gRPC call failed", exc)
-    if outcome is not None:
-        outcome.append(code.name)
+    if observe is not None:
+        observe(code.name)
     await context.abort(code, message)
 
 
