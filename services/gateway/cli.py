@@ -79,6 +79,8 @@ def command(aggregator, server, bind, ensemble_name, ready_file, timeout_s, max_
                           ensemble_name, refresh_s)
 
     stats = RequestStats().export() if metrics.requested() else None
+    if stats is not None:
+        metrics.set_task("gateway", "gateway")   # the `task` label of its families and zmqflow_task_info, as every task
     metrics.serve_requested()   # --metrics-port: process metrics and the infer requests' (request_stats.py)
 
     def announce():
