@@ -46,7 +46,9 @@ def _points(grid_text, space_file, random_runs, seed, epochs, batch_size):
 @click.option("--batch-size", default=TrainConfig.batch_size, type=click.IntRange(min=1),
               help="Batch size of a run unless the space sets it.")
 @click.option("--out", "out_dir", default="sweep-out", type=click.Path(file_okay=False),
-              help="Writes leaderboard.json, leaderboard.csv, sweep.png and runs/RUN/{checkpoint,logs} here.")
+              help="Writes leaderboard.json, leaderboard.csv, sweep.png (with the plot extra), the kept runs' "
+                   "checkpoints in checkpoints/RUN/ (each with its model.json: `zmqflow serve --checkpoint DIR "
+                   "--model DIR/model.json`), each run's logs in runs/RUN/logs/ and the sweep's in logs/ here.")
 @click.option("--keep-best", default=3, type=click.IntRange(min=0),
               help="Keep the checkpoints of the best K runs (by validation accuracy); delete the others.")
 @click.option("--input", "input_kind", default="preloaded", type=click.Choice(INPUTS),

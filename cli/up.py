@@ -3,7 +3,6 @@
 import json
 import os
 import sys
-import tempfile
 
 import click
 
@@ -32,8 +31,9 @@ from zmqflow.jobs.up.topology import check_local_ports, find_chief, select, wait
 @click.option("--port-offset", default=0, help="Add N to every port of the topology (hosts that are compose "
               "services, 0.0.0.0 or loopback), in commands, healthchecks and environment (TF_CONFIG too).")
 @click.option("--workdir", default=None, type=click.Path(file_okay=False),
-              help="Local directory for the compose volumes (volume NAME -> WORKDIR/NAME). "
-                   "Default: a new temporary directory (give one to keep checkpoints between runs).")
+              help="Local directory for the compose volumes (volume NAME -> WORKDIR/NAME). Default: .zmqflow-up "
+                   "beside the compose file; like Compose's named volumes, it outlives the run (the CURVE keys in "
+                   "zmqflow-keys/ for host clients, the checkpoints in zmqflow-data/): delete it for a fresh start.")
 @click.option("--exit-code-from", default=None, metavar="SERVICE",
               help="When SERVICE exits, stop the rest and exit with its code. Default: the chief "
                    "(the service whose TF_CONFIG makes it the chief), when it runs.")
@@ -73,7 +73,7 @@ def command(service_names, compose_file, service_list, profiles, env_file, no_de
             click.echo(json.dumps(resolved_config(project, chosen), indent=1))
             return
         check_local_ports(project, chosen)
-        localizer = Localizer(project.services, port_offset, workdir or tempfile.mkdtemp(prefix="zmqflow-up-"))
+        localizer = Localizer(project.services, port_offset, workdir or default_workdir(project.path))
         services = share_cores([localizer.localize(project.services[name]) for name in chosen])
     except (ComposeError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
@@ -96,3 +96,9 @@ def command(service_names, compose_file, service_list, profiles, env_file, no_de
     runner = Runner(services, prefixer, os.path.dirname(project.path), exit_code_from, abort_on_failure,
                     stop_timeout, health_timeout)
     sys.exit(runner.run())
+
+
+def default_workdir(compose_path):
+    """.zmqflow-up beside the compose file: its volumes, as Compose keeps a project's named volumes until
+    `down -v`, so the keys service's keys are where docs and host clients look (.zmqflow-up/zmqflow-keys)."""
+    return os.path.join(os.path.dirname(os.path.abspath(compose_path)), ".zmqflow-up")

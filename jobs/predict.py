@@ -51,36 +51,35 @@ def prediction_rows(spec, outputs):
 
 def predict_served(address, path, batch_size=500, timeout=30.0):
     """(column names, rows) of predictions for every row of `path`, asked of a running model server or
-    aggregator: the file is read with the data spec the (first) member's checkpoint records and its
-    feature columns are sent as records, made into inputs by the server."""
+    aggregator (only its address: an aggregator relays its members' model_info, so members on names that
+    resolve only inside a deployment do not matter): the file is read with the data spec the model's
+    checkpoint records and its feature columns are sent as records, made into inputs by the server."""
     from zmqflow.common.clients.aggregator import AggregatorClient
     from zmqflow.common.clients.serve import ModelClient
     with ModelClient(address, timeout=timeout, name="predict") as probe:
         service = probe.info()["service"]
-        if service == "serve":
-            schema = probe.model_info()["schema"]
-    if service == "aggregator":
-        with AggregatorClient(address, timeout=timeout, name="predict") as agg:
-            members = agg.members()
-        if not members:
-            raise InvalidArgumentError(f"the aggregator at {address} has no members")
-        with ModelClient(members[0]["address"], timeout=timeout, name="predict") as member:
-            schema = member.model_info()["schema"]
-    elif service != "serve":
+    if service not in ("serve", "aggregator"):
         raise InvalidArgumentError(f"{address} is a {service}, not a model server or an aggregator")
-    if not schema.get("data"):
-        raise InvalidArgumentError(f"the model at {address} was not trained with --data: it takes tensors "
-                                   f"({schema['inputs']}), not the rows of a file")
-    spec = from_config(schema["data"])
-    table = read_features(spec, path)
     client = AggregatorClient(address, timeout=timeout) if service == "aggregator" else ModelClient(address, timeout)
-    outputs = []
     with client:
-        for start in range(0, len(table), batch_size):
-            records = {str(c): [_plain(v) for v in values[start:start + batch_size]]
-                       for c, values in table.columns.items()}
-            outputs.append(client.predict_records(records)[0])
-    return prediction_rows(spec, np.concatenate(outputs))
+        schema = client.model_info(timeout=timeout)["schema"]
+        if not schema.get("data"):
+            raise InvalidArgumentError(f"the model at {address} was not trained with --data: it takes tensors "
+                                       f"({schema['inputs']}), not the rows of a file")
+        spec = from_config(schema["data"])
+        outputs = _served_outputs(client, spec, path, batch_size)
+    return prediction_rows(spec, outputs)
+
+
+def _served_outputs(client, spec, path, batch_size):
+    """The served model's outputs for every row of `path`, sent as records in batches."""
+    table = read_features(spec, path)
+    outputs = []
+    for start in range(0, len(table), batch_size):
+        records = {str(c): [_plain(v) for v in values[start:start + batch_size]]
+                   for c, values in table.columns.items()}
+        outputs.append(client.predict_records(records)[0])
+    return np.concatenate(outputs)
 
 
 def _plain(value):

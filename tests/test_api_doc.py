@@ -19,13 +19,14 @@ def test_the_api_doc_runs_as_written(monkeypatch, tmp_path):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with open(DOC) as f:
         blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
-    assert len(blocks) == 5
+    assert len(blocks) == 6
     scope = {}
     for block in blocks:
         exec(compile(block, DOC, "exec"), scope)
     job, summary = scope["job"], scope["summary"]
     assert job.status == "finished" and summary["test_metrics"]["accuracy"] > 0.9
     assert not [pid for pid in job.pids() if alive(pid)]
+    assert scope["info"]["predicted"] == ["a", "c"] and scope["outputs"].shape == (2, 3)   # served from the job's checkpoint
     assert (scope["server"].replica, scope["server"].is_chief) == (2, False)
     assert scope["accuracy"] > 0.85
     assert len(scope["own"].means) == 3 and scope["own"].means[-1] < scope["own"].means[0]   # 2 x 150 batches

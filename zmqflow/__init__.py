@@ -25,13 +25,24 @@ API = {
     "Server": "zmqflow.jobs.session", "MonitoredTrainingSession": "zmqflow.jobs.session",
     **dict.fromkeys(("StopAtStepHook", "CheckpointHook", "LoggingHook", "Hook", "StepContext"),
                     "zmqflow.services.worker.hooks"),
+    "keras": "zmqflow.models.keras:",
 }
-"""The Python API: name -> its module (or module:attribute), imported on first use."""
+"""The Python API: name -> its module (or module:attribute; "module:" is the module itself), imported on first
+use."""
+
+__all__ = sorted(API) + ["__version__"]
+"""What `from zmqflow import *` gives and what IDEs and `help(zmqflow)` list, though nothing is imported yet."""
 
 
 def __getattr__(name):
     """The Python API, imported on first use (so `import zmqflow` stays light)."""
     if name not in API:
         raise AttributeError(f"module 'zmqflow' has no attribute {name!r}")
-    module, _, attribute = API[name].partition(":")
-    return getattr(importlib.import_module(module), attribute or name)
+    module, colon, attribute = API[name].partition(":")
+    module = importlib.import_module(module)
+    return module if colon and not attribute else getattr(module, attribute or name)
+
+
+def __dir__():
+    """dir(zmqflow) and tab completion list the lazy API beside what is already imported."""
+    return sorted(set(globals()) | set(API))

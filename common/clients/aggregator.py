@@ -41,6 +41,11 @@ class AggregatorClient(OpClient):
         """One dict per member: address, weight, healthy, outstanding, requests, answers, timeouts, errors, ..."""
         return self.rpc.call(AggregatorOps.Members(), timeout=timeout)[0]["members"]
 
+    def model_info(self, timeout=5.0):
+        """{"schema": the members' inputs, output and raw feature columns}: a healthy member's model_info, relayed
+        by the aggregator, so a client that reaches only the aggregator's address learns what it takes."""
+        return self.rpc.call(AggregatorOps.ModelInfo(), timeout=timeout)[0]
+
     def add_member(self, address, weight=1.0, timeout=5.0):
         return self.rpc.call(AggregatorOps.AddMember(address, weight), timeout=timeout)[0]["member"]
 

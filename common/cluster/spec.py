@@ -111,7 +111,9 @@ class ClusterSpec:
 
     @classmethod
     def from_file(cls, path):
-        """A YAML or JSON file holding the cluster dict, or a TF_CONFIG-shaped doc (its task is ignored)."""
+        """A YAML or JSON file holding the cluster dict, a TF_CONFIG-shaped doc (its task is ignored), or
+        Kubernetes manifests with the ConfigMap `zmqflow k8s render` writes (`cluster.json` in its data:
+        deploy/k8s/cluster.yaml)."""
         path = os.fspath(path)
         try:
             with open(path, encoding="utf-8") as f:
@@ -123,10 +125,12 @@ class ClusterSpec:
         ext = os.path.splitext(path)[1].lower()
         as_json = ext == ".json" or (ext not in (".yaml", ".yml") and text.lstrip().startswith("{"))
         try:
-            doc = json.loads(text) if as_json else yaml.safe_load(text)
+            docs = [json.loads(text)] if as_json else [d for d in yaml.safe_load_all(text) if d is not None]
         except (ValueError, yaml.YAMLError) as e:
             kind = "JSON" if as_json else "YAML"
             raise InvalidArgumentError(f"cluster spec file {path} is not valid {kind}: {e}") from None
+        doc = _configmap_cluster(path, docs) if any(_is_manifest(d) for d in docs) or len(docs) > 1 else \
+            (docs[0] if docs else None)
         if not isinstance(doc, Mapping):
             raise InvalidArgumentError(f"cluster spec file {path} does not hold a mapping of jobs to addresses")
         if _is_tf_config_doc(doc):
@@ -316,6 +320,27 @@ class TaskConfig(NamedTuple):
 
 def _indices(tasks):
     return ", ".join(map(str, tasks)) or "none"
+
+
+def _is_manifest(doc):
+    return isinstance(doc, Mapping) and "apiVersion" in doc and "kind" in doc
+
+
+def _configmap_cluster(path, docs):
+    """The cluster dict in the `cluster.json` of a ConfigMap among Kubernetes manifests (k8s render's cluster.yaml)."""
+    for doc in docs:
+        data = doc.get("data") if _is_manifest(doc) and doc["kind"] == "ConfigMap" else None
+        if isinstance(data, Mapping) and "cluster.json" in data:
+            try:
+                return json.loads(data["cluster.json"])
+            except (TypeError, ValueError) as e:
+                raise InvalidArgumentError(f"cluster spec file {path}: ConfigMap "
+                                           f"{doc.get('metadata', {}).get('name')!r}: cluster.json is not JSON: {e}") \
+                    from None
+    kinds = ", ".join(str(d.get("kind", "no kind")) if isinstance(d, Mapping) else type(d).__name__ for d in docs)
+    raise InvalidArgumentError(f"cluster spec file {path} holds {len(docs)} YAML documents ({kinds}) and none is a "
+                               "ConfigMap with a cluster.json (as `zmqflow k8s render` writes): give one mapping of "
+                               "job names to task addresses")
 
 
 def _is_tf_config_doc(doc):

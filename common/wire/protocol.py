@@ -439,6 +439,10 @@ class AggregatorOps:
     class Members(Request, answer="members"):
         """One entry per member: address, weight, health, counters."""
 
+    class ModelInfo(Request, answer="schema"):
+        """The members' model (a healthy member's model_info, relayed), so a client that reaches only the
+        aggregator (a host in front of a compose or Kubernetes deployment) learns what it takes."""
+
     class Stats(Request, answer="members answers timeouts errors latency_ms"):
         pass
 

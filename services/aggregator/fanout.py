@@ -71,6 +71,10 @@ class FanOut:
             gather.fail(address, "removed")
         return member, lost
 
+    def new_id(self):
+        """A member-side request id for a request outside the fan-out (a relayed model_info)."""
+        return next(self._ids)
+
     # ------------------------------------------------ asking
 
     def ask(self, gather, now=None):

@@ -22,7 +22,8 @@ import numpy as np
 import zmq
 
 from zmqflow.common.wire import frames as wire
-from zmqflow.common.errors import InvalidArgumentError, OpError, ResourceExhaustedError, check_int
+from zmqflow.common.errors import InvalidArgumentError, OpError, ResourceExhaustedError, UnavailableError, check_int, \
+    error_from_code
 from zmqflow.common.rpc.service import PARKED, LoopClient, Service
 from zmqflow.common.rpc.probe import endpoint_of
 from zmqflow.common.rpc.resolver import default_resolver
@@ -60,11 +61,12 @@ class Aggregator(Service):
         self.queue_delay = QueueDelay()
         self._probe_request = None  # (args, one row of zeros per input) like the last request members answered
         self._timer_at = None
+        self._relays = {}           # member-side id -> (client call, member address) of a relayed model_info
         for address, weight in members:
             self._add(address, weight)
         self.serve({AggregatorOps.Predict: self._predict, AggregatorOps.AddMember: self._add_member,
                     AggregatorOps.RemoveMember: self._remove_member, AggregatorOps.Members: self._members,
-                    AggregatorOps.Stats: self._stats})
+                    AggregatorOps.Stats: self._stats, AggregatorOps.ModelInfo: self._model_info})
 
     # ------------------------------------------------ membership
 
@@ -110,6 +112,30 @@ class Aggregator(Service):
 
     def _members(self, call):
         return {"members": [m.describe() for m in self.members.members.values()]}
+
+    def _model_info(self, call):
+        """Relay model_info to the healthy member with the fewest requests out; its answer (or refusal) is the
+        client's. The members of one aggregator serve one model's schema (an ensemble of models of one task)."""
+        member = self.members.least_outstanding(exclude=set())
+        if member is None:
+            raise UnavailableError(f"no healthy member to ask for its model ({len(self.members)} members)")
+        rid, now = self.fanout.new_id(), time.monotonic()
+        timeout = 5.0 if call.deadline is None else max(0.001, call.deadline - now)
+        try:
+            self.links[member.address].submit(ServeOps.ModelInfo(), None, (), timeout, rid)
+        except zmq.ZMQError as exc:
+            raise UnavailableError(f"cannot ask member {member.address} for its model: {exc}") from None
+        self._relays[rid] = (call, member.address)
+        return self.park(call)
+
+    def _relayed(self, rid, call):
+        """A member's answer to a relayed model_info: passed on as it came."""
+        client_call, _ = self._relays.pop(rid)
+        if call.error is not None:
+            self.fail(client_call, error_from_code(call.error.code, call.error.message))
+        else:
+            header, _ = call.value
+            self.reply(client_call, header.get("result") or {})
 
     # ------------------------------------------------ predict
 
@@ -169,6 +195,9 @@ class Aggregator(Service):
     # ------------------------------------------------ member replies
 
     def _member_replied(self, address, call):
+        if call.id in self._relays:
+            self._relayed(call.id, call)
+            return
         member, now = self.members.get(address), time.monotonic()
         entry = self.fanout.awaiting(member, call.id)
         code, message = (call.error.code, call.error.message) if call.error is not None else (0, None)
@@ -195,6 +224,10 @@ class Aggregator(Service):
     def _member_lost(self, address):
         """The member's connection dropped (its process died or closed): the policy fails what is in
         flight to it now; replica retries go out here. The probes reconnect to where its name points then."""
+        for rid, (client_call, relayed_to) in list(self._relays.items()):
+            if relayed_to == address:
+                del self._relays[rid]
+                self.fail(client_call, UnavailableError(f"member {address} went away before it said its model"))
         member = self.members.get(address)
         if member is None:
             return
@@ -298,6 +331,8 @@ class Aggregator(Service):
         """Once a second: member requests past their deadline and grace are given up (their replies drop)."""
         for link in self.links.values():
             link.expire(now)
+        for rid in [rid for rid, (client_call, _) in self._relays.items() if client_call.finished]:
+            del self._relays[rid]   # its client gave up (deadline, cancel): a late answer has nowhere to go
 
     # ------------------------------------------------ introspection
 

@@ -99,6 +99,8 @@ def command(aggregator, server, bind, grpc_bind, ensemble_name, ready_file, time
                           ensemble_name, refresh_s)
 
     stats = RequestStats().export() if metrics.requested() else None
+    if stats is not None:
+        metrics.set_task("gateway", "gateway")   # the `task` label of its families and zmqflow_task_info, as every task
     metrics.serve_requested()   # --metrics-port: process metrics and the infer requests' (request_stats.py)
 
     grpc_address = []   # where the gRPC service listens, once it does

@@ -162,6 +162,27 @@ def test_bad_file(tmp_path, name, text, why):
     assert str(path) in str(info.value)
 
 
+def test_from_the_configmap_k8s_render_writes():
+    """deploy/k8s/cluster.yaml (Namespace, ConfigMap with cluster.json, claim): `cluster check --cluster` takes it."""
+    import os
+    shipped = os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "k8s", "cluster.yaml")
+    spec = ClusterSpec.from_file(shipped)
+    assert spec.task_address("ps", 1) == "ps-1.ps:5601" and spec.task_address("chief", 0) == "chief-0.chief:5610"
+
+
+@pytest.mark.parametrize("text, why", [
+    ("a: 1\n---\nb: 2\n", r"holds 2 YAML documents \(no kind, no kind\) and none is a ConfigMap with a cluster.json"),
+    ("apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n", r"\(Namespace\) and none is a ConfigMap"),
+    ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {cluster.json: '{no'}\n",
+     r"ConfigMap 'c': cluster.json is not JSON"),
+])
+def test_manifests_without_a_cluster_are_refused_saying_what_they_hold(tmp_path, text, why):
+    path = tmp_path / "manifests.yaml"
+    path.write_text(text)
+    with pytest.raises(InvalidArgumentError, match=why):
+        ClusterSpec.from_file(path)
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(NotFoundError, match="nope.yaml"):
         ClusterSpec.from_file(tmp_path / "nope.yaml")

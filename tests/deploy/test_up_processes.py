@@ -305,3 +305,10 @@ def test_a_killed_task_ends_the_job_naming_it_and_no_process_survives(project, t
     assert code == 137, text[-3000:]
     assert f"zmqflow up: {role} failed: it was killed by signal 9; stopping every service. Its last log lines:" in text
     assert all(gone(pid) for pid in pids.values())
+
+
+def test_volumes_default_to_dot_zmqflow_up_beside_the_compose_file():
+    """The keys outlive the run where docs and host clients look for them: .zmqflow-up/zmqflow-keys."""
+    code, out = up(["-f", COMPOSE, "--dry-run", "--no-deps", "keys"])
+    keys = os.path.join(os.path.dirname(os.path.abspath(COMPOSE)), ".zmqflow-up", "zmqflow-keys")
+    assert code == 0 and f"zmqflow keys generate {keys} " in out, out

@@ -20,7 +20,7 @@ def doc_text():
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
 def test_the_curl_infer_runs_as_written(topology):
-    command = next(block for block in re.findall(r"```\n(.*?)```", doc_text(), re.S) if block.startswith("curl"))
+    command = next(block for block in re.findall(r"```bash\n(.*?)```", doc_text(), re.S) if block.startswith("curl"))
     done = subprocess.run(["bash", "-c", command.replace("localhost:8000", topology.gateway)], capture_output=True,
                           text=True, timeout=30)
     answer = json.loads(done.stdout)

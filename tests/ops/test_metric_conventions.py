@@ -3,8 +3,10 @@ histograms for anything that accumulates (no rate computed by a task), gauges on
 STATE_GAUGES, base units in names, a `task` label on every zmqflow_* sample; docs/metrics.md lists
 exactly what the tasks export, and the Grafana dashboard in deploy/ queries only those names."""
 
+import importlib.util
 import json
 import re
+import urllib.request
 
 import numpy as np
 import pytest
@@ -114,7 +116,26 @@ def scraped(module_processes):
              "the reader's first instances")
     urls = {"broker": metrics_url(broker.endpoint), "ps": metrics_url(ps.endpoint), "worker": worker_url,
             "reader": reader_url, "serve": metrics_url(server.endpoint), "aggregator": metrics_url(aggregator.endpoint)}
+    if importlib.util.find_spec("starlette") is not None:   # the gateway (the http extra), after one infer request
+        gateway = module_processes.process("zmqflow.services.gateway", ["--aggregator", aggregator.endpoint, "--bind",
+                                                                        "127.0.0.1:0", *OPS], name="gateway")
+        listening = wait_for(lambda: [e for e in json_lines(gateway.log()) if "gateway listening on" in e["message"]],
+                             60, "the gateway's address")
+        http = listening[0]["message"].split("gateway listening on ")[1].split()[0]
+        body = json.dumps({"inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32", "data": [0.0] * 784}]})
+        request = urllib.request.Request(f"{http}/v2/models/ensemble/infer", body.encode(),
+                                         {"Content-Type": "application/json"})
+        wait_for(lambda: _answers(request), 30, "the gateway's first infer answer")
+        urls["gateway"] = logged_metrics_url(gateway)
     return {task: scrape_families(url) for task, url in urls.items()}
+
+
+def _answers(request):
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status == 200
+    except OSError:
+        return False   # not ready yet (503) or not listening yet
 
 
 def _sample(families, name):

@@ -176,7 +176,7 @@ def test_predict_asks_a_running_server_or_aggregator_what_the_checkpoint_answers
     csv_path = spec.raw["files"]["train"]
     agg = module_processes.service("zmqflow.services.aggregator", ["--member", proc.endpoint])
     runs = {}
-    for name, where in (("server", ["--server", proc.endpoint]), ("aggregator", ["--server", agg.endpoint]),
+    for name, where in (("server", ["--server", proc.endpoint]), ("aggregator", ["--address", agg.endpoint]),
                         ("checkpoint", ["--checkpoint", str(Path(csv_path).parent / "mlp")])):
         result = subprocess.run([sys.executable, "-m", "zmqflow", "predict", *where, "--input", csv_path],
                                 capture_output=True, text=True, timeout=60)
@@ -186,4 +186,29 @@ def test_predict_asks_a_running_server_or_aggregator_what_the_checkpoint_answers
     assert runs["server"] == runs["checkpoint"] == runs["aggregator"]
     refused = subprocess.run([sys.executable, "-m", "zmqflow", "predict", "--input", csv_path],
                              capture_output=True, text=True, timeout=60)
-    assert refused.returncode == 2 and "give --checkpoint DIR or --server ENDPOINT" in refused.stderr
+    assert refused.returncode == 2 and "give --checkpoint DIR or --address ENDPOINT" in refused.stderr
+
+
+def test_predict_through_an_aggregator_dials_only_the_aggregator(served, module_processes, monkeypatch):
+    """A host in front of a deployment reaches the aggregator's published port, never the members' in-cluster
+    names (serve0:5700): the aggregator relays its members' model_info, and predict asks nothing else."""
+    from zmqflow.common.clients import aggregator as aggregator_clients, serve as serve_clients
+    from zmqflow.common.errors import UnavailableError
+    from zmqflow.jobs.predict import predict_served
+    proc, spec, _, _ = served["mlp"]
+    agg = module_processes.service("zmqflow.services.aggregator", ["--member", proc.endpoint])
+    with serve_clients.ModelClient(proc.endpoint, timeout=10) as member, \
+            aggregator_clients.AggregatorClient(agg.endpoint, timeout=10) as client:
+        assert client.model_info()["schema"] == member.model_info()["schema"]
+    dialled = []
+    for module, name in ((serve_clients, "ModelClient"), (aggregator_clients, "AggregatorClient")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda address, *a, _original=original, **k: (
+            dialled.append(address), _original(address, *a, **k))[1])
+    columns, rows = predict_served(agg.endpoint, spec.raw["files"]["train"])
+    assert columns == ["class", "p_cat", "p_dog"] and len(rows) == 120
+    assert set(dialled) == {agg.endpoint}
+    empty = module_processes.service("zmqflow.services.aggregator", [])
+    with aggregator_clients.AggregatorClient(empty.endpoint, timeout=10) as client:
+        with pytest.raises(UnavailableError, match="no healthy member to ask for its model"):
+            client.model_info()

@@ -43,6 +43,10 @@ def test_sweep_ranks_runs_keeps_the_best_and_they_serve(processes, tmp_path):
     kept = [b["checkpoint"] for b in document["best"]]
     assert kept == [r["checkpoint"] for r in runs[:2]] and runs[2]["checkpoint"] is None
     assert sorted(os.listdir(out / "checkpoints")) == sorted(os.path.basename(k) for k in kept)
+    layout = " ".join(CliRunner().invoke(main, ["sweep", "--help"]).output.split())   # what --out's help promises
+    assert all(f" {named}" in layout for named in ("checkpoints/RUN/", "runs/RUN/logs/", "logs/", "model.json"))
+    assert (out / "logs").is_dir() and all((out / "runs" / r["run_id"] / "logs").is_dir() for r in runs)
+    assert all(os.path.exists(os.path.join(b["checkpoint"], "model.json")) for b in document["best"])
     for best in document["best"]:
         assert json.loads(open(best["model_file"]).read()) == best["model"]
         server = processes.service("zmqflow.services.serve", ["--checkpoint", best["checkpoint"],
