@@ -56,7 +56,8 @@ def write_trial_file(run_dir, validation_file, every_steps, task):
 
 class ReportHook(Hook):
     """On the run's chief: every `every_steps` global steps, validate the parameters on the ps, report the
-    metrics, and wait for the sweep's answer; a prune answer stops the loop (the sweep stops the processes)."""
+    metrics, and wait for the sweep's answer; after a prune answer it trains no more: the sweep stops the
+    job's processes."""
 
     def __init__(self):
         path = os.environ.get(TRIAL_ENV)
@@ -87,10 +88,11 @@ class ReportHook(Hook):
         self._reports.write(json.dumps({"step": step, "global_step": ctx.global_step,
                                         "metrics": {k: float(v) for k, v in result.items()}}) + "\n")
         self._reports.flush()
-        prune = self._decision(step)
-        if prune:
-            log.info("the sweep pruned this run at step %d", step)
-        return prune
+        if not self._decision(step):
+            return False
+        log.info("the sweep pruned this run at step %d; it stops this job's processes", step)
+        time.sleep(DECISION_TIMEOUT)       # stopped meanwhile, by PID; past it (no sweep left) the loop ends
+        return True
 
     def _decision(self, step):
         deadline = time.monotonic() + DECISION_TIMEOUT

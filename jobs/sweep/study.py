@@ -116,8 +116,11 @@ def _categorical(optuna, values):
 
 def search_space(optuna, space, points=None):
     """({name: distribution}, {name: {choice: value}}) of the searched axes: a sampler's ranges as Optuna
-    ranges; the lists (and, for listed points, every value they took) as categorical choices."""
+    ranges; the lists (and, for listed points, every value they took) as categorical choices. Without a
+    space, every key of the listed points is an axis."""
     distributions, decoders = {}, {}
+    if space is None:     # listed points only (a caller's own list): every key is a categorical axis
+        space = dict.fromkeys(points[0]) if points else {}
     for name, values in space.items():
         if points is not None:
             distributions[name], decoders[name] = _categorical(optuna, [p[name] for p in points])
@@ -166,7 +169,7 @@ class StudyRun:
                 return False
             self._steps.add(step)
             self.trial.report(float(value), int(step))
-            return self.trial.should_prune()
+            return bool(self.trial.should_prune())
 
     def finish(self, entry):
         """Keep the entry on the trial and close it: complete with its score, pruned, or failed."""
@@ -200,6 +203,7 @@ class StudyFeed:
         if sampler not in SAMPLERS:
             raise StudyError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
         self.sampler, self.base, self.lock = sampler, base, threading.RLock()
+        self._states = optuna.trial.TrialState
         self.pruning = pruner not in (None, "none")
         self.points = points
         self.trials = len(points) if sampler in FIXED else trials
@@ -232,7 +236,6 @@ class StudyFeed:
             self.study.set_user_attr("settings", settings)
             for point in points if sampler in FIXED else ():
                 self.study.enqueue_trial({k: _encoded(point[k]) for k in self.distributions})
-        self._states = optuna.trial.TrialState
 
     def retry(self, number, params):
         """Enqueue a run's point again and mark the interrupted trial failed (it has no entry: no leaderboard row)."""
