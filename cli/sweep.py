@@ -54,7 +54,7 @@ def _sampler(sampler, trials, random_runs):
 @click.option("--grid", "grid_text", default=None, metavar="SPEC",
               help="Hyperparameters as NAME=V1,V2;NAME=...: learning_rate (lr), hidden (64 or 128x64 for two "
                    "layers), optimizer (sgd, momentum, adam, adagrad), batch_size, epochs, activation. Every "
-                   "combination is trained; with --random, lists are choices and lo..hi or log:lo..hi ranges "
+                   "combination is trained; with --sampler random or tpe, lists are choices and lo..hi or log:lo..hi ranges "
                    "(learning_rate, batch_size, epochs) are sampled.")
 @click.option("--space", "space_file", default=None, type=click.Path(dir_okay=False),
               help="The same as a YAML/JSON file: {lr: [0.001, 0.01], hidden: [64, [128, 64]], "
@@ -72,15 +72,16 @@ def _sampler(sampler, trials, random_runs):
               help="Stop bad runs early (Optuna's pruners; needs the sweep extra): each run's validation is "
                    "reported every --validate-every-steps and the pruner compares it with the other runs' at the "
                    "same step. median: worse than the median of the finished runs; successive-halving and "
-                   "hyperband: not in the best 1/reduction-factor of the runs that reached the step.")
+                   "hyperband: not in the best 1/4 (1/3 for hyperband, Optuna's reduction factors) of the runs "
+                   "that reached the step.")
 @click.option("--pruner-startup-trials", default=5, type=click.IntRange(min=0),
               help="The median pruner prunes nothing until this many runs finished (Optuna's n_startup_trials).")
 @click.option("--validate-every-steps", default=None, type=click.IntRange(min=1),
               help="With a pruner: validate and report every N global steps (default: one epoch at --batch-size, "
                    "so runs with other batch sizes still report at the same steps).")
 @click.option("--parallel", default=None, type=click.IntRange(min=1),
-              help="Runs training at once on the default device (default: the number of CPU cores); each has its "
-                   "own ps task and worker.  [default: CPU cores]")
+              help="Runs training at once on the default device; each has its own ps task and worker.  "
+                   "[default: the number of CPU cores]")
 @click.option("--devices", "devices_text", default=None, metavar="LIST",
               help="Train one run per listed device at a time, instead of --parallel: cpu for a CPU slot, a GPU "
                    "index (0 or gpu:0, as zmqflow devices lists them) for a GPU, e.g. cpu,cpu or 0,1,0,1 "
