@@ -159,3 +159,15 @@ def test_without_optuna_the_grid_still_plans_and_optuna_options_name_the_extra(m
         result = _sweep(["--grid", "lr=0.01,0.1", "--out", str(tmp_path), *args])
         assert result.exit_code == 2, result.output
         assert "needs Optuna, which is not installed: pip install 'zmqflow[sweep]'" in result.output, result.output
+
+
+@pytest.mark.parametrize("pruner", ["successive-halving", "hyperband"])
+def test_the_halving_pruners_stop_a_run_that_is_not_the_best_of_its_rung(tmp_path, pruner):
+    feed = _grid_feed(tmp_path, pruner=pruner)
+    for value in (0.8, 0.82):        # hyperband learns its max resource (20 steps) from the first finished run
+        run = feed.next()
+        assert run.report(10, value) is False
+        run.report(20, value + 0.05)
+        _finish(run, value + 0.1)
+    worse = feed.next()
+    assert worse.report(10, 0.1) is True            # the first rung is one report: 10 steps

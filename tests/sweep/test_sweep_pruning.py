@@ -47,24 +47,26 @@ def _most_at_once(runs):
 
 def test_the_median_pruner_stops_the_bad_runs_before_their_last_epoch(tmp_path):
     out = tmp_path / "sweep"
-    output = _sweep(["--grid", "lr=0.01,0.02,1e-6,50", "--epochs", "2", "--devices", "cpu,cpu", "--pruner", "median",
+    # the slower learner first: a good run is never compared with a better one that finished before it reported
+    output = _sweep(["--grid", "lr=0.003,0.01,1e-6,50", "--epochs", "2", "--devices", "cpu,cpu", "--pruner", "median",
                      "--pruner-startup-trials", "1", "--out", str(out)])
     document = json.loads((out / "leaderboard.json").read_text())
     by_lr = {r["hyperparameters"]["learning_rate"]: r for r in document["runs"]}
-    good, bad = [by_lr[0.01], by_lr[0.02]], [by_lr[1e-6], by_lr[50]]
+    good, bad = [by_lr[0.003], by_lr[0.01]], [by_lr[1e-6], by_lr[50]]
     assert [r["status"] for r in good] == ["ok", "ok"] and [r["status"] for r in bad] == ["pruned", "pruned"], output
     every = document["sweep"]["validate_every_steps"]
     assert every == 4050 // 100          # one epoch of the sweep's training rows at the default batch size
     last_step = good[0]["global_step"]
     for run in bad:
         assert run["pruned_at_step"] == every < last_step                 # stopped after its first epoch of two
-        assert run["validation_curve"] == [[every, run["best_value"]]] and run["best_value"] < 0.5
+        assert run["validation_curve"] == [[every, run["best_value"]]]
+        assert run["best_value"] < min(r["validation_curve"][0][1] for r in good)   # worse than both at that step
         assert run["rank"] is None and run["checkpoint"] is None
         assert not (out / "runs" / run["run_id"] / "result.json").exists()   # the job never reached its end
         assert f"{run['run_id']}  PRUNED at step {every}" in output
     for run in good:
         assert [step for step, _ in run["validation_curve"]] == [every, 2 * every, last_step]
-        assert run["validation_score"] > 0.8 and run["kept"]
+        assert run["validation_score"] > 0.7 and run["kept"]
     rows = {r["run_id"]: r for r in csv.DictReader(open(out / "leaderboard.csv"))}
     assert {rows[r["run_id"]]["status"] for r in bad} == {"pruned"}
     assert {rows[r["run_id"]]["pruned_at_step"] for r in bad} == {str(every)}
