@@ -14,7 +14,8 @@ from zmqflow.inputs.metrics import PRIMARY
 from zmqflow.jobs.sweep.space import DEFAULTS
 
 CSV_COLUMNS = ["rank", "run_id", "status", *DEFAULTS, "validation_metric", "validation_score", "validation_accuracy",
-               "test_accuracy", "final_loss", "examples_per_s", "seconds", "checkpoint", "error"]
+               "test_accuracy", "final_loss", "examples_per_s", "seconds", "checkpoint", "error",
+               "pruned_at_step", "best_step", "best_value", "device", "trial"]
 
 
 def score(entry):
@@ -22,7 +23,11 @@ def score(entry):
     for a regression), or the validation accuracy of an entry that has no score."""
     metric = entry.get("validation_metric", "accuracy")
     value = entry.get("validation_score", entry.get("validation_accuracy"))
-    return metric, value, PRIMARY.get(_task_of(metric), ("accuracy", max))[1] is max
+    return metric, value, higher_is_better(metric)
+
+
+def higher_is_better(metric):
+    return PRIMARY.get(_task_of(metric), ("accuracy", max))[1] is max
 
 
 def better(a, b):
@@ -38,18 +43,25 @@ def _task_of(metric):
 
 def rank(entries):
     """Finished runs by validation score, best first (higher accuracy, lower RMSE; then lower final
-    loss, then run id), numbered from 1; failed runs follow without a rank."""
+    loss, then run id), numbered from 1; then the pruned runs without a rank (the later pruned first,
+    then by the best validation they reported), then the failed ones."""
     def key(e):
         _, value, higher = score(e)
         return (-value if higher else value, _loss(e), e["run_id"])
 
+    def pruned_key(e):
+        best = e.get("best_value")
+        best = float("inf") if best is None else -best if higher_is_better(e["validation_metric"]) else best
+        return (-(e.get("pruned_at_step") or 0), best, e["run_id"])
+
     ok = sorted((e for e in entries if e["status"] == "ok"), key=key)
-    failed = sorted((e for e in entries if e["status"] != "ok"), key=lambda e: e["run_id"])
+    pruned = sorted((e for e in entries if e["status"] == "pruned"), key=pruned_key)
+    failed = sorted((e for e in entries if e["status"] not in ("ok", "pruned")), key=lambda e: e["run_id"])
     for i, entry in enumerate(ok):
         entry["rank"] = i + 1
-    for entry in failed:
+    for entry in pruned + failed:
         entry["rank"] = None
-    return ok + failed
+    return ok + pruned + failed
 
 
 def _loss(entry):

@@ -32,8 +32,8 @@ def plot(out_dir, ranked):
         points = read_curve(entry.get("curve_file") or "")
         if points:
             steps, losses = zip(*points)
-            curves.plot(steps, losses, label=entry["run_id"] + ("" if entry["status"] == "ok" else " (failed)"),
-                        linewidth=1)
+            status = "" if entry["status"] == "ok" else f" ({entry['status']})"
+            curves.plot(steps, losses, label=entry["run_id"] + status, linewidth=1)
     curves.set_xlabel("global step")
     curves.set_ylabel("training loss")
     curves.set_yscale("log")

@@ -234,7 +234,8 @@ def _range(name, spec):
 
 # ------------------------------------------------ points
 
-def _complete(point, base):
+def complete(point, base):
+    """A full point: the defaults, then `base` (the command's --epochs, --batch-size), then the point's own values."""
     return {**DEFAULTS, **(base or {}), **point}
 
 
@@ -244,7 +245,7 @@ def grid(space, base=None):
     if ranges:
         raise SpaceError(f"{', '.join(ranges)}: a range can only be sampled; use --random N (or list values)")
     keys = list(space)
-    return [_complete(dict(zip(keys, combo)), base) for combo in itertools.product(*(space[k] for k in keys))]
+    return [complete(dict(zip(keys, combo)), base) for combo in itertools.product(*(space[k] for k in keys))]
 
 
 def sample(space, n, seed=0, base=None):
@@ -257,7 +258,7 @@ def sample(space, n, seed=0, base=None):
         point = {}
         for key, values in space.items():
             point[key] = values.draw(rng) if isinstance(values, Range) else values[int(rng.integers(len(values)))]
-        points.append(_complete(point, base))
+        points.append(complete(point, base))
     return points
 
 

@@ -87,11 +87,8 @@ class ValidationHook(Hook):
         self._last, self._last_at = step, time.monotonic()
         started = time.perf_counter()
         params = ps.pull()
-        x, rows = self.validation.x, self.validation.rows
-        part = (lambda i: {k: v[i:i + self.batch_size] for k, v in x.items()}) if isinstance(x, dict) else (
-            lambda i: x[i:i + self.batch_size])
-        outputs = np.concatenate([model.predict(params, part(i)) for i in range(0, rows, self.batch_size)])
-        result = metrics(outputs, self.validation.y, self.task)
+        result = metrics(predict_in_batches(model, params, self.validation.x, self.batch_size), self.validation.y,
+                         self.task)
         self.history.append({"step": step, **result})
         log.info("validation at step %d: %s (%.0f ms)", step, ", ".join(f"{k} {v:.4f}" for k, v in result.items()),
                  (time.perf_counter() - started) * 1000)
@@ -134,6 +131,14 @@ class ValidationHook(Hook):
     def summary(self):
         return {"validation": self.history[-1] if self.history else None, "best_validation": self.best,
                 "validation_metric": self.metric, "stopped_early_at": self.stopped_early}
+
+
+def predict_in_batches(model, params, x, batch_size=1000):
+    """The model's outputs on every row of `x` (an array, or {input name: array}), `batch_size` rows at a time."""
+    rows = len(next(iter(x.values()))) if isinstance(x, dict) else len(x)
+    part = (lambda i: {k: v[i:i + batch_size] for k, v in x.items()}) if isinstance(x, dict) else (
+        lambda i: x[i:i + batch_size])
+    return np.concatenate([model.predict(params, part(i)) for i in range(0, rows, batch_size)])
 
 
 def _fitted_spec(data):
