@@ -96,7 +96,8 @@ def _sampler(sampler, trials, random_runs):
 @click.option("--out", "out_dir", default="sweep-out", type=click.Path(file_okay=False),
               help="Writes leaderboard.json, leaderboard.csv, sweep.png (with the plot extra), checkpoints/RUN/ "
                    "(the kept runs, each with its model.json: `zmqflow serve --checkpoint DIR --model "
-                   "DIR/model.json`), runs/RUN/ (result.json, curve.jsonl, logs/), the sweep's own logs in logs/, "
+                   "DIR/model.json`), each run's result.json and curve.jsonl in runs/RUN/ and its logs in "
+                   "runs/RUN/logs/, the sweep's own logs in logs/, "
                    "and study.journal (the Optuna study, with the sweep extra) here.")
 @click.option("--keep-best", default=3, type=click.IntRange(min=0),
               help="Keep the checkpoints of the best K runs (by validation score); delete the others.")
