@@ -26,7 +26,7 @@ import re
 
 import numpy as np
 
-from zmqflow.common.errors import DataLossError, InvalidArgumentError, NotFoundError
+from zmqflow.common.errors import DataLossError, InvalidArgumentError, NotFoundError, did_you_mean
 
 SOURCES = {
     "csv": {"header": True, "delimiter": ",", "columns": None},
@@ -71,11 +71,13 @@ def check_source(kind, options):
     """The options of a `source:` of format `kind`, defaults filled; unknown or bad ones are
     InvalidArgumentError, and a TFRecord feature map or a fixed-length layout is checked here."""
     if kind not in SOURCES:
-        raise InvalidArgumentError(f"data spec source.format {kind!r} is not one of {', '.join(SOURCES)}")
-    unknown = sorted(set(options) - set(SOURCES[kind]))
-    if unknown:
-        raise InvalidArgumentError(f"data spec source: unknown field(s) {unknown} for format {kind}; it takes "
-                                   f"{', '.join(SOURCES[kind]) or 'no options'}")
+        raise InvalidArgumentError(f"data spec source.format {kind!r} is not one of {', '.join(SOURCES)}"
+                                   f"{did_you_mean(kind, SOURCES)}")
+    for key in options:
+        if key not in SOURCES[kind]:
+            raise InvalidArgumentError(f"data spec source: unknown key {key!r} for format {kind}"
+                                       f"{did_you_mean(key, SOURCES[kind])}; it takes "
+                                       f"{', '.join(SOURCES[kind]) or 'no options'}")
     missing = [name for name in _REQUIRED.get(kind, ()) if options.get(name) is None]
     if missing:
         raise InvalidArgumentError(f"data spec source: format {kind} needs {' and '.join(missing)}")
@@ -318,8 +320,9 @@ def read_csv(spec, path, label=True):
 
 
 def name_columns(message, names):
-    """'column 3: ...' -> 'column 3 (age): ...' so an error says which column by name."""
-    return re.sub(r"column (\d+)", lambda m: f"column {m.group(1)} ({names[int(m.group(1))]})"
+    """CsvFormat's 'column 3: ...' (its index, from 0) -> 'column 4 (age): ...': the column as the user
+    counts it in the file, from 1 as its lines are, and by name."""
+    return re.sub(r"column (\d+)", lambda m: f"column {int(m.group(1)) + 1} ({names[int(m.group(1))]})"
                   if int(m.group(1)) < len(names) else m.group(0), message)
 
 

@@ -23,26 +23,23 @@ The files of each format are read in inputs/data_sources.py.
 
 import dataclasses
 import os
-import re
 from collections.abc import Mapping
 
 import numpy as np
-import yaml
 
-from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.spec_files import read_spec_file
 from zmqflow.inputs.data_sources import (SOURCES, Table, check_columns, check_source, concat, paths, read_csv,  # noqa: F401
                                          read_file, read_mnist, read_npz)   # Table and the readers: re-exported
 
-TASKS = ("multiclass", "binary", "multi_label", "regression")
-FEATURE_TYPES = ("numeric", "categorical", "image")
-SPLITS = ("train", "validation", "test")
+from zmqflow.inputs.spec_schema import FEATURE_TYPES, SPLITS, TASKS, check  # noqa: F401  (re-exported)
+
 FORMATS = tuple(SOURCES)
 MNIST = {"name": "mnist", "source": {"format": "mnist"}, "files": {"train": "shipped", "test": "shipped"},
          "features": {"image": {"type": "image", "columns": "p0..p783", "shape": [784]}},
          "label": {"column": "label", "task": "multiclass", "classes": list(range(10))}, "normalize": False}
 """The shipped MNIST sample (inputs/datasets.py): 4,500 train and 500 test rows, pixels in [0, 1]."""
 BUILTIN = {"mnist": MNIST}
-_RANGE = re.compile(r"^([A-Za-z_][\w]*?)(\d+)\.\.([A-Za-z_][\w]*?)?(\d+)$")
 
 
 @dataclasses.dataclass
@@ -75,135 +72,44 @@ class Label:
 
 
 class DataSpec:
-    """A checked data spec; `load(split)` reads a split, `inputs(raw)` makes the model's inputs."""
+    """A checked data spec (inputs/spec_schema.py says what a spec may hold); `load_tables(spec)` reads
+    its splits, `prepare` makes the model's inputs. A spec without `features` takes every column but
+    the label's (and those it drops), typed from its train split the first time its features are
+    asked for (inputs/column_types.py)."""
 
-    def __init__(self, raw, base_dir="."):
-        if not isinstance(raw, Mapping):
-            raise InvalidArgumentError(f"a data spec is a mapping (source, files, features, label), got "
-                                       f"{type(raw).__name__}")
-        unknown = sorted(set(raw) - {"source", "files", "split", "features", "label", "normalize", "skip_bad_rows",
-                                     "name"})
-        if unknown:
-            raise InvalidArgumentError(f"data spec: unknown field(s) {unknown}; known: source, files, split, features, "
-                                       "label, normalize, skip_bad_rows, name")
+    def __init__(self, raw, base_dir=".", origin=None):
+        checked = check(raw, f"data spec {origin}" if origin else "data spec")
         self.raw, self.base_dir = dict(raw), base_dir
-        self.name = raw.get("name", "data")
-        source = dict(raw.get("source") or {"format": "csv"})
-        self.format = source.pop("format", "csv")
-        self.source = check_source(self.format, source)     # the format's options (data_sources.SOURCES)
+        self.name = checked.name
+        self.source = dict(checked.source)
+        self.format = self.source.pop("format")      # the format's options (data_sources.SOURCES) stay
         self.header = bool(self.source.get("header", True))
         self.delimiter = self.source.get("delimiter", ",")
         self.column_names = self.source.get("columns")
-        self.files = self._files(raw.get("files"))
-        self.split = self._split(raw.get("split"))
-        self.features = [self._feature(name, value) for name, value in (raw.get("features") or {}).items()]
-        if not self.features:
-            raise InvalidArgumentError("data spec: `features` names no feature; list the columns the model reads")
-        self.label = self._label(raw.get("label"))
-        self.normalize = bool(raw.get("normalize", True))
-        self.skip_bad_rows = bool(raw.get("skip_bad_rows", False))
+        self.files = {split: patterns for split, patterns in checked.files.model_dump().items()
+                      if patterns is not None}
+        self.split = {} if checked.split is None else {     # the keys the spec gives, checked
+            k: v for k, v in checked.split.model_dump().items() if k in raw["split"]}
+        label = checked.label
+        self.label = Label(label.columns, label.task,
+                           None if label.classes is None else [_class_key(c) for c in label.classes])
+        self.normalize, self.skip_bad_rows = checked.normalize, checked.skip_bad_rows
+        self.drop, self.categorical = checked.drop or [], checked.categorical or []
+        self.inferred = checked.features is None
+        self._features = None if self.inferred else [
+            Feature(name, f.type, f.columns, default=f.default, vocabulary=f.vocabulary, hash_buckets=f.hash_buckets,
+                    encode=f.encode, shape=None if f.shape is None else tuple(f.shape), scale=f.scale)
+            for name, f in checked.features.items()]
         self.stats = None
         self.tables = None      # (the files' signature, the splits as read): load_tables reads once
 
-    # ------------------------------------------------ reading the spec
-
-    def _files(self, files):
-        if isinstance(files, (str, list)):
-            files = {"train": files}
-        if not isinstance(files, Mapping) or "train" not in files:
-            raise InvalidArgumentError("data spec `files` needs a train entry: a glob, a list, or {train: ..., "
-                                       "validation: ..., test: ...}")
-        unknown = sorted(set(files) - set(SPLITS))
-        if unknown:
-            raise InvalidArgumentError(f"data spec files: unknown split(s) {unknown}; splits are {', '.join(SPLITS)}")
-        return {split: [files[split]] if isinstance(files[split], str) else list(files[split]) for split in files}
-
-    def _split(self, split):
-        if split is None:
-            return {}
-        if not isinstance(split, Mapping) or set(split) - {"validation", "test", "seed"}:
-            raise InvalidArgumentError(f"data spec split is {{validation: FRACTION, test: FRACTION, seed: N}}, "
-                                       f"got {split!r}")
-        for part in ("validation", "test"):
-            if part in split and part in self.files:
-                raise InvalidArgumentError(f"data spec: the {part} split has files and a fraction; give one")
-            fraction = split.get(part, 0)
-            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
-                raise InvalidArgumentError(f"data spec split.{part} must be a fraction in [0, 1), got {fraction!r}")
-        if split.get("validation", 0) + split.get("test", 0) >= 1:
-            raise InvalidArgumentError("data spec split: validation and test together leave no training rows")
-        return dict(split)
-
-    def _feature(self, name, value):
-        value = {"type": value} if isinstance(value, str) else dict(value or {})
-        kind = value.pop("type", "numeric")
-        if kind not in FEATURE_TYPES:
-            raise InvalidArgumentError(f"feature {name!r}: type {kind!r} is not one of {', '.join(FEATURE_TYPES)}")
-        columns = _columns(value.pop("columns", value.pop("column", name)))
-        feature = Feature(name, kind, columns, default=value.pop("default", None),
-                          vocabulary=value.pop("vocabulary", None), hash_buckets=value.pop("hash_buckets", None),
-                          encode=value.pop("encode", "one_hot"), shape=value.pop("shape", None),
-                          scale=value.pop("scale", None))
-        if value:
-            raise InvalidArgumentError(f"feature {name!r}: unknown field(s) {sorted(value)}")
-        if kind == "categorical":
-            if (feature.vocabulary is None) == (feature.hash_buckets is None):
-                raise InvalidArgumentError(f"feature {name!r}: a categorical feature needs a vocabulary or "
-                                           "hash_buckets (one of them)")
-            if feature.encode not in ("one_hot", "ids"):
-                raise InvalidArgumentError(f"feature {name!r}: encode is one_hot or ids, got {feature.encode!r}")
-            if feature.vocabulary is not None:
-                feature.vocabulary = [str(v) for v in feature.vocabulary]
-        if kind == "image":
-            shape = tuple(int(n) for n in (feature.shape or (len(columns),)))
-            if len(columns) > 1 and int(np.prod(shape)) != len(columns):   # one column: an array of that shape
-                raise InvalidArgumentError(f"feature {name!r}: shape {list(shape)} holds {int(np.prod(shape))} values, "
-                                           f"the feature has {len(columns)} columns")
-            feature.shape = shape
-        elif len(columns) != 1:
-            raise InvalidArgumentError(f"feature {name!r}: a {kind} feature is one column, got {len(columns)}")
-        return feature
-
-    def _label(self, label):
-        if isinstance(label, str):
-            label = {"column": label}
-        if not isinstance(label, Mapping):
-            raise InvalidArgumentError("data spec `label` names the label column: {column: NAME, task: multiclass}")
-        label = dict(label)
-        columns = _columns(label.pop("columns", label.pop("column", None)))
-        task = label.pop("task", "multiclass")
-        classes = label.pop("classes", None)
-        if label:
-            raise InvalidArgumentError(f"data spec label: unknown field(s) {sorted(label)}")
-        if task not in TASKS:
-            raise InvalidArgumentError(f"label task {task!r} is not one of {', '.join(TASKS)}")
-        if task != "multi_label" and len(columns) != 1:
-            raise InvalidArgumentError(f"a {task} label is one column, got {columns}")
-        if task == "binary" and classes is not None and len(classes) != 2:
-            raise InvalidArgumentError(f"a binary label has two classes, got {classes}")
-        overlap = sorted(set(columns) & {c for f in self.features for c in f.columns})
-        if overlap:
-            raise InvalidArgumentError(f"column(s) {overlap} are both a feature and the label")
-        return Label(columns, task, None if classes is None else [_class_key(c) for c in classes])
-
-
-def _columns(value):
-    """A list of column names (or indices) from a name, a list, or a range text "p0..p783"."""
-    if value is None:
-        raise InvalidArgumentError("data spec: a feature or label needs its column")
-    if isinstance(value, str):
-        match = _RANGE.match(value.strip())
-        if match:
-            prefix, first, other, last = match.groups()
-            if other not in (None, prefix) or int(last) < int(first):
-                raise InvalidArgumentError(f"column range {value!r} is PREFIX<first>..<last>, e.g. p0..p783")
-            return [f"{prefix}{i}" for i in range(int(first), int(last) + 1)]
-        return [value]
-    if isinstance(value, int) and not isinstance(value, bool):
-        return [value]
-    if isinstance(value, (list, tuple)) and value:
-        return list(value)
-    raise InvalidArgumentError(f"columns must be a name, a list or a range like p0..p783, got {value!r}")
+    @property
+    def features(self):
+        """The features: the spec's own, or every column but the label's typed from the train split."""
+        if self._features is None:
+            from zmqflow.inputs.column_types import infer_features
+            self._features = infer_features(self)
+        return self._features
 
 
 def _class_key(value):
@@ -225,14 +131,7 @@ def load_spec(source):
     if isinstance(source, str) and source in BUILTIN:
         return DataSpec(BUILTIN[source])
     path = os.fspath(source)
-    if not os.path.isfile(path):
-        raise NotFoundError(f"data spec {path!r} does not exist")
-    with open(path, encoding="utf-8") as f:
-        try:
-            raw = yaml.safe_load(f)
-        except yaml.YAMLError as exc:
-            raise InvalidArgumentError(f"data spec {path!r} is not valid YAML: {exc}") from None
-    return DataSpec(raw, base_dir=os.path.dirname(os.path.abspath(path)))
+    return DataSpec(read_spec_file(path, "data spec"), base_dir=os.path.dirname(os.path.abspath(path)), origin=path)
 
 
 # ------------------------------------------------ reading the data

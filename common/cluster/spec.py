@@ -21,10 +21,9 @@ import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
-import yaml
-
 from zmqflow.common.cluster.device import JOB_NAME
 from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.common.spec_files import read_spec_file
 
 TF_CONFIG_KEYS = frozenset({"cluster", "task", "environment", "rpc_layer"})
 CHIEF_JOBS = ("chief", "master")
@@ -113,20 +112,7 @@ class ClusterSpec:
     def from_file(cls, path):
         """A YAML or JSON file holding the cluster dict, or a TF_CONFIG-shaped doc (its task is ignored)."""
         path = os.fspath(path)
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except FileNotFoundError:
-            raise NotFoundError(f"cluster spec file {path} does not exist") from None
-        except OSError as e:
-            raise InvalidArgumentError(f"cluster spec file {path} cannot be read: {e}") from None
-        ext = os.path.splitext(path)[1].lower()
-        as_json = ext == ".json" or (ext not in (".yaml", ".yml") and text.lstrip().startswith("{"))
-        try:
-            doc = json.loads(text) if as_json else yaml.safe_load(text)
-        except (ValueError, yaml.YAMLError) as e:
-            kind = "JSON" if as_json else "YAML"
-            raise InvalidArgumentError(f"cluster spec file {path} is not valid {kind}: {e}") from None
+        doc = read_spec_file(path, "cluster spec file")
         if not isinstance(doc, Mapping):
             raise InvalidArgumentError(f"cluster spec file {path} does not hold a mapping of jobs to addresses")
         if _is_tf_config_doc(doc):

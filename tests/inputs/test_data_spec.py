@@ -2,6 +2,7 @@
 is an error naming the file, line and column (or a counted skip when the spec asks for it)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -90,7 +91,7 @@ def test_the_built_in_mnist_spec_is_the_shipped_split():
     (ROWS[:2] + ["1.3,0.2,red"], HEADER, {}, InvalidArgumentError,
      r"flowers.csv:4: malformed CSV line: expected 4 fields, got 3"),
     (ROWS[:4] + ["tall,0.2,red,setosa"], HEADER, {}, InvalidArgumentError,
-     r"flowers.csv:6: malformed CSV line: column 0 \(petal_len\): cannot parse 'tall' as float32"),
+     r"flowers.csv:6: malformed CSV line: column 1 \(petal_len\): cannot parse 'tall' as float32"),
     ([], "", {}, InvalidArgumentError, r"flowers.csv is empty"),
     ([], HEADER, {}, InvalidArgumentError, r"flowers.csv has no rows after its header"),
     (ROWS[:5], HEADER, {"split": {"validation": 0.05}}, InvalidArgumentError,
@@ -106,17 +107,37 @@ def test_bad_input_names_the_file_line_and_column(tmp_path, rows, header, fields
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"features": {"a": "text"}}, "feature 'a': type 'text' is not one of numeric, categorical, image"),
-    ({"features": {"a": {"type": "categorical"}}}, "needs a vocabulary or hash_buckets"),
-    ({"features": {"species": "numeric"}}, r"column\(s\) \['species'\] are both a feature and the label"),
-    ({"label": {"column": "species", "task": "ranking"}}, "label task 'ranking' is not one of"),
-    ({"split": {"validation": 0.5, "test": 0.5}}, "leave no training rows"),
-    ({"shuffle": True}, r"unknown field\(s\) \['shuffle'\]"),
-    ({"features": {"p": {"type": "image", "columns": "p0..p9", "shape": [3, 3]}}}, "holds 9 values, the feature has 10"),
+    ({"features": {"a": "text"}}, "flowers.yaml: features.a.type: 'text' is not one of numeric, categorical, image"),
+    ({"features": {"a": {"type": "numerc"}}}, "features.a.type: 'numerc' is not one of numeric, categorical, image, "
+                                              "did you mean 'numeric'?"),
+    ({"features": {"a": {"type": "categorical"}}},
+     "flowers.yaml: features.a: a categorical feature needs a vocabulary or hash_buckets"),
+    ({"features": {"species": "numeric"}}, "flowers.yaml: column(s) ['species'] are both a feature and the label"),
+    ({"label": {"column": "species", "task": "ranking"}}, "flowers.yaml: label.task: 'ranking' is not one of"),
+    ({"split": {"validation": 0.5, "test": 0.5}}, "flowers.yaml: split: validation and test together leave no "
+                                                  "training rows"),
+    ({"shuffle": True}, "flowers.yaml: unknown key 'shuffle' (a data spec takes name, source, files, split, "
+                        "features, label, normalize, skip_bad_rows, drop, categorical)"),
+    ({"split": {"tset": 0.2}}, "flowers.yaml: split: unknown key 'tset', did you mean 'test'? (split takes "
+                               "validation, test, seed)"),
+    ({"features": {"age": {"defualt": 0}}}, "flowers.yaml: features.age: unknown key 'defualt', did you mean "
+                                            "'default'? (a feature takes type, column, columns, default, vocabulary, "
+                                            "hash_buckets, encode, shape, scale)"),
+    ({"label": {"column": "species", "clases": ["a", "b"]}}, "label: unknown key 'clases', did you mean 'classes'?"),
+    ({"files": {"trian": "flowers.csv"}}, "files: unknown key 'trian', did you mean 'train'?"),
+    ({"features": {"p": {"type": "image", "columns": "p0..p9", "shape": [3, 3]}}},
+     "features.p: shape [3, 3] holds 9 values, the feature has 10"),
+    ({"features": {"c": {"type": "categorical", "hash_buckets": 0}}},
+     "features.c.hash_buckets: hash_buckets takes positive integers, got 0"),
+    ({"split": {"test": "a fifth"}}, "split.test: a fraction in [0, 1), got 'a fifth'"),
+    ({"drop": ["colour"]}, "drop picks among the columns a spec without `features` takes; this spec lists its features"),
 ])
-def test_bad_specs_name_the_field(tmp_path, fields, message):
-    with pytest.raises(InvalidArgumentError, match=message):
+def test_bad_specs_name_the_file_and_the_key_path(tmp_path, fields, message):
+    """One line naming the file, the key path and what is wrong; an unknown key at any level gets a
+    "did you mean" and the keys that level takes."""
+    with pytest.raises(InvalidArgumentError, match=re.escape(message)) as error:
         spec_for(tmp_path, **fields)
+    assert "\n" not in str(error.value) and str(error.value).startswith(f"data spec {tmp_path / 'flowers.yaml'}: ")
 
 
 def test_bad_rows_are_skipped_and_counted_when_the_spec_asks(tmp_path):
