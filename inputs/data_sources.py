@@ -262,23 +262,53 @@ def _missing(path, columns, available, what="column"):
 
 # ------------------------------------------------ the readers
 
-def csv_format(spec, path, label=True, chunk_size=None):
-    """(column names, CsvFormat) of one CSV file as the spec reads it: the header (or the spec's
-    columns) names the columns, the needed ones are parsed (numbers as float32, categories and class
-    labels as text), an empty field takes its feature's default. Shared by read_csv and the readers'
-    stream (spec_stream.py), so both parse a file alike."""
+def csv_column_names(spec, path):
+    """The columns of a CSV file: its header, or the spec's source.columns, or numbers from 0."""
     from zmqflow.inputs.formats.base import open_input, resolve_compression
-    from zmqflow.inputs.formats.csv_format import CsvFormat
     with open_input(path, resolve_compression(path, None)) as f:      # a .csv.gz is read decompressed
         first = f.readline()
     if not first.strip():
         raise InvalidArgumentError(f"{path} is empty")
     if spec.header:
-        names = next(csv.reader([first.decode("utf-8", "replace").strip("\r\n")], delimiter=spec.delimiter))
-    elif spec.column_names:
-        names = list(spec.column_names)
-    else:
-        names = list(range(first.decode("latin-1").count(spec.delimiter) + 1))
+        return next(csv.reader([first.decode("utf-8", "replace").strip("\r\n")], delimiter=spec.delimiter))
+    if spec.column_names:
+        return list(spec.column_names)
+    return list(range(first.decode("latin-1").count(spec.delimiter) + 1))
+
+
+def column_names(spec, path):
+    """Every column of a file of the spec's format, in the file's order: what a spec without
+    `features` chooses from."""
+    declared = source_columns(spec)
+    if declared is not None:
+        return declared
+    if spec.format == "csv":
+        return csv_column_names(spec, path)
+    if spec.format == "npz":
+        return list(_load_numpy(path, ".npz").files)
+    if spec.format == "npy":
+        array = _load_numpy(path, ".npy")
+        if array.dtype.names:
+            return list(array.dtype.names)
+        return list(spec.source["columns"] or range(array.shape[1] if array.ndim == 2 else 0))
+    if spec.format == "parquet":
+        try:
+            import pyarrow.parquet as pq
+            return list(pq.ParquetFile(path).schema_arrow.names)
+        except ImportError:
+            raise InvalidArgumentError(f"{path}: reading Parquet needs pyarrow: pip install 'zmqflow[parquet]'") from None
+        except Exception as exc:        # pyarrow's errors: ArrowException, OSError
+            raise InvalidArgumentError(f"{path} is not a readable Parquet file: {exc}") from None
+    raise InvalidArgumentError(f"a {spec.format} data spec lists its features")
+
+
+def csv_format(spec, path, label=True, chunk_size=None):
+    """(column names, CsvFormat) of one CSV file as the spec reads it: the header (or the spec's
+    columns) names the columns, the needed ones are parsed (numbers as float32, categories and class
+    labels as text), an empty field takes its feature's default. Shared by read_csv and the readers'
+    stream (spec_stream.py), so both parse a file alike."""
+    from zmqflow.inputs.formats.csv_format import CsvFormat
+    names = csv_column_names(spec, path)
     index = {name: i for i, name in enumerate(names)}
     kinds = needed(spec, label)
     missing = [c for c in kinds if c not in index]

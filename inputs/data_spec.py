@@ -21,17 +21,17 @@ NotFoundError for a missing file) naming the file, line and column (or record, o
 The files of each format are read in inputs/data_sources.py.
 """
 
+import copy
 import dataclasses
 import os
 from collections.abc import Mapping
 
 import numpy as np
 
-from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.errors import InvalidArgumentError, did_you_mean
 from zmqflow.common.spec_files import read_spec_file
-from zmqflow.inputs.data_sources import (SOURCES, Table, check_columns, check_source, concat, paths, read_csv,  # noqa: F401
-                                         read_file, read_mnist, read_npz)   # Table and the readers: re-exported
-
+from zmqflow.inputs.data_sources import (SOURCES, Table, check_columns, check_source, column_names, concat,  # noqa: F401
+                                         paths, read_csv, read_file, read_mnist, read_npz)   # re-exported: Table, readers
 from zmqflow.inputs.spec_schema import FEATURE_TYPES, SPLITS, TASKS, check  # noqa: F401  (re-exported)
 
 FORMATS = tuple(SOURCES)
@@ -75,7 +75,7 @@ class DataSpec:
     """A checked data spec (inputs/spec_schema.py says what a spec may hold); `load_tables(spec)` reads
     its splits, `prepare` makes the model's inputs. A spec without `features` takes every column but
     the label's (and those it drops), typed from its train split the first time its features are
-    asked for (inputs/column_types.py)."""
+    asked for (infer_features)."""
 
     def __init__(self, raw, base_dir=".", origin=None):
         checked = check(raw, f"data spec {origin}" if origin else "data spec")
@@ -107,7 +107,6 @@ class DataSpec:
     def features(self):
         """The features: the spec's own, or every column but the label's typed from the train split."""
         if self._features is None:
-            from zmqflow.inputs.column_types import infer_features
             self._features = infer_features(self)
         return self._features
 
@@ -164,18 +163,96 @@ def _read_tables(spec):
                   for split, patterns in spec.files.items()}
     if spec.split:
         train = tables["train"]
-        order = np.random.default_rng(spec.split.get("seed", 0)).permutation(len(train))
-        start = 0
-        for part in ("validation", "test"):
-            count = int(round(len(train) * spec.split.get(part, 0)))
-            if spec.split.get(part, 0) and count == 0:
-                raise InvalidArgumentError(f"data spec split.{part} = {spec.split[part]} of {len(train)} rows leaves "
-                                           f"no {part} rows")
-            if count:
-                tables[part] = train.take(np.sort(order[start:start + count]))
-                start += count
-        tables["train"] = train.take(np.sort(order[start:]))
+        for part, rows in drawn_rows(spec, len(train)).items():
+            tables[part] = train.take(rows)
     return tables
+
+
+def drawn_rows(spec, count):
+    """{split: sorted row indices} that the spec's seeded fractions draw from `count` train rows."""
+    order = np.random.default_rng(spec.split.get("seed", 0)).permutation(count)
+    start, rows = 0, {}
+    for part in ("validation", "test"):
+        size = int(round(count * spec.split.get(part, 0)))
+        if spec.split.get(part, 0) and size == 0:
+            raise InvalidArgumentError(f"data spec split.{part} = {spec.split[part]} of {count} rows leaves "
+                                       f"no {part} rows")
+        if size:
+            rows[part] = np.sort(order[start:start + size])
+            start += size
+    rows["train"] = np.sort(order[start:])
+    return rows
+
+
+# ------------------------------------------------ every column by name
+
+MAX_INFERRED_VOCABULARY = 1000
+"""A text column with more distinct values in the train split is an id or free text, not a category:
+a spec that takes every column asks for it to be dropped (or listed with hash_buckets)."""
+
+
+def infer_features(spec):
+    """The features of a spec that lists none: every column of its first train file but the label's
+    and `drop`'s, in the file's order. A column whose train-split values are all numbers is numeric
+    (an empty field takes the mean of the others); any other, and those `categorical` names, is
+    categorical with the train split's values as its vocabulary (an empty field is unknown)."""
+    if spec.format == "mnist":
+        raise InvalidArgumentError("the built-in mnist spec lists its features")
+    names = column_names(spec, paths(spec, spec.files["train"], "train")[0])
+    for key in ("drop", "categorical"):
+        for column in getattr(spec, key):
+            if column not in names:
+                raise InvalidArgumentError(f"data spec {key}: column {column!r} is not in the data"
+                                           f"{did_you_mean(column, names)} (its columns: {_few_names(names)})")
+    missing = [c for c in spec.label.columns if c not in names]
+    if missing:
+        raise InvalidArgumentError(f"data spec label: column(s) {missing} are not in the data"
+                                   f"{did_you_mean(missing[0], names)} (its columns: {_few_names(names)})")
+    taken = [c for c in names if c not in spec.label.columns and c not in spec.drop]
+    if not taken:
+        raise InvalidArgumentError("data spec: the data has no column but the label's (and those dropped) to learn "
+                                   f"from (its columns: {_few_names(names)})")
+    probe = copy.copy(spec)          # every taken column read as text, empty fields allowed (CSV)
+    probe._features = [Feature(str(c), "categorical", [c], default="" if spec.format == "csv" else None,
+                               vocabulary=[]) for c in taken]
+    text = concat([read_file(probe, p, label=False) for p in paths(spec, spec.files["train"], "train")])
+    if spec.split:
+        text = text.take(drawn_rows(spec, len(text))["train"])
+    return [_typed(spec, column, text.columns[column]) for column in taken]
+
+
+def _typed(spec, column, values):
+    """A numeric feature when every non-empty value is a number (and the spec does not say categorical)."""
+    fields = np.char.strip(np.asarray(values, dtype=bytes))
+    empty = fields == b""
+    if column not in spec.categorical:
+        try:
+            numbers = fields[~empty].astype(np.float64)
+        except ValueError:
+            numbers = None
+        if numbers is not None and np.isfinite(numbers).all():
+            default = (float(numbers.mean()) if len(numbers) else 0.0) if empty.any() else None
+            return Feature(str(column), "numeric", [column], default=default)
+    vocabulary = sorted({v.decode("utf-8", "replace") for v in np.unique(fields[~empty])}, key=_sort_key)
+    if len(vocabulary) > MAX_INFERRED_VOCABULARY:
+        raise InvalidArgumentError(f"data spec: column {column!r} holds {len(vocabulary):,} distinct texts in the "
+                                   f"train split, too many for a category (at most {MAX_INFERRED_VOCABULARY:,}): drop "
+                                   "it (drop: [...]) or list the features with it as {type: categorical, "
+                                   "hash_buckets: N}")
+    return Feature(str(column), "categorical", [column], default="" if empty.any() else None, vocabulary=vocabulary)
+
+
+def _few_names(names):
+    return ", ".join(map(str, names[:20])) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+
+
+def feature_entry(feature):
+    """A feature as a spec's `features:` entry (what a checkpoint records of a spec that listed none)."""
+    entry = {"type": feature.type, "column": feature.columns[0]}
+    for key in ("default", "vocabulary", "hash_buckets"):
+        if getattr(feature, key) is not None:
+            entry[key] = getattr(feature, key)
+    return entry
 
 
 # ------------------------------------------------ from columns to model inputs
@@ -321,13 +398,15 @@ def inspect(spec):
     report = {"name": spec.name, "format": spec.format, "task": spec.label.task,
               "splits": {split: {"rows": len(t), "files": len(t.files), "skipped_bad_rows": t.skipped}
                          for split, t in tables.items()},
+              "features_from": "the data" if spec.inferred else "the spec",
               "features": [{"name": f.name, "type": f.type, "columns": len(f.columns),
                             **({"encode": f.encode, "categories": f.width or (len(f.vocabulary) + 1 if f.vocabulary
                                                                               else f.hash_buckets)}
                                if f.type == "categorical" else {}),
                             **({"mean": stats["numeric"][f.name][0], "std": stats["numeric"][f.name][1]}
                                if f.name in stats["numeric"] else {}),
-                            **({"shape": list(f.shape)} if f.type == "image" else {})} for f in spec.features],
+                            **({"shape": list(f.shape)} if f.type == "image" else {}),
+                            **_unknown_values(f, tables)} for f in spec.features],
               "input_signature": {k: [list(s), d] for k, (s, d) in input_signature(spec).items()},
               "outputs": classes(spec)}
     label = {}
@@ -342,6 +421,21 @@ def inspect(spec):
             label[split] = {"min": float(y.min()), "mean": float(y.mean()), "max": float(y.max())}
     report["label"] = {"columns": spec.label.columns, "classes": stats["classes"], "per_split": label}
     return report
+
+
+def _unknown_values(feature, tables):
+    """{"unknown": {split: {"rows": n, "values": [the most frequent few]}}} of a categorical feature's values
+    outside its vocabulary (they all share one slot), or {} when every value is known."""
+    if feature.type != "categorical" or feature.vocabulary is None:
+        return {}
+    unknown = {}
+    for split, table in tables.items():
+        values = table.columns[feature.columns[0]]
+        outside = _category_ids(feature, values) == len(feature.vocabulary)
+        if outside.any():
+            texts, counts = np.unique([_text(v) for v in values[outside]], return_counts=True)
+            unknown[split] = {"rows": int(outside.sum()), "values": texts[np.argsort(-counts, kind="stable")][:5].tolist()}
+    return {"unknown": unknown} if unknown else {}
 
 
 # ------------------------------------------------ the model for the data
@@ -387,6 +481,9 @@ def to_config(spec):
     if spec.stats is None:
         raise InvalidArgumentError("fit the spec on its train split before recording it")
     raw = dict(spec.raw)
+    if spec.inferred:           # the features as typed from the train split: serving reads no data
+        raw = {k: v for k, v in raw.items() if k not in ("drop", "categorical")}
+        raw["features"] = {f.name: feature_entry(f) for f in spec.features}
     if spec.format != "mnist":
         raw["files"] = {split: [p if os.path.isabs(p) else os.path.join(spec.base_dir, p) for p in patterns]
                         for split, patterns in spec.files.items()}

@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from zmqflow.cli.main import main
 from zmqflow.common.errors import InvalidArgumentError, NotFoundError
-from zmqflow.inputs.data_spec import fit, input_signature, inspect, load_spec, load_tables, prepare
+from zmqflow.inputs.data_spec import (fit, from_config, input_signature, inspect, load_spec, load_tables, prepare,
+                                       to_config)
 
 pytestmark = pytest.mark.unit
 
@@ -153,3 +154,82 @@ def test_inspect_command_prints_the_splits_and_names_bad_input(tmp_path):
     (tmp_path / "flowers.csv").write_text(HEADER + "1.0,0.2,red\n")
     bad = CliRunner().invoke(main, ["data", "inspect", str(tmp_path / "flowers.yaml")])
     assert bad.exit_code == 1 and "flowers.csv:2: malformed CSV line: expected 4 fields, got 3" in bad.output
+
+
+def test_yaml_keeps_no_and_yes_and_inspect_names_unknown_categories(tmp_path):
+    """YAML 1.2: `classes: [no, yes]` and `vocabulary: [no, se]` are the strings written (YAML 1.1 made them
+    booleans: 'not one of the classes' and every `no` sent to the unknown slot)."""
+    rows = ["no,yes", "se,no", "dk,yes", "no,no", "se,yes", "dk,no", "no,yes", "fi,no"]
+    (tmp_path / "votes.csv").write_text("country,answer\n" + "".join(r + "\n" for r in rows))
+    (tmp_path / "votes.yaml").write_text("files: votes.csv\nfeatures:\n  country: {type: categorical, "
+                                         "vocabulary: [no, se]}\nlabel: {column: answer, task: binary, "
+                                         "classes: [no, yes]}\n")
+    spec = load_spec(str(tmp_path / "votes.yaml"))
+    report = inspect(spec)
+    assert report["label"]["classes"] == ["no", "yes"] and report["label"]["per_split"]["train"] == {"no": 4, "yes": 4}
+    [country] = report["features"]
+    assert country["unknown"] == {"train": {"rows": 3, "values": ["dk", "fi"]}}        # `no` is known
+    train = prepare(spec, load_tables(spec)["train"])
+    assert train.x[0].tolist() == [1, 0, 0] and train.y.tolist() == [1, 0, 1, 0, 1, 0, 1, 0]
+    done = CliRunner().invoke(main, ["data", "inspect", str(tmp_path / "votes.yaml")])
+    assert "unknown in train: 3 row(s) hold values outside the vocabulary ('dk', 'fi')" in done.output, done.output
+
+
+def write_wide(directory, rows=300, seed=0):
+    """A 64-column CSV: 60 numbers (x7 with empty fields), a text column, a zip code of digits, an id and the
+    label, which depends on x0, x1 and the text."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 60))
+    town = rng.choice(["no", "se", "dk"], rows)
+    answer = (x[:, 0] - x[:, 1] + (town == "dk") > 0.3)
+    header = [f"x{i}" for i in range(60)] + ["town", "zip", "id", "answer"]
+    lines = [",".join(header)]
+    for r in range(rows):
+        numbers = ["" if i == 7 and r % 5 == 0 else f"{v:.4f}" for i, v in enumerate(x[r])]
+        lines.append(",".join(numbers + [town[r], f"{1000 + r % 4}", str(r), ["no", "yes"][int(answer[r])]]))
+    (directory / "wide.csv").write_text("\n".join(lines) + "\n")
+    (directory / "wide.yaml").write_text("files: wide.csv\nsplit: {test: 0.2, seed: 0}\nlabel: answer\n"
+                                         "drop: id\ncategorical: [zip]\n")
+    return str(directory / "wide.yaml")
+
+
+def test_a_spec_that_names_only_its_label_takes_every_other_column_typed_from_the_train_split(tmp_path):
+    path = write_wide(tmp_path)
+    spec = load_spec(path)
+    report = inspect(spec)
+    assert report["features_from"] == "the data" and len(report["features"]) == 62      # 64 - label - id
+    by_name = {f.name: f for f in spec.features}
+    assert [f.name for f in spec.features][:3] == ["x0", "x1", "x2"] and "id" not in by_name
+    assert {f.type for n, f in by_name.items() if n.startswith("x")} == {"numeric"}
+    train_rows = load_tables(spec)["train"]
+    x7 = train_rows.columns["x7"]             # empty fields took the default: the mean of the others, so of all
+    assert by_name["x7"].default == pytest.approx(float(x7.mean()), rel=1e-4) and np.sum(x7 == x7[0]) < 5
+    assert (by_name["town"].type, by_name["town"].vocabulary) == ("categorical", ["dk", "no", "se"])
+    assert (by_name["zip"].type, by_name["zip"].vocabulary) == ("categorical", ["1000", "1001", "1002", "1003"])
+    assert report["input_signature"] == {"input": [[60 + 4 + 5], "float32"]} and report["outputs"] == 2
+    done = CliRunner().invoke(main, ["data", "inspect", path])
+    assert done.exit_code == 0 and "features (every column but the label's, typed from the train split: 62)" in \
+        done.output and "town             categorical  columns 1, encode one_hot, categories 4" in done.output
+    recorded = json.loads(json.dumps(to_config(spec)))                 # what a checkpoint keeps
+    (tmp_path / "wide.csv").unlink()
+    again = from_config(recorded)                                     # serving reads no data to know the features
+    assert input_signature(again) == input_signature(spec) and again.features == spec.features
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("drop: idd\n", "data spec drop: column 'idd' is not in the data, did you mean 'id'?"),
+    ("categorical: [tonw]\n", "data spec categorical: column 'tonw' is not in the data, did you mean 'town'?"),
+])
+def test_every_column_errors_name_the_column(tmp_path, extra, message):
+    path = write_wide(tmp_path)
+    (tmp_path / "wide.yaml").write_text("files: wide.csv\nlabel: answer\n" + extra)
+    with pytest.raises(InvalidArgumentError, match=re.escape(message)):
+        inspect(load_spec(path))
+
+
+def test_a_text_column_with_a_value_per_row_is_not_taken_as_a_category(tmp_path):
+    (tmp_path / "notes.csv").write_text("size,note,kind\n" + "".join(f"{i},note {i},k{i % 2}\n" for i in range(1100)))
+    spec = load_spec({"files": str(tmp_path / "notes.csv"), "label": "kind"})
+    with pytest.raises(InvalidArgumentError, match=re.escape("column 'note' holds 1,100 distinct texts in the train "
+                                                             "split, too many for a category (at most 1,000): drop it")):
+        spec.features
