@@ -96,11 +96,15 @@ def inspect_spec(spec, as_json):
     for split, info in report["splits"].items():
         skipped = f", {info['skipped_bad_rows']} bad rows skipped" if info["skipped_bad_rows"] else ""
         click.echo(f"  {split:<10} {info['rows']:>8,} rows from {info['files']} file(s){skipped}")
-    click.echo("features:")
+    click.echo("features:" if report["features_from"] == "the spec" else
+               f"features (every column but the label's, typed from the train split: {len(report['features'])}):")
     for f in report["features"]:
-        extra = {k: v for k, v in f.items() if k not in ("name", "type")}
+        extra = {k: v for k, v in f.items() if k not in ("name", "type", "unknown")}
         click.echo(f"  {f['name']:<16} {f['type']:<12} " + ", ".join(
             f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in extra.items()))
+        for split, unknown in f.get("unknown", {}).items():
+            click.echo(f"    unknown in {split}: {unknown['rows']} row(s) hold values outside the vocabulary "
+                       f"({', '.join(map(repr, unknown['values']))}); they share one slot")
     signature = ", ".join(f"{name} {shape} {dtype}" for name, (shape, dtype) in report["input_signature"].items())
     click.echo(f"model inputs: {signature}; outputs: {report['outputs']}")
     for split, balance in report["label"]["per_split"].items():

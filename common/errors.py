@@ -123,6 +123,14 @@ def check_int(what, value, low=0, optional=False):
     raise InvalidArgumentError(f"{what} must be an int >= {low}{' or None' if optional else ''}, got {value!r:.80}")
 
 
+def did_you_mean(word, choices):
+    """", did you mean 'name'?" when `word` is a likely typo of one of `choices`, else "": the one
+    suggestion every unknown key, name or option gets."""
+    import difflib
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f", did you mean {close[0]!r}?" if close else ""
+
+
 def error_from_code(code, message, details=None):
     """The exception a client raises for a reply with status `code` (and the reply's `details`, if a dict)."""
     return _BY_CODE.get(code, UnknownError)(message, details if isinstance(details, dict) else None)

@@ -26,7 +26,7 @@ import re
 
 import numpy as np
 
-from zmqflow.common.errors import DataLossError, InvalidArgumentError, NotFoundError
+from zmqflow.common.errors import DataLossError, InvalidArgumentError, NotFoundError, did_you_mean
 
 SOURCES = {
     "csv": {"header": True, "delimiter": ",", "columns": None},
@@ -71,11 +71,13 @@ def check_source(kind, options):
     """The options of a `source:` of format `kind`, defaults filled; unknown or bad ones are
     InvalidArgumentError, and a TFRecord feature map or a fixed-length layout is checked here."""
     if kind not in SOURCES:
-        raise InvalidArgumentError(f"data spec source.format {kind!r} is not one of {', '.join(SOURCES)}")
-    unknown = sorted(set(options) - set(SOURCES[kind]))
-    if unknown:
-        raise InvalidArgumentError(f"data spec source: unknown field(s) {unknown} for format {kind}; it takes "
-                                   f"{', '.join(SOURCES[kind]) or 'no options'}")
+        raise InvalidArgumentError(f"data spec source.format {kind!r} is not one of {', '.join(SOURCES)}"
+                                   f"{did_you_mean(kind, SOURCES)}")
+    for key in options:
+        if key not in SOURCES[kind]:
+            raise InvalidArgumentError(f"data spec source: unknown key {key!r} for format {kind}"
+                                       f"{did_you_mean(key, SOURCES[kind])}; it takes "
+                                       f"{', '.join(SOURCES[kind]) or 'no options'}")
     missing = [name for name in _REQUIRED.get(kind, ()) if options.get(name) is None]
     if missing:
         raise InvalidArgumentError(f"data spec source: format {kind} needs {' and '.join(missing)}")
@@ -260,23 +262,53 @@ def _missing(path, columns, available, what="column"):
 
 # ------------------------------------------------ the readers
 
-def csv_format(spec, path, label=True, chunk_size=None):
-    """(column names, CsvFormat) of one CSV file as the spec reads it: the header (or the spec's
-    columns) names the columns, the needed ones are parsed (numbers as float32, categories and class
-    labels as text), an empty field takes its feature's default. Shared by read_csv and the readers'
-    stream (spec_stream.py), so both parse a file alike."""
+def csv_column_names(spec, path):
+    """The columns of a CSV file: its header, or the spec's source.columns, or numbers from 0."""
     from zmqflow.inputs.formats.base import open_input, resolve_compression
-    from zmqflow.inputs.formats.csv_format import CsvFormat
     with open_input(path, resolve_compression(path, None)) as f:      # a .csv.gz is read decompressed
         first = f.readline()
     if not first.strip():
         raise InvalidArgumentError(f"{path} is empty")
     if spec.header:
-        names = next(csv.reader([first.decode("utf-8", "replace").strip("\r\n")], delimiter=spec.delimiter))
-    elif spec.column_names:
-        names = list(spec.column_names)
-    else:
-        names = list(range(first.decode("latin-1").count(spec.delimiter) + 1))
+        return next(csv.reader([first.decode("utf-8", "replace").strip("\r\n")], delimiter=spec.delimiter))
+    if spec.column_names:
+        return list(spec.column_names)
+    return list(range(first.decode("latin-1").count(spec.delimiter) + 1))
+
+
+def column_names(spec, path):
+    """Every column of a file of the spec's format, in the file's order: what a spec without
+    `features` chooses from."""
+    declared = source_columns(spec)
+    if declared is not None:
+        return declared
+    if spec.format == "csv":
+        return csv_column_names(spec, path)
+    if spec.format == "npz":
+        return list(_load_numpy(path, ".npz").files)
+    if spec.format == "npy":
+        array = _load_numpy(path, ".npy")
+        if array.dtype.names:
+            return list(array.dtype.names)
+        return list(spec.source["columns"] or range(array.shape[1] if array.ndim == 2 else 0))
+    if spec.format == "parquet":
+        try:
+            import pyarrow.parquet as pq
+            return list(pq.ParquetFile(path).schema_arrow.names)
+        except ImportError:
+            raise InvalidArgumentError(f"{path}: reading Parquet needs pyarrow: pip install 'zmqflow[parquet]'") from None
+        except Exception as exc:        # pyarrow's errors: ArrowException, OSError
+            raise InvalidArgumentError(f"{path} is not a readable Parquet file: {exc}") from None
+    raise InvalidArgumentError(f"a {spec.format} data spec lists its features")
+
+
+def csv_format(spec, path, label=True, chunk_size=None):
+    """(column names, CsvFormat) of one CSV file as the spec reads it: the header (or the spec's
+    columns) names the columns, the needed ones are parsed (numbers as float32, categories and class
+    labels as text), an empty field takes its feature's default. Shared by read_csv and the readers'
+    stream (spec_stream.py), so both parse a file alike."""
+    from zmqflow.inputs.formats.csv_format import CsvFormat
+    names = csv_column_names(spec, path)
     index = {name: i for i, name in enumerate(names)}
     kinds = needed(spec, label)
     missing = [c for c in kinds if c not in index]
@@ -318,8 +350,9 @@ def read_csv(spec, path, label=True):
 
 
 def name_columns(message, names):
-    """'column 3: ...' -> 'column 3 (age): ...' so an error says which column by name."""
-    return re.sub(r"column (\d+)", lambda m: f"column {m.group(1)} ({names[int(m.group(1))]})"
+    """CsvFormat's 'column 3: ...' (its index, from 0) -> 'column 4 (age): ...': the column as the user
+    counts it in the file, from 1 as its lines are, and by name."""
+    return re.sub(r"column (\d+)", lambda m: f"column {int(m.group(1)) + 1} ({names[int(m.group(1))]})"
                   if int(m.group(1)) < len(names) else m.group(0), message)
 
 

@@ -21,28 +21,25 @@ NotFoundError for a missing file) naming the file, line and column (or record, o
 The files of each format are read in inputs/data_sources.py.
 """
 
+import copy
 import dataclasses
 import os
-import re
 from collections.abc import Mapping
 
 import numpy as np
-import yaml
 
-from zmqflow.common.errors import InvalidArgumentError, NotFoundError
-from zmqflow.inputs.data_sources import (SOURCES, Table, check_columns, check_source, concat, paths, read_csv,  # noqa: F401
-                                         read_file, read_mnist, read_npz)   # Table and the readers: re-exported
+from zmqflow.common.errors import InvalidArgumentError, did_you_mean
+from zmqflow.common.spec_files import read_spec_file
+from zmqflow.inputs.data_sources import (SOURCES, Table, check_columns, check_source, column_names, concat,  # noqa: F401
+                                         paths, read_csv, read_file, read_mnist, read_npz)   # re-exported: Table, readers
+from zmqflow.inputs.spec_schema import FEATURE_TYPES, SPLITS, TASKS, check  # noqa: F401  (re-exported)
 
-TASKS = ("multiclass", "binary", "multi_label", "regression")
-FEATURE_TYPES = ("numeric", "categorical", "image")
-SPLITS = ("train", "validation", "test")
 FORMATS = tuple(SOURCES)
 MNIST = {"name": "mnist", "source": {"format": "mnist"}, "files": {"train": "shipped", "test": "shipped"},
          "features": {"image": {"type": "image", "columns": "p0..p783", "shape": [784]}},
          "label": {"column": "label", "task": "multiclass", "classes": list(range(10))}, "normalize": False}
 """The shipped MNIST sample (inputs/datasets.py): 4,500 train and 500 test rows, pixels in [0, 1]."""
 BUILTIN = {"mnist": MNIST}
-_RANGE = re.compile(r"^([A-Za-z_][\w]*?)(\d+)\.\.([A-Za-z_][\w]*?)?(\d+)$")
 
 
 @dataclasses.dataclass
@@ -75,135 +72,43 @@ class Label:
 
 
 class DataSpec:
-    """A checked data spec; `load(split)` reads a split, `inputs(raw)` makes the model's inputs."""
+    """A checked data spec (inputs/spec_schema.py says what a spec may hold); `load_tables(spec)` reads
+    its splits, `prepare` makes the model's inputs. A spec without `features` takes every column but
+    the label's (and those it drops), typed from its train split the first time its features are
+    asked for (infer_features)."""
 
-    def __init__(self, raw, base_dir="."):
-        if not isinstance(raw, Mapping):
-            raise InvalidArgumentError(f"a data spec is a mapping (source, files, features, label), got "
-                                       f"{type(raw).__name__}")
-        unknown = sorted(set(raw) - {"source", "files", "split", "features", "label", "normalize", "skip_bad_rows",
-                                     "name"})
-        if unknown:
-            raise InvalidArgumentError(f"data spec: unknown field(s) {unknown}; known: source, files, split, features, "
-                                       "label, normalize, skip_bad_rows, name")
+    def __init__(self, raw, base_dir=".", origin=None):
+        checked = check(raw, f"data spec {origin}" if origin else "data spec")
         self.raw, self.base_dir = dict(raw), base_dir
-        self.name = raw.get("name", "data")
-        source = dict(raw.get("source") or {"format": "csv"})
-        self.format = source.pop("format", "csv")
-        self.source = check_source(self.format, source)     # the format's options (data_sources.SOURCES)
+        self.name = checked.name
+        self.source = dict(checked.source)
+        self.format = self.source.pop("format")      # the format's options (data_sources.SOURCES) stay
         self.header = bool(self.source.get("header", True))
         self.delimiter = self.source.get("delimiter", ",")
         self.column_names = self.source.get("columns")
-        self.files = self._files(raw.get("files"))
-        self.split = self._split(raw.get("split"))
-        self.features = [self._feature(name, value) for name, value in (raw.get("features") or {}).items()]
-        if not self.features:
-            raise InvalidArgumentError("data spec: `features` names no feature; list the columns the model reads")
-        self.label = self._label(raw.get("label"))
-        self.normalize = bool(raw.get("normalize", True))
-        self.skip_bad_rows = bool(raw.get("skip_bad_rows", False))
+        self.files = {split: patterns for split, patterns in checked.files.model_dump().items()
+                      if patterns is not None}
+        self.split = {} if checked.split is None else {     # the keys the spec gives, checked
+            k: v for k, v in checked.split.model_dump().items() if k in raw["split"]}
+        label = checked.label
+        self.label = Label(label.columns, label.task,
+                           None if label.classes is None else [_class_key(c) for c in label.classes])
+        self.normalize, self.skip_bad_rows = checked.normalize, checked.skip_bad_rows
+        self.drop, self.categorical = checked.drop or [], checked.categorical or []
+        self.inferred = checked.features is None
+        self._features = None if self.inferred else [
+            Feature(name, f.type, f.columns, default=f.default, vocabulary=f.vocabulary, hash_buckets=f.hash_buckets,
+                    encode=f.encode, shape=None if f.shape is None else tuple(f.shape), scale=f.scale)
+            for name, f in checked.features.items()]
         self.stats = None
         self.tables = None      # (the files' signature, the splits as read): load_tables reads once
 
-    # ------------------------------------------------ reading the spec
-
-    def _files(self, files):
-        if isinstance(files, (str, list)):
-            files = {"train": files}
-        if not isinstance(files, Mapping) or "train" not in files:
-            raise InvalidArgumentError("data spec `files` needs a train entry: a glob, a list, or {train: ..., "
-                                       "validation: ..., test: ...}")
-        unknown = sorted(set(files) - set(SPLITS))
-        if unknown:
-            raise InvalidArgumentError(f"data spec files: unknown split(s) {unknown}; splits are {', '.join(SPLITS)}")
-        return {split: [files[split]] if isinstance(files[split], str) else list(files[split]) for split in files}
-
-    def _split(self, split):
-        if split is None:
-            return {}
-        if not isinstance(split, Mapping) or set(split) - {"validation", "test", "seed"}:
-            raise InvalidArgumentError(f"data spec split is {{validation: FRACTION, test: FRACTION, seed: N}}, "
-                                       f"got {split!r}")
-        for part in ("validation", "test"):
-            if part in split and part in self.files:
-                raise InvalidArgumentError(f"data spec: the {part} split has files and a fraction; give one")
-            fraction = split.get(part, 0)
-            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
-                raise InvalidArgumentError(f"data spec split.{part} must be a fraction in [0, 1), got {fraction!r}")
-        if split.get("validation", 0) + split.get("test", 0) >= 1:
-            raise InvalidArgumentError("data spec split: validation and test together leave no training rows")
-        return dict(split)
-
-    def _feature(self, name, value):
-        value = {"type": value} if isinstance(value, str) else dict(value or {})
-        kind = value.pop("type", "numeric")
-        if kind not in FEATURE_TYPES:
-            raise InvalidArgumentError(f"feature {name!r}: type {kind!r} is not one of {', '.join(FEATURE_TYPES)}")
-        columns = _columns(value.pop("columns", value.pop("column", name)))
-        feature = Feature(name, kind, columns, default=value.pop("default", None),
-                          vocabulary=value.pop("vocabulary", None), hash_buckets=value.pop("hash_buckets", None),
-                          encode=value.pop("encode", "one_hot"), shape=value.pop("shape", None),
-                          scale=value.pop("scale", None))
-        if value:
-            raise InvalidArgumentError(f"feature {name!r}: unknown field(s) {sorted(value)}")
-        if kind == "categorical":
-            if (feature.vocabulary is None) == (feature.hash_buckets is None):
-                raise InvalidArgumentError(f"feature {name!r}: a categorical feature needs a vocabulary or "
-                                           "hash_buckets (one of them)")
-            if feature.encode not in ("one_hot", "ids"):
-                raise InvalidArgumentError(f"feature {name!r}: encode is one_hot or ids, got {feature.encode!r}")
-            if feature.vocabulary is not None:
-                feature.vocabulary = [str(v) for v in feature.vocabulary]
-        if kind == "image":
-            shape = tuple(int(n) for n in (feature.shape or (len(columns),)))
-            if len(columns) > 1 and int(np.prod(shape)) != len(columns):   # one column: an array of that shape
-                raise InvalidArgumentError(f"feature {name!r}: shape {list(shape)} holds {int(np.prod(shape))} values, "
-                                           f"the feature has {len(columns)} columns")
-            feature.shape = shape
-        elif len(columns) != 1:
-            raise InvalidArgumentError(f"feature {name!r}: a {kind} feature is one column, got {len(columns)}")
-        return feature
-
-    def _label(self, label):
-        if isinstance(label, str):
-            label = {"column": label}
-        if not isinstance(label, Mapping):
-            raise InvalidArgumentError("data spec `label` names the label column: {column: NAME, task: multiclass}")
-        label = dict(label)
-        columns = _columns(label.pop("columns", label.pop("column", None)))
-        task = label.pop("task", "multiclass")
-        classes = label.pop("classes", None)
-        if label:
-            raise InvalidArgumentError(f"data spec label: unknown field(s) {sorted(label)}")
-        if task not in TASKS:
-            raise InvalidArgumentError(f"label task {task!r} is not one of {', '.join(TASKS)}")
-        if task != "multi_label" and len(columns) != 1:
-            raise InvalidArgumentError(f"a {task} label is one column, got {columns}")
-        if task == "binary" and classes is not None and len(classes) != 2:
-            raise InvalidArgumentError(f"a binary label has two classes, got {classes}")
-        overlap = sorted(set(columns) & {c for f in self.features for c in f.columns})
-        if overlap:
-            raise InvalidArgumentError(f"column(s) {overlap} are both a feature and the label")
-        return Label(columns, task, None if classes is None else [_class_key(c) for c in classes])
-
-
-def _columns(value):
-    """A list of column names (or indices) from a name, a list, or a range text "p0..p783"."""
-    if value is None:
-        raise InvalidArgumentError("data spec: a feature or label needs its column")
-    if isinstance(value, str):
-        match = _RANGE.match(value.strip())
-        if match:
-            prefix, first, other, last = match.groups()
-            if other not in (None, prefix) or int(last) < int(first):
-                raise InvalidArgumentError(f"column range {value!r} is PREFIX<first>..<last>, e.g. p0..p783")
-            return [f"{prefix}{i}" for i in range(int(first), int(last) + 1)]
-        return [value]
-    if isinstance(value, int) and not isinstance(value, bool):
-        return [value]
-    if isinstance(value, (list, tuple)) and value:
-        return list(value)
-    raise InvalidArgumentError(f"columns must be a name, a list or a range like p0..p783, got {value!r}")
+    @property
+    def features(self):
+        """The features: the spec's own, or every column but the label's typed from the train split."""
+        if self._features is None:
+            self._features = infer_features(self)
+        return self._features
 
 
 def _class_key(value):
@@ -225,14 +130,7 @@ def load_spec(source):
     if isinstance(source, str) and source in BUILTIN:
         return DataSpec(BUILTIN[source])
     path = os.fspath(source)
-    if not os.path.isfile(path):
-        raise NotFoundError(f"data spec {path!r} does not exist")
-    with open(path, encoding="utf-8") as f:
-        try:
-            raw = yaml.safe_load(f)
-        except yaml.YAMLError as exc:
-            raise InvalidArgumentError(f"data spec {path!r} is not valid YAML: {exc}") from None
-    return DataSpec(raw, base_dir=os.path.dirname(os.path.abspath(path)))
+    return DataSpec(read_spec_file(path, "data spec"), base_dir=os.path.dirname(os.path.abspath(path)), origin=path)
 
 
 # ------------------------------------------------ reading the data
@@ -265,18 +163,96 @@ def _read_tables(spec):
                   for split, patterns in spec.files.items()}
     if spec.split:
         train = tables["train"]
-        order = np.random.default_rng(spec.split.get("seed", 0)).permutation(len(train))
-        start = 0
-        for part in ("validation", "test"):
-            count = int(round(len(train) * spec.split.get(part, 0)))
-            if spec.split.get(part, 0) and count == 0:
-                raise InvalidArgumentError(f"data spec split.{part} = {spec.split[part]} of {len(train)} rows leaves "
-                                           f"no {part} rows")
-            if count:
-                tables[part] = train.take(np.sort(order[start:start + count]))
-                start += count
-        tables["train"] = train.take(np.sort(order[start:]))
+        for part, rows in drawn_rows(spec, len(train)).items():
+            tables[part] = train.take(rows)
     return tables
+
+
+def drawn_rows(spec, count):
+    """{split: sorted row indices} that the spec's seeded fractions draw from `count` train rows."""
+    order = np.random.default_rng(spec.split.get("seed", 0)).permutation(count)
+    start, rows = 0, {}
+    for part in ("validation", "test"):
+        size = int(round(count * spec.split.get(part, 0)))
+        if spec.split.get(part, 0) and size == 0:
+            raise InvalidArgumentError(f"data spec split.{part} = {spec.split[part]} of {count} rows leaves "
+                                       f"no {part} rows")
+        if size:
+            rows[part] = np.sort(order[start:start + size])
+            start += size
+    rows["train"] = np.sort(order[start:])
+    return rows
+
+
+# ------------------------------------------------ every column by name
+
+MAX_INFERRED_VOCABULARY = 1000
+"""A text column with more distinct values in the train split is an id or free text, not a category:
+a spec that takes every column asks for it to be dropped (or listed with hash_buckets)."""
+
+
+def infer_features(spec):
+    """The features of a spec that lists none: every column of its first train file but the label's
+    and `drop`'s, in the file's order. A column whose train-split values are all numbers is numeric
+    (an empty field takes the mean of the others); any other, and those `categorical` names, is
+    categorical with the train split's values as its vocabulary (an empty field is unknown)."""
+    if spec.format == "mnist":
+        raise InvalidArgumentError("the built-in mnist spec lists its features")
+    names = column_names(spec, paths(spec, spec.files["train"], "train")[0])
+    for key in ("drop", "categorical"):
+        for column in getattr(spec, key):
+            if column not in names:
+                raise InvalidArgumentError(f"data spec {key}: column {column!r} is not in the data"
+                                           f"{did_you_mean(column, names)} (its columns: {_few_names(names)})")
+    missing = [c for c in spec.label.columns if c not in names]
+    if missing:
+        raise InvalidArgumentError(f"data spec label: column(s) {missing} are not in the data"
+                                   f"{did_you_mean(missing[0], names)} (its columns: {_few_names(names)})")
+    taken = [c for c in names if c not in spec.label.columns and c not in spec.drop]
+    if not taken:
+        raise InvalidArgumentError("data spec: the data has no column but the label's (and those dropped) to learn "
+                                   f"from (its columns: {_few_names(names)})")
+    probe = copy.copy(spec)          # every taken column read as text, empty fields allowed (CSV)
+    probe._features = [Feature(str(c), "categorical", [c], default="" if spec.format == "csv" else None,
+                               vocabulary=[]) for c in taken]
+    text = concat([read_file(probe, p, label=False) for p in paths(spec, spec.files["train"], "train")])
+    if spec.split:
+        text = text.take(drawn_rows(spec, len(text))["train"])
+    return [_typed(spec, column, text.columns[column]) for column in taken]
+
+
+def _typed(spec, column, values):
+    """A numeric feature when every non-empty value is a number (and the spec does not say categorical)."""
+    fields = np.char.strip(np.asarray(values, dtype=bytes))
+    empty = fields == b""
+    if column not in spec.categorical:
+        try:
+            numbers = fields[~empty].astype(np.float64)
+        except ValueError:
+            numbers = None
+        if numbers is not None and np.isfinite(numbers).all():
+            default = (float(numbers.mean()) if len(numbers) else 0.0) if empty.any() else None
+            return Feature(str(column), "numeric", [column], default=default)
+    vocabulary = sorted({v.decode("utf-8", "replace") for v in np.unique(fields[~empty])}, key=_sort_key)
+    if len(vocabulary) > MAX_INFERRED_VOCABULARY:
+        raise InvalidArgumentError(f"data spec: column {column!r} holds {len(vocabulary):,} distinct texts in the "
+                                   f"train split, too many for a category (at most {MAX_INFERRED_VOCABULARY:,}): drop "
+                                   "it (drop: [...]) or list the features with it as {type: categorical, "
+                                   "hash_buckets: N}")
+    return Feature(str(column), "categorical", [column], default="" if empty.any() else None, vocabulary=vocabulary)
+
+
+def _few_names(names):
+    return ", ".join(map(str, names[:20])) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+
+
+def feature_entry(feature):
+    """A feature as a spec's `features:` entry (what a checkpoint records of a spec that listed none)."""
+    entry = {"type": feature.type, "column": feature.columns[0]}
+    for key in ("default", "vocabulary", "hash_buckets"):
+        if getattr(feature, key) is not None:
+            entry[key] = getattr(feature, key)
+    return entry
 
 
 # ------------------------------------------------ from columns to model inputs
@@ -422,13 +398,15 @@ def inspect(spec):
     report = {"name": spec.name, "format": spec.format, "task": spec.label.task,
               "splits": {split: {"rows": len(t), "files": len(t.files), "skipped_bad_rows": t.skipped}
                          for split, t in tables.items()},
+              "features_from": "the data" if spec.inferred else "the spec",
               "features": [{"name": f.name, "type": f.type, "columns": len(f.columns),
                             **({"encode": f.encode, "categories": f.width or (len(f.vocabulary) + 1 if f.vocabulary
                                                                               else f.hash_buckets)}
                                if f.type == "categorical" else {}),
                             **({"mean": stats["numeric"][f.name][0], "std": stats["numeric"][f.name][1]}
                                if f.name in stats["numeric"] else {}),
-                            **({"shape": list(f.shape)} if f.type == "image" else {})} for f in spec.features],
+                            **({"shape": list(f.shape)} if f.type == "image" else {}),
+                            **_unknown_values(f, tables)} for f in spec.features],
               "input_signature": {k: [list(s), d] for k, (s, d) in input_signature(spec).items()},
               "outputs": classes(spec)}
     label = {}
@@ -443,6 +421,21 @@ def inspect(spec):
             label[split] = {"min": float(y.min()), "mean": float(y.mean()), "max": float(y.max())}
     report["label"] = {"columns": spec.label.columns, "classes": stats["classes"], "per_split": label}
     return report
+
+
+def _unknown_values(feature, tables):
+    """{"unknown": {split: {"rows": n, "values": [the most frequent few]}}} of a categorical feature's values
+    outside its vocabulary (they all share one slot), or {} when every value is known."""
+    if feature.type != "categorical" or feature.vocabulary is None:
+        return {}
+    unknown = {}
+    for split, table in tables.items():
+        values = table.columns[feature.columns[0]]
+        outside = _category_ids(feature, values) == len(feature.vocabulary)
+        if outside.any():
+            texts, counts = np.unique([_text(v) for v in values[outside]], return_counts=True)
+            unknown[split] = {"rows": int(outside.sum()), "values": texts[np.argsort(-counts, kind="stable")][:5].tolist()}
+    return {"unknown": unknown} if unknown else {}
 
 
 # ------------------------------------------------ the model for the data
@@ -488,6 +481,9 @@ def to_config(spec):
     if spec.stats is None:
         raise InvalidArgumentError("fit the spec on its train split before recording it")
     raw = dict(spec.raw)
+    if spec.inferred:           # the features as typed from the train split: serving reads no data
+        raw = {k: v for k, v in raw.items() if k not in ("drop", "categorical")}
+        raw["features"] = {f.name: feature_entry(f) for f in spec.features}
     if spec.format != "mnist":
         raw["files"] = {split: [p if os.path.isabs(p) else os.path.join(spec.base_dir, p) for p in patterns]
                         for split, patterns in spec.files.items()}

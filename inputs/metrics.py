@@ -2,7 +2,8 @@
 
 multiclass: accuracy, log-loss, macro-F1; binary: the same and the ROC AUC; multi-label: mean
 per-label accuracy and log-loss; regression: RMSE, MAE, R². `task=None` guesses from the outputs
-(several per row: multiclass; one: regression). Plain numpy.
+(several per row: multiclass; one: regression). Plain numpy, vectorised; tests/inputs/test_metrics.py
+checks every metric against scikit-learn's.
 """
 
 import numpy as np
@@ -65,18 +66,16 @@ def macro_f1(predicted, y, classes):
 
 
 def roc_auc(scores, y):
-    """The probability that a random positive scores above a random negative (ties count half)."""
-    positives, negatives = np.sum(y == 1), np.sum(y == 0)
+    """The probability that a random positive scores above a random negative, ties counting half (the
+    Mann-Whitney statistic from average ranks, as scikit-learn's roc_auc_score): one sort, no loop."""
+    scores, y = np.asarray(scores, dtype=np.float64), np.asarray(y)
+    positives, negatives = int(np.sum(y == 1)), int(np.sum(y == 0))
     if not positives or not negatives:
         return float("nan")
     order = np.argsort(scores, kind="mergesort")
-    ranks = np.empty(len(scores))
-    sorted_scores = scores[order]
-    i = 0
-    while i < len(scores):                      # average ranks over ties
-        j = i
-        while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
+    ordered = scores[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])     # where each run of equal scores begins
+    ends = np.r_[starts[1:], len(ordered)]
+    ranks = np.empty(len(ordered))
+    ranks[order] = np.repeat((starts + ends + 1) / 2, ends - starts)      # a run's mean rank, ranks from 1
     return float((ranks[y == 1].sum() - positives * (positives + 1) / 2) / (positives * negatives))

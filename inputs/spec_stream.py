@@ -1,6 +1,6 @@
 """A data spec's split as a stream of prepared chunks: what a reader process pushes into the instance queue.
 
-    spec = from_config(json.load(open("data-config.json")))        # spec + train-split statistics
+    spec = from_config(read_spec_file("data-config.json"))        # spec + train-split statistics
     components = queue_components(spec)          # [("input", "float32", [61]), ("label", "int32", [])]
     stream = SpecStream(config, split="train", rows=split_rows(spec, "train"))
     for chunk in stream.read(path):              # Chunk({"input": [n, 61], "label": [n]}, n, path, start)

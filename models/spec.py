@@ -25,9 +25,9 @@ import zlib
 from collections.abc import Mapping
 
 import numpy as np
-import yaml
 
-from zmqflow.common.errors import InvalidArgumentError, NotFoundError, check_int
+from zmqflow.common.errors import InvalidArgumentError, check_int
+from zmqflow.common.spec_files import parse_yaml, read_spec_file
 from zmqflow.models import protocol as _protocol
 
 BUILTIN_TYPES = ("mlp", "cnn", "logistic", "linear")   # models/builtin.py builds them
@@ -53,16 +53,10 @@ def read_spec(source):
         return {"type": source.strip()}
     if isinstance(source, str) and is_model_file(source.strip()):
         return {"type": source.strip()}
-    text = source  # JSON is YAML, so one parser reads both
     if isinstance(source, os.PathLike) or (isinstance(source, str) and source.endswith((".json", ".yaml", ".yml"))):
-        if not os.path.isfile(source):
-            raise NotFoundError(f"model spec file {os.fspath(source)!r} does not exist")
-        with open(source, encoding="utf-8") as f:
-            text = f.read()
-    try:
-        spec = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InvalidArgumentError(f"model spec is not valid JSON or YAML: {exc}") from exc
+        spec = read_spec_file(source, "model spec file")
+    else:
+        spec = parse_yaml(source, "model spec")      # JSON text is YAML 1.2, so one parser reads both
     if not isinstance(spec, Mapping):
         raise InvalidArgumentError(f"model spec must be a mapping, got {type(spec).__name__}")
     return dict(spec)
@@ -81,10 +75,7 @@ def with_options(spec, options):
         key, sep, text = option.partition("=")
         if not sep or not key.strip():
             raise InvalidArgumentError(f"model option {option!r} is not key=value")
-        try:
-            spec[key.strip()] = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise InvalidArgumentError(f"model option {option!r}: the value is not valid YAML: {exc}") from None
+        spec[key.strip()] = parse_yaml(text, f"model option {option!r}: the value")
     return spec
 
 

@@ -21,10 +21,9 @@ import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
-import yaml
-
 from zmqflow.common.cluster.device import JOB_NAME
 from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.common.spec_files import read_spec_documents
 
 TF_CONFIG_KEYS = frozenset({"cluster", "task", "environment", "rpc_layer"})
 CHIEF_JOBS = ("chief", "master")
@@ -115,20 +114,7 @@ class ClusterSpec:
         Kubernetes manifests with the ConfigMap `zmqflow k8s render` writes (`cluster.json` in its data:
         deploy/k8s/cluster.yaml)."""
         path = os.fspath(path)
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except FileNotFoundError:
-            raise NotFoundError(f"cluster spec file {path} does not exist") from None
-        except OSError as e:
-            raise InvalidArgumentError(f"cluster spec file {path} cannot be read: {e}") from None
-        ext = os.path.splitext(path)[1].lower()
-        as_json = ext == ".json" or (ext not in (".yaml", ".yml") and text.lstrip().startswith("{"))
-        try:
-            docs = [json.loads(text)] if as_json else [d for d in yaml.safe_load_all(text) if d is not None]
-        except (ValueError, yaml.YAMLError) as e:
-            kind = "JSON" if as_json else "YAML"
-            raise InvalidArgumentError(f"cluster spec file {path} is not valid {kind}: {e}") from None
+        docs = read_spec_documents(path, "cluster spec file")
         doc = _configmap_cluster(path, docs) if any(_is_manifest(d) for d in docs) or len(docs) > 1 else \
             (docs[0] if docs else None)
         if not isinstance(doc, Mapping):

@@ -9,7 +9,8 @@ import re
 import click
 
 from zmqflow.common.rpc import admin_token, encryption as curve
-from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.common.spec_files import read_spec_file
 from zmqflow.common.wire.limits import DEFAULT_LIMITS
 from zmqflow.common.memory import keep_freed_memory
 
@@ -226,10 +227,9 @@ def task_config_option(extra_fields=()):
         if not path:
             return
         try:
-            with open(path, encoding="utf-8") as f:
-                config = json.load(f)
-        except (OSError, ValueError) as exc:
-            raise click.BadParameter(f"cannot read {path}: {exc}") from None
+            config = read_spec_file(path, "task config")
+        except (InvalidArgumentError, NotFoundError) as exc:
+            raise click.BadParameter(str(exc)) from None
         if not isinstance(config, dict):
             raise click.BadParameter(f"{path}: expected a JSON object of options, not {type(config).__name__}")
         names = {}

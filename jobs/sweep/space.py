@@ -13,12 +13,12 @@ a typo fails before any process starts, with a message naming the culprit.
 
 import itertools
 import math
-import os
 from collections.abc import Mapping
 
 import numpy as np
-import yaml
 
+from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.common.spec_files import parse_yaml, read_spec_file
 from zmqflow.models.spec import ACTIVATIONS
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
@@ -132,9 +132,9 @@ def _model_option(name, value):
     if not isinstance(value, str):
         return value
     try:
-        return yaml.safe_load(value)
-    except yaml.YAMLError as exc:
-        raise SpaceError(f"{name}: {value!r} is not valid YAML: {exc}") from None
+        return parse_yaml(value, f"{name}: {value!r}")
+    except InvalidArgumentError as exc:
+        raise SpaceError(str(exc)) from None
 
 
 def model_options(point):
@@ -190,13 +190,10 @@ def _parse_range_text(name, text):
 
 def load_space(path):
     """A space from a YAML or JSON file: {name: [values...] | value | {uniform|log_uniform: [lo, hi]}}."""
-    if not os.path.isfile(path):
-        raise SpaceError(f"space file {path!r} does not exist")
-    with open(path, encoding="utf-8") as f:
-        try:
-            raw = yaml.safe_load(f)
-        except yaml.YAMLError as exc:
-            raise SpaceError(f"space file {path!r} is not valid YAML or JSON: {exc}") from None
+    try:
+        raw = read_spec_file(path, "space file")
+    except (InvalidArgumentError, NotFoundError) as exc:
+        raise SpaceError(str(exc)) from None
     if not isinstance(raw, Mapping) or not raw:
         raise SpaceError(f"space file {path!r} must hold a non-empty mapping of hyperparameter: values")
     return build_space(raw)

@@ -18,8 +18,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-import yaml
-
+from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.common.spec_files import read_spec_file
 from zmqflow.jobs.up.interpolate import InterpolationError, interpolate_tree, read_env_file
 
 CONDITIONS = ("service_started", "service_healthy", "service_completed_successfully")
@@ -95,12 +95,9 @@ def load(path, env=None, env_file=None):
     """The project in `path`; variables from `env` (default: the environment) over those of
     `env_file` (default: `.env` next to the compose file, when it exists)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise ComposeError(f"compose file {path} does not exist") from None
-    except (OSError, yaml.YAMLError) as exc:
-        raise ComposeError(f"compose file {path} cannot be read: {exc}") from None
+        doc = read_spec_file(path, "compose file")
+    except (InvalidArgumentError, NotFoundError) as exc:
+        raise ComposeError(str(exc)) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("services"), dict) or not doc["services"]:
         raise ComposeError(f"compose file {path} has no 'services' mapping")
     base = os.path.dirname(os.path.abspath(path))

@@ -80,13 +80,13 @@ def resolve_data_spec(data_config, split="train", chunk_size=None):
     rows. A config `zmqflow data prepare` wrote names its prepared shards: the train split is read from
     them (fixed-length records of the model's inputs and label), with no parsing."""
     from zmqflow.common.errors import InvalidArgumentError
+    from zmqflow.common.spec_files import read_spec_file
     from zmqflow.inputs.data_spec import from_config
     from zmqflow.inputs.spec_stream import split_files, split_rows
+    config = read_spec_file(data_config, "--data-config")
     try:
-        with open(data_config, encoding="utf-8") as f:
-            config = json.load(f)
         spec = from_config(config)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         raise InvalidArgumentError(f"--data-config {data_config}: not a data spec with its statistics "
                                    f"(the JSON data_spec.to_config writes): {exc}") from None
     shards = config.get("shards")

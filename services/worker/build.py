@@ -10,10 +10,11 @@ import json
 import logging
 import os
 
-from zmqflow.common.errors import AbortedError, OpError, UnavailableError
+from zmqflow.common.errors import AbortedError, InvalidArgumentError, NotFoundError, OpError, UnavailableError
 from zmqflow.common.cluster.placement import place
 from zmqflow.common.clients.ps import PsClient
 from zmqflow.common.rpc import admin_token
+from zmqflow.common.spec_files import read_spec_file
 from zmqflow.models.registry import model_variables
 from zmqflow.models.spec import resolve_model
 from zmqflow.services.worker import hooks as H
@@ -202,11 +203,12 @@ def recorded(config):
     if not config.data_config:
         return {}
     try:
-        with open(config.data_config) as f:
-            return json.load(f)
-    except FileNotFoundError:
+        return read_spec_file(config.data_config, "--data-config")
+    except NotFoundError:
         raise UsageError(f"--data-config {config.data_config} does not exist (`zmqflow data prepare` or "
                          "`zmqflow train` writes it)") from None
+    except InvalidArgumentError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def data_config(config):

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from zmqflow.cli.main import main
 from zmqflow.common.errors import DataLossError, InvalidArgumentError
+from zmqflow.common.spec_files import parse_yaml
 from zmqflow.inputs.data_spec import DataSpec, fit, load_spec, load_tables, prepare, read_features
 from zmqflow.inputs.datasets import DATA_DIR
 from zmqflow.inputs.formats import iter_records, write_tfrecord
@@ -289,9 +290,10 @@ def test_bad_parquet_files_name_the_row_and_column_and_a_missing_pyarrow_names_t
 
 
 @pytest.mark.parametrize("source, message", [
-    ({"format": "orc"}, "source.format 'orc' is not one of csv, npz, npy, tfrecord, fixed_length, parquet, mnist"),
+    ({"format": "orc"}, "data spec: source.format 'orc' is not one of csv, npz, npy, tfrecord, fixed_length, parquet, mnist"),
     ({"format": "tfrecord"}, "source: format tfrecord needs features"),
-    ({"format": "npz", "header": True}, "unknown field(s) ['header'] for format npz; it takes no options"),
+    ({"format": "npz", "header": True}, "source: unknown key 'header' for format npz; it takes no options"),
+    ({"format": "csv", "delimeter": ";"}, "source: unknown key 'delimeter' for format csv, did you mean 'delimiter'?"),
     ({"format": "tfrecord", "features": {"a": {"dtype": "complex64"}}}, "feature 'a': unsupported dtype 'complex64'"),
     ({"format": "tfrecord", "features": {"a": {"shape": [2]}}}, "source.features.a: {dtype:"),
     ({"format": "tfrecord", "features": {"a": "float32"}, "compression": "ZLIB"}, "unsupported compression 'ZLIB'"),
@@ -306,7 +308,7 @@ def test_bad_sources_name_the_option(source, message):
 
 def test_every_source_example_in_the_docs_is_a_valid_spec():
     with open(os.path.join(ROOT, "docs", "data.md")) as f:
-        blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", f.read(), re.S)]
+        blocks = [parse_yaml(b, "docs/data.md") for b in re.findall(r"```yaml\n(.*?)```", f.read(), re.S)]
     formats = {DataSpec(b).format for b in blocks if "source" in b}
     assert formats == {"csv", "npz", "npy", "tfrecord", "fixed_length", "parquet"}, json.dumps(blocks)[:500]
 

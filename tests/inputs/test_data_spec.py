@@ -2,6 +2,7 @@
 is an error naming the file, line and column (or a counted skip when the spec asks for it)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -9,7 +10,8 @@ from click.testing import CliRunner
 
 from zmqflow.cli.main import main
 from zmqflow.common.errors import InvalidArgumentError, NotFoundError
-from zmqflow.inputs.data_spec import fit, input_signature, inspect, load_spec, load_tables, prepare
+from zmqflow.inputs.data_spec import (fit, from_config, input_signature, inspect, load_spec, load_tables, prepare,
+                                       to_config)
 
 pytestmark = pytest.mark.unit
 
@@ -90,7 +92,7 @@ def test_the_built_in_mnist_spec_is_the_shipped_split():
     (ROWS[:2] + ["1.3,0.2,red"], HEADER, {}, InvalidArgumentError,
      r"flowers.csv:4: malformed CSV line: expected 4 fields, got 3"),
     (ROWS[:4] + ["tall,0.2,red,setosa"], HEADER, {}, InvalidArgumentError,
-     r"flowers.csv:6: malformed CSV line: column 0 \(petal_len\): cannot parse 'tall' as float32"),
+     r"flowers.csv:6: malformed CSV line: column 1 \(petal_len\): cannot parse 'tall' as float32"),
     ([], "", {}, InvalidArgumentError, r"flowers.csv is empty"),
     ([], HEADER, {}, InvalidArgumentError, r"flowers.csv has no rows after its header"),
     (ROWS[:5], HEADER, {"split": {"validation": 0.05}}, InvalidArgumentError,
@@ -106,17 +108,37 @@ def test_bad_input_names_the_file_line_and_column(tmp_path, rows, header, fields
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"features": {"a": "text"}}, "feature 'a': type 'text' is not one of numeric, categorical, image"),
-    ({"features": {"a": {"type": "categorical"}}}, "needs a vocabulary or hash_buckets"),
-    ({"features": {"species": "numeric"}}, r"column\(s\) \['species'\] are both a feature and the label"),
-    ({"label": {"column": "species", "task": "ranking"}}, "label task 'ranking' is not one of"),
-    ({"split": {"validation": 0.5, "test": 0.5}}, "leave no training rows"),
-    ({"shuffle": True}, r"unknown field\(s\) \['shuffle'\]"),
-    ({"features": {"p": {"type": "image", "columns": "p0..p9", "shape": [3, 3]}}}, "holds 9 values, the feature has 10"),
+    ({"features": {"a": "text"}}, "flowers.yaml: features.a.type: 'text' is not one of numeric, categorical, image"),
+    ({"features": {"a": {"type": "numerc"}}}, "features.a.type: 'numerc' is not one of numeric, categorical, image, "
+                                              "did you mean 'numeric'?"),
+    ({"features": {"a": {"type": "categorical"}}},
+     "flowers.yaml: features.a: a categorical feature needs a vocabulary or hash_buckets"),
+    ({"features": {"species": "numeric"}}, "flowers.yaml: column(s) ['species'] are both a feature and the label"),
+    ({"label": {"column": "species", "task": "ranking"}}, "flowers.yaml: label.task: 'ranking' is not one of"),
+    ({"split": {"validation": 0.5, "test": 0.5}}, "flowers.yaml: split: validation and test together leave no "
+                                                  "training rows"),
+    ({"shuffle": True}, "flowers.yaml: unknown key 'shuffle' (a data spec takes name, source, files, split, "
+                        "features, label, normalize, skip_bad_rows, drop, categorical)"),
+    ({"split": {"tset": 0.2}}, "flowers.yaml: split: unknown key 'tset', did you mean 'test'? (split takes "
+                               "validation, test, seed)"),
+    ({"features": {"age": {"defualt": 0}}}, "flowers.yaml: features.age: unknown key 'defualt', did you mean "
+                                            "'default'? (a feature takes type, column, columns, default, vocabulary, "
+                                            "hash_buckets, encode, shape, scale)"),
+    ({"label": {"column": "species", "clases": ["a", "b"]}}, "label: unknown key 'clases', did you mean 'classes'?"),
+    ({"files": {"trian": "flowers.csv"}}, "files: unknown key 'trian', did you mean 'train'?"),
+    ({"features": {"p": {"type": "image", "columns": "p0..p9", "shape": [3, 3]}}},
+     "features.p: shape [3, 3] holds 9 values, the feature has 10"),
+    ({"features": {"c": {"type": "categorical", "hash_buckets": 0}}},
+     "features.c.hash_buckets: hash_buckets takes positive integers, got 0"),
+    ({"split": {"test": "a fifth"}}, "split.test: a fraction in [0, 1), got 'a fifth'"),
+    ({"drop": ["colour"]}, "drop picks among the columns a spec without `features` takes; this spec lists its features"),
 ])
-def test_bad_specs_name_the_field(tmp_path, fields, message):
-    with pytest.raises(InvalidArgumentError, match=message):
+def test_bad_specs_name_the_file_and_the_key_path(tmp_path, fields, message):
+    """One line naming the file, the key path and what is wrong; an unknown key at any level gets a
+    "did you mean" and the keys that level takes."""
+    with pytest.raises(InvalidArgumentError, match=re.escape(message)) as error:
         spec_for(tmp_path, **fields)
+    assert "\n" not in str(error.value) and str(error.value).startswith(f"data spec {tmp_path / 'flowers.yaml'}: ")
 
 
 def test_bad_rows_are_skipped_and_counted_when_the_spec_asks(tmp_path):
@@ -132,3 +154,82 @@ def test_inspect_command_prints_the_splits_and_names_bad_input(tmp_path):
     (tmp_path / "flowers.csv").write_text(HEADER + "1.0,0.2,red\n")
     bad = CliRunner().invoke(main, ["data", "inspect", str(tmp_path / "flowers.yaml")])
     assert bad.exit_code == 1 and "flowers.csv:2: malformed CSV line: expected 4 fields, got 3" in bad.output
+
+
+def test_yaml_keeps_no_and_yes_and_inspect_names_unknown_categories(tmp_path):
+    """YAML 1.2: `classes: [no, yes]` and `vocabulary: [no, se]` are the strings written (YAML 1.1 made them
+    booleans: 'not one of the classes' and every `no` sent to the unknown slot)."""
+    rows = ["no,yes", "se,no", "dk,yes", "no,no", "se,yes", "dk,no", "no,yes", "fi,no"]
+    (tmp_path / "votes.csv").write_text("country,answer\n" + "".join(r + "\n" for r in rows))
+    (tmp_path / "votes.yaml").write_text("files: votes.csv\nfeatures:\n  country: {type: categorical, "
+                                         "vocabulary: [no, se]}\nlabel: {column: answer, task: binary, "
+                                         "classes: [no, yes]}\n")
+    spec = load_spec(str(tmp_path / "votes.yaml"))
+    report = inspect(spec)
+    assert report["label"]["classes"] == ["no", "yes"] and report["label"]["per_split"]["train"] == {"no": 4, "yes": 4}
+    [country] = report["features"]
+    assert country["unknown"] == {"train": {"rows": 3, "values": ["dk", "fi"]}}        # `no` is known
+    train = prepare(spec, load_tables(spec)["train"])
+    assert train.x[0].tolist() == [1, 0, 0] and train.y.tolist() == [1, 0, 1, 0, 1, 0, 1, 0]
+    done = CliRunner().invoke(main, ["data", "inspect", str(tmp_path / "votes.yaml")])
+    assert "unknown in train: 3 row(s) hold values outside the vocabulary ('dk', 'fi')" in done.output, done.output
+
+
+def write_wide(directory, rows=300, seed=0):
+    """A 64-column CSV: 60 numbers (x7 with empty fields), a text column, a zip code of digits, an id and the
+    label, which depends on x0, x1 and the text."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 60))
+    town = rng.choice(["no", "se", "dk"], rows)
+    answer = (x[:, 0] - x[:, 1] + (town == "dk") > 0.3)
+    header = [f"x{i}" for i in range(60)] + ["town", "zip", "id", "answer"]
+    lines = [",".join(header)]
+    for r in range(rows):
+        numbers = ["" if i == 7 and r % 5 == 0 else f"{v:.4f}" for i, v in enumerate(x[r])]
+        lines.append(",".join(numbers + [town[r], f"{1000 + r % 4}", str(r), ["no", "yes"][int(answer[r])]]))
+    (directory / "wide.csv").write_text("\n".join(lines) + "\n")
+    (directory / "wide.yaml").write_text("files: wide.csv\nsplit: {test: 0.2, seed: 0}\nlabel: answer\n"
+                                         "drop: id\ncategorical: [zip]\n")
+    return str(directory / "wide.yaml")
+
+
+def test_a_spec_that_names_only_its_label_takes_every_other_column_typed_from_the_train_split(tmp_path):
+    path = write_wide(tmp_path)
+    spec = load_spec(path)
+    report = inspect(spec)
+    assert report["features_from"] == "the data" and len(report["features"]) == 62      # 64 - label - id
+    by_name = {f.name: f for f in spec.features}
+    assert [f.name for f in spec.features][:3] == ["x0", "x1", "x2"] and "id" not in by_name
+    assert {f.type for n, f in by_name.items() if n.startswith("x")} == {"numeric"}
+    train_rows = load_tables(spec)["train"]
+    x7 = train_rows.columns["x7"]             # empty fields took the default: the mean of the others, so of all
+    assert by_name["x7"].default == pytest.approx(float(x7.mean()), rel=1e-4) and np.sum(x7 == x7[0]) < 5
+    assert (by_name["town"].type, by_name["town"].vocabulary) == ("categorical", ["dk", "no", "se"])
+    assert (by_name["zip"].type, by_name["zip"].vocabulary) == ("categorical", ["1000", "1001", "1002", "1003"])
+    assert report["input_signature"] == {"input": [[60 + 4 + 5], "float32"]} and report["outputs"] == 2
+    done = CliRunner().invoke(main, ["data", "inspect", path])
+    assert done.exit_code == 0 and "features (every column but the label's, typed from the train split: 62)" in \
+        done.output and "town             categorical  columns 1, encode one_hot, categories 4" in done.output
+    recorded = json.loads(json.dumps(to_config(spec)))                 # what a checkpoint keeps
+    (tmp_path / "wide.csv").unlink()
+    again = from_config(recorded)                                     # serving reads no data to know the features
+    assert input_signature(again) == input_signature(spec) and again.features == spec.features
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("drop: idd\n", "data spec drop: column 'idd' is not in the data, did you mean 'id'?"),
+    ("categorical: [tonw]\n", "data spec categorical: column 'tonw' is not in the data, did you mean 'town'?"),
+])
+def test_every_column_errors_name_the_column(tmp_path, extra, message):
+    path = write_wide(tmp_path)
+    (tmp_path / "wide.yaml").write_text("files: wide.csv\nlabel: answer\n" + extra)
+    with pytest.raises(InvalidArgumentError, match=re.escape(message)):
+        inspect(load_spec(path))
+
+
+def test_a_text_column_with_a_value_per_row_is_not_taken_as_a_category(tmp_path):
+    (tmp_path / "notes.csv").write_text("size,note,kind\n" + "".join(f"{i},note {i},k{i % 2}\n" for i in range(1100)))
+    spec = load_spec({"files": str(tmp_path / "notes.csv"), "label": "kind"})
+    with pytest.raises(InvalidArgumentError, match=re.escape("column 'note' holds 1,100 distinct texts in the train "
+                                                             "split, too many for a category (at most 1,000): drop it")):
+        spec.features

@@ -80,13 +80,13 @@ def test_ids_and_regression_components(tmp_path):
 def test_bad_rows_name_file_line_and_column_or_are_counted(tmp_path):
     write_parts(tmp_path, parts=2, bad=(1, 5, "4,big,rome,k1"))
     spec = load_spec(spec_dict(tmp_path))
-    with pytest.raises(InvalidArgumentError, match=r"part-1\.csv:6: .*column 1 \(size\)"):
+    with pytest.raises(InvalidArgumentError, match=r"part-1\.csv:6: .*column 2 \(size\)"):
         load_tables(spec)
     write_parts(tmp_path, parts=2)
     fit(spec, load_tables(spec)["train"])
     config = to_config(spec)
     write_parts(tmp_path, parts=2, bad=(1, 5, "4,big,rome,k1"))
-    with pytest.raises(InvalidArgumentError, match=r"part-1\.csv:6: .*column 1 \(size\)"):
+    with pytest.raises(InvalidArgumentError, match=r"part-1\.csv:6: .*column 2 \(size\)"):
         streamed(config)
     config["spec"]["skip_bad_rows"] = True
     got, stream = streamed(config)

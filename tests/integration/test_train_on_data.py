@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.inputs.test_data_spec import write_wide
+
 pytestmark = pytest.mark.integration
 
 SPEC = """
@@ -89,6 +91,30 @@ def test_predict_writes_each_rows_class_and_probabilities_from_a_file_without_la
     refused = subprocess.run([sys.executable, "-m", "zmqflow", "predict", "--checkpoint", mnist_checkpoint, "--input",
                               str(tmp_path / "new.csv")], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 1 and "records no data spec (it was not trained with --data)" in refused.stderr
+
+
+def test_a_spec_that_names_only_its_label_trains_on_a_64_column_csv_and_predicts_by_column_name(tmp_path):
+    """Every column by name: 62 features typed from the train split (60 numbers, a text, digits taken as
+    categories), the label's classes written `[no, yes]` in YAML; the checkpoint records the features, so
+    predict reads a file without the label by column name."""
+    spec, checkpoint = write_wide(tmp_path, rows=400), str(tmp_path / "ckpt")
+    (tmp_path / "wide.yaml").write_text((tmp_path / "wide.yaml").read_text().replace(
+        "label: answer", "label: {column: answer, task: binary, classes: [no, yes]}"))
+    done = train("--data", spec, "--model", "logistic", "--epochs", "30", "--learning-rate", "0.05",
+                 "--checkpoint-dir", checkpoint)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["test_metrics"]["accuracy"] > 0.8, summary
+    lines = (tmp_path / "wide.csv").read_text().splitlines()
+    (tmp_path / "new.csv").write_text("\n".join(",".join(line.split(",")[:-1]) for line in lines) + "\n")
+    predicted = subprocess.run([sys.executable, "-m", "zmqflow", "predict", "--checkpoint", checkpoint, "--input",
+                                str(tmp_path / "new.csv"), "--out", str(tmp_path / "predictions.csv")],
+                               capture_output=True, text=True, timeout=120)
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    rows = (tmp_path / "predictions.csv").read_text().splitlines()
+    assert rows[0] == "class,p_no,p_yes" and len(rows) == len(lines)
+    truth = [line.split(",")[-1] for line in lines[1:]]
+    assert np.mean([r.split(",")[0] == t for r, t in zip(rows[1:], truth)]) > 0.8
 
 
 def test_validation_while_training_keeps_the_best_checkpoint_and_writes_the_summary(tmp_path):

@@ -80,7 +80,7 @@ def test_a_bad_row_fails_the_pipeline_naming_file_line_and_column(broker, proces
     assert procs[0].proc.wait(30) == 1, procs[0].log()[-2000:]     # 1: the pipeline failed (reader --help)
     summary = json.loads((tmp_path / "reader-0.json").read_text())
     assert summary["outcome"] == "failed"
-    assert "part-1.csv:6: malformed CSV line: column 1 (size): cannot parse 'big'" in summary["error"]
+    assert "part-1.csv:6: malformed CSV line: column 2 (size): cannot parse 'big'" in summary["error"]
     assert queue.is_closed()
 
 

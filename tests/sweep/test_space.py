@@ -136,3 +136,17 @@ def test_cli_checks_every_runs_model_before_starting():
     assert unknown.exit_code == 2 and "model spec field 'width' is not known for type 'cnn'" in unknown.output
     shaped = runner.invoke(main, ["sweep", "--model", "cnn", "--grid", "hidden=64", "--dry-run"])
     assert shaped.exit_code == 2 and "hidden shapes the built-in MLP; cnn takes model.<option> axes" in shaped.output
+
+
+def test_a_space_file_is_read_as_yaml_1_2(tmp_path):
+    """yes/no stay the strings written (YAML 1.1 made them booleans), 1e-3 is a number, a key twice is an error."""
+    space = tmp_path / "space.yaml"
+    space.write_text("lr: [1e-3, 0.01]\nmodel.padding: [no, yes]\nmodel.use_bias: [true]\n")
+    points = grid(load_space(str(space)))
+    assert [p["learning_rate"] for p in points] == [0.001, 0.001, 0.01, 0.01]
+    assert [model_options(p) for p in points[:2]] == [{"padding": "no", "use_bias": True},
+                                                       {"padding": "yes", "use_bias": True}]
+    assert model_options(grid(parse_grid("model.padding=no,on"))[1]) == {"padding": "on"}
+    space.write_text("lr: [0.1]\nlr: [0.2]\n")
+    with pytest.raises(SpaceError, match=r"space\.yaml is not valid YAML: line 2, column 1: found duplicate key"):
+        load_space(str(space))
