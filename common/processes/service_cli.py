@@ -1,6 +1,7 @@
 """What every service's command line shares: bind, ready file, logging, limits."""
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -12,6 +13,7 @@ from zmqflow.common.rpc import admin_token, encryption as curve
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.wire.limits import DEFAULT_LIMITS
 from zmqflow.common.memory import keep_freed_memory
+from zmqflow.common.renames import warn_renamed_option
 
 METRICS_PORT_ENV = "ZMQFLOW_METRICS_PORT"
 
@@ -31,6 +33,90 @@ class ByteSize(click.ParamType):
         if not m:
             self.fail(f"{value!r} is not a byte count (e.g. 1000000, 512M, 4GiB)", param, ctx)
         return int(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
+
+
+class RenamedOption(click.Option):
+    """A click option that also answers to its old spellings (`old_names`: old -> the new spelling it means,
+    or a list of old spellings of the first name): hidden from --help, the old spelling still works and
+    prints one warning naming the new one."""
+
+    def __init__(self, param_decls=None, old_names=(), **attrs):
+        super().__init__(param_decls, **attrs)
+        if not isinstance(old_names, dict):
+            old_names = dict.fromkeys(old_names, self.opts[0])
+        self.old_names = old_names
+
+    def _old_dest(self, old):
+        return f"{self.name}\0{old}"
+
+    def add_to_parser(self, parser, ctx):
+        """Each old spelling parses as the spelling it stands for, into a slot of its own (consume_value
+        then knows it was used)."""
+        calls = []
+
+        class Recorder:
+            def add_option(self, **option):
+                calls.append(option)
+        super().add_to_parser(Recorder(), ctx)
+        for option in calls:
+            parser.add_option(**option)
+            for old, new in self.old_names.items():
+                if new in option["opts"]:
+                    parser.add_option(**{**option, "opts": [old], "dest": self._old_dest(old)})
+
+    def consume_value(self, ctx, opts):
+        used = {old: opts[self._old_dest(old)] for old in self.old_names if self._old_dest(old) in opts}
+        if used:
+            opts = dict(opts)
+            for old, value in used.items():
+                warn_renamed_option(old, self.old_names[old])
+                if self.multiple:
+                    opts[self.name] = list(opts.get(self.name) or ()) + list(value)
+                elif self.name not in opts:          # both spellings given: the new one wins
+                    opts[self.name] = value
+        return super().consume_value(ctx, opts)
+
+
+def option(*param_decls, old_names=(), **attrs):
+    """click.option, plus `old_names`: the hidden spellings it had before the vocabulary (docs/cli.md)."""
+    return click.option(*param_decls, cls=RenamedOption, old_names=old_names, **attrs)
+
+
+def deprecated_option(name, use, callback=None, **attrs):
+    """A hidden option that is not a plain rename (its value moved into another option, `use`): still
+    works, through `callback`, and warns naming `use`."""
+    def warn_then_call(ctx, param, value):
+        if value not in (None, (), False):
+            warn_renamed_option(name, use)
+        return callback(ctx, param, value) if callback else value
+    return click.option(name, hidden=True, callback=warn_then_call, **attrs)
+
+
+def address_option(help):
+    """--address HOST:PORT (or a ZeroMQ URL): the one service a client command talks to. The positional
+    ADDRESS these commands took before still works, hidden, with a warning."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def with_address(*args, address, old_address, **kwargs):
+            if old_address is not None:
+                warn_renamed_option("the positional ADDRESS", "--address ADDRESS")
+                if address is not None and address != old_address:
+                    raise click.UsageError(f"two addresses: --address {address} and {old_address}")
+                address = old_address
+            if address is None:
+                raise click.UsageError("Missing option '--address' (HOST:PORT or a ZeroMQ URL such as "
+                                       "tcp://127.0.0.1:5555).")
+            return fn(*args, address=address, **kwargs)
+        with_address = click.argument("old_address", required=False, cls=_HiddenArgument)(with_address)
+        return click.option("--address", default=None, metavar="HOST:PORT", help=help)(with_address)
+    return decorate
+
+
+class _HiddenArgument(click.Argument):
+    """A positional argument left out of the usage line (a deprecated spelling)."""
+
+    def get_usage_pieces(self, ctx):
+        return []
 
 
 def service_options(default_bind):
@@ -232,14 +318,21 @@ def task_config_option(extra_fields=()):
             raise click.BadParameter(f"cannot read {path}: {exc}") from None
         if not isinstance(config, dict):
             raise click.BadParameter(f"{path}: expected a JSON object of options, not {type(config).__name__}")
-        names = {}
+        names, old_names = {}, {}
         for option in ctx.command.params:
             for opt in option.opts:
                 names[opt.lstrip("-")] = option.name
             names[option.name] = option.name
+            for old, new in getattr(option, "old_names", {}).items():
+                if new in option.opts:
+                    old_names[old.lstrip("-")] = (option.name, old, new)
         defaults, extra = {}, {}
         for key, value in config.items():
             name = names.get(key) or names.get(key.replace("_", "-"))   # num_epochs as num-epochs
+            renamed = old_names.get(key) or old_names.get(key.replace("_", "-"))
+            if name is None and renamed:
+                name = renamed[0]
+                warn_renamed_option(f"{path}: {key!r}", repr(renamed[2].lstrip("-")))
             if name is not None and name != param.name:
                 defaults[name] = value
             elif key.replace("-", "_") in extra_fields:
