@@ -6,7 +6,7 @@ import time
 
 import click
 
-from zmqflow.common.processes.service_cli import curve_option
+from zmqflow.common.processes.service_cli import curve_option, option
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.jobs.cluster_check import spec_from_options
 from zmqflow.jobs.status.probe import add_rates, snapshot
@@ -25,12 +25,14 @@ from zmqflow.jobs.status.render import render
               help="A worker's --metrics-port endpoint, in worker order (repeat): examples/s, steps.")
 @click.option("--aggregator", multiple=True, metavar="HOST:PORT", help="Aggregators (member health).")
 @click.option("--serve", multiple=True, metavar="HOST:PORT[,...]", help="Model servers.")
-@click.option("--interval", default=1.0, type=click.FloatRange(min=0.1), help="Seconds between refreshes.")
-@click.option("--timeout", default=1.0, type=click.FloatRange(min=0.05), help="Seconds each task may take to answer.")
+@option("--interval-secs", "interval", old_names=["--interval"],
+        default=1.0, type=click.FloatRange(min=0.1), help="Seconds between refreshes.")
+@option("--timeout-secs", "timeout", old_names=["--timeout"],
+        default=1.0, type=click.FloatRange(min=0.05), help="Seconds each task may take to answer.")
 @click.option("--once", is_flag=True, help="Print one snapshot and exit (exit 1 if a task is down).")
 @click.option("--json", "as_json", is_flag=True, help="Print snapshots as JSON (one object per line).")
 @click.option("--web", is_flag=True, help="Serve the view as a web page instead (tables and training curves, "
-              "refreshed every --interval; needs pip install 'zmqflow[http]').")
+              "refreshed every --interval-secs; needs pip install 'zmqflow[http]').")
 @click.option("--web-host", default="127.0.0.1", help="With --web: the address to listen on (0.0.0.0: every "
               "interface).")
 @click.option("--web-port", default="8088", metavar="[HOST:]PORT", help="With --web: the port (0: any free port; "

@@ -339,7 +339,7 @@ def _reader_task(spec, placement, index):
                if shuffled else None, "seed": spec.training.seed,
                "at-least-once": spec.input.at_least_once}
     if placement.cluster is None:
-        return TaskSpec("reader", index, ["reader"], {**options, "progress-every": 0,
+        return TaskSpec("reader", index, ["reader"], {**options, "progress-every-secs": 0,
                                                       "stats-file": f"{placement.log_dir}/reader-{index}.json"})
     return TaskSpec("reader", index, ["reader"], {**options, "metrics-port": _metrics(READER_METRICS_PORT)},
                     ports={"metrics": READER_METRICS_PORT})

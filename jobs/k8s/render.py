@@ -236,13 +236,13 @@ def _http_get(path, port):
 
 
 def _ping(port, timeout=None):
-    return ["zmqflow", "ping", f"tcp://127.0.0.1:{port}", *(["--timeout", str(timeout)] if timeout else [])]
+    return ["zmqflow", "ping", f"tcp://127.0.0.1:{port}", *(["--timeout-secs", str(timeout)] if timeout else [])]
 
 
 def _ordinal_ping(base, timeout=None):
     """A ping of this StatefulSet pod's own port: base + the ordinal of its name."""
     script = f'zmqflow ping "tcp://127.0.0.1:$(({base} + ${{POD_NAME##*-}}))"'
-    return ["sh", "-c", script + (f" --timeout {timeout}" if timeout else "")]
+    return ["sh", "-c", script + (f" --timeout-secs {timeout}" if timeout else "")]
 
 
 def _pinged(ping, port):

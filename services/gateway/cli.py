@@ -5,7 +5,7 @@ import os
 
 import click
 
-from zmqflow.common.processes.service_cli import curve_option, ops_options, setup_logging, write_ready_file
+from zmqflow.common.processes.service_cli import curve_option, ops_options, option, setup_logging, write_ready_file
 from zmqflow.common.rpc.probe import endpoint_of
 from zmqflow.services.gateway.limits import JSON_COST, RAW_COST
 
@@ -21,10 +21,10 @@ HTTP_EXTRA_HINT = "the gateway needs the http extra: pip install 'zmqflow[http]'
 @click.option("--name", "ensemble_name", default="ensemble", help="Model name of the aggregator's ensemble.")
 @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
               help="Write the gateway's URL to this file once it serves (for scripts and tests).")
-@click.option("--timeout-s", default=10.0, type=click.FloatRange(min=0.001),
-              help="Deadline of an infer request that names none (the aggregator's own --deadline-ms still "
-                   "applies to the ensemble); a request sets its own with the X-Zmqflow-Deadline-Ms header or "
-                   "the `timeout` parameter (microseconds, as Triton's clients send it).")
+@option("--timeout-secs", "timeout_s", old_names=["--timeout-s"], default=10.0, type=click.FloatRange(min=0.001),
+        help="Deadline of an infer request that names none (the aggregator's own --deadline-ms still "
+        "applies to the ensemble); a request sets its own with the X-Zmqflow-Deadline-Ms header or "
+        "the `timeout` parameter (microseconds, as Triton's clients send it).")
 @click.option("--max-body-bytes", default=8 * 1024 * 1024, type=click.IntRange(min=1),
               help="Largest request body; a larger one is answered 413 without being read.")
 @click.option("--max-inflight-bytes", default=256 * 1024 * 1024, type=click.IntRange(min=1),
@@ -32,16 +32,19 @@ HTTP_EXTRA_HINT = "the gateway needs the http extra: pip install 'zmqflow[http]'
                    f"{JSON_COST}x their JSON (what parsing it costs at worst), {RAW_COST}x their binary tensor data; "
                    "a request that would go over is answered 503 (Retry-After) before its body is read. "
                    f"At least {JSON_COST}x --max-body-bytes, so that the largest body fits.")
-@click.option("--body-timeout-s", default=30.0, type=click.FloatRange(min=0.001),
-              help="Time a client has to send a request's body; a slower one is answered 408.")
-@click.option("--header-timeout-s", default=10.0, type=click.FloatRange(min=0.001),
-              help="Time a client has to send a request's headers; a slower connection is closed.")
-@click.option("--keep-alive-s", default=5, type=click.IntRange(min=1),
-              help="How long an idle keep-alive connection stays open.")
+@option("--body-timeout-secs", "body_timeout_s", old_names=["--body-timeout-s"],
+        default=30.0, type=click.FloatRange(min=0.001),
+        help="Time a client has to send a request's body; a slower one is answered 408.")
+@option("--header-timeout-secs", "header_timeout_s", old_names=["--header-timeout-s"],
+        default=10.0, type=click.FloatRange(min=0.001),
+        help="Time a client has to send a request's headers; a slower connection is closed.")
+@option("--keep-alive-secs", "keep_alive_s", old_names=["--keep-alive-s"], default=5.0,
+        type=click.FloatRange(min=0.1),
+        help="How long an idle keep-alive connection stays open.")
 @click.option("--max-connections", default=1000, type=click.IntRange(min=1),
               help="Connections and requests at once; more are answered 503 at once (uvicorn's limit_concurrency).")
-@click.option("--refresh-s", default=5.0, type=click.FloatRange(min=0.05),
-              help="How often the models (the aggregator's members and their metadata) are asked for again.")
+@option("--refresh-secs", "refresh_s", old_names=["--refresh-s"], default=5.0, type=click.FloatRange(min=0.05),
+        help="How often the models (the aggregator's members and their metadata) are asked for again.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 @curve_option()
 @ops_options

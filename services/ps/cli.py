@@ -4,7 +4,7 @@ import logging
 
 import click
 
-from zmqflow.common.processes.service_cli import run_service_instance, service_options, task_config_option
+from zmqflow.common.processes.service_cli import option, run_service_instance, service_options, task_config_option
 from zmqflow.models.spec import resolve_model
 from zmqflow.models.registry import model_variables
 from zmqflow.common.cluster.placement import place
@@ -29,9 +29,9 @@ from zmqflow.common.processes.task_options import model_options, parse_json_opti
               help="A push holding NaN or Inf never reaches the variables: skip it (counted in "
                    "zmqflow_ps_pushes_dropped{reason=\"nonfinite\"}; sync steps go on without it) or refuse it "
                    "with INVALID_ARGUMENT, failing the worker that sent it.")
-@click.option("--lost-after", default=5.0, type=click.FloatRange(min=0),
-              help="Sync: a replica the current step misses that has said nothing (no push, request or heartbeat) "
-                   "for this many seconds is lost (0: never).")
+@option("--lost-after-secs", "lost_after", old_names=["--lost-after"], default=5.0, type=click.FloatRange(min=0),
+        help="Sync: a replica the current step misses that has said nothing (no push, request or heartbeat) "
+        "for this many seconds is lost (0: never).")
 @click.option("--lost-policy", default="continue", type=click.Choice(["continue", "abort"]),
               help="Sync, a lost replica: go on without it (steps need one replica fewer; it rejoins when heard "
                    "from) or fail every waiting pull with ABORTED naming it, ending the workers.")

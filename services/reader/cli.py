@@ -22,7 +22,7 @@ import sys
 import click
 
 from zmqflow.common.rpc import health
-from zmqflow.common.processes.service_cli import curve_option, ops_options, setup_logging, task_config_option
+from zmqflow.common.processes.service_cli import curve_option, ops_options, option, setup_logging, task_config_option
 from zmqflow.inputs.datasets import DATA_DIR, RECORD_FORMAT
 from zmqflow.common.errors import OpError
 from zmqflow.common.memory import keep_freed_memory
@@ -170,12 +170,14 @@ def _tf_config_task():
                    "instance queue: a reader killed mid-file gives its name back and the file is read again by "
                    "another (or a restarted) reader, its rows arriving twice, instead of failing the pipeline. "
                    "Every reader of the pipeline must pass it. See docs/queues.md.")
-@click.option("--rejoin-wait", "rejoin_s", default=DEFAULT_REJOIN_S, type=click.FloatRange(0, min_open=True),
-              help="With --at-least-once: seconds the broker waits for a reader to join again when every reader "
-                   "died with input left, before it fails the pipeline (the first reader's value counts).")
-@click.option("--enqueue-timeout", default=DEFAULT_ENQUEUE_TIMEOUT,
-              help="Seconds one chunk may wait for room in the instance queue before the pipeline fails.")
-@click.option("--progress-every", default=10.0, help="Seconds between progress lines (0: none).")
+@option("--rejoin-wait-secs", "rejoin_s", old_names=["--rejoin-wait"],
+        default=DEFAULT_REJOIN_S, type=click.FloatRange(0, min_open=True),
+        help="With --at-least-once: seconds the broker waits for a reader to join again when every reader "
+        "died with input left, before it fails the pipeline (the first reader's value counts).")
+@option("--enqueue-timeout-secs", "enqueue_timeout", old_names=["--enqueue-timeout"], default=DEFAULT_ENQUEUE_TIMEOUT,
+        help="Seconds one chunk may wait for room in the instance queue before the pipeline fails.")
+@option("--progress-every-secs", "progress_every", old_names=["--progress-every"],
+        default=10.0, help="Seconds between progress lines (0: none).")
 @click.option("--stats-file", default=None, type=click.Path(dir_okay=False),
               help="Write this reader's summary as JSON here at exit.")
 @click.option("--name", default=None, help="Producer name on the broker (default: reader, or reader:<index> "

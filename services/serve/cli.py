@@ -2,7 +2,7 @@
 
 import click
 
-from zmqflow.common.processes.service_cli import run_service_instance, service_options
+from zmqflow.common.processes.service_cli import option, run_service_instance, service_options
 from zmqflow.common.processes.task_options import model_options, trust_checkpoint_code_option
 
 
@@ -18,13 +18,14 @@ from zmqflow.common.processes.task_options import model_options, trust_checkpoin
 @trust_checkpoint_code_option
 @click.option("--backend", default="numba", type=click.Choice(["numpy", "numba", "cupy"]))
 @click.option("--max-batch", default=256, help="Most rows run together in one batch.")
-@click.option("--max-delay-ms", default=2.0, help="Longest a request waits for others to join its batch.")
+@option("--max-delay-secs", "max_delay_secs", old_names=["--max-delay-ms"], old_scale={"--max-delay-ms": 0.001},
+        default=0.002, type=click.FloatRange(min=0), help="Longest a request waits for others to join its batch.")
 @click.option("--name", "model_name", default=None, help="Model name in replies (default: the checkpoint directory's).")
 @click.option("--data", "data_spec", default=None,
               help="A data spec (YAML) whose raw feature columns requests may send as records, made into inputs with "
                    "its train split's statistics. Default: the spec the checkpoint records (trained with --data).")
 def command(checkpoint_dir, follow_ps, refresh_secs, model_spec, placement_strategy, max_shard_bytes,
-            trust_checkpoint_code, backend, max_batch, max_delay_ms, model_name, data_spec, **service):
+            trust_checkpoint_code, backend, max_batch, max_delay_secs, model_name, data_spec, **service):
     """Answer predict requests from a checkpoint or the live ps shards, batching concurrent requests.
 
     A request sends the model's inputs as tensors (their names, shapes and dtypes are the model's
@@ -51,7 +52,7 @@ def command(checkpoint_dir, follow_ps, refresh_secs, model_spec, placement_strat
         data = load_spec(data_spec)
         fit(data, load_tables(data)["train"])
         data_config = to_config(data)
-    run_service_instance("serve", ModelServer, spec, backend=backend, max_batch=max_batch, max_delay_ms=max_delay_ms,
+    run_service_instance("serve", ModelServer, spec, backend=backend, max_batch=max_batch, max_delay_ms=max_delay_secs * 1000,
                          model_name=model_name or default_model_name(checkpoint_dir, endpoints),
                          checkpoint_dir=checkpoint_dir, ps_endpoints=endpoints, placement_strategy=placement_strategy,
                          max_shard_bytes=max_shard_bytes, refresh_secs=refresh_secs, data_config=data_config, **service)

@@ -3,8 +3,8 @@
 import click
 
 from zmqflow.common.rpc import health
-from zmqflow.common.processes.service_cli import (TASK_CONFIG, curve_option, ops_options, profiled, setup_logging,
-                                        task_config_option)
+from zmqflow.common.processes.service_cli import (TASK_CONFIG, curve_option, ops_options, option, profiled,
+                                                  setup_logging, task_config_option)
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.memory import keep_freed_memory
 from zmqflow.common.processes.task_options import model_options
@@ -28,8 +28,9 @@ from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
 @click.option("--backend", default="numba", type=click.Choice(["numpy", "numba", "cupy"]),
               help="Kernels: numba (CPU), numpy (reference) or cupy (GPU).")
 @click.option("--batch-size", default=100)
-@click.option("--dequeue-timeout", default=600.0, help="Seconds to wait for a mini-batch before giving up "
-              "(the error names the queue).")
+@option("--dequeue-timeout-secs", "dequeue_timeout", old_names=["--dequeue-timeout"],
+        default=600.0, help="Seconds to wait for a mini-batch before giving up "
+        "(the error names the queue).")
 @click.option("--at-least-once", is_flag=True, help="Dequeue each batch with a lease and ack it only once the "
               "step's gradients were acknowledged by the ps: a worker that dies mid-step gives its batches back to "
               "the queue for the others (at least once, never lost; a little slower). Broker queues only: not with "
@@ -76,8 +77,9 @@ from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
 @click.option("--pipeline-next", default=None,
               help="A model whose layers run on several workers (/job:worker/task:N): the endpoint the next "
                    "stage (worker task+1) listens on; every stage but the last needs it.")
-@click.option("--pipeline-timeout", default=120.0, type=click.FloatRange(min=0, min_open=True),
-              help="Pipelined model: seconds to wait for a neighbouring stage before giving up.")
+@option("--pipeline-timeout-secs", "pipeline_timeout", old_names=["--pipeline-timeout"],
+        default=120.0, type=click.FloatRange(min=0, min_open=True),
+        help="Pipelined model: seconds to wait for a neighbouring stage before giving up.")
 @click.option("--bind", default="tcp://127.0.0.1:5700",
               help="With --serve, or as a pipeline stage after the first: the endpoint to listen on.")
 @click.option("--ready-file", default=None, type=click.Path(dir_okay=False),

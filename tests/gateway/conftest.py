@@ -8,8 +8,8 @@ import pytest
 from zmqflow.bench.serve import write_random_checkpoint
 from tests.support import Processes
 
-GATEWAY_LIMITS = ["--max-body-bytes", "2000000", "--header-timeout-s", "1", "--body-timeout-s", "1",
-                  "--refresh-s", "0.3"]
+GATEWAY_LIMITS = ["--max-body-bytes", "2000000", "--header-timeout-secs", "1", "--body-timeout-secs", "1",
+                  "--refresh-secs", "0.3"]
 
 
 @dataclass
@@ -30,7 +30,7 @@ def topology(tmp_path_factory):
             ckpt = str(tmp_path_factory.mktemp(f"ckpt-{name}"))
             write_random_checkpoint(ckpt, seed)
             members[name] = registry.service("zmqflow.services.serve", ["--checkpoint", ckpt, "--backend", "numpy",
-                                                                        "--max-delay-ms", "0", "--name", name])
+                                                                        "--max-delay-secs", "0", "--name", name])
         aggregator = registry.service("zmqflow.services.aggregator",
                                       [a for p in members.values() for a in ("--member", p.endpoint)] +
                                       ["--deadline-ms", "3000"])

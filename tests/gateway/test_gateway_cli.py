@@ -20,7 +20,7 @@ def run(*args, code=None):
 def test_help_names_the_upstreams_and_the_limits():
     done = run("--help")
     assert done.returncode == 0
-    for option in ("--aggregator", "--server", "--bind", "--max-body-bytes", "--header-timeout-s", "X-Zmqflow-Deadline-Ms"):
+    for option in ("--aggregator", "--server", "--bind", "--max-body-bytes", "--header-timeout-secs", "X-Zmqflow-Deadline-Ms"):
         assert option in done.stdout
 
 

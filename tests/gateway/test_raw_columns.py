@@ -35,11 +35,11 @@ def cluster(tmp_path_factory, module_processes):
                       ["t"], np.zeros((3, 2), np.int64))
         local[name] = model.predict(params, model_inputs(spec, table))
         members.append(module_processes.service("zmqflow.services.serve", [
-            "--checkpoint", str(root / name), "--backend", "numpy", "--max-delay-ms", "1", "--name", name]))
+            "--checkpoint", str(root / name), "--backend", "numpy", "--max-delay-secs", "0.001", "--name", name]))
     aggregator = module_processes.service("zmqflow.services.aggregator", [
         *[a for m in members for a in ("--member", m.endpoint)], "--deadline-ms", "3000"])
     gateway = module_processes.service("zmqflow.services.gateway", [
-        "--aggregator", aggregator.endpoint, "--refresh-s", "0.3"], bind="127.0.0.1:0")
+        "--aggregator", aggregator.endpoint, "--refresh-secs", "0.3"], bind="127.0.0.1:0")
     wait_ready(gateway.endpoint, ("ensemble", "mlp", "logistic"))
     (root / "spec.yaml").write_text(json.dumps(spec_dict(root / "train.csv")))
     return gateway.endpoint, local, root / "spec.yaml"
@@ -133,7 +133,7 @@ def test_loadtest_over_http_sends_a_data_specs_rows_as_raw_columns(cluster, tmp_
     url, _, spec = cluster
     report_file = tmp_path / "load.json"
     done = subprocess.run([sys.executable, "-m", "zmqflow", "loadtest", "--http", url, "--model", "ensemble",
-                           "--data", str(spec), "--split", "train", "--rows", "4", "--rate", "100", "--duration", "1",
+                           "--data", str(spec), "--split", "train", "--rows", "4", "--rate", "100", "--duration-secs", "1",
                            "--deadline-ms", "2000", "--max-failures", "0", "--json-out", str(report_file)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -159,5 +159,5 @@ def test_the_rows_of_a_split_become_consecutive_raw_column_bodies(cluster):
 def test_a_model_without_raw_columns_is_refused_by_the_http_loadtest(topology, cluster, tmp_path):
     _, _, spec = cluster
     done = subprocess.run([sys.executable, "-m", "zmqflow", "loadtest", "--http", topology.gateway, "--data", str(spec),
-                           "--duration", "1"], capture_output=True, text=True, timeout=60)
+                           "--duration-secs", "1"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "takes no raw rows over HTTP: it was not trained on a data spec" in done.stderr

@@ -39,6 +39,6 @@ def test_worker_without_input_names_the_queue_and_exits_nonzero(processes):
     FIFOQueue(10, ["float32", "int32"], shapes=[[784], []], names=["image", "label"], shared_name="idle",
               broker=broker.endpoint)  # nobody ever feeds it
     worker = processes.process("zmqflow.services.worker", ["--broker", broker.endpoint, "--ps", ps.endpoint,
-                                                          "--queue", "idle", "--dequeue-timeout", "1"], name="w")
+                                                          "--queue", "idle", "--dequeue-timeout-secs", "1"], name="w")
     assert worker.proc.wait(60) != 0
     assert "no mini-batch from queue 'idle'" in worker.log()

@@ -60,7 +60,7 @@ def start_service(registry, hosts, host, name, argv, log_dir, env=None):
 
 def zmqflow_ping(hosts, host, address, timeout=1.0):
     """`zmqflow ping` run in the host's namespace: its exit code."""
-    return hosts.execute(host, [ZMQFLOW, "ping", "--timeout", str(timeout), address], timeout=30).returncode
+    return hosts.execute(host, [ZMQFLOW, "ping", "--timeout-secs", str(timeout), address], timeout=30).returncode
 
 
 def tf_config(hosts, task_type, index):
@@ -168,7 +168,7 @@ def test_serving_across_hosts_answers_every_request_from_the_checkpoint(network,
     aggregator = f"tcp://{network.address('aggregator')}:{AGGREGATOR_PORT}"
 
     report_file = os.path.join(logs, "loadtest.json")
-    load = network.execute("client", [ZMQFLOW, "loadtest", "--address", aggregator, "--rate", "100", "--duration", "3",
+    load = network.execute("client", [ZMQFLOW, "loadtest", "--address", aggregator, "--rate", "100", "--duration-secs", "3",
                                       "--deadline-ms", "1000", "--max-failures", "0", "--json-out", report_file],
                            timeout=60)
     assert load.returncode == 0, load.stdout + load.stderr

@@ -45,7 +45,7 @@ def web(module_processes, chief_validation, tmp_path_factory):
     log = tmp_path_factory.mktemp("status") / "status-web.log"
     view = module_processes.start("status-web", [
         sys.executable, "-m", "zmqflow", "status", "--web", "--web-host", "0.0.0.0", "--web-port", "127.0.0.1:0",
-        "--interval", "0.2", "--timeout", "1", "--history", str(HISTORY), "--broker", broker.endpoint,
+        "--interval-secs", "0.2", "--timeout-secs", "1", "--history", str(HISTORY), "--broker", broker.endpoint,
         "--ps", ps.endpoint, "--aggregator", aggregator.endpoint, "--worker-metrics", chief_validation],
         log_path=str(log))
     url = wait_for(lambda: re.search(r"web view on (http://\S+)", view.log()), 20, "the web view's URL").group(1)

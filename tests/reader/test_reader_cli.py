@@ -34,7 +34,7 @@ def test_the_three_presets_give_the_same_rows_as_the_csv(broker, processes, tmp_
     procs = {preset: processes.process("zmqflow.services.reader", [
         "--broker", broker, "--preset", preset, "--queue", f"cli-{preset}", "--queue-kind", "fifo",
         "--no-shuffle-files", "--num-epochs", "1", "--stats-file", str(tmp_path / f"{preset}.json"),
-        "--progress-every", "0"]) for preset in runs}
+        "--progress-every-secs", "0"]) for preset in runs}
     for preset, rows in runs.items():
         got = drain(queues.attach(f"cli-{preset}", broker=broker, timeout=30))
         assert got["label"].dtype == np.int32 and got["image"].dtype == np.float32
@@ -63,7 +63,7 @@ def test_sigterm_mid_file_exits_zero_and_the_consumer_gets_cancelled(broker, pro
 
 def test_a_pipeline_already_closed_is_left_alone(broker, processes):
     args = ["--broker", broker, "--preset", "mnist-fixed", "--queue", "cli-twice", "--queue-kind", "fifo",
-            "--progress-every", "0"]
+            "--progress-every-secs", "0"]
     first = processes.process("zmqflow.services.reader", args)
     assert len(drain(queues.attach("cli-twice", broker=broker, timeout=30))["label"]) == 100
     assert first.proc.wait(30) == 0

@@ -166,7 +166,7 @@ def zmqflow(*args, env=None, timeout=120):
 
 
 def test_ping_and_queues_take_the_client_keys_from_curve_dir(secure_broker, keys):
-    assert zmqflow("ping", secure_broker.endpoint, "--timeout", "1").returncode == 1  # no keys: no answer
+    assert zmqflow("ping", secure_broker.endpoint, "--timeout-secs", "1").returncode == 1  # no keys: no answer
     out = zmqflow("ping", "--curve-dir", keys["keys"], secure_broker.endpoint)
     assert out.returncode == 0 and "queue-broker up" in out.stdout, out.stdout + out.stderr
     out = zmqflow("queues", "--curve-dir", keys["keys"], secure_broker.endpoint, "--json")
@@ -174,7 +174,7 @@ def test_ping_and_queues_take_the_client_keys_from_curve_dir(secure_broker, keys
 
 
 def test_a_client_command_needs_only_the_client_pair_and_the_service_key(secure_broker, keys):
-    out = zmqflow("ping", "--curve-dir", keys["outsider"], secure_broker.endpoint, "--timeout", "1")
+    out = zmqflow("ping", "--curve-dir", keys["outsider"], secure_broker.endpoint, "--timeout-secs", "1")
     assert out.returncode == 1 and "Invalid value" not in out.stderr  # keys accepted as a client's, then refused
 
 
