@@ -340,7 +340,7 @@ def _reader_task(spec, placement, index):
                "at-least-once": spec.input.at_least_once}
     if placement.cluster is None:
         return TaskSpec("reader", index, ["reader"], {**options, "progress-every-secs": 0,
-                                                      "stats-file": f"{placement.log_dir}/reader-{index}.json"})
+                                                      "json-out": f"{placement.log_dir}/reader-{index}.json"})
     return TaskSpec("reader", index, ["reader"], {**options, "metrics-port": _metrics(READER_METRICS_PORT)},
                     ports={"metrics": READER_METRICS_PORT})
 
@@ -361,7 +361,7 @@ def _worker_task(spec, placement, index):
                "hook": list(placement.hooks)}
     if not deployed:
         options = {"task-index": index, "num-workers": spec.total_workers, "ps": list(placement.ps), **options,
-                   "result-file": f"{placement.log_dir}/worker{index}-result.json",
+                   "json-out": f"{placement.log_dir}/worker{index}-result.json",
                    "summaries": f"{placement.log_dir}/worker{index}-summaries.jsonl",
                    "summary-every-steps": spec.training.summary_every_steps,
                    "examples-per-epoch": None if recorded else placement.train_rows}

@@ -23,8 +23,8 @@ HTTP_EXTRA_HINT = "the gateway needs the http extra: pip install 'zmqflow[http]'
               help="Write the gateway's URL to this file once it serves (for scripts and tests).")
 @option("--timeout-secs", "timeout_s", old_names=["--timeout-s"], default=10.0, type=click.FloatRange(min=0.001),
         help="Deadline of an infer request that names none (the aggregator's own --deadline-ms still "
-        "applies to the ensemble); a request sets its own with the X-Zmqflow-Deadline-Ms header or "
-        "the `timeout` parameter (microseconds, as Triton's clients send it).")
+             "applies to the ensemble); a request sets its own with the X-Zmqflow-Deadline-Ms header or "
+             "the `timeout` parameter (microseconds, as Triton's clients send it).")
 @click.option("--max-body-bytes", default=8 * 1024 * 1024, type=click.IntRange(min=1),
               help="Largest request body; a larger one is answered 413 without being read.")
 @click.option("--max-inflight-bytes", default=256 * 1024 * 1024, type=click.IntRange(min=1),

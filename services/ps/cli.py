@@ -31,7 +31,7 @@ from zmqflow.common.processes.task_options import model_options, parse_json_opti
                    "with INVALID_ARGUMENT, failing the worker that sent it.")
 @option("--lost-after-secs", "lost_after", old_names=["--lost-after"], default=5.0, type=click.FloatRange(min=0),
         help="Sync: a replica the current step misses that has said nothing (no push, request or heartbeat) "
-        "for this many seconds is lost (0: never).")
+             "for this many seconds is lost (0: never).")
 @click.option("--lost-policy", default="continue", type=click.Choice(["continue", "abort"]),
               help="Sync, a lost replica: go on without it (steps need one replica fewer; it rejoins when heard "
                    "from) or fail every waiting pull with ABORTED naming it, ending the workers.")

@@ -35,9 +35,10 @@ from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
               "step's gradients were acknowledged by the ps: a worker that dies mid-step gives its batches back to "
               "the queue for the others (at least once, never lost; a little slower). Broker queues only: not with "
               "--preloaded. See docs/queues.md.")
-@click.option("--lease", default=None, type=click.FloatRange(0, 3600, min_open=True),
-              help="With --at-least-once: seconds a batch is leased for, extended while held. Default: 30 s, or "
-                   "20 times the slowest step when longer.")
+@option("--batch-lease-secs", "lease", old_names=["--lease"],
+        default=None, type=click.FloatRange(0, 3600, min_open=True),
+        help="With --at-least-once: seconds a batch is leased for, extended while held. Default: 30 s, or "
+             "20 times the slowest step when longer.")
 @click.option("--mode", default="async", type=click.Choice(["async", "sync"]), help="Must match the ps shards.")
 @click.option("--bf16", is_flag=True, help="Send pulls and pushes as bfloat16.")
 @click.option("--max-steps", default=None, type=int, help="Stop at this global step (StopAtStepHook).")
@@ -57,7 +58,8 @@ from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
 @click.option("--shutdown-ps", is_flag=True, help="Chief: tell the ps shards to exit when training ends.")
 @click.option("--shutdown-broker", is_flag=True, help="Chief: tell the broker to exit when training ends "
               "(every worker is done by then), so the whole job completes with exit 0.")
-@click.option("--result-file", default=None, type=click.Path(dir_okay=False), help="Write the summary as JSON here.")
+@option("--json-out", "result_file", old_names=["--result-file"],
+        default=None, type=click.Path(dir_okay=False), help="Write the summary as JSON here.")
 @click.option("--data-config", default=None, type=click.Path(dir_okay=False),
               help="Chief: a JSON file of the data spec and its train-split statistics, recorded in every checkpoint "
                    "so `zmqflow predict` and `evaluate` transform inputs as training did (zmqflow train writes it).")

@@ -95,7 +95,7 @@ def test_validation_while_training_keeps_the_best_checkpoint_and_writes_the_summ
     write_flowers(tmp_path, rows=20000)
     checkpoint, summary_file = tmp_path / "ckpt", tmp_path / "summary.json"
     done = train("--data", str(tmp_path / "flowers.yaml"), "--epochs", "12", "--learning-rate", "0.01",
-                 "--checkpoint-dir", str(checkpoint), "--validate-every-steps", "100", "--summary-out", str(summary_file))
+                 "--checkpoint-dir", str(checkpoint), "--validate-every-steps", "100", "--json-out", str(summary_file))
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(summary_file.read_text())
     assert summary["validation_metric"] == "accuracy" and summary["best_validation"]["accuracy"] > 0.9
@@ -129,7 +129,7 @@ def test_early_stopping_ends_every_worker_once_validation_stops_improving(tmp_pa
     summary_file = tmp_path / "summary.json"
     done = train("--data", str(tmp_path / "flowers.yaml"), "--epochs", "60", "--learning-rate", "0.01",
                  "--checkpoint-dir", str(tmp_path / "ckpt"), "--validate-every-steps", "50",
-                 "--early-stop-patience", "3", "--summary-out", str(summary_file))
+                 "--early-stop-patience", "3", "--json-out", str(summary_file))
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(summary_file.read_text())
     assert summary["stopped_early_at"] is not None and summary["worker_exit_codes"] == [0, 0]

@@ -22,7 +22,7 @@ def test_chief_from_tf_config_trains_until_end_of_input(processes, tmp_path):
     ps_address = ps.endpoint.split("//")[1]
     tf_config = {"cluster": {"chief": ["127.0.0.1:1"], "ps": [ps_address]}, "task": {"type": "chief", "index": 0}}
     result = tmp_path / "result.json"
-    worker = processes.process("zmqflow.services.worker", ["--broker", broker.endpoint, "--result-file", str(result),
+    worker = processes.process("zmqflow.services.worker", ["--broker", broker.endpoint, "--json-out", str(result),
                                                           "--shutdown-ps"],
                                env={"TF_CONFIG": json.dumps(tf_config)}, name="chief")
     assert worker.proc.wait(120) == 0, worker.log()

@@ -107,7 +107,7 @@ def training(network, module_processes, tmp_path_factory):
         run[f"worker{i}"] = start(module_processes, network, f"worker{i}", f"worker{i}",
                                   ["worker", "--broker", broker, "--queue", "train", "--evaluate", "--shutdown-ps",
                                    "--shutdown-broker", "--checkpoint-dir", ckpt, "--checkpoint-every-steps", "20",
-                                   "--result-file", os.path.join(logs, f"worker{i}.json")],
+                                   "--json-out", os.path.join(logs, f"worker{i}.json")],
                                   logs, env={"TF_CONFIG": tf_config(network, "worker", i)})
     wait_exit(run["worker0"], TRAIN_S, run.values())
     deadline = time.monotonic() + EXIT_S

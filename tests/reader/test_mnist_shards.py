@@ -27,7 +27,7 @@ def test_the_reader_gets_exactly_the_training_split(broker, processes, tmp_path)
     proc = processes.process("zmqflow.services.reader", [
         "--broker", broker, "--preset", "mnist-shards", "--files", str(tmp_path / "mnist" / "*.bin"),
         "--queue", "shards", "--queue-kind", "fifo", "--num-epochs", "1", "--progress-every-secs", "0",
-        "--stats-file", str(tmp_path / "stats.json")])
+        "--json-out", str(tmp_path / "stats.json")])
     got = drain(queues.attach("shards", broker=broker, timeout=30))
     assert proc.proc.wait(30) == 0, proc.log()
     assert got["label"].dtype == np.int32 and got["image"].dtype == np.float32 and got["image"].max() <= 1.0
