@@ -76,7 +76,7 @@ class RenamedOption(click.Option):
                                              f"{self.old_names[old]} {_scaled(value, scale)})")
                     value = _scaled(value, scale)
                 else:
-                warn_renamed_option(old, self.old_names[old])
+                    warn_renamed_option(old, self.old_names[old])
                 if self.multiple:
                     opts[self.name] = list(opts.get(self.name) or ()) + list(value)
                 elif self.name not in opts:          # both spellings given: the new one wins
