@@ -4,15 +4,17 @@ import sys
 
 import click
 
+from zmqflow.common.processes.service_cli import option
+
 from zmqflow.common.processes.task_options import trust_checkpoint_code_option
 
 
 @click.command(name="predict", context_settings={"show_default": True})
 @click.option("--checkpoint", "checkpoint_dir", default=None, type=click.Path(file_okay=False, exists=True),
               help="The latest checkpoint in this directory (trained with --data, which it records).")
-@click.option("--server", "address", default=None, metavar="ENDPOINT",
-              help="Instead, ask a running model server or aggregator (e.g. tcp://127.0.0.1:5700) whose model was "
-                   "trained with --data.")
+@option("--address", "address", old_names=["--server"], default=None, metavar="ENDPOINT",
+        help="Instead, ask a running model server or aggregator (e.g. tcp://127.0.0.1:5700) whose model was "
+             "trained with --data.")
 @click.option("--input", "input_path", required=True, type=click.Path(dir_okay=False, exists=True),
               help="Rows to predict: a file in the data spec's format with its feature columns (the label may be "
                    "absent).")
@@ -28,7 +30,7 @@ def command(checkpoint_dir, address, input_path, out_path, fmt, data_spec, trust
     class's probability (or the regressed value)."""
     from zmqflow.jobs.predict import predict_file, predict_served, write_predictions
     if (checkpoint_dir is None) == (address is None):
-        raise click.UsageError("give --checkpoint DIR or --server ENDPOINT (one of them)")
+        raise click.UsageError("give --checkpoint DIR or --address ENDPOINT (one of them)")
     if address and data_spec:
         raise click.UsageError("--data goes with --checkpoint; a server uses the spec its checkpoint records")
     columns, rows = (predict_served(address, input_path) if address else

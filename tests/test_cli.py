@@ -33,17 +33,17 @@ def test_ping_and_queues_against_a_running_broker(broker):
     q = FIFOQueue(5, "int32", shapes=[[]], shared_name="cli-listed", container="cli", broker=broker)
     q.enqueue(1)
     runner = CliRunner()
-    ping = runner.invoke(main, ["ping", broker, "--json"])
+    ping = runner.invoke(main, ["ping", "--address", broker, "--json"])
     assert ping.exit_code == 0, ping.output
     assert json.loads(ping.output)["service"] == "queue-broker"
-    listed = runner.invoke(main, ["queues", broker])
+    listed = runner.invoke(main, ["queues", "--address", broker])
     row = [line for line in listed.output.splitlines() if "cli-listed" in line]
     assert row and row[0].split()[3:6] == ["FIFOQueue", "1", "5"]
 
 
 @pytest.mark.timeout(10)  # fails within its --timeout-secs: a hang is a failure, well before the suite's 120 s
 def test_ping_of_a_dead_address_fails_fast():
-    result = CliRunner().invoke(main, ["ping", f"127.0.0.1:{free_port()}", "--timeout-secs", "0.5"])
+    result = CliRunner().invoke(main, ["ping", "--address", f"127.0.0.1:{free_port()}", "--timeout-secs", "0.5"])
     assert result.exit_code == 1 and "Unavailable" in result.output
 
 

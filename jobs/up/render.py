@@ -58,14 +58,14 @@ def render(spec=DEPLOYMENT):
         if "metrics" in task.ports:
             expose.append(task.ports["metrics"])
         if role in ("broker", "ps", "serve", "aggregator"):
-            health = ("health", ["CMD", "zmqflow", "ping", f"tcp://127.0.0.1:{task.ports['zmq']}"])
+            health = ("health", ["CMD", "zmqflow", "ping", "--address", f"tcp://127.0.0.1:{task.ports['zmq']}"])
         if role == "keys":
             depends = {}
         elif role == "ps":
             depends["data"] = COMPLETED                                    # the fitted model
         elif role == "reader":
             depends.update({"data": COMPLETED, "broker": HEALTHY})
-            health = ("health_watch", ["CMD-SHELL", f"zmqflow queues tcp://broker:{BROKER_PORT} | grep -q "
+            health = ("health_watch", ["CMD-SHELL", f"zmqflow queues --address tcp://broker:{BROKER_PORT} | grep -q "
                                                     f"{spec.input.queue}"])
         elif role == "worker":
             depends.update({"broker": HEALTHY, **{p: HEALTHY for p in ps}})

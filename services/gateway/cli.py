@@ -15,7 +15,8 @@ HTTP_EXTRA_HINT = "the gateway needs the http extra: pip install 'zmqflow[http]'
 @click.command(name="gateway", context_settings={"show_default": True})
 @click.option("--aggregator", default=None, metavar="ENDPOINT",
               help="The aggregator to front: its ensemble is one model (--name), each member a model of its own.")
-@click.option("--server", default=None, metavar="ENDPOINT", help="A single model server to front instead.")
+@option("--serve", "server", old_names=["--server"],
+        default=None, metavar="ENDPOINT", help="A single model server to front instead.")
 @click.option("--bind", default="127.0.0.1:8000", metavar="HOST:PORT",
               help="HTTP address to listen on; port 0 picks a free one (the ready file and the log name it).")
 @click.option("--name", "ensemble_name", default="ensemble", help="Model name of the aggregator's ensemble.")
@@ -53,7 +54,7 @@ def command(aggregator, server, bind, ensemble_name, ready_file, timeout_s, max_
     """Serve the Open Inference Protocol (KServe v2 REST: health, model metadata, infer with JSON or binary
     tensors) over HTTP, forwarding each inference over ZeroMQ to an aggregator or a model server."""
     if (aggregator is None) == (server is None):
-        raise click.UsageError("give one of --aggregator ENDPOINT or --server ENDPOINT")
+        raise click.UsageError("give one of --aggregator ENDPOINT or --serve ENDPOINT")
     if max_inflight_bytes < JSON_COST * max_body_bytes:
         raise click.BadParameter(f"{max_inflight_bytes} cannot hold one JSON body of --max-body-bytes {max_body_bytes} "
                                  f"while it is parsed: give at least {JSON_COST * max_body_bytes}",

@@ -10,10 +10,10 @@ from zmqflow.common.processes.task_options import model_options, trust_checkpoin
 @service_options(default_bind="tcp://127.0.0.1:5700")
 @click.option("--checkpoint", "checkpoint_dir", default=None, type=click.Path(file_okay=False),
               help="Serve the latest checkpoint in this directory.")
-@click.option("--follow-ps", multiple=True,
-              help="Instead, pull from these ps shard endpoints (repeat, or comma-separated; shard order).")
+@option("--ps", "follow_ps", old_names=["--follow-ps"], multiple=True,
+        help="Instead, pull from these ps shard endpoints (repeat, or comma-separated; shard order).")
 @click.option("--refresh-secs", default=None, type=float,
-              help="Reload parameters this often (newer checkpoint or ps version). Default: 5 with --follow-ps.")
+              help="Reload parameters this often (newer checkpoint or ps version). Default: 5 with --ps.")
 @model_options
 @trust_checkpoint_code_option
 @click.option("--backend", default="numba", type=click.Choice(["numpy", "numba", "cupy"]))
@@ -35,7 +35,7 @@ def command(checkpoint_dir, follow_ps, refresh_secs, model_spec, placement_strat
 
     endpoints = [e for item in follow_ps for e in item.split(",") if e]
     if not checkpoint_dir and not endpoints:
-        raise click.UsageError("give --checkpoint DIR or --follow-ps ENDPOINT")
+        raise click.UsageError("give --checkpoint DIR or --ps ENDPOINT")
     if refresh_secs is None and endpoints:
         refresh_secs = 5.0
     from zmqflow.common.checkpoints.checkpoint import Checkpoint, find_checkpoint

@@ -36,7 +36,7 @@ def topology(tmp_path_factory):
                                       ["--deadline-ms", "3000"])
         gateway = registry.service("zmqflow.services.gateway", ["--aggregator", aggregator.endpoint, *GATEWAY_LIMITS],
                                    bind="127.0.0.1:0")
-        single = registry.service("zmqflow.services.gateway", ["--server", members["m1"].endpoint, *GATEWAY_LIMITS],
+        single = registry.service("zmqflow.services.gateway", ["--serve", members["m1"].endpoint, *GATEWAY_LIMITS],
                                   bind="127.0.0.1:0")
         yield Topology(members, aggregator, gateway.endpoint, single.endpoint)
     finally:

@@ -20,15 +20,15 @@ def run(*args, code=None):
 def test_help_names_the_upstreams_and_the_limits():
     done = run("--help")
     assert done.returncode == 0
-    for option in ("--aggregator", "--server", "--bind", "--max-body-bytes", "--header-timeout-secs", "X-Zmqflow-Deadline-Ms"):
+    for option in ("--aggregator", "--serve", "--bind", "--max-body-bytes", "--header-timeout-secs", "X-Zmqflow-Deadline-Ms"):
         assert option in done.stdout
 
 
 def test_one_upstream_is_required():
     done = run("--bind", "127.0.0.1:0")
-    assert done.returncode == 2 and "give one of --aggregator ENDPOINT or --server ENDPOINT" in done.stderr
+    assert done.returncode == 2 and "give one of --aggregator ENDPOINT or --serve ENDPOINT" in done.stderr
 
 
 def test_without_the_http_extra_it_says_which_to_install():
-    done = run("--server", "tcp://127.0.0.1:1", code=WITHOUT_STARLETTE)
+    done = run("--serve", "tcp://127.0.0.1:1", code=WITHOUT_STARLETTE)
     assert done.returncode == 2 and "pip install 'zmqflow[http]'" in done.stderr, done.stderr

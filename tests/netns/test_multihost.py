@@ -60,7 +60,7 @@ def start_service(registry, hosts, host, name, argv, log_dir, env=None):
 
 def zmqflow_ping(hosts, host, address, timeout=1.0):
     """`zmqflow ping` run in the host's namespace: its exit code."""
-    return hosts.execute(host, [ZMQFLOW, "ping", "--timeout-secs", str(timeout), address], timeout=30).returncode
+    return hosts.execute(host, [ZMQFLOW, "ping", "--timeout-secs", str(timeout), "--address", address], timeout=30).returncode
 
 
 def tf_config(hosts, task_type, index):

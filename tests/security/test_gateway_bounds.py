@@ -52,7 +52,7 @@ def servers(tmp_path_factory, module_processes):
 
 
 def gateway(module_processes, server, *options):
-    process = module_processes.service("zmqflow.services.gateway", ["--server", server, "--refresh-secs", "0.3", *options],
+    process = module_processes.service("zmqflow.services.gateway", ["--serve", server, "--refresh-secs", "0.3", *options],
                                        bind="127.0.0.1:0")
     return process, process.endpoint
 

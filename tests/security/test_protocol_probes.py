@@ -59,7 +59,7 @@ def services(module_processes):
     shards = PsClient([ps.endpoint], place(model_variables(MNIST_MLP), 1))
     shards.initialize(load_model(MNIST_MLP).initial_values(1))
     shards.close()
-    serve = start("zmqflow.services.serve", ["--follow-ps", ps.endpoint, "--backend", "numpy"])
+    serve = start("zmqflow.services.serve", ["--ps", ps.endpoint, "--backend", "numpy"])
     aggregator = start("zmqflow.services.aggregator", ["--member", "tcp://127.0.0.1:7"])
     yield {"broker": broker, "ps": ps, "serve": serve, "aggregator": aggregator}
     shutil.rmtree(os.path.dirname(SCRATCH), ignore_errors=True)   # what a probe's save wrote

@@ -176,7 +176,7 @@ def test_predict_asks_a_running_server_or_aggregator_what_the_checkpoint_answers
     csv_path = spec.raw["files"]["train"]
     agg = module_processes.service("zmqflow.services.aggregator", ["--member", proc.endpoint])
     runs = {}
-    for name, where in (("server", ["--server", proc.endpoint]), ("aggregator", ["--server", agg.endpoint]),
+    for name, where in (("server", ["--address", proc.endpoint]), ("aggregator", ["--address", agg.endpoint]),
                         ("checkpoint", ["--checkpoint", str(Path(csv_path).parent / "mlp")])):
         result = subprocess.run([sys.executable, "-m", "zmqflow", "predict", *where, "--input", csv_path],
                                 capture_output=True, text=True, timeout=60)
@@ -186,4 +186,4 @@ def test_predict_asks_a_running_server_or_aggregator_what_the_checkpoint_answers
     assert runs["server"] == runs["checkpoint"] == runs["aggregator"]
     refused = subprocess.run([sys.executable, "-m", "zmqflow", "predict", "--input", csv_path],
                              capture_output=True, text=True, timeout=60)
-    assert refused.returncode == 2 and "give --checkpoint DIR or --server ENDPOINT" in refused.stderr
+    assert refused.returncode == 2 and "give --checkpoint DIR or --address ENDPOINT" in refused.stderr

@@ -115,7 +115,7 @@ def test_follow_ps_serves_the_shards_latest_version(processes):
     ps = PsClient([ps_proc.endpoint], place(model_variables(MNIST_MLP), 1))
     values = load_model(MNIST_MLP).initial_values(1)
     ps.initialize(values)
-    serve_proc = processes.service("zmqflow.services.serve", ["--follow-ps", ps_proc.endpoint, "--refresh-secs", "0.1",
+    serve_proc = processes.service("zmqflow.services.serve", ["--ps", ps_proc.endpoint, "--refresh-secs", "0.1",
                                                               "--backend", "numpy"])
     with ModelClient(serve_proc.endpoint, timeout=5) as client:
         version = lambda: client.predict(np.zeros((1, 784), np.float32))[1]["version"]  # noqa: E731
