@@ -40,7 +40,7 @@ def k8s():
 @click.option("--model-opt", "model_opts", multiple=True, metavar="KEY=VALUE",
               help="A model option for `data prepare` (repeatable).")
 @click.option("--model-name", default=DEPLOYMENT.serving.name,
-              help="The name the model servers serve the model under (their --name).")
+              help="The name the model servers serve the model under (their --model-name).")
 @click.option("--namespace", default=k8s_render.DEFAULT_NAMESPACE,
               help="The job's namespace: cluster.yaml creates it with the restricted Pod Security Standard "
                    "enforced, and every object is in it.")

@@ -390,7 +390,7 @@ def _serving_tasks(spec, placement):
         # because the job names it, not because the checkpoint does (docs/security.md)
         out.append(_server("serve", i, ["serve"], SERVE_PORT + i,
                            {"checkpoint": spec.checkpoint.dir, "model": f"{placement.prepared}/{MODEL_JSON}",
-                            "refresh-secs": serving.refresh_secs, "name": serving.name}))
+                            "refresh-secs": serving.refresh_secs, "model-name": serving.name}))
     members = [f"tcp://serve{i}:{SERVE_PORT + i}" for i in range(serving.replicas)]
     out.append(_server("aggregator", 0, ["aggregator"], AGGREGATOR_PORT,
                        {"mode": "replica", "member": members, "deadline-ms": 1000, "min-members": 1}))

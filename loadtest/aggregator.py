@@ -152,8 +152,8 @@ def _ms(value):
               help="Drive the HTTP gateway at URL instead (e.g. http://127.0.0.1:8000): Open Inference Protocol infers "
                    "of --model with JSON tensors, random rows in the model's input signature (or --data's rows as "
                    "raw columns).")
-@click.option("--model", default="ensemble", show_default=True,
-              help="With --http: the model to load (the ensemble, or one member by its name).")
+@option("--model-name", "model", old_names=["--model"], default="ensemble", show_default=True,
+        help="With --http: the model to load (the ensemble, or one member by its name).")
 @click.option("--connections", default=16, show_default=True, type=click.IntRange(1),
               help="With --http: keep-alive connections (requests in flight at most; later ones queue, and their "
                    "latency counts from when they were due).")

@@ -14,12 +14,13 @@ HTTP_EXTRA_HINT = "the gateway needs the http extra: pip install 'zmqflow[http]'
 
 @click.command(name="gateway", context_settings={"show_default": True})
 @click.option("--aggregator", default=None, metavar="ENDPOINT",
-              help="The aggregator to front: its ensemble is one model (--name), each member a model of its own.")
+              help="The aggregator to front: its ensemble is one model (--model-name), each member a model of its own.")
 @option("--serve", "server", old_names=["--server"],
         default=None, metavar="ENDPOINT", help="A single model server to front instead.")
 @click.option("--bind", default="127.0.0.1:8000", metavar="HOST:PORT",
               help="HTTP address to listen on; port 0 picks a free one (the ready file and the log name it).")
-@click.option("--name", "ensemble_name", default="ensemble", help="Model name of the aggregator's ensemble.")
+@option("--model-name", "ensemble_name", old_names=["--name"],
+        default="ensemble", help="Model name of the aggregator's ensemble.")
 @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
               help="Write the gateway's URL to this file once it serves (for scripts and tests).")
 @option("--timeout-secs", "timeout_s", old_names=["--timeout-s"], default=10.0, type=click.FloatRange(min=0.001),

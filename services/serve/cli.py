@@ -20,7 +20,8 @@ from zmqflow.common.processes.task_options import model_options, trust_checkpoin
 @click.option("--max-batch", default=256, help="Most rows run together in one batch.")
 @option("--max-delay-secs", "max_delay_secs", old_names=["--max-delay-ms"], old_scale={"--max-delay-ms": 0.001},
         default=0.002, type=click.FloatRange(min=0), help="Longest a request waits for others to join its batch.")
-@click.option("--name", "model_name", default=None, help="Model name in replies (default: the checkpoint directory's).")
+@option("--model-name", "model_name", old_names=["--name"],
+        default=None, help="Model name in replies (default: the checkpoint directory's).")
 @click.option("--data", "data_spec", default=None,
               help="A data spec (YAML) whose raw feature columns requests may send as records, made into inputs with "
                    "its train split's statistics. Default: the spec the checkpoint records (trained with --data).")

@@ -460,7 +460,7 @@ def test_data_and_model_options_reach_every_pod_that_prepares(tfjob):
     for name, template in pod_templates(docs):
         if name.startswith("serve"):
             serve = template["spec"]["containers"][0]["args"]
-            assert serve[serve.index("--name") + 1] == "pets"
+            assert serve[serve.index("--model-name") + 1] == "pets"
 
 
 def test_the_init_container_writes_what_the_containers_read_and_every_pod_the_same(tmp_path):

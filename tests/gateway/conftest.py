@@ -30,7 +30,7 @@ def topology(tmp_path_factory):
             ckpt = str(tmp_path_factory.mktemp(f"ckpt-{name}"))
             write_random_checkpoint(ckpt, seed)
             members[name] = registry.service("zmqflow.services.serve", ["--checkpoint", ckpt, "--backend", "numpy",
-                                                                        "--max-delay-secs", "0", "--name", name])
+                                                                        "--max-delay-secs", "0", "--model-name", name])
         aggregator = registry.service("zmqflow.services.aggregator",
                                       [a for p in members.values() for a in ("--member", p.endpoint)] +
                                       ["--deadline-ms", "3000"])

@@ -35,7 +35,7 @@ def cluster(tmp_path_factory, module_processes):
                       ["t"], np.zeros((3, 2), np.int64))
         local[name] = model.predict(params, model_inputs(spec, table))
         members.append(module_processes.service("zmqflow.services.serve", [
-            "--checkpoint", str(root / name), "--backend", "numpy", "--max-delay-secs", "0.001", "--name", name]))
+            "--checkpoint", str(root / name), "--backend", "numpy", "--max-delay-secs", "0.001", "--model-name", name]))
     aggregator = module_processes.service("zmqflow.services.aggregator", [
         *[a for m in members for a in ("--member", m.endpoint)], "--deadline-ms", "3000"])
     gateway = module_processes.service("zmqflow.services.gateway", [
@@ -132,7 +132,7 @@ def test_a_missing_or_mistyped_column_is_a_400_naming_it(cluster):
 def test_loadtest_over_http_sends_a_data_specs_rows_as_raw_columns(cluster, tmp_path):
     url, _, spec = cluster
     report_file = tmp_path / "load.json"
-    done = subprocess.run([sys.executable, "-m", "zmqflow", "loadtest", "--http", url, "--model", "ensemble",
+    done = subprocess.run([sys.executable, "-m", "zmqflow", "loadtest", "--http", url, "--model-name", "ensemble",
                            "--data", str(spec), "--split", "train", "--rows", "4", "--rate", "100", "--duration-secs", "1",
                            "--deadline-ms", "2000", "--max-failures", "0", "--json-out", str(report_file)],
                           capture_output=True, text=True, timeout=60)

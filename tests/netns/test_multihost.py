@@ -160,7 +160,7 @@ def test_serving_across_hosts_answers_every_request_from_the_checkpoint(network,
     logs = str(tmp_path)
     start_service(processes, network, "serve", "serve",
                   ["serve", "--checkpoint", training.checkpoint_dir, "--bind", f"tcp://0.0.0.0:{SERVE_PORT}",
-                   "--refresh-secs", "5", "--name", "mnist"], logs)
+                   "--refresh-secs", "5", "--model-name", "mnist"], logs)
     start_service(processes, network, "aggregator", "aggregator",
                   ["aggregator", "--bind", f"tcp://0.0.0.0:{AGGREGATOR_PORT}", "--mode", "replica",
                    "--member", f"tcp://{network.address('serve')}:{SERVE_PORT}", "--deadline-ms", "1000",

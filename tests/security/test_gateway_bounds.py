@@ -36,12 +36,12 @@ def servers(tmp_path_factory, module_processes):
     root = tmp_path_factory.mktemp("gateway-bounds")
     write_random_checkpoint(str(root / "mnist"), 1)
     mnist = module_processes.service("zmqflow.services.serve", ["--checkpoint", str(root / "mnist"), "--backend",
-                                                                "numpy", "--max-delay-secs", "0", "--name", "m1"])
+                                                                "numpy", "--max-delay-secs", "0", "--model-name", "m1"])
     write_csv(root / "train.csv", 120, seed=4)
     spec = load_spec(spec_dict(root / "train.csv"))
     model, params = checkpoint(root / "tabular", spec, "mlp", seed=1)
     tabular = module_processes.service("zmqflow.services.serve", [
-        "--checkpoint", str(root / "tabular"), "--backend", "numpy", "--max-delay-secs", "0", "--name", "t1",
+        "--checkpoint", str(root / "tabular"), "--backend", "numpy", "--max-delay-secs", "0", "--model-name", "t1",
         "--max-message-bytes", str(64 * MiB)])
 
     def reference(age, size, city):

@@ -43,7 +43,7 @@ def served(tmp_path_factory, module_processes):
         model, params = checkpoint(root / name, spec, model_spec, seed=len(out) + 1)
         trust = ["--trust-checkpoint-code"] if model_spec.endswith(":build") else []   # the test's own model file
         proc = module_processes.service("zmqflow.services.serve", ["--checkpoint", str(root / name), "--backend",
-                                                                   "numpy", "--max-delay-secs", "0.001", "--name", name,
+                                                                   "numpy", "--max-delay-secs", "0.001", "--model-name", name,
                                                                    *trust])
         out[name] = (proc, spec, model, params)
     return out

@@ -37,7 +37,7 @@ def checkpoint_dir(tmp_path_factory, module_processes):
 @pytest.fixture(scope="module")
 def server(checkpoint_dir, module_processes):
     return module_processes.service("zmqflow.services.serve", ["--checkpoint", checkpoint_dir, "--backend", "numpy",
-                                                               "--max-delay-secs", "0.02", "--name", "mnist"])
+                                                               "--max-delay-secs", "0.02", "--model-name", "mnist"])
 
 
 def local_predict(checkpoint_dir, x):
