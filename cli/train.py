@@ -29,9 +29,10 @@ DEFAULT = JobSpec()
               type=click.Choice(["sgd", "momentum", "adam", "adagrad"]))
 @click.option("--learning-rate", default=DEFAULT_OPTIMIZER["learning_rate"])
 @click.option("--backend", default=DEFAULT.training.backend, type=click.Choice(BACKENDS))
-@click.option("--shuffle-queue/--fifo-queue", default=None, help="Feed through a RandomShuffleQueue "
-              "(tf.train.shuffle_batch) or a FIFOQueue. Default: shuffle for readers, FIFO for preloaded input "
-              "(the feeder already shuffles every epoch).")
+@option("--shuffle-queue/--no-shuffle-queue", "shuffle_queue", old_names={"--fifo-queue": "--no-shuffle-queue"},
+        default=None, help="Feed through a RandomShuffleQueue (tf.train.shuffle_batch), or a FIFOQueue "
+        "(--no-shuffle-queue). Default: shuffle for readers, FIFO for preloaded input "
+        "(the feeder already shuffles every epoch).")
 @click.option("--input", default=None, type=click.Choice(INPUTS),
               help="readers: reader processes read the data's files every epoch; preloaded: fed from this "
                  "process's memory; ps: held once on ps 0 and sliced by the workers (the seeds' preloading). "
