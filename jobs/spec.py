@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from zmqflow.common.processes.service_cli import to_flags
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.rpc.encryption import KEY_ENV
+from zmqflow.models.kernels import DEFAULT_BACKEND
 from zmqflow.models.spec import with_options
 
 INPUTS = ("readers", "preloaded", "ps")
@@ -83,7 +84,7 @@ class TrainConfig:
     epochs: int = 10
     batch_size: int = 100
     optimizer: dict = field(default_factory=lambda: dict(DEFAULT_OPTIMIZER))
-    backend: str = "numba"
+    backend: str = DEFAULT_BACKEND
     bf16: bool = False
     seed: int = 0
     summary_every_steps: int = 10

@@ -4,6 +4,7 @@ import click
 
 from zmqflow.common.processes.service_cli import option, run_service_instance, service_options
 from zmqflow.common.processes.task_options import model_options, trust_checkpoint_code_option
+from zmqflow.models.kernels import BACKENDS, DEFAULT_BACKEND
 
 
 @click.command(name="serve", context_settings={"show_default": True})
@@ -16,7 +17,7 @@ from zmqflow.common.processes.task_options import model_options, trust_checkpoin
               help="Reload parameters this often (newer checkpoint or ps version). Default: 5 with --ps.")
 @model_options
 @trust_checkpoint_code_option
-@click.option("--backend", default="numba", type=click.Choice(["numpy", "numba", "cupy"]))
+@click.option("--backend", default=DEFAULT_BACKEND, type=click.Choice(BACKENDS))
 @click.option("--max-batch", default=256, help="Most rows run together in one batch.")
 @option("--max-delay-secs", "max_delay_secs", old_names=["--max-delay-ms"], old_scale={"--max-delay-ms": 0.001},
         default=0.002, type=click.FloatRange(min=0), help="Longest a request waits for others to join its batch.")

@@ -8,6 +8,7 @@ from zmqflow.common.processes.service_cli import (TASK_CONFIG, curve_option, ops
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.memory import keep_freed_memory
 from zmqflow.common.processes.task_options import model_options
+from zmqflow.models.kernels import BACKENDS, DEFAULT_BACKEND
 from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
 
 
@@ -25,7 +26,7 @@ from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
 @click.option("--task-index", default=None, type=int, help="Worker index (default: TF_CONFIG, else 0).")
 @click.option("--num-workers", default=None, type=int, help="Workers in the job (default: TF_CONFIG, else 1).")
 @model_options
-@click.option("--backend", default="numba", type=click.Choice(["numpy", "numba", "cupy"]),
+@click.option("--backend", default=DEFAULT_BACKEND, type=click.Choice(BACKENDS),
               help="Kernels: numba (CPU), numpy (reference) or cupy (GPU).")
 @click.option("--batch-size", default=100)
 @option("--dequeue-timeout-secs", "dequeue_timeout", old_names=["--dequeue-timeout"],
