@@ -92,7 +92,7 @@ def render(spec=DEPLOYMENT):
 
 def _dashboard(ps, workers, serves):
     """The profiled dashboard, `zmqflow status --web` on every task of the job."""
-    command = ["status", "--web", "--web-port", f"0.0.0.0:{DASHBOARD_PORT}", "--interval-secs", "2",
+    command = ["status", "--web", "--web-bind", f"0.0.0.0:{DASHBOARD_PORT}", "--interval-secs", "2",
                "--broker", f"broker:{BROKER_PORT}", "--ps", _addresses(ps, PS_PORT),
                "--serve", _addresses(serves, SERVE_PORT), "--aggregator", f"aggregator:{AGGREGATOR_PORT}",
                "--worker-metrics", _addresses(workers, WORKER_PORT + METRICS_OFFSET)]

@@ -72,7 +72,7 @@ def test_the_page_shows_each_task_and_its_charts_grow(browser, training, process
     metrics = [wait_for(lambda w=w: re.search(r"metrics on (http://\S+)", w.log()), 60, f"{w.name}'s metrics")
                .group(1) for w in workers]
     view = processes.start("status-web", [
-        sys.executable, "-m", "zmqflow", "status", "--web", "--web-port", "0", "--interval-secs", "0.5",
+        sys.executable, "-m", "zmqflow", "status", "--web", "--web-bind", "0", "--interval-secs", "0.5",
         "--broker", job.cluster.broker.endpoint, "--ps", job.cluster.shards[0].endpoint,
         "--aggregator", aggregator.endpoint, "--worker-metrics", ",".join(metrics)],
         log_path=str(tmp_path / "status-web.log"))
