@@ -88,7 +88,7 @@ def test_predict_writes_each_rows_class_and_probabilities_from_a_file_without_la
     assert train("--epochs", "1", "--checkpoint-dir", mnist_checkpoint).returncode == 0
     refused = subprocess.run([sys.executable, "-m", "zmqflow", "predict", "--checkpoint", mnist_checkpoint, "--input",
                               str(tmp_path / "new.csv")], capture_output=True, text=True, timeout=120)
-    assert refused.returncode == 1 and "records no data spec (it was not trained with --data)" in refused.stderr
+    assert refused.returncode == 2 and "records no data spec (it was not trained with --data)" in refused.stderr
 
 
 def test_validation_while_training_keeps_the_best_checkpoint_and_writes_the_summary(tmp_path):

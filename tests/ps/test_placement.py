@@ -160,4 +160,4 @@ def test_cli_prints_the_table_and_json(tmp_path):
 def test_cli_reports_errors_and_is_registered():
     from zmqflow.cli.main import main
     result = CliRunner().invoke(main, ["placement", "--num-ps", "0"])
-    assert result.exit_code == 1 and "InvalidArgumentError" in result.output
+    assert result.exit_code == 2 and "InvalidArgumentError" in result.output
