@@ -18,7 +18,7 @@ from zmqflow.jobs.spec import (AGGREGATOR_PORT, BROKER_PORT, DEPLOYMENT, GATEWAY
                                SERVE_PORT, WORKER_PORT, deployment, tasks)
 
 VARIABLES = {("reader", "num-epochs"): "EPOCHS", ("worker", "checkpoint-every-steps"): "CHECKPOINT_EVERY_STEPS",
-             ("data", "data"): "ZMQFLOW_DATA", ("data", "model"): "ZMQFLOW_MODEL", ("serve", "name"): "ZMQFLOW_NAME"}
+             ("data", "data"): "ZMQFLOW_DATA", ("data", "model"): "ZMQFLOW_MODEL", ("serve", "model-name"): "ZMQFLOW_NAME"}
 """(role, option) -> the variable of the compose file that sets it (its default: the spec's value)."""
 
 DASHBOARD_PORT = 8088
