@@ -204,7 +204,7 @@ def test_the_entry_snippet_and_the_probes_find_each_pods_port(tmp_path):
     for probe in ("readinessProbe", "livenessProbe"):
         out = subprocess.run(ps[probe]["exec"]["command"], env={**env, "POD_NAME": "ps-3"},
                              capture_output=True, text=True, timeout=30)
-        assert out.stdout.splitlines()[0].startswith("ping tcp://127.0.0.1:5603"), probe
+        assert out.stdout.splitlines()[0].startswith("ping --address tcp://127.0.0.1:5603"), probe
 
 
 @pytest.mark.parametrize("members", [1, 3, 5])
