@@ -5,6 +5,8 @@ import json
 
 import click
 
+from zmqflow.common.processes.service_cli import option
+
 
 @click.group()
 def bench():
@@ -19,7 +21,8 @@ def _report(name, as_json, **options):
 
 @bench.command()
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON result line.")
-@click.option("--seconds", default=3.0, show_default=True, help="Duration of each throughput phase.")
+@option("--duration-secs", "seconds", old_names=["--seconds"],
+        default=3.0, show_default=True, help="Duration of each throughput phase.")
 @click.option("--window", default=64, show_default=True, help="Requests in flight per client process.")
 def broker(as_json, seconds, window):
     """Queue-broker: small ops/s, dequeue latency, batch throughput vs a raw pyzmq relay, and the broker's RSS
@@ -29,7 +32,8 @@ def broker(as_json, seconds, window):
 
 @bench.command()
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON result line.")
-@click.option("--seconds", default=3.0, show_default=True, help="Duration of each phase.")
+@option("--duration-secs", "seconds", old_names=["--seconds"],
+        default=3.0, show_default=True, help="Duration of each phase.")
 def kernels(as_json, seconds):
     """Forward+backward steps/s of the MNIST MLP and the tutorial CNN (batch 100) vs JAX on the CPU."""
     _report("kernels", as_json, seconds=seconds)
@@ -61,7 +65,8 @@ def reader(as_json, epochs, repeats, tabular_rows, tabular_epochs, tabular_train
 
 @bench.command()
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON result line.")
-@click.option("--duration", default=3.0, show_default=True, help="Seconds of each phase.")
+@option("--duration-secs", "duration", old_names=["--duration"],
+        default=3.0, show_default=True, help="Seconds of each phase.")
 @click.option("--rate", default=500, show_default=True, help="Open-loop requests per second.")
 @click.option("--deadline-ms", default=None, type=click.IntRange(1),
               help="The aggregator's deadline with a member killed (default 50); with --overload, every request's "
@@ -69,7 +74,7 @@ def reader(as_json, epochs, repeats, tabular_rows, tabular_epochs, tabular_train
 @click.option("--profile-dir", default=None, type=click.Path(file_okay=False),
               help="Write the aggregators' cProfile stats here (ZMQFLOW_PROFILE_DIR).")
 @click.option("--overload", is_flag=True,
-              help="Instead: the aggregator's capacity (open-loop ramp), then 2x capacity for --duration seconds and "
+              help="Instead: the aggregator's capacity (open-loop ramp), then 2x capacity for --duration-secs and "
                    "half of it after: goodput / capacity, shed share, p50/p99, recovery time; and the same without "
                    "shedding.")
 @click.option("--rows", default=8, show_default=True, type=click.IntRange(1),

@@ -75,7 +75,7 @@ def train_rate(spec_dict, epochs, log_dir, readers=False):
     limit = spec_stream.FEED_FROM_MEMORY_MAX_BYTES
     spec_stream.FEED_FROM_MEMORY_MAX_BYTES = 0 if readers else limit
     try:
-        with zmqflow.local_cluster(ps=1, workers=2, data=spec_dict, model="mlp", epochs=epochs,
+        with zmqflow.local_cluster(num_ps=1, num_workers=2, data=spec_dict, model="mlp", epochs=epochs,
                                    log_dir=log_dir) as job:
             summary = job.wait(timeout=600)
     finally:

@@ -108,7 +108,7 @@ def run(seconds=3.0, rate=500, deadline_ms=50, members=3, profile_dir=None, prog
             ckpt = os.path.join(work, f"ckpt{i}")
             write_random_checkpoint(ckpt, seed=i + 1)
             servers.append(start_service("zmqflow.services.serve", ["--checkpoint", ckpt, "--backend", "numpy",
-                                                            "--max-delay-ms", "0", "--log-level", "WARNING"],
+                                                            "--max-delay-secs", "0", "--log-level", "WARNING"],
                                          log_dir=work))
         endpoints = [s.endpoint for s in servers]
         result = {"rate": rate, "duration_s": seconds, "members": members, "deadline_ms": deadline_ms}
@@ -196,7 +196,7 @@ def start_members(work, members, spec=MNIST_MLP):
         ckpt = os.path.join(work, f"ckpt{i}")
         write_random_checkpoint(ckpt, seed=i + 1, spec=spec)
         servers.append(start_service("zmqflow.services.serve", ["--checkpoint", ckpt, "--backend", "numpy",
-                                                                "--max-delay-ms", "0", "--log-level", "WARNING"],
+                                                                "--max-delay-secs", "0", "--log-level", "WARNING"],
                                      log_dir=work, env=compute_thread_env(1)))
     return servers
 

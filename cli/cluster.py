@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from zmqflow.common.processes.service_cli import curve_option
+from zmqflow.common.processes.service_cli import curve_option, option
 from zmqflow.common.errors import OpError
 from zmqflow.jobs.cluster_check import check as check_cluster, healthy, spec_from_options, table
 
@@ -26,7 +26,8 @@ def cluster():
 @click.option("--worker", multiple=True, metavar="HOST:PORT[,...]", help="worker tasks.")
 @click.option("--chief", multiple=True, metavar="HOST:PORT", help="The chief task.")
 @click.option("--broker", multiple=True, metavar="HOST:PORT", help="The broker.")
-@click.option("--timeout", default=2.0, help="Seconds each ping may take (they run in parallel).")
+@option("--timeout-secs", "timeout", old_names=["--timeout"],
+        default=2.0, help="Seconds each ping may take (they run in parallel).")
 @click.option("--ping-all", is_flag=True, help="Also ping worker/chief/reader tasks (they serve nothing here).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def check(cluster_file, job_flags, ps, worker, chief, broker, timeout, ping_all, as_json):

@@ -62,7 +62,7 @@ def prepare_command(data_spec, model_spec, model_opts, out_dir, shards, seed):
     to its inputs and classes, and write the train split, prepared as the model's inputs and label, as
     fixed-length record shards. Then: `zmqflow reader --data-config OUT/data-config.json`, `zmqflow ps
     --model OUT/model.json`, `zmqflow worker --model OUT/model.json --data-config OUT/data-config.json
-    --evaluate` (the chief scores the test split at the end). Bad data exits 1 naming the file, line and
+    --evaluate` (the chief scores the test split at the end). Bad data exits 2 naming the file, line and
     column."""
     from zmqflow.inputs.prepared_shards import prepare_for_readers
     from zmqflow.models.spec import resolve_model, with_options
@@ -84,7 +84,7 @@ def prepare_command(data_spec, model_spec, model_opts, out_dir, shards, seed):
 def inspect_spec(spec, as_json):
     """Read every split of a data spec (a YAML file, or `mnist`) and print its rows, features, input
     signature and label balance. Bad input (a missing file or column, a malformed row, a label outside
-    the classes, a split with no rows) exits 1 naming the file, line and column."""
+    the classes, a split with no rows) exits 2 naming the file, line and column."""
     import json
 
     from zmqflow.inputs.data_spec import inspect, load_spec

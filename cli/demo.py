@@ -2,14 +2,17 @@
 
 import click
 
+from zmqflow.common.processes.service_cli import option
+
 
 @click.command()
 @click.option("--queue-tour/--no-queue-tour", default=True, show_default=True,
               help="Start with a short tour of the queue-broker (MNIST through a shuffle queue).")
 @click.option("--epochs", default=10, show_default=True, type=click.IntRange(1), help="Epochs of the main training.")
 @click.option("--sweep-epochs", default=3, show_default=True, type=click.IntRange(1), help="Epochs of each sweep run.")
-@click.option("--load-seconds", default=4.0, show_default=True, type=click.FloatRange(min=0.5),
-              help="Length of the load test (a member is killed half-way).")
+@option("--load-secs", "load_seconds", old_names=["--load-seconds"],
+        default=4.0, show_default=True, type=click.FloatRange(min=0.5),
+        help="Length of the load test (a member is killed half-way).")
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None,
               help="Where checkpoints, the sweep and logs go (default: a new temporary directory).")
 def demo(queue_tour, epochs, sweep_epochs, load_seconds, work_dir):

@@ -5,6 +5,7 @@ import json
 import click
 
 from zmqflow.common.processes.task_options import trust_checkpoint_code_option
+from zmqflow.models.kernels import DEFAULT_BACKEND
 
 
 @click.command(name="evaluate", context_settings={"show_default": True})
@@ -20,7 +21,7 @@ from zmqflow.common.processes.task_options import trust_checkpoint_code_option
                    "as training did. Default: the spec the checkpoint records (trained with --data), else mnist.")
 @click.option("--split", default="test", type=click.Choice(["test", "validation", "train"]),
               help="Which split of the data.")
-@click.option("--backend", default="numpy", type=click.Choice(["numpy", "numba"]), help="Kernels of the model.")
+@click.option("--backend", default=DEFAULT_BACKEND, type=click.Choice(["numpy", "numba"]), help="Kernels of the model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 def command(checkpoint_dir, model_spec, model_opts, trust_checkpoint_code, data_spec, split, backend, as_json):
     """Load the checkpoint into its model and report accuracy and log-loss (classifiers) or RMSE, MAE

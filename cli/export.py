@@ -4,6 +4,8 @@ import json
 
 import click
 
+from zmqflow.common.processes.service_cli import option
+
 from zmqflow.common.errors import FailedPreconditionError, UnimplementedError
 from zmqflow.common.processes.task_options import trust_checkpoint_code_option
 from zmqflow.models.onnx_export import DEFAULT_OPSET, MIN_OPSET
@@ -21,8 +23,8 @@ class CannotExport(click.ClickException):
 @click.option("--format", "fmt", default="onnx", type=click.Choice(["onnx"]), help="The file format.")
 @click.option("--opset", default=DEFAULT_OPSET, type=click.IntRange(min=MIN_OPSET),
               help="The ONNX opset to write, up to the installed onnx package's (a runtime runs the opsets it knows).")
-@click.option("--name", "model_name", default=None,
-              help="The model name in the file's metadata (default: the checkpoint directory's, as a server names it).")
+@option("--model-name", "model_name", old_names=["--name"], default=None,
+        help="The model name in the file's metadata (default: the checkpoint directory's, as a server names it).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as one JSON object.")
 @trust_checkpoint_code_option
 @click.argument("out", type=click.Path(dir_okay=False))

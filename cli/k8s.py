@@ -4,6 +4,8 @@ import os
 
 import click
 
+from zmqflow.common.processes.service_cli import option
+
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.jobs.k8s import render as k8s_render
 from zmqflow.jobs.spec import DEPLOYMENT, job_spec
@@ -15,13 +17,13 @@ def k8s():
 
 
 @k8s.command(context_settings={"show_default": True})
-@click.option("--ps", "ps", type=click.IntRange(min=1), default=2,
-              help="ps shards: a StatefulSet of N pods ps-0.ps .. ps-{N-1}.ps, shard i on port 5600 + i.")
-@click.option("--workers", type=click.IntRange(min=1), default=2,
-              help="Workers: the chief (StatefulSet chief, pod chief-0.chief on 5610: it alone holds the admin key) "
-                   "and a StatefulSet of M-1 pods worker-0.worker .. (worker j on 5611 + j).")
-@click.option("--serve", type=click.IntRange(min=1), default=DEPLOYMENT.serving.replicas,
-              help="Model servers serve0 .. serve{K-1} (ports 5700 + i), all members of the aggregator.")
+@option("--num-ps", "ps", old_names=["--ps"], type=click.IntRange(min=1), default=2,
+        help="ps shards: a StatefulSet of N pods ps-0.ps .. ps-{N-1}.ps, shard i on port 5600 + i.")
+@option("--num-workers", "workers", old_names=["--workers"], type=click.IntRange(min=1), default=2,
+        help="Workers: the chief (StatefulSet chief, pod chief-0.chief on 5610: it alone holds the admin key) "
+             "and a StatefulSet of M-1 pods worker-0.worker .. (worker j on 5611 + j).")
+@option("--num-serve", "serve", old_names=["--serve"], type=click.IntRange(min=1), default=DEPLOYMENT.serving.replicas,
+        help="Model servers serve0 .. serve{K-1} (ports 5700 + i), all members of the aggregator.")
 @click.option("--epochs", type=click.IntRange(min=1), default=DEPLOYMENT.training.epochs,
               help="Epochs the reader streams (its --num-epochs).")
 @click.option("--image", default=k8s_render.DEFAULT_IMAGE,
@@ -38,7 +40,7 @@ def k8s():
 @click.option("--model-opt", "model_opts", multiple=True, metavar="KEY=VALUE",
               help="A model option for `data prepare` (repeatable).")
 @click.option("--model-name", default=DEPLOYMENT.serving.name,
-              help="The name the model servers serve the model under (their --name).")
+              help="The name the model servers serve the model under (their --model-name).")
 @click.option("--namespace", default=k8s_render.DEFAULT_NAMESPACE,
               help="The job's namespace: cluster.yaml creates it with the restricted Pod Security Standard "
                    "enforced, and every object is in it.")
@@ -66,9 +68,9 @@ def render(ps, workers, serve, epochs, image, data_spec, model_spec, model_opts,
     in an initContainer (`zmqflow data prepare`), each into its own emptyDir at /prepared.
 
     \b
-      zmqflow k8s render --ps 4 --workers 8 | kubectl apply -f -
+      zmqflow k8s render --num-ps 4 --num-workers 8 | kubectl apply -f -
       zmqflow k8s render --image my-zmqflow --data /app/pets.yaml --model cnn | kubectl apply -f -
-      zmqflow k8s render --ps 2 --workers 2 --out deploy/k8s
+      zmqflow k8s render --num-ps 2 --num-workers 2 --out deploy/k8s
     """
     try:
         spec = job_spec(DEPLOYMENT, ps=ps, workers=workers, replicas=serve, epochs=epochs, data=data_spec,

@@ -9,7 +9,7 @@ import importlib
 
 import click
 
-from zmqflow.common.errors import OpError
+from zmqflow.common.errors import InvalidArgumentError, OpError
 from zmqflow.common.version import __version__
 
 COMMANDS = {
@@ -64,11 +64,16 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx):
         """An OpError out of any subcommand (bad input, a file that is not what it says, a service's refusal)
-        ends it as one line naming its class, as TensorFlow's errors read, not as a traceback."""
+        ends it as one line naming its class, as TensorFlow's errors read, not as a traceback: exit 2 for bad
+        input (InvalidArgumentError: options, specs, data files), as click's usage errors; 1 otherwise (V6,
+        docs/cli.md)."""
         try:
             return super().invoke(ctx)
         except OpError as exc:
-            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+            error = click.ClickException(f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, InvalidArgumentError):
+                error.exit_code = 2
+            raise error from None
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -6,7 +6,7 @@ import sys
 import click
 
 from zmqflow.common.rpc import health
-from zmqflow.common.processes.service_cli import admin_token_option, curve_option
+from zmqflow.common.processes.service_cli import address_option, admin_token_option, curve_option, option
 from zmqflow.common.errors import OpError
 from zmqflow.common.clients.broker import BrokerClient
 from zmqflow.common.clients.ps import PsShardClient
@@ -15,15 +15,13 @@ from zmqflow.jobs.status.render import queue_table
 
 
 @click.command()
-@click.argument("address")
+@address_option("The service to ask: HOST:PORT or a ZeroMQ URL (tcp://host:port).")
 @curve_option()
-@click.option("--timeout", default=2.0, show_default=True, help="Seconds to wait for the answer.")
+@option("--timeout-secs", "timeout", old_names=["--timeout"],
+        default=2.0, show_default=True, help="Seconds to wait for the answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print the service's info as JSON.")
 def ping(address, timeout, as_json):
-    """Check that the service at ADDRESS answers; exit 1 if it does not.
-
-    ADDRESS is a ZeroMQ endpoint (tcp://host:port) or host:port.
-    """
+    """Check that the service at --address answers; exit 1 if it does not."""
     answer = probe(address, timeout)
     if not answer.up:
         click.echo(f"{answer.address}: {answer.error}", err=True)
@@ -37,12 +35,13 @@ def ping(address, timeout, as_json):
 
 
 @click.command()
-@click.argument("address")
+@address_option("The broker: HOST:PORT or a ZeroMQ URL (tcp://host:port).")
 @curve_option()
-@click.option("--timeout", default=2.0, show_default=True)
+@option("--timeout-secs", "timeout", old_names=["--timeout"], default=2.0, show_default=True,
+        help="Seconds to wait for the answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def queues(address, timeout, as_json):
-    """List the queues of the broker at ADDRESS: kind, size, capacity, closed, waiting requests."""
+    """List the queues of the broker at --address: kind, size, capacity, closed, waiting requests."""
     address = endpoint_of(address)
     with BrokerClient(address, heartbeat_interval=timeout, heartbeat_liveness=1) as client:
         try:
@@ -60,7 +59,8 @@ def queues(address, timeout, as_json):
 @click.option("--http", "http_url", default=None, metavar="URL",
               help="Check this HTTP URL instead (healthy when a GET answers 2xx), e.g. the gateway's "
                    f"http://127.0.0.1:8000{health.HTTP_READY_PATH}.")
-@click.option("--timeout", default=2.0, show_default=True, help="Seconds to wait for the answer.")
+@option("--timeout-secs", "timeout", old_names=["--timeout"],
+        default=2.0, show_default=True, help="Seconds to wait for the answer.")
 def healthcheck(health_file, http_url, timeout):
     """The image's HEALTHCHECK: exit 0 when this container's zmqflow task is healthy.
 
@@ -98,12 +98,13 @@ SHUTDOWN_CLIENTS = {"queue-broker": BrokerClient, "ps-shard": PsShardClient}
 
 
 @click.command()
-@click.argument("address")
+@address_option("The broker or ps shard: HOST:PORT or a ZeroMQ URL (tcp://host:port).")
 @curve_option()
 @admin_token_option()
-@click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for each answer.")
+@option("--timeout-secs", "timeout", old_names=["--timeout"],
+        default=5.0, show_default=True, help="Seconds to wait for each answer.")
 def shutdown(address, timeout):
-    """Ask the broker or ps shard at ADDRESS to exit 0, as the chief does at the end of a job.
+    """Ask the broker or ps shard at --address to exit 0, as the chief does at the end of a job.
 
     Shutdown is an admin op: over CURVE the client key is the credential; without
     CURVE the admin token is sent ($ZMQFLOW_ADMIN_TOKEN, --admin-token-file, or the

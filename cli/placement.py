@@ -4,6 +4,8 @@ import json
 
 import click
 
+from zmqflow.common.processes.service_cli import option
+
 from zmqflow.models.spec import MNIST_MLP, read_spec
 from zmqflow.models.registry import model_variables
 from zmqflow.common.cluster.placement import STRATEGIES, place
@@ -13,8 +15,8 @@ from zmqflow.common.cluster.placement import STRATEGIES, place
 @click.option("--model", "model_spec", default=None,
               help="Model spec: a .json/.yaml file or inline JSON. Default: the MNIST MLP 784-100-10.")
 @click.option("--num-ps", required=True, type=int, help="Number of ps tasks.")
-@click.option("--strategy", "--placement", "strategy", default="round_robin", show_default=True,
-              type=click.Choice(STRATEGIES), help="How pieces are spread over the ps tasks.")
+@option("--placement", "strategy", old_names=["--strategy"], default="round_robin", show_default=True,
+        type=click.Choice(STRATEGIES), help="How pieces are spread over the ps tasks.")
 @click.option("--max-shard-bytes", default=None, type=int,
               help="Split variables larger than this into row blocks across shards.")
 @click.option("--json", "as_json", is_flag=True, help="Print the pieces and shard loads as JSON.")

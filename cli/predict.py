@@ -4,7 +4,7 @@ import sys
 
 import click
 
-from zmqflow.common.processes.service_cli import curve_option
+from zmqflow.common.processes.service_cli import curve_option, option
 from zmqflow.common.processes.task_options import trust_checkpoint_code_option
 
 
@@ -12,9 +12,9 @@ from zmqflow.common.processes.task_options import trust_checkpoint_code_option
 @curve_option()
 @click.option("--checkpoint", "checkpoint_dir", default=None, type=click.Path(file_okay=False, exists=True),
               help="The latest checkpoint in this directory (trained with --data, which it records).")
-@click.option("--address", "--server", "address", default=None, metavar="ENDPOINT",
-              help="Instead, ask a running model server or aggregator (e.g. tcp://127.0.0.1:5700) whose model was "
-                   "trained with --data; only this address is dialled (an aggregator relays its members' schema).")
+@option("--address", "address", old_names=["--server"], default=None, metavar="ENDPOINT",
+        help="Instead, ask a running model server or aggregator (e.g. tcp://127.0.0.1:5700) whose model was "
+             "trained with --data; only this address is dialled (an aggregator relays its members' schema).")
 @click.option("--input", "input_path", required=True, type=click.Path(dir_okay=False, exists=True),
               help="Rows to predict: a file in the data spec's format with its feature columns (the label may be "
                    "absent).")

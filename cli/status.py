@@ -6,7 +6,7 @@ import time
 
 import click
 
-from zmqflow.common.processes.service_cli import curve_option
+from zmqflow.common.processes.service_cli import curve_option, deprecated_option, option
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.jobs.cluster_check import spec_from_options
 from zmqflow.jobs.status.probe import add_rates, snapshot
@@ -25,16 +25,18 @@ from zmqflow.jobs.status.render import render
               help="A worker's --metrics-port endpoint, in worker order (repeat): examples/s, steps.")
 @click.option("--aggregator", multiple=True, metavar="HOST:PORT", help="Aggregators (member health).")
 @click.option("--serve", multiple=True, metavar="HOST:PORT[,...]", help="Model servers.")
-@click.option("--interval", default=1.0, type=click.FloatRange(min=0.1), help="Seconds between refreshes.")
-@click.option("--timeout", default=1.0, type=click.FloatRange(min=0.05), help="Seconds each task may take to answer.")
+@option("--interval-secs", "interval", old_names=["--interval"],
+        default=1.0, type=click.FloatRange(min=0.1), help="Seconds between refreshes.")
+@option("--timeout-secs", "timeout", old_names=["--timeout"],
+        default=1.0, type=click.FloatRange(min=0.05), help="Seconds each task may take to answer.")
 @click.option("--once", is_flag=True, help="Print one snapshot and exit (exit 1 if a task is down).")
 @click.option("--json", "as_json", is_flag=True, help="Print snapshots as JSON (one object per line).")
 @click.option("--web", is_flag=True, help="Serve the view as a web page instead (tables and training curves, "
-              "refreshed every --interval; needs pip install 'zmqflow[http]').")
-@click.option("--web-host", default="127.0.0.1", help="With --web: the address to listen on (0.0.0.0: every "
-              "interface).")
-@click.option("--web-port", default="8088", metavar="[HOST:]PORT", help="With --web: the port (0: any free port; "
-              "the URL is printed); a HOST here wins over --web-host, as with --metrics-port.")
+              "refreshed every --interval-secs; needs pip install 'zmqflow[http]').")
+@option("--web-bind", "web_port", old_names=["--web-port"], default="127.0.0.1:8088", metavar="[HOST:]PORT",
+        help="With --web: where the page listens (0.0.0.0:8088: every interface; port 0: any free port, the URL "
+             "is printed).")
+@deprecated_option("--web-host", use="--web-bind HOST:PORT", default=None)
 @click.option("--history", "history_points", default=600, type=click.IntRange(min=2),
               help="With --web: snapshots the curves keep (the oldest are dropped).")
 def command(cluster_file, broker, ps, worker, worker_metrics, aggregator, serve, interval, timeout, once, as_json,
@@ -49,7 +51,7 @@ def command(cluster_file, broker, ps, worker, worker_metrics, aggregator, serve,
         raise click.UsageError("--web serves a page: it does not go with --once or --json")
     if web:
         _check_http_extra()
-        web_host, web_port = _web_address(web_host, web_port)
+        web_host, web_port = _web_address(web_host or "127.0.0.1", web_port)
     shortcuts = {"broker": broker, "ps": ps, "worker": worker, "aggregator": aggregator, "serve": serve}
     try:
         spec = spec_from_options(cluster_file, (), shortcuts)
@@ -93,10 +95,10 @@ def _check_http_extra():
 
 
 def _web_address(host, text):
-    """--web-host and --web-port [HOST:]PORT -> (host, port)."""
+    """--web-bind [HOST:]PORT (and the deprecated --web-host, which a HOST there overrides) -> (host, port)."""
     named, sep, port = text.rpartition(":")
     if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise click.BadParameter(f"expected [HOST:]PORT with PORT in 0..65535, got {text!r}", param_hint="--web-port")
+        raise click.BadParameter(f"expected [HOST:]PORT with PORT in 0..65535, got {text!r}", param_hint="--web-bind")
     return (named.strip("[]") or host) if sep else host, int(port)
 
 

@@ -7,7 +7,7 @@ import signal
 import click
 
 from zmqflow.cli.train import fitted_data, model_for
-from zmqflow.common.processes.service_cli import launcher_curve_option
+from zmqflow.common.processes.service_cli import launcher_curve_option, option
 from zmqflow.jobs.spec import TrainConfig
 from zmqflow.jobs.sweep.runner import INPUTS, device_slots
 from zmqflow.jobs.sweep.study import PRUNERS, SAMPLERS, run_id
@@ -108,8 +108,9 @@ def _sampler(sampler, trials, random_runs):
               help="Share of the training split held out (seeded) to rank the runs; never trained on.")
 @click.option("--split-seed", default=0, help="Seed of the validation split (keep it to compare sweeps).")
 @click.option("--backend", default=TrainConfig.backend, type=click.Choice(BACKENDS), help="Worker kernels.")
-@click.option("--run-timeout", default=300.0, type=click.FloatRange(min=0, min_open=True),
-              help="Seconds a run may take; a run past it is stopped and recorded as failed.")
+@option("--run-timeout-secs", "run_timeout", old_names=["--run-timeout"],
+        default=300.0, type=click.FloatRange(min=0, min_open=True),
+        help="Seconds a run may take; a run past it is stopped and recorded as failed.")
 @click.option("--model", "model_spec", default=None, metavar="MODEL",
               help="The model every run trains (as on zmqflow train: mlp, cnn, logistic, linear, path/model.py:build, a "
                    "spec file or inline JSON). Default: the MLP the hidden and activation axes shape.")

@@ -4,7 +4,7 @@ import json
 
 import click
 
-from zmqflow.common.processes.service_cli import launcher_curve_option
+from zmqflow.common.processes.service_cli import launcher_curve_option, option
 from zmqflow.common.errors import OpError
 from zmqflow.jobs.local_cluster import run_training
 from zmqflow.jobs.spec import DEFAULT_OPTIMIZER, INPUTS, MODES, JobSpec, job_spec, optimizer_config
@@ -29,9 +29,10 @@ DEFAULT = JobSpec()
               type=click.Choice(["sgd", "momentum", "adam", "adagrad"]))
 @click.option("--learning-rate", default=DEFAULT_OPTIMIZER["learning_rate"])
 @click.option("--backend", default=DEFAULT.training.backend, type=click.Choice(BACKENDS))
-@click.option("--shuffle-queue/--fifo-queue", default=None, help="Feed through a RandomShuffleQueue "
-              "(tf.train.shuffle_batch) or a FIFOQueue. Default: shuffle for readers, FIFO for preloaded input "
-              "(the feeder already shuffles every epoch).")
+@option("--shuffle-queue/--no-shuffle-queue", "shuffle_queue", old_names={"--fifo-queue": "--no-shuffle-queue"},
+        default=None, help="Feed through a RandomShuffleQueue (tf.train.shuffle_batch), or a FIFOQueue "
+        "(--no-shuffle-queue). Default: shuffle for readers, FIFO for preloaded input "
+        "(the feeder already shuffles every epoch).")
 @click.option("--input", default=None, type=click.Choice(INPUTS),
               help="readers: reader processes read the data's files every epoch; preloaded: fed from this "
                  "process's memory; ps: held once on ps 0 and sliced by the workers (the seeds' preloading). "
@@ -65,8 +66,8 @@ DEFAULT = JobSpec()
               type=click.Choice(["accuracy", "log_loss", "macro_f1", "auc", "rmse", "mae", "r2"]),
               help="The validation metric the best checkpoint and early stopping follow (lower is better for "
                    "log_loss, rmse and mae). Default: accuracy, or rmse for a regression.")
-@click.option("--summary-out", default=None, type=click.Path(dir_okay=False),
-              help="Write the job's summary here as JSON: final metrics, steps, examples/s, wall time.")
+@option("--json-out", "summary_out", old_names=["--summary-out"], default=None, type=click.Path(dir_okay=False),
+        help="Write the job's summary here as JSON: final metrics, steps, examples/s, wall time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def command(optimizer_kind, learning_rate, model_spec, model_opts, data_spec, summary_out, as_json, **options):
     """Train a model (default: the MNIST MLP) on the shipped MNIST sample, or on your data with --data,

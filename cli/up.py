@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from zmqflow.common.processes.service_cli import launcher_curve_option
+from zmqflow.common.processes.service_cli import launcher_curve_option, option
 from zmqflow.jobs.up.compose import ComposeError, load, resolved_config
 from zmqflow.jobs.up.localize import Localizer, share_cores
 from zmqflow.jobs.up.logs import Prefixer
@@ -40,7 +40,8 @@ from zmqflow.jobs.up.topology import check_local_ports, find_chief, select, wait
 @click.option("--keep-running", is_flag=True, help="Do not stop the rest when the chief exits.")
 @click.option("--abort-on-failure", is_flag=True, help="Stop every service when one exits non-zero.")
 @click.option("--timeout", "stop_timeout", default=10.0, help="Seconds a service may take to stop after SIGTERM.")
-@click.option("--health-timeout", default=120.0, help="Seconds a service may take to pass its healthcheck.")
+@option("--health-timeout-secs", "health_timeout", old_names=["--health-timeout"],
+        default=120.0, help="Seconds a service may take to pass its healthcheck.")
 @click.option("--color/--no-color", default=None, help="Color the prefixes. Default: when stdout is a terminal.")
 @click.option("--dry-run", is_flag=True, help="Print each service's local command and environment, start nothing.")
 @click.option("--config", "show_config", is_flag=True,

@@ -40,7 +40,7 @@ label: {column: returns, task: binary}
 
 # %% Train on 1 ps + 2 workers; the metrics stream while the job runs
 checkpoint = os.path.join(work, "ckpt")
-with zmqflow.local_cluster(ps=1, workers=2, data=os.path.join(work, "orders.yaml"), model="mlp", epochs=30,
+with zmqflow.local_cluster(num_ps=1, num_workers=2, data=os.path.join(work, "orders.yaml"), model="mlp", epochs=30,
                            checkpoint_dir=checkpoint, validate_every_steps=100,
                            optimizer={"kind": "adam", "learning_rate": 0.01}) as job:
     shown = -1

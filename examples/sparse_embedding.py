@@ -53,7 +53,7 @@ def main(dense=False, examples=200_000, epochs=3):
                          "item": {"type": "categorical", "vocabulary": list(range(ITEMS)), "encode": "ids"}},
             "label": {"column": "rating", "task": "regression"}}
     stats = None
-    with zmqflow.local_cluster(ps=2, workers=2, data=data, model={"type": f"{__file__}:build", "sparse": not dense},
+    with zmqflow.local_cluster(num_ps=2, num_workers=2, data=data, model={"type": f"{__file__}:build", "sparse": not dense},
                                epochs=epochs, optimizer={"kind": "adam", "learning_rate": 0.01, "lazy": True},
                                max_shard_bytes=USERS * DIM * 4 // 2, log_dir=directory) as job:   # half a table a shard
         for _ in job.metrics(interval=1.0):

@@ -52,7 +52,7 @@ def main():
     with open(os.path.join(directory, "wine.yaml"), "w") as f:
         f.write(SPEC)
     checkpoint = os.path.join(directory, "ckpt")
-    with zmqflow.local_cluster(ps=1, workers=2, data=os.path.join(directory, "wine.yaml"), model="mlp",
+    with zmqflow.local_cluster(num_ps=1, num_workers=2, data=os.path.join(directory, "wine.yaml"), model="mlp",
                                model_options={"activation": "relu"}, epochs=20, validate_every_steps=200,
                                optimizer={"kind": "adam", "learning_rate": 0.01}, checkpoint_dir=checkpoint) as job:
         summary = job.wait()

@@ -323,7 +323,7 @@ def csv_format(spec, path, label=True, chunk_size=None):
     for column, kind in kinds.items():
         record_defaults[index[column]] = [defaults[column]] if column in defaults else kind
     fmt = CsvFormat(record_defaults, columns={str(c): index[c] for c in kinds}, field_delim=spec.delimiter,
-                    skip_header_lines=1 if spec.header else 0, skip_malformed=spec.skip_bad_rows,
+                    skip_header_lines=1 if spec.header else 0, skip_bad_rows=spec.skip_bad_rows,
                     chunk_size=chunk_size or _CHUNK)
     return names, fmt
 

@@ -12,6 +12,7 @@ import numpy as np
 from zmqflow.common.checkpoints.checkpoint import Checkpoint, latest_checkpoint
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.inputs.metrics import metrics
+from zmqflow.models.kernels import DEFAULT_BACKEND
 from zmqflow.models.saved import LoadedCheckpoint, recorded_data
 
 
@@ -22,7 +23,7 @@ def outputs_of(predict, x, batch=500):
     return np.concatenate([np.asarray(predict(take(start))) for start in range(0, rows, batch)])
 
 
-def evaluate_checkpoint(checkpoint_dir, x, y, model_spec=None, backend="numpy", batch_size=1000, task=None,
+def evaluate_checkpoint(checkpoint_dir, x, y, model_spec=None, backend=DEFAULT_BACKEND, batch_size=1000, task=None,
                         trust_checkpoint_code=False):
     """{"metrics", "examples", "step", "model", "checkpoint", "seconds"} of the latest checkpoint in `checkpoint_dir`."""
     loaded = LoadedCheckpoint.open(checkpoint_dir, model_spec, backend, trust_checkpoint_code)

@@ -1,6 +1,6 @@
 """`zmqflow.Job`: a training job of real processes on this machine, as a handle a notebook can hold.
 
-    job = zmqflow.Job(ps=1, workers=2, data="flowers.yaml", model="mlp", epochs=8)
+    job = zmqflow.Job(num_ps=1, num_workers=2, data="flowers.yaml", model="mlp", epochs=8)
     job.start()
     try:
         for point in job.metrics():        # global step, examples/s, loss, validation, while it runs
@@ -20,6 +20,7 @@ import os
 import weakref
 
 from zmqflow.common.errors import AbortedError, FailedPreconditionError
+from zmqflow.common.renames import renamed_keywords
 from zmqflow.jobs import job_metrics
 from zmqflow.jobs.local_cluster import LocalCluster
 
@@ -27,7 +28,9 @@ from zmqflow.jobs.local_cluster import LocalCluster
 class Job:
     """start / metrics / wait / stop over a LocalCluster; `status` says where it is."""
 
-    def __init__(self, ps=None, workers=None, data=None, model=None, model_options=None, spec=None, **options):
+    @renamed_keywords(ps="num_ps", workers="num_workers")
+    def __init__(self, num_ps=None, num_workers=None, data=None, model=None, model_options=None, spec=None,
+                 **options):
         from zmqflow.models.spec import resolve_model
         if model_options:
             model = {**resolve_model(model), **model_options}
@@ -37,7 +40,7 @@ class Job:
             fit(data, load_tables(data)["train"])
         if options.get("log_dir"):
             os.makedirs(options["log_dir"], exist_ok=True)
-        self.cluster = LocalCluster(spec, num_ps=ps, num_workers=workers, model=model, data=data, **options)
+        self.cluster = LocalCluster(spec, num_ps=num_ps, num_workers=num_workers, model=model, data=data, **options)
         self.summary = None
         self._status = "created"
         self._finalizer = weakref.finalize(self, self.cluster.supervisor.stop_all)
@@ -143,10 +146,11 @@ class Job:
             raise FailedPreconditionError("the job has not been started: call start() (or use `with`)")
 
 
-def local_cluster(ps=None, workers=None, data=None, model=None, model_options=None, spec=None, **options):
+@renamed_keywords(ps="num_ps", workers="num_workers")
+def local_cluster(num_ps=None, num_workers=None, data=None, model=None, model_options=None, spec=None, **options):
     """A training job of real processes on this machine (a `zmqflow.Job`), always stopped when the block ends:
 
-        with zmqflow.local_cluster(ps=1, workers=2, data="flowers.yaml", model="mlp", epochs=8) as job:
+        with zmqflow.local_cluster(num_ps=1, num_workers=2, data="flowers.yaml", model="mlp", epochs=8) as job:
             for point in job.metrics():    # global step, examples/s, loss, validation while it runs
                 print(point)
             summary = job.wait()           # test metrics, steps, examples/s; AbortedError if a task failed
@@ -156,4 +160,5 @@ def local_cluster(ps=None, workers=None, data=None, model=None, model_options=No
     `model_options`: {option: value}; `spec`: a JobSpec (jobs/spec.py) the other options change; other
     options by the flat names job_spec takes (mode, epochs, batch_size, optimizer, input, checkpoint_dir,
     validate_every_steps, ...)."""
-    return Job(ps=ps, workers=workers, data=data, model=model, model_options=model_options, spec=spec, **options)
+    return Job(num_ps=num_ps, num_workers=num_workers, data=data, model=model, model_options=model_options, spec=spec,
+               **options)

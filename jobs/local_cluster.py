@@ -69,7 +69,7 @@ def start_readers(broker, processes=1, log_dir=None, env=None, stats_dir=None, *
     configs, procs = tempfile.mkdtemp(prefix="readers-", dir=log_dir), []
     try:
         for i in range(processes):
-            stats = {"stats-file": os.path.join(stats_dir, f"reader-{i}.json")} if stats_dir else {}
+            stats = {"json-out": os.path.join(stats_dir, f"reader-{i}.json")} if stats_dir else {}
             task = TaskSpec("reader", i, ["reader"], {"broker": broker, **options, **stats})
             procs.append(start_process("zmqflow.services.reader", task.config_args(configs), env=env, log_dir=log_dir,
                                        name=task.name))

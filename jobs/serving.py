@@ -14,6 +14,7 @@ import json
 
 from zmqflow.common.processes.children import start_service
 from zmqflow.common.clients.serve import ModelClient
+from zmqflow.models.kernels import DEFAULT_BACKEND
 
 
 class ServedModel(ModelClient):
@@ -34,10 +35,10 @@ class ServedModel(ModelClient):
 
 
 @contextlib.contextmanager
-def serve(checkpoint_dir, model=None, backend="numpy", bind="tcp://127.0.0.1:*", timeout=30.0, log_dir=None,
+def serve(checkpoint_dir, model=None, backend=DEFAULT_BACKEND, bind="tcp://127.0.0.1:*", timeout=30.0, log_dir=None,
           trust_checkpoint_code=False, **options):
     """Serve the latest checkpoint in `checkpoint_dir` (the model it records, or `model`, a --model value)
-    in its own process while the block runs. Other options are `zmqflow serve`'s (max_batch, max_delay_ms,
+    in its own process while the block runs. Other options are `zmqflow serve`'s (max_batch, max_delay_secs,
     name, data), given as keywords; `trust_checkpoint_code` is --trust-checkpoint-code."""
     args = ["--checkpoint", str(checkpoint_dir), "--backend", backend]
     if trust_checkpoint_code:

@@ -23,15 +23,12 @@ from dataclasses import dataclass, field
 from zmqflow.common.processes.service_cli import to_flags
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.rpc.encryption import KEY_ENV
+from zmqflow.models.kernels import DEFAULT_BACKEND
 from zmqflow.models.spec import with_options
+from zmqflow.services.ps import DEFAULT_OPTIMIZER   # the one default (services/ps/__init__.py says why)
 
 INPUTS = ("readers", "preloaded", "ps")
 MODES = ("async", "sync")
-DEFAULT_OPTIMIZER = {"kind": "adam", "learning_rate": 0.004}
-"""Adam 0.004 reaches 0.918-0.926 test accuracy on the 4,500-row split in 10 epochs in every mode
-(async with its staleness, sync with 2 replicas, ps-preloaded; 3 runs each). 0.002 left sync, which
-makes half as many steps, at 0.898-0.912, too close to the 0.90 target; SGD 0.5 stays near 0.89."""
-
 
 
 def optimizer_config(kind, learning_rate):
@@ -83,7 +80,7 @@ class TrainConfig:
     epochs: int = 10
     batch_size: int = 100
     optimizer: dict = field(default_factory=lambda: dict(DEFAULT_OPTIMIZER))
-    backend: str = "numba"
+    backend: str = DEFAULT_BACKEND
     bf16: bool = False
     seed: int = 0
     summary_every_steps: int = 10
@@ -339,8 +336,8 @@ def _reader_task(spec, placement, index):
                if shuffled else None, "seed": spec.training.seed,
                "at-least-once": spec.input.at_least_once}
     if placement.cluster is None:
-        return TaskSpec("reader", index, ["reader"], {**options, "progress-every": 0,
-                                                      "stats-file": f"{placement.log_dir}/reader-{index}.json"})
+        return TaskSpec("reader", index, ["reader"], {**options, "progress-every-secs": 0,
+                                                      "json-out": f"{placement.log_dir}/reader-{index}.json"})
     return TaskSpec("reader", index, ["reader"], {**options, "metrics-port": _metrics(READER_METRICS_PORT)},
                     ports={"metrics": READER_METRICS_PORT})
 
@@ -361,7 +358,7 @@ def _worker_task(spec, placement, index):
                "hook": list(placement.hooks)}
     if not deployed:
         options = {"task-index": index, "num-workers": spec.total_workers, "ps": list(placement.ps), **options,
-                   "result-file": f"{placement.log_dir}/worker{index}-result.json",
+                   "json-out": f"{placement.log_dir}/worker{index}-result.json",
                    "summaries": f"{placement.log_dir}/worker{index}-summaries.jsonl",
                    "summary-every-steps": spec.training.summary_every_steps,
                    "examples-per-epoch": None if recorded else placement.train_rows}
@@ -390,7 +387,7 @@ def _serving_tasks(spec, placement):
         # because the job names it, not because the checkpoint does (docs/security.md)
         out.append(_server("serve", i, ["serve"], SERVE_PORT + i,
                            {"checkpoint": spec.checkpoint.dir, "model": f"{placement.prepared}/{MODEL_JSON}",
-                            "refresh-secs": serving.refresh_secs, "name": serving.name}))
+                            "refresh-secs": serving.refresh_secs, "model-name": serving.name}))
     members = [f"tcp://serve{i}:{SERVE_PORT + i}" for i in range(serving.replicas)]
     out.append(_server("aggregator", 0, ["aggregator"], AGGREGATOR_PORT,
                        {"mode": "replica", "member": members, "deadline-ms": 1000, "min-members": 1}))

@@ -2,7 +2,7 @@
 pausing one member half-way, then a table (and JSON) of failures and latency percentiles.
 With --http URL the same load goes through the HTTP gateway instead (http_target.py).
 
-    python -m zmqflow.loadtest.aggregator --address tcp://127.0.0.1:5800 --rate 500 --duration 10 \\
+    python -m zmqflow.loadtest.aggregator --address tcp://127.0.0.1:5800 --rate 500 --duration-secs 10 \\
         --kill-member 1 --at 0.5 --json-out load.json
 
 Killing or pausing a member sends it a signal by the PID its `info` op reports, so it works
@@ -23,7 +23,7 @@ import click
 import numpy as np
 
 from zmqflow.common.clients.aggregator import AggregatorClient
-from zmqflow.common.processes.service_cli import curve_option
+from zmqflow.common.processes.service_cli import curve_option, option
 from zmqflow.common.errors import OpError
 from zmqflow.common.rpc.probe import probe
 from zmqflow.common.clients.serve import ModelClient
@@ -149,14 +149,15 @@ def _ms(value):
               help="Drive the HTTP gateway at URL instead (e.g. http://127.0.0.1:8000): Open Inference Protocol infers "
                    "of --model with JSON tensors, random rows in the model's input signature (or --data's rows as "
                    "raw columns).")
-@click.option("--model", default="ensemble", show_default=True,
-              help="With --http: the model to load (the ensemble, or one member by its name).")
+@option("--model-name", "model", old_names=["--model"], default="ensemble", show_default=True,
+        help="With --http: the model to load (the ensemble, or one member by its name).")
 @click.option("--connections", default=16, show_default=True, type=click.IntRange(1),
               help="With --http: keep-alive connections (requests in flight at most; later ones queue, and their "
                    "latency counts from when they were due).")
 @click.option("--rate", default=500.0, show_default=True, type=click.FloatRange(min=1),
               help="Requests per second, sent on schedule (open loop).")
-@click.option("--duration", default=10.0, show_default=True, type=click.FloatRange(min=0.1), help="Seconds of load.")
+@option("--duration-secs", "duration", old_names=["--duration"],
+        default=10.0, show_default=True, type=click.FloatRange(min=0.1), help="Seconds of load.")
 @click.option("--deadline-ms", default=50, show_default=True, type=click.IntRange(1), help="Deadline of each request.")
 @click.option("--min-members", type=click.IntRange(1), default=None, help="Answers each request needs (default: the aggregator's).")
 @click.option("--rows", default=1, show_default=True, type=click.IntRange(1), help="Input rows per request.")
@@ -164,7 +165,7 @@ def _ms(value):
               help="Kill this member (its address, or its index in the aggregator's member list) at --at.")
 @click.option("--pause-member", default=None, help="Pause (SIGSTOP) this member at --at for --pause-secs, then resume it.")
 @click.option("--at", "at_fraction", default=0.5, show_default=True, type=click.FloatRange(0, 1),
-              help="When the fault happens, as a share of --duration.")
+              help="When the fault happens, as a share of --duration-secs.")
 @click.option("--pause-secs", default=2.0, show_default=True, type=click.FloatRange(min=0))
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Also write the report here as JSON.")
 @click.option("--wait-secs", default=0.0, show_default=True, type=click.FloatRange(min=0),

@@ -45,7 +45,7 @@ def module_processes(tmp_path_factory):
 @pytest.fixture(scope="module")
 def broker_process(module_processes):
     """A real broker process on an ephemeral loopback port, stopped by PID after the module."""
-    return module_processes.service("zmqflow.services.broker", ["--client-timeout", "3"])
+    return module_processes.service("zmqflow.services.broker", ["--client-timeout-secs", "3"])
 
 
 @pytest.fixture

@@ -33,17 +33,17 @@ def test_ping_and_queues_against_a_running_broker(broker):
     q = FIFOQueue(5, "int32", shapes=[[]], shared_name="cli-listed", container="cli", broker=broker)
     q.enqueue(1)
     runner = CliRunner()
-    ping = runner.invoke(main, ["ping", broker, "--json"])
+    ping = runner.invoke(main, ["ping", "--address", broker, "--json"])
     assert ping.exit_code == 0, ping.output
     assert json.loads(ping.output)["service"] == "queue-broker"
-    listed = runner.invoke(main, ["queues", broker])
+    listed = runner.invoke(main, ["queues", "--address", broker])
     row = [line for line in listed.output.splitlines() if "cli-listed" in line]
     assert row and row[0].split()[3:6] == ["FIFOQueue", "1", "5"]
 
 
-@pytest.mark.timeout(10)  # fails within its --timeout: a hang is a failure, well before the suite's 120 s
+@pytest.mark.timeout(10)  # fails within its --timeout-secs: a hang is a failure, well before the suite's 120 s
 def test_ping_of_a_dead_address_fails_fast():
-    result = CliRunner().invoke(main, ["ping", f"127.0.0.1:{free_port()}", "--timeout", "0.5"])
+    result = CliRunner().invoke(main, ["ping", "--address", f"127.0.0.1:{free_port()}", "--timeout-secs", "0.5"])
     assert result.exit_code == 1 and "Unavailable" in result.output
 
 
@@ -56,7 +56,7 @@ def test_broker_exits_zero_on_sigterm(processes):
 @pytest.mark.integration
 @pytest.mark.slow
 def test_demo_tells_the_whole_story(tmp_path):
-    result = CliRunner().invoke(main, ["demo", "--epochs", "2", "--sweep-epochs", "1", "--load-seconds", "1",
+    result = CliRunner().invoke(main, ["demo", "--epochs", "2", "--sweep-epochs", "1", "--load-secs", "1",
                                        "--work-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "delivered 5000 of 5000 instances exactly once: True" in result.output

@@ -1,6 +1,7 @@
 """What every service's command line shares: bind, ready file, logging, limits."""
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -13,6 +14,7 @@ from zmqflow.common.errors import InvalidArgumentError, NotFoundError
 from zmqflow.common.spec_files import read_spec_file
 from zmqflow.common.wire.limits import DEFAULT_LIMITS
 from zmqflow.common.memory import keep_freed_memory
+from zmqflow.common.renames import warn_renamed_option
 
 METRICS_PORT_ENV = "ZMQFLOW_METRICS_PORT"
 
@@ -34,6 +36,106 @@ class ByteSize(click.ParamType):
         return int(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
 
 
+class RenamedOption(click.Option):
+    """A click option that also answers to its old spellings (`old_names`: old -> the new spelling it means,
+    or a list of old spellings of the first name): hidden from --help, the old spelling still works and
+    prints one warning naming the new one."""
+
+    def __init__(self, param_decls=None, old_names=(), old_scale=None, **attrs):
+        super().__init__(param_decls, **attrs)
+        if not isinstance(old_names, dict):
+            old_names = dict.fromkeys(old_names, self.opts[0])
+        self.old_names = old_names
+        self.old_scale = old_scale or {}   # old spelling -> factor to the new unit (milliseconds: 0.001)
+
+    def _old_dest(self, old):
+        return f"{self.name}\0{old}"
+
+    def add_to_parser(self, parser, ctx):
+        """Each old spelling parses as the spelling it stands for, into a slot of its own (consume_value
+        then knows it was used)."""
+        calls = []
+
+        class Recorder:
+            def add_option(self, **option):
+                calls.append(option)
+        super().add_to_parser(Recorder(), ctx)
+        for call in calls:
+            parser.add_option(**call)
+            for old, new in self.old_names.items():
+                if new in call["opts"]:
+                    parser.add_option(**{**call, "opts": [old], "dest": self._old_dest(old)})
+
+    def consume_value(self, ctx, opts):
+        used = {old: opts[self._old_dest(old)] for old in self.old_names if self._old_dest(old) in opts}
+        if used:
+            opts = dict(opts)
+            for old, value in used.items():
+                scale = self.old_scale.get(old)
+                if scale is not None:
+                    warn_renamed_option(old, f"{self.old_names[old]} ({old} {value} is "
+                                             f"{self.old_names[old]} {_scaled(value, scale)})")
+                    value = _scaled(value, scale)
+                else:
+                    warn_renamed_option(old, self.old_names[old])
+                if self.multiple:
+                    opts[self.name] = list(opts.get(self.name) or ()) + list(value)
+                elif self.name not in opts:          # both spellings given: the new one wins
+                    opts[self.name] = value
+        return super().consume_value(ctx, opts)
+
+
+def _scaled(text, scale):
+    """An old spelling's value in the new unit (text that is no number is left for the option's type to refuse)."""
+    try:
+        return f"{float(text) * scale:g}"
+    except (TypeError, ValueError):
+        return text
+
+
+def option(*param_decls, old_names=(), old_scale=None, **attrs):
+    """click.option, plus `old_names`: the hidden spellings it had before the vocabulary (docs/cli.md), and
+    `old_scale`: old spelling -> the factor that turns its value into the new unit."""
+    return click.option(*param_decls, cls=RenamedOption, old_names=old_names, old_scale=old_scale, **attrs)
+
+
+def deprecated_option(name, use, callback=None, **attrs):
+    """A hidden option that is not a plain rename (its value moved into another option, `use`): still
+    works, through `callback`, and warns naming `use`."""
+    def warn_then_call(ctx, param, value):
+        if value not in (None, (), False):
+            warn_renamed_option(name, use)
+        return callback(ctx, param, value) if callback else value
+    return click.option(name, hidden=True, callback=warn_then_call, **attrs)
+
+
+def address_option(help):
+    """--address HOST:PORT (or a ZeroMQ URL): the one service a client command talks to. The positional
+    ADDRESS these commands took before still works, hidden, with a warning."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def with_address(*args, address, old_address, **kwargs):
+            if old_address is not None:
+                warn_renamed_option("the positional ADDRESS", "--address ADDRESS")
+                if address is not None and address != old_address:
+                    raise click.UsageError(f"two addresses: --address {address} and {old_address}")
+                address = old_address
+            if address is None:
+                raise click.UsageError("Missing option '--address' (HOST:PORT or a ZeroMQ URL such as "
+                                       "tcp://127.0.0.1:5555).")
+            return fn(*args, address=address, **kwargs)
+        with_address = click.argument("old_address", required=False, cls=_HiddenArgument)(with_address)
+        return click.option("--address", default=None, metavar="HOST:PORT", help=help)(with_address)
+    return decorate
+
+
+class _HiddenArgument(click.Argument):
+    """A positional argument left out of the usage line (a deprecated spelling)."""
+
+    def get_usage_pieces(self, ctx):
+        return []
+
+
 def service_options(default_bind):
     """The options every service takes, in one decorator."""
     def decorate(fn):
@@ -43,16 +145,17 @@ def service_options(default_bind):
             click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
                          help="Write the bound endpoint to this file once serving (for scripts and tests)."),
             click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])),
-            click.option("--client-timeout", default=30.0,
-                         help="Seconds a client holding blocked requests may stay silent before they are cancelled."),
+            option("--client-timeout-secs", "client_timeout", old_names=["--client-timeout"], default=30.0,
+                   help="Seconds a client holding blocked requests may stay silent before they are cancelled."),
             click.option("--max-message-bytes", default=DEFAULT_LIMITS.max_message_bytes,
                          help="Largest request accepted; bigger ones are answered INVALID_ARGUMENT."),
             click.option("--max-connections", type=click.IntRange(1), default=DEFAULT_LIMITS.max_connections,
                          help="Connections served at once (at most half of RLIMIT_NOFILE); past it a new peer "
                               "closes the oldest idle one, else itself (docs/security.md)."),
-            click.option("--handshake-timeout", type=click.FloatRange(0.1),
-                         default=DEFAULT_LIMITS.handshake_timeout_ms / 1000,
-                         help="Seconds a new connection has to finish the ZeroMQ handshake before it is closed."),
+            option("--handshake-timeout-secs", "handshake_timeout", old_names=["--handshake-timeout"],
+                   type=click.FloatRange(0.1),
+                   default=DEFAULT_LIMITS.handshake_timeout_ms / 1000,
+                   help="Seconds a new connection has to finish the ZeroMQ handshake before it is closed."),
             click.option("--max-unread-reply-bytes", type=ByteSize(), default=DEFAULT_LIMITS.max_unread_reply_bytes,
                          help="Reply bytes a client may leave unread; past it its requests are answered "
                               "RESOURCE_EXHAUSTED until it reads."),
@@ -78,8 +181,8 @@ def service_options(default_bind):
                               f"mode: anyone who reaches the port may then use it). Also read from "
                               f"{curve.INSECURE_ENV}."),
         ]
-        for option in reversed(options):
-            fn = option(fn)
+        for decorator in reversed(options):
+            fn = decorator(fn)
         return ops_options(fn)
     return decorate
 
@@ -154,8 +257,8 @@ def ops_options(fn):
                      expose_value=False, callback=use_log_format,
                      help="text, or json: one JSON object per line (also " + logs.ENV + "). Default: text."),
     ]
-    for option in reversed(options):
-        fn = option(fn)
+    for decorator in reversed(options):
+        fn = decorator(fn)
     return fn
 
 
@@ -232,14 +335,21 @@ def task_config_option(extra_fields=()):
             raise click.BadParameter(str(exc)) from None
         if not isinstance(config, dict):
             raise click.BadParameter(f"{path}: expected a JSON object of options, not {type(config).__name__}")
-        names = {}
-        for option in ctx.command.params:
-            for opt in option.opts:
-                names[opt.lstrip("-")] = option.name
-            names[option.name] = option.name
+        names, old_names = {}, {}
+        for param in ctx.command.params:
+            for opt in param.opts:
+                names[opt.lstrip("-")] = param.name
+            names[param.name] = param.name
+            for old, new in getattr(param, "old_names", {}).items():
+                if new in param.opts:
+                    old_names[old.lstrip("-")] = (param.name, old, new)
         defaults, extra = {}, {}
         for key, value in config.items():
             name = names.get(key) or names.get(key.replace("_", "-"))   # num_epochs as num-epochs
+            renamed = old_names.get(key) or old_names.get(key.replace("_", "-"))
+            if name is None and renamed:
+                name = renamed[0]
+                warn_renamed_option(f"{path}: {key!r}", repr(renamed[2].lstrip("-")))
             if name is not None and name != param.name:
                 defaults[name] = value
             elif key.replace("-", "_") in extra_fields:

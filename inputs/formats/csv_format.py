@@ -26,6 +26,7 @@ from operator import itemgetter
 import numpy as np
 
 from zmqflow.common.errors import InvalidArgumentError, check_int
+from zmqflow.common.renames import renamed_keywords
 from zmqflow.inputs.formats.base import RecordFormat
 
 _TYPES = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64, "string": object}
@@ -95,8 +96,9 @@ class CsvFormat(RecordFormat):
 
     kind = "csv"
 
+    @renamed_keywords(skip_malformed="skip_bad_rows")   # the data spec's name for it
     def __init__(self, record_defaults, columns=None, field_delim=",", skip_header_lines=0,
-                 skip_malformed=False, chunk_size=256, compression=None, scale=None):
+                 skip_bad_rows=False, chunk_size=256, compression=None, scale=None):
         if not isinstance(field_delim, str) or len(field_delim.encode()) != 1 or field_delim in '"\r\n':
             raise InvalidArgumentError(f"field_delim must be one ASCII character, not a quote: {field_delim!r}")
         check_int("skip_header_lines", skip_header_lines)
@@ -106,7 +108,7 @@ class CsvFormat(RecordFormat):
         if columns is None:
             columns = {f"col{i}": i for i in range(len(types))}
         self.field_delim, self._delim = field_delim, field_delim.encode()
-        self.skip_header_lines, self.skip_malformed = skip_header_lines, bool(skip_malformed)
+        self.skip_header_lines, self.skip_bad_rows = skip_header_lines, bool(skip_bad_rows)
         self._ncols = len(types)
         self._features = [_Feature(name, cols, types, self._ncols) for name, cols in dict(columns).items()]
         self._struct = None
@@ -148,7 +150,7 @@ class CsvFormat(RecordFormat):
             if table is not None and len(table) == len(lines):
                 return {f.name: np.ascontiguousarray(table[f.name]) for f in self._features}, len(lines)
         features, keep, bad = self._parse_split(lines)
-        if bad and not self.skip_malformed:
+        if bad and not self.skip_bad_rows:
             first = min(bad)
             raise InvalidArgumentError(f"{path}:{lineno + first}: malformed CSV line: {bad[first]}")
         self.counters.malformed_skipped += len(bad)

@@ -83,7 +83,7 @@ def run_demo(batch=100, producers=2, consumers=2):
         click.echo(f"{len(seen) / elapsed:,.0f} instances/s through the broker "
                    f"({len(seen) * 785 * 4 / elapsed / 1e6:.1f} MB/s), then OutOfRange for every consumer")
         with BrokerClient(broker.endpoint) as client:
-            click.echo("\n$ zmqflow queues " + broker.endpoint)
+            click.echo("\n$ zmqflow queues --address " + broker.endpoint)
             click.echo(queue_table(client.list_queues()))
     finally:
         code = broker.stop()

@@ -58,7 +58,7 @@ class Ensemble:
         try:
             for run in self.runs:
                 self.members.append(self.supervisor.start_service(
-                    "zmqflow.services.serve", ["--checkpoint", run["checkpoint"], "--name", run["run_id"],
+                    "zmqflow.services.serve", ["--checkpoint", run["checkpoint"], "--model-name", run["run_id"],
                                                *(["--model", run["model_file"]] if run.get("model_file") else []),
                                                *serve_args], name=run["run_id"], env=share))
             member_args = [arg for m in self.members for arg in ("--member", m.endpoint)]

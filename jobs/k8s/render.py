@@ -141,12 +141,12 @@ class Options:
     def command_line(self, out=None):
         """The `zmqflow k8s render` command that renders these options (the files' header)."""
         spec, base = self.spec, DEPLOYMENT
-        changed = {"serve": (spec.serving.replicas, base.serving.replicas), "epochs": (spec.training.epochs,
+        changed = {"num-serve": (spec.serving.replicas, base.serving.replicas), "epochs": (spec.training.epochs,
                    base.training.epochs), "image": (self.image, DEFAULT_IMAGE),
                    "namespace": (self.namespace, DEFAULT_NAMESPACE),
                    "data": (spec.data, base.data), "model": (spec.model, base.model)}
         return shlex.join(["zmqflow", "k8s", "render", *to_flags({
-            "ps": spec.cluster.ps, "workers": spec.cluster.workers,
+            "num-ps": spec.cluster.ps, "num-workers": spec.cluster.workers,
             **{flag: value for flag, (value, default) in changed.items() if value != default},
             "model-opt": spec.model_options, "model-name": None if spec.serving.name == base.serving.name
             else spec.serving.name, "no-curve": not self.curve, "tfjob": self.tfjob, "out": out})])
@@ -236,13 +236,13 @@ def _http_get(path, port):
 
 
 def _ping(port, timeout=None):
-    return ["zmqflow", "ping", f"tcp://127.0.0.1:{port}", *(["--timeout", str(timeout)] if timeout else [])]
+    return ["zmqflow", "ping", "--address", f"tcp://127.0.0.1:{port}", *(["--timeout-secs", str(timeout)] if timeout else [])]
 
 
 def _ordinal_ping(base, timeout=None):
     """A ping of this StatefulSet pod's own port: base + the ordinal of its name."""
-    script = f'zmqflow ping "tcp://127.0.0.1:$(({base} + ${{POD_NAME##*-}}))"'
-    return ["sh", "-c", script + (f" --timeout {timeout}" if timeout else "")]
+    script = f'zmqflow ping --address "tcp://127.0.0.1:$(({base} + ${{POD_NAME##*-}}))"'
+    return ["sh", "-c", script + (f" --timeout-secs {timeout}" if timeout else "")]
 
 
 def _pinged(ping, port):
@@ -568,7 +568,7 @@ def tfjob_component(options):
 
 def reader_component(options):
     task, labels = _tasks(options.spec)["reader", 0], _labels("reader")
-    ready = ["sh", "-c", f"zmqflow queues tcp://broker:{BROKER_PORT} | grep -q {task.options['queue']}"]
+    ready = ["sh", "-c", f"zmqflow queues --address tcp://broker:{BROKER_PORT} | grep -q {task.options['queue']}"]
     main = _container(options, "reader", "reader", _args(task), ports=[_port("metrics", task.ports["metrics"])],
                       env=_env(options, task), mounts=[_mount_prepared()], **_dials_out(ready))
     template = _pod_template(options, task, labels, [main], _volumes("prepared"), init_containers=[_data_init(options)])

@@ -18,7 +18,7 @@ from zmqflow.jobs.spec import (AGGREGATOR_PORT, BROKER_PORT, DEPLOYMENT, GATEWAY
                                SERVE_PORT, WORKER_PORT, deployment, tasks)
 
 VARIABLES = {("reader", "num-epochs"): "EPOCHS", ("worker", "checkpoint-every-steps"): "CHECKPOINT_EVERY_STEPS",
-             ("data", "data"): "ZMQFLOW_DATA", ("data", "model"): "ZMQFLOW_MODEL", ("serve", "name"): "ZMQFLOW_NAME"}
+             ("data", "data"): "ZMQFLOW_DATA", ("data", "model"): "ZMQFLOW_MODEL", ("serve", "model-name"): "ZMQFLOW_NAME"}
 """(role, option) -> the variable of the compose file that sets it (its default: the spec's value)."""
 
 DASHBOARD_PORT = 8088
@@ -58,14 +58,14 @@ def render(spec=DEPLOYMENT):
         if "metrics" in task.ports:
             expose.append(task.ports["metrics"])
         if role in ("broker", "ps", "serve", "aggregator"):
-            health = ("health", ["CMD", "zmqflow", "ping", f"tcp://127.0.0.1:{task.ports['zmq']}"])
+            health = ("health", ["CMD", "zmqflow", "ping", "--address", f"tcp://127.0.0.1:{task.ports['zmq']}"])
         if role == "keys":
             depends = {}
         elif role == "ps":
             depends["data"] = COMPLETED                                    # the fitted model
         elif role == "reader":
             depends.update({"data": COMPLETED, "broker": HEALTHY})
-            health = ("health_watch", ["CMD-SHELL", f"zmqflow queues tcp://broker:{BROKER_PORT} | grep -q "
+            health = ("health_watch", ["CMD-SHELL", f"zmqflow queues --address tcp://broker:{BROKER_PORT} | grep -q "
                                                     f"{spec.input.queue}"])
         elif role == "worker":
             depends.update({"broker": HEALTHY, **{p: HEALTHY for p in ps}})
@@ -92,7 +92,7 @@ def render(spec=DEPLOYMENT):
 
 def _dashboard(ps, workers, serves):
     """The profiled dashboard, `zmqflow status --web` on every task of the job."""
-    command = ["status", "--web", "--web-port", f"0.0.0.0:{DASHBOARD_PORT}", "--interval", "2",
+    command = ["status", "--web", "--web-bind", f"0.0.0.0:{DASHBOARD_PORT}", "--interval-secs", "2",
                "--broker", f"broker:{BROKER_PORT}", "--ps", _addresses(ps, PS_PORT),
                "--serve", _addresses(serves, SERVE_PORT), "--aggregator", f"aggregator:{AGGREGATOR_PORT}",
                "--worker-metrics", _addresses(workers, WORKER_PORT + METRICS_OFFSET)]

@@ -2,7 +2,7 @@
 
 import click
 
-from zmqflow.common.processes.service_cli import run_service_instance, service_options
+from zmqflow.common.processes.service_cli import option, run_service_instance, service_options
 from zmqflow.common.wire.protocol import AGGREGATOR_MODES
 
 
@@ -44,16 +44,17 @@ def parse_member(text):
                    "within this share of the request's time left; busier members are skipped, and a request left "
                    "with too few is shed at once with RESOURCE_EXHAUSTED and a retry hint (retry_after_ms), as is "
                    "one that waited past its deadline in the aggregator's own queue. 0: never shed.")
-@click.option("--probe-ms", default=500, type=click.IntRange(min=1),
-              help="How often an unhealthy member is probed; it is taken back when it answers.")
-def command(members, mode, deadline_ms, min_members, combine, unhealthy_after, min_healthy, admit_share, probe_ms,
+@option("--probe-every-secs", "probe_every_secs", old_names=["--probe-ms"], old_scale={"--probe-ms": 0.001},
+        default=0.5, type=click.FloatRange(min=0.001),
+        help="How often an unhealthy member is probed; it is taken back when it answers.")
+def command(members, mode, deadline_ms, min_members, combine, unhealthy_after, min_healthy, admit_share, probe_every_secs,
             **service):
     """Answer predict requests from several model servers by each request's deadline."""
     from zmqflow.services.aggregator.server import Aggregator
 
     parsed = [parse_member(m) for item in members for m in item.split(",") if m]
     run_service_instance("aggregator", Aggregator, parsed, mode=mode, deadline_ms=deadline_ms, min_members=min_members,
-                         combine=combine, unhealthy_after=unhealthy_after, probe_ms=probe_ms, min_healthy=min_healthy,
+                         combine=combine, unhealthy_after=unhealthy_after, probe_ms=probe_every_secs * 1000, min_healthy=min_healthy,
                          admit_share=admit_share, **service)
 
 

@@ -5,7 +5,7 @@ Starlette on uvicorn, so the routing, request and response objects are the ones 
 reference implementation uses; Starlette is a thin, maintained ASGI toolkit (no validation layer
 between the bytes and the protocol's own checks, which are protocol.py's), and the ZeroMQ side runs
 on the same asyncio loop (common/rpc/asyncio_client.py). Bodies are read in chunks up to --max-body-bytes and within
---body-timeout-s, so a large or slow body costs bounded memory and no thread; what parsing them costs is
+--body-timeout-secs, so a large or slow body costs bounded memory and no thread; what parsing them costs is
 reserved first from --max-inflight-bytes (limits.py). A large body is parsed on a thread, not on the loop,
 so that the small requests beside it are answered meanwhile. An unexpected failure is answered with a
 generic message and an id, its details going only to the log under that id.
@@ -217,6 +217,6 @@ async def read_body(request, limit, timeout_s, reserve=None):
     try:
         return await asyncio.wait_for(chunks(), timeout_s)
     except asyncio.TimeoutError:
-        raise BodyTimeoutError(f"the request body did not arrive within {timeout_s:g} s (--body-timeout-s)") from None
+        raise BodyTimeoutError(f"the request body did not arrive within {timeout_s:g} s (--body-timeout-secs)") from None
     except ClientDisconnect:
         raise UnavailableError("the client went away while sending its body") from None

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from zmqflow.common.processes.service_cli import curve_option, ops_options, setup_logging, write_ready_file
+from zmqflow.common.processes.service_cli import curve_option, ops_options, option, setup_logging, write_ready_file
 from zmqflow.common.rpc.probe import endpoint_of
 from zmqflow.services.gateway.limits import JSON_COST, RAW_COST
 
@@ -16,21 +16,23 @@ GRPC_EXTRA_HINT = "--grpc-bind needs the grpc extra: pip install 'zmqflow[http,g
 
 @click.command(name="gateway", context_settings={"show_default": True})
 @click.option("--aggregator", default=None, metavar="ENDPOINT",
-              help="The aggregator to front: its ensemble is one model (--name), each member a model of its own.")
-@click.option("--server", default=None, metavar="ENDPOINT", help="A single model server to front instead.")
+              help="The aggregator to front: its ensemble is one model (--model-name), each member a model of its own.")
+@option("--serve", "server", old_names=["--server"],
+        default=None, metavar="ENDPOINT", help="A single model server to front instead.")
 @click.option("--bind", default="127.0.0.1:8000", metavar="HOST:PORT",
               help="HTTP address to listen on; port 0 picks a free one (the ready file and the log name it).")
 @click.option("--grpc-bind", default=None, metavar="[HOST:]PORT",
               help="Also serve the protocol over gRPC (inference.GRPCInferenceService, as Triton and KServe do; "
                    "their port is 8001) on this address, with the same models, limits and metrics; a bare PORT "
                    "listens on 127.0.0.1, port 0 picks a free one (the log names it). Needs the grpc extra.")
-@click.option("--name", "ensemble_name", default="ensemble", help="Model name of the aggregator's ensemble.")
+@option("--model-name", "ensemble_name", old_names=["--name"],
+        default="ensemble", help="Model name of the aggregator's ensemble.")
 @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
               help="Write the gateway's URL to this file once it serves (for scripts and tests).")
-@click.option("--timeout-s", default=10.0, type=click.FloatRange(min=0.001),
-              help="Deadline of an infer request that names none (the aggregator's own --deadline-ms still "
-                   "applies to the ensemble); a request sets its own with the X-Zmqflow-Deadline-Ms header or "
-                   "the `timeout` parameter (microseconds, as Triton's clients send it).")
+@option("--timeout-secs", "timeout_s", old_names=["--timeout-s"], default=10.0, type=click.FloatRange(min=0.001),
+        help="Deadline of an infer request that names none (the aggregator's own --deadline-ms still "
+             "applies to the ensemble); a request sets its own with the X-Zmqflow-Deadline-Ms header or "
+             "the `timeout` parameter (microseconds, as Triton's clients send it).")
 @click.option("--max-body-bytes", default=8 * 1024 * 1024, type=click.IntRange(min=1),
               help="Largest request body; a larger one is answered 413 without being read.")
 @click.option("--max-inflight-bytes", default=256 * 1024 * 1024, type=click.IntRange(min=1),
@@ -38,16 +40,19 @@ GRPC_EXTRA_HINT = "--grpc-bind needs the grpc extra: pip install 'zmqflow[http,g
                    f"{JSON_COST}x their JSON (what parsing it costs at worst), {RAW_COST}x their binary tensor data; "
                    "a request that would go over is answered 503 (Retry-After) before its body is read. "
                    f"At least {JSON_COST}x --max-body-bytes, so that the largest body fits.")
-@click.option("--body-timeout-s", default=30.0, type=click.FloatRange(min=0.001),
-              help="Time a client has to send a request's body; a slower one is answered 408.")
-@click.option("--header-timeout-s", default=10.0, type=click.FloatRange(min=0.001),
-              help="Time a client has to send a request's headers; a slower connection is closed.")
-@click.option("--keep-alive-s", default=5, type=click.IntRange(min=1),
-              help="How long an idle keep-alive connection stays open.")
+@option("--body-timeout-secs", "body_timeout_s", old_names=["--body-timeout-s"],
+        default=30.0, type=click.FloatRange(min=0.001),
+        help="Time a client has to send a request's body; a slower one is answered 408.")
+@option("--header-timeout-secs", "header_timeout_s", old_names=["--header-timeout-s"],
+        default=10.0, type=click.FloatRange(min=0.001),
+        help="Time a client has to send a request's headers; a slower connection is closed.")
+@option("--keep-alive-secs", "keep_alive_s", old_names=["--keep-alive-s"], default=5.0,
+        type=click.FloatRange(min=0.1),
+        help="How long an idle keep-alive connection stays open.")
 @click.option("--max-connections", default=1000, type=click.IntRange(min=1),
               help="Connections and requests at once; more are answered 503 at once (uvicorn's limit_concurrency).")
-@click.option("--refresh-s", default=5.0, type=click.FloatRange(min=0.05),
-              help="How often the models (the aggregator's members and their metadata) are asked for again.")
+@option("--refresh-secs", "refresh_s", old_names=["--refresh-s"], default=5.0, type=click.FloatRange(min=0.05),
+        help="How often the models (the aggregator's members and their metadata) are asked for again.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 @curve_option()
 @ops_options
@@ -57,7 +62,7 @@ def command(aggregator, server, bind, grpc_bind, ensemble_name, ready_file, time
     tensors) over HTTP, and with --grpc-bind over gRPC too, forwarding each inference over ZeroMQ to an
     aggregator or a model server."""
     if (aggregator is None) == (server is None):
-        raise click.UsageError("give one of --aggregator ENDPOINT or --server ENDPOINT")
+        raise click.UsageError("give one of --aggregator ENDPOINT or --serve ENDPOINT")
     if max_inflight_bytes < JSON_COST * max_body_bytes:
         raise click.BadParameter(f"{max_inflight_bytes} cannot hold one JSON body of --max-body-bytes {max_body_bytes} "
                                  f"while it is parsed: give at least {JSON_COST * max_body_bytes}",

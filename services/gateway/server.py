@@ -1,10 +1,10 @@
 """Serving the gateway's app with uvicorn: the listening socket, limits for slow and idle clients, start and stop.
 
-Why a header timeout of our own: uvicorn closes idle keep-alive connections (--keep-alive-s) but
+Why a header timeout of our own: uvicorn closes idle keep-alive connections (--keep-alive-secs) but
 waits for ever for the headers of a request that has begun, so a client that sends half its
 headers and stalls (or connects and says nothing) would hold its connection, and with it a share
 of --max-connections, until it goes. The protocol below closes such a connection after
---header-timeout-s; a body that comes too slowly is the app's (app.read_body, 408). Beyond
+--header-timeout-secs; a body that comes too slowly is the app's (app.read_body, 408). Beyond
 --max-connections uvicorn answers 503 at once, so memory stays bounded by the connections times
 --max-body-bytes. The listening socket is bound here (port 0: any free port), so the ready file
 names the real address, and the catalog is loaded before it is written.

@@ -16,7 +16,7 @@ class BodyTooLargeError(InvalidArgumentError):
 
 
 class BodyTimeoutError(InvalidArgumentError):
-    """The client did not send its whole body within --body-timeout-s (408)."""
+    """The client did not send its whole body within --body-timeout-secs (408)."""
 
 
 HTTP_STATUS = {

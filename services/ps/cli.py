@@ -1,11 +1,13 @@
 """`zmqflow-ps`: run one parameter-server shard."""
 
+import json
 import logging
 
 import click
 
-from zmqflow.common.processes.service_cli import run_service_instance, service_options, task_config_option
+from zmqflow.common.processes.service_cli import option, run_service_instance, service_options, task_config_option
 from zmqflow.models.spec import resolve_model
+from zmqflow.services.ps import DEFAULT_OPTIMIZER
 from zmqflow.models.registry import model_variables
 from zmqflow.common.cluster.placement import place
 from zmqflow.common.processes.task_options import model_options, parse_json_option, task_from_tf_config
@@ -17,7 +19,7 @@ from zmqflow.common.processes.task_options import model_options, parse_json_opti
 @click.option("--task-index", default=None, type=int, help="This shard's index (default: TF_CONFIG, else 0).")
 @click.option("--num-ps", default=None, type=int, help="Number of ps shards (default: TF_CONFIG, else 1).")
 @model_options
-@click.option("--optimizer", default='{"kind": "sgd", "learning_rate": 0.5}',
+@click.option("--optimizer", default=json.dumps(DEFAULT_OPTIMIZER),
               help='Optimizer as JSON: kind sgd|momentum|adam|adagrad, learning_rate (number or schedule).')
 @click.option("--mode", default="async", type=click.Choice(["async", "sync"]))
 @click.option("--replicas-to-aggregate", default=None, type=int, help="Sync: gradients averaged per step.")
@@ -29,9 +31,9 @@ from zmqflow.common.processes.task_options import model_options, parse_json_opti
               help="A push holding NaN or Inf never reaches the variables: skip it (counted in "
                    "zmqflow_ps_pushes_dropped{reason=\"nonfinite\"}; sync steps go on without it) or refuse it "
                    "with INVALID_ARGUMENT, failing the worker that sent it.")
-@click.option("--lost-after", default=5.0, type=click.FloatRange(min=0),
-              help="Sync: a replica the current step misses that has said nothing (no push, request or heartbeat) "
-                   "for this many seconds is lost (0: never).")
+@option("--lost-after-secs", "lost_after", old_names=["--lost-after"], default=5.0, type=click.FloatRange(min=0),
+        help="Sync: a replica the current step misses that has said nothing (no push, request or heartbeat) "
+             "for this many seconds is lost (0: never).")
 @click.option("--lost-policy", default="continue", type=click.Choice(["continue", "abort"]),
               help="Sync, a lost replica: go on without it (steps need one replica fewer; it rejoins when heard "
                    "from) or fail every waiting pull with ABORTED naming it, ending the workers.")

@@ -1,6 +1,6 @@
 """`zmqflow-reader` / `zmqflow reader` / `python -m zmqflow.services.reader`: one reader process of an input pipeline.
 
-    zmqflow reader --broker tcp://127.0.0.1:5555 --preset mnist-csv --num-epochs 2 --readers 2
+    zmqflow reader --broker tcp://127.0.0.1:5555 --preset mnist-csv --num-epochs 2 --num-readers 2
     zmqflow reader --broker ... --files 'shards/*.csv' --format csv \\
         --format-options '{"record_defaults": [[0.0], [0.0], [0]], "skip_header_lines": 1}' --queue train
     zmqflow reader --broker ... --data-config data-config.json --split train --queue train --num-epochs 5
@@ -22,7 +22,7 @@ import sys
 import click
 
 from zmqflow.common.rpc import health
-from zmqflow.common.processes.service_cli import curve_option, ops_options, setup_logging, task_config_option
+from zmqflow.common.processes.service_cli import curve_option, ops_options, option, setup_logging, task_config_option
 from zmqflow.inputs.datasets import DATA_DIR, RECORD_FORMAT
 from zmqflow.common.errors import OpError
 from zmqflow.common.memory import keep_freed_memory
@@ -50,7 +50,7 @@ PRESETS = {
 
 
 def resolve_input(preset=None, format_kind=None, format_options=None, files=(), features=None, cast=None,
-                  chunk_size=None, skip_malformed=False):
+                  chunk_size=None, skip_bad_rows=False):
     """(format kind, format options, files, features, cast): a preset, overridden by what is given."""
     base = PRESETS[preset] if preset else {}
     kind = format_kind or base.get("format")
@@ -60,10 +60,10 @@ def resolve_input(preset=None, format_kind=None, format_options=None, files=(), 
     options.update(format_options or {})
     if chunk_size is not None:
         options["chunk_size"] = chunk_size
-    if skip_malformed:
+    if skip_bad_rows:
         if kind != "csv":
-            raise click.UsageError("--skip-malformed applies to the csv format only")
-        options["skip_malformed"] = True
+            raise click.UsageError("--skip-bad-rows applies to the csv format only")
+        options["skip_bad_rows"] = True
     files = list(files) or base.get("files", [])
     if not files:
         hint = (" (write them with `zmqflow data mnist-shards --out DIR`, then --files 'DIR/*.bin')"
@@ -150,8 +150,9 @@ def _tf_config_task():
 @click.option("--shuffle-files/--no-shuffle-files", default=True,
               help="Shuffle the file names every epoch (string_input_producer's shuffle).")
 @click.option("--seed", default=None, type=int, help="Seed of the file shuffle and of the shuffle queue.")
-@click.option("--readers", default=1, help="Reader threads in this process (parsing holds the GIL: for more cores "
-                                           "run more reader processes on the same --queue).")
+@option("--num-readers", "readers", old_names=["--readers"],
+        default=1, help="Reader threads in this process (parsing holds the GIL: for more cores "
+                                     "run more reader processes on the same --queue).")
 @click.option("--queue", "queue_name", default="train", help="shared_name of the instance queue (and the pipeline's).")
 @click.option("--queue-kind", type=click.Choice(QUEUE_KINDS), default="shuffle",
               help="RandomShuffleQueue, FIFOQueue, or PaddingFIFOQueue (variable-length features).")
@@ -161,30 +162,33 @@ def _tf_config_task():
               help="Instances per enqueue_many (the format's default: 256; 1024 with --data-config).")
 @click.option("--in-flight", default=2, help="enqueue_many requests a reader thread keeps outstanding while it "
                                              "parses the next chunk.")
-@click.option("--skip-malformed", is_flag=True, help="CSV: skip and count malformed lines instead of failing.")
+@option("--skip-bad-rows", "skip_bad_rows", old_names=["--skip-malformed"],
+        is_flag=True, help="CSV: skip and count malformed lines instead of failing.")
 @click.option("--container", default="", help="Resource container of the pipeline's queues.")
-@click.option("--lease", "lease_s", default=DEFAULT_LEASE_S,
-              help="Seconds without a beat after which the broker takes this reader as gone and fails the pipeline.")
+@option("--heartbeat-timeout-secs", "lease_s", old_names=["--lease"], default=DEFAULT_LEASE_S,
+        help="Seconds without a beat after which the broker takes this reader as gone and fails the pipeline.")
 @click.option("--at-least-once", is_flag=True,
               help="Take file names with a lease (extended while the file is read), acked once the file is in the "
                    "instance queue: a reader killed mid-file gives its name back and the file is read again by "
                    "another (or a restarted) reader, its rows arriving twice, instead of failing the pipeline. "
                    "Every reader of the pipeline must pass it. See docs/queues.md.")
-@click.option("--rejoin-wait", "rejoin_s", default=DEFAULT_REJOIN_S, type=click.FloatRange(0, min_open=True),
-              help="With --at-least-once: seconds the broker waits for a reader to join again when every reader "
-                   "died with input left, before it fails the pipeline (the first reader's value counts).")
-@click.option("--enqueue-timeout", default=DEFAULT_ENQUEUE_TIMEOUT,
-              help="Seconds one chunk may wait for room in the instance queue before the pipeline fails.")
-@click.option("--progress-every", default=10.0, help="Seconds between progress lines (0: none).")
-@click.option("--stats-file", default=None, type=click.Path(dir_okay=False),
-              help="Write this reader's summary as JSON here at exit.")
+@option("--rejoin-wait-secs", "rejoin_s", old_names=["--rejoin-wait"],
+        default=DEFAULT_REJOIN_S, type=click.FloatRange(0, min_open=True),
+        help="With --at-least-once: seconds the broker waits for a reader to join again when every reader "
+             "died with input left, before it fails the pipeline (the first reader's value counts).")
+@option("--enqueue-timeout-secs", "enqueue_timeout", old_names=["--enqueue-timeout"], default=DEFAULT_ENQUEUE_TIMEOUT,
+        help="Seconds one chunk may wait for room in the instance queue before the pipeline fails.")
+@option("--progress-every-secs", "progress_every", old_names=["--progress-every"],
+        default=10.0, help="Seconds between progress lines (0: none).")
+@option("--json-out", "stats_file", old_names=["--stats-file"], default=None, type=click.Path(dir_okay=False),
+        help="Write this reader's summary as JSON here at exit.")
 @click.option("--name", default=None, help="Producer name on the broker (default: reader, or reader:<index> "
                                            "from TF_CONFIG); the host and pid are appended.")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 @ops_options
 def command(broker, file_patterns, preset, format_kind, format_options, data_config, split, features, cast_values,
             num_epochs, shuffle_files, seed, readers, queue_name, queue_kind, capacity, min_after_dequeue, chunk_size,
-            in_flight, skip_malformed, container, lease_s, at_least_once, rejoin_s, enqueue_timeout,
+            in_flight, skip_bad_rows, container, lease_s, at_least_once, rejoin_s, enqueue_timeout,
             progress_every, stats_file, name, log_level):
     """Read files into the broker's instance queue: one reader process of an input pipeline.
 
@@ -198,7 +202,7 @@ def command(broker, file_patterns, preset, format_kind, format_options, data_con
     process is a registered producer of the instance queue: the broker closes it
     once the last one is done, so consumers get every instance and then
     OutOfRange. A reader that dies mid-file (its connection drops, or it stops
-    beating for --lease seconds) fails the pipeline: consumers get an
+    beating for --heartbeat-timeout-secs) fails the pipeline: consumers get an
     AbortedError naming it and its file (docs/queue-semantics.md §8); with
     --at-least-once its file is read again instead.
 
@@ -228,13 +232,13 @@ def command(broker, file_patterns, preset, format_kind, format_options, data_con
         except json.JSONDecodeError as exc:
             raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--format-options") from None
     if data_config and (preset or format_kind or options or file_patterns or features or cast_values
-                        or skip_malformed):
+                        or skip_bad_rows):
         raise click.UsageError("--data-config gives the files, format and features: drop --preset, --format, "
-                               "--format-options, --files, --features, --cast and --skip-malformed (the spec's "
+                               "--format-options, --files, --features, --cast and --skip-bad-rows (the spec's "
                                "skip_bad_rows decides)")
     if not data_config:
         kind, options, files, features, cast = resolve_input(preset, format_kind, options, file_patterns, features,
-                                                             _parse_cast(cast_values), chunk_size, skip_malformed)
+                                                             _parse_cast(cast_values), chunk_size, skip_bad_rows)
     name = name or tf_name
     setup_logging(log_level, name)
     keep_freed_memory()

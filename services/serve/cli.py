@@ -2,29 +2,32 @@
 
 import click
 
-from zmqflow.common.processes.service_cli import run_service_instance, service_options
+from zmqflow.common.processes.service_cli import option, run_service_instance, service_options
 from zmqflow.common.processes.task_options import model_options, trust_checkpoint_code_option
+from zmqflow.models.kernels import BACKENDS, DEFAULT_BACKEND
 
 
 @click.command(name="serve", context_settings={"show_default": True})
 @service_options(default_bind="tcp://127.0.0.1:5700")
 @click.option("--checkpoint", "checkpoint_dir", default=None, type=click.Path(file_okay=False),
               help="Serve the latest checkpoint in this directory.")
-@click.option("--follow-ps", multiple=True,
-              help="Instead, pull from these ps shard endpoints (repeat, or comma-separated; shard order).")
+@option("--ps", "follow_ps", old_names=["--follow-ps"], multiple=True,
+        help="Instead, pull from these ps shard endpoints (repeat, or comma-separated; shard order).")
 @click.option("--refresh-secs", default=None, type=float,
-              help="Reload parameters this often (newer checkpoint or ps version). Default: 5 with --follow-ps.")
+              help="Reload parameters this often (newer checkpoint or ps version). Default: 5 with --ps.")
 @model_options
 @trust_checkpoint_code_option
-@click.option("--backend", default="numba", type=click.Choice(["numpy", "numba", "cupy"]))
+@click.option("--backend", default=DEFAULT_BACKEND, type=click.Choice(BACKENDS))
 @click.option("--max-batch", default=256, help="Most rows run together in one batch.")
-@click.option("--max-delay-ms", default=2.0, help="Longest a request waits for others to join its batch.")
-@click.option("--name", "model_name", default=None, help="Model name in replies (default: the checkpoint directory's).")
+@option("--max-delay-secs", "max_delay_secs", old_names=["--max-delay-ms"], old_scale={"--max-delay-ms": 0.001},
+        default=0.002, type=click.FloatRange(min=0), help="Longest a request waits for others to join its batch.")
+@option("--model-name", "model_name", old_names=["--name"],
+        default=None, help="Model name in replies (default: the checkpoint directory's).")
 @click.option("--data", "data_spec", default=None,
               help="A data spec (YAML) whose raw feature columns requests may send as records, made into inputs with "
                    "its train split's statistics. Default: the spec the checkpoint records (trained with --data).")
 def command(checkpoint_dir, follow_ps, refresh_secs, model_spec, placement_strategy, max_shard_bytes,
-            trust_checkpoint_code, backend, max_batch, max_delay_ms, model_name, data_spec, **service):
+            trust_checkpoint_code, backend, max_batch, max_delay_secs, model_name, data_spec, **service):
     """Answer predict requests from a checkpoint or the live ps shards, batching concurrent requests.
 
     A request sends the model's inputs as tensors (their names, shapes and dtypes are the model's
@@ -34,7 +37,7 @@ def command(checkpoint_dir, follow_ps, refresh_secs, model_spec, placement_strat
 
     endpoints = [e for item in follow_ps for e in item.split(",") if e]
     if not checkpoint_dir and not endpoints:
-        raise click.UsageError("give --checkpoint DIR or --follow-ps ENDPOINT")
+        raise click.UsageError("give --checkpoint DIR or --ps ENDPOINT")
     if refresh_secs is None and endpoints:
         refresh_secs = 5.0
     from zmqflow.common.checkpoints.checkpoint import Checkpoint, find_checkpoint
@@ -51,7 +54,7 @@ def command(checkpoint_dir, follow_ps, refresh_secs, model_spec, placement_strat
         data = load_spec(data_spec)
         fit(data, load_tables(data)["train"])
         data_config = to_config(data)
-    run_service_instance("serve", ModelServer, spec, backend=backend, max_batch=max_batch, max_delay_ms=max_delay_ms,
+    run_service_instance("serve", ModelServer, spec, backend=backend, max_batch=max_batch, max_delay_ms=max_delay_secs * 1000,
                          model_name=model_name or default_model_name(checkpoint_dir, endpoints),
                          checkpoint_dir=checkpoint_dir, ps_endpoints=endpoints, placement_strategy=placement_strategy,
                          max_shard_bytes=max_shard_bytes, refresh_secs=refresh_secs, data_config=data_config, **service)

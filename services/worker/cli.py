@@ -3,11 +3,12 @@
 import click
 
 from zmqflow.common.rpc import health
-from zmqflow.common.processes.service_cli import (TASK_CONFIG, curve_option, ops_options, profiled, setup_logging,
-                                        task_config_option)
+from zmqflow.common.processes.service_cli import (TASK_CONFIG, curve_option, ops_options, option, profiled,
+                                                  setup_logging, task_config_option)
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.memory import keep_freed_memory
 from zmqflow.common.processes.task_options import model_options
+from zmqflow.models.kernels import BACKENDS, DEFAULT_BACKEND
 from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
 
 
@@ -25,18 +26,20 @@ from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
 @click.option("--task-index", default=None, type=int, help="Worker index (default: TF_CONFIG, else 0).")
 @click.option("--num-workers", default=None, type=int, help="Workers in the job (default: TF_CONFIG, else 1).")
 @model_options
-@click.option("--backend", default="numba", type=click.Choice(["numpy", "numba", "cupy"]),
+@click.option("--backend", default=DEFAULT_BACKEND, type=click.Choice(BACKENDS),
               help="Kernels: numba (CPU), numpy (reference) or cupy (GPU).")
 @click.option("--batch-size", default=100)
-@click.option("--dequeue-timeout", default=600.0, help="Seconds to wait for a mini-batch before giving up "
-              "(the error names the queue).")
+@option("--dequeue-timeout-secs", "dequeue_timeout", old_names=["--dequeue-timeout"],
+        default=600.0, help="Seconds to wait for a mini-batch before giving up "
+        "(the error names the queue).")
 @click.option("--at-least-once", is_flag=True, help="Dequeue each batch with a lease and ack it only once the "
               "step's gradients were acknowledged by the ps: a worker that dies mid-step gives its batches back to "
               "the queue for the others (at least once, never lost; a little slower). Broker queues only: not with "
               "--preloaded. See docs/queues.md.")
-@click.option("--lease", default=None, type=click.FloatRange(0, 3600, min_open=True),
-              help="With --at-least-once: seconds a batch is leased for, extended while held. Default: 30 s, or "
-                   "20 times the slowest step when longer.")
+@option("--batch-lease-secs", "lease", old_names=["--lease"],
+        default=None, type=click.FloatRange(0, 3600, min_open=True),
+        help="With --at-least-once: seconds a batch is leased for, extended while held. Default: 30 s, or "
+             "20 times the slowest step when longer.")
 @click.option("--mode", default="async", type=click.Choice(["async", "sync"]), help="Must match the ps shards.")
 @click.option("--bf16", is_flag=True, help="Send pulls and pushes as bfloat16.")
 @click.option("--max-steps", default=None, type=int, help="Stop at this global step (StopAtStepHook).")
@@ -56,7 +59,8 @@ from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
 @click.option("--shutdown-ps", is_flag=True, help="Chief: tell the ps shards to exit when training ends.")
 @click.option("--shutdown-broker", is_flag=True, help="Chief: tell the broker to exit when training ends "
               "(every worker is done by then), so the whole job completes with exit 0.")
-@click.option("--result-file", default=None, type=click.Path(dir_okay=False), help="Write the summary as JSON here.")
+@option("--json-out", "result_file", old_names=["--result-file"],
+        default=None, type=click.Path(dir_okay=False), help="Write the summary as JSON here.")
 @click.option("--data-config", default=None, type=click.Path(dir_okay=False),
               help="Chief: a JSON file of the data spec and its train-split statistics, recorded in every checkpoint "
                    "so `zmqflow predict` and `evaluate` transform inputs as training did (zmqflow train writes it).")
@@ -76,8 +80,9 @@ from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
 @click.option("--pipeline-next", default=None,
               help="A model whose layers run on several workers (/job:worker/task:N): the endpoint the next "
                    "stage (worker task+1) listens on; every stage but the last needs it.")
-@click.option("--pipeline-timeout", default=120.0, type=click.FloatRange(min=0, min_open=True),
-              help="Pipelined model: seconds to wait for a neighbouring stage before giving up.")
+@option("--pipeline-timeout-secs", "pipeline_timeout", old_names=["--pipeline-timeout"],
+        default=120.0, type=click.FloatRange(min=0, min_open=True),
+        help="Pipelined model: seconds to wait for a neighbouring stage before giving up.")
 @click.option("--bind", default="tcp://127.0.0.1:5700",
               help="With --serve, or as a pipeline stage after the first: the endpoint to listen on.")
 @click.option("--ready-file", default=None, type=click.Path(dir_okay=False),

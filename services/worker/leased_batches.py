@@ -9,7 +9,7 @@ gives back what it held (the batch in hand, the prefetched one, the one whose pu
 flight) and another worker trains on it: at least once, never lost. Leases belong to the
 client socket that took them, so every call here is made from the training loop's thread.
 
-The lease's length: the --lease flag, or by default MIN_LEASE_S or STEP_FACTOR times the
+The lease's length: the --batch-lease-secs flag, or by default MIN_LEASE_S or STEP_FACTOR times the
 slowest step seen, whichever is longer; a held lease older than half its length is extended
 before each step, so a slow stretch (a ps restart being waited out) keeps its batches.
 """

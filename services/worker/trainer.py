@@ -291,7 +291,7 @@ class Trainer:
 
     def _wait_for_workers(self, silent_after=5.0, grace=2.0):
         """Until every worker said it is done. A worker silent for `silent_after` s (the ps's default
-        --lost-after: the chief is past its own input, so the others are near their end too) is
+        --lost-after-secs: the chief is past its own input, so the others are near their end too) is
         counted as done on the shards (so a sync step the live ones wait for is released); if it
         stays silent `grace` s more, it is taken for dead. A SIGKILLed spare thus costs the job's
         end 7 s, not 15."""

@@ -62,7 +62,7 @@ def test_fewer_than_min_members_is_deadline_exceeded_naming_who_answered(fakes, 
 def test_a_flapping_member_goes_unhealthy_and_is_taken_back_after_a_probe(fakes, aggregator):
     steady, flaky = fakes(2)
     flaky.delay = 1.0
-    _, client = aggregator([steady, flaky], "--deadline-ms", "80", "--unhealthy-after", "2", "--probe-ms", "100")
+    _, client = aggregator([steady, flaky], "--deadline-ms", "80", "--unhealthy-after", "2", "--probe-every-secs", "0.1")
     for _ in range(2):
         assert client.predict(x_of(1.0))[1]["missing"] == {flaky.endpoint: "timeout"}
     probs, info = client.predict(x_of(1.0))
@@ -81,8 +81,8 @@ def test_a_flapping_member_goes_unhealthy_and_is_taken_back_after_a_probe(fakes,
 
 def test_timeouts_keep_the_last_member_and_min_healthy_0_lets_them_eject_it(fakes, aggregator):
     (slow,) = fakes(1, delay=1.0)
-    _, kept = aggregator([slow], "--deadline-ms", "60", "--unhealthy-after", "1", "--probe-ms", "100")
-    _, ejected = aggregator([slow], "--deadline-ms", "60", "--unhealthy-after", "1", "--probe-ms", "100",
+    _, kept = aggregator([slow], "--deadline-ms", "60", "--unhealthy-after", "1", "--probe-every-secs", "0.1")
+    _, ejected = aggregator([slow], "--deadline-ms", "60", "--unhealthy-after", "1", "--probe-every-secs", "0.1",
                             "--min-healthy", "0")
     for _ in range(3):  # busy, not broken: still asked each time, and answered again once it is fast
         with pytest.raises(DeadlineExceededError, match="timeout"):

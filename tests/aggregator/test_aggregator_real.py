@@ -32,7 +32,7 @@ def servers(tmp_path_factory):
             ckpt = str(tmp_path_factory.mktemp(f"ckpt{seed}"))
             write_random_checkpoint(ckpt, seed)
             procs.append(start_service("zmqflow.services.serve", ["--checkpoint", ckpt, "--backend", "numpy",
-                                                          "--max-delay-ms", "1"],
+                                                          "--max-delay-secs", "0.001"],
                                        log_dir=str(tmp_path_factory.mktemp("serve"))))
         yield procs
     finally:
@@ -94,7 +94,7 @@ def test_a_killed_member_is_known_at_once_by_its_dropped_connection(servers, agg
 @pytest.mark.faults
 def test_a_restarted_member_is_probed_back_after_its_disconnect(servers, aggregator, victim):
     first = victim()
-    _, client = aggregator([servers[0], first], "--deadline-ms", "2000", "--probe-ms", "100")
+    _, client = aggregator([servers[0], first], "--deadline-ms", "2000", "--probe-every-secs", "0.1")
     x = np.random.default_rng(2).random((1, 784), dtype=np.float32)
     assert len(client.predict(x)[1]["answered"]) == 2
     first.kill()
@@ -135,7 +135,7 @@ def test_member_option_parsing_and_the_command_lines():
     assert parse_member("tcp://h:1") == ("tcp://h:1", 1.0)
     from zmqflow.cli.main import main
     result = CliRunner().invoke(main, ["aggregator", "--help"])
-    assert result.exit_code == 0 and "--member" in result.output and "--probe-ms" in result.output
+    assert result.exit_code == 0 and "--member" in result.output and "--probe-every-secs" in result.output
     result = CliRunner().invoke(main, ["aggregator", "--member", "tcp://h:1=heavy"])
     assert result.exit_code == 2 and "not a number" in result.output
     out = subprocess.run([sys.executable, "-m", "zmqflow.services.aggregator", "--help"], capture_output=True, text=True,

@@ -167,7 +167,7 @@ def test_killed_client_is_detected_by_lease(broker, container):
     client.submit("dequeue_many", {"queue": q.handle, "n": 2}, timeout=60)
     waiting(broker, q, deq=1)
     client.socket.close(0)  # vanishes without a word, like kill -9
-    row = waiting(broker, q, deq=0, timeout=10)  # broker started with --client-timeout 3
+    row = waiting(broker, q, deq=0, timeout=10)  # broker started with --client-timeout-secs 3
     assert row["size"] == 1
 
 

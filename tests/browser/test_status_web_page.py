@@ -56,7 +56,7 @@ def browser(tmp_path):
 def training(tmp_path, monkeypatch, processes):
     """A job training for minutes (stopped by the test's end) with every task's metrics on a free port."""
     monkeypatch.setenv("ZMQFLOW_METRICS_PORT", "0")
-    job = zmqflow.local_cluster(ps=1, workers=2, data=write_flowers(tmp_path), model="mlp", epochs=5000,
+    job = zmqflow.local_cluster(num_ps=1, num_workers=2, data=write_flowers(tmp_path), model="mlp", epochs=5000,
                                 batch_size=20, validate_every_secs=1.0, log_dir=str(tmp_path / "job"))
     aggregator = processes.service("zmqflow.services.aggregator", ["--member", MEMBER])
     try:
@@ -72,7 +72,7 @@ def test_the_page_shows_each_task_and_its_charts_grow(browser, training, process
     metrics = [wait_for(lambda w=w: re.search(r"metrics on (http://\S+)", w.log()), 60, f"{w.name}'s metrics")
                .group(1) for w in workers]
     view = processes.start("status-web", [
-        sys.executable, "-m", "zmqflow", "status", "--web", "--web-port", "0", "--interval", "0.5",
+        sys.executable, "-m", "zmqflow", "status", "--web", "--web-bind", "0", "--interval-secs", "0.5",
         "--broker", job.cluster.broker.endpoint, "--ps", job.cluster.shards[0].endpoint,
         "--aggregator", aggregator.endpoint, "--worker-metrics", ",".join(metrics)],
         log_path=str(tmp_path / "status-web.log"))

@@ -22,7 +22,7 @@ SERVING = ("serve0", "serve1", "serve2", "aggregator", "gateway")
 
 def loadtest(stack, tmp_path, *extra, duration=5):
     report = tmp_path / f"load-{time.monotonic_ns()}.json"
-    argv = [ZMQFLOW, "loadtest", "--address", f"tcp://127.0.0.1:{stack.port}", "--rate", "100", "--duration",
+    argv = [ZMQFLOW, "loadtest", "--address", f"tcp://127.0.0.1:{stack.port}", "--rate", "100", "--duration-secs",
             str(duration), "--deadline-ms", "1000", "--json-out", str(report), *extra]
     return argv, report
 
@@ -41,9 +41,9 @@ def test_serving_is_healthy_on_the_final_checkpoint(stack):
     print(f"\ngateway healthy {time.monotonic() - started:.1f} s after the aggregator")
     for service in SERVING:
         assert stack.container(service)["State"]["Health"]["Status"] == "healthy", service
-    info = json.loads(run([ZMQFLOW, "ping", "--json", f"tcp://127.0.0.1:{stack.port}"], env=stack.client_env).stdout)
+    info = json.loads(run([ZMQFLOW, "ping", "--json", "--address", f"tcp://127.0.0.1:{stack.port}"], env=stack.client_env).stdout)
     assert info["service"] == "aggregator" and info["curve"] is True      # CURVE by default (the keys service)
-    refused = run([ZMQFLOW, "ping", "--timeout", "2", f"tcp://127.0.0.1:{stack.port}"], check=False,
+    refused = run([ZMQFLOW, "ping", "--timeout-secs", "2", "--address", f"tcp://127.0.0.1:{stack.port}"], check=False,
                   env={k: v for k, v in stack.client_env.items() if k != "ZMQFLOW_CURVE_DIR"})
     assert refused.returncode == 1, refused.stdout                       # a client without the keys: no answer
 

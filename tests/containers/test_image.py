@@ -53,6 +53,6 @@ def test_healthcheck_follows_the_service(image):
         check = run(["docker", "exec", name, "zmqflow", "healthcheck"])
         assert "queue-broker up" in check.stdout
         run(["docker", "exec", name, "sh", "-c", "echo tcp://127.0.0.1:5999 > $ZMQFLOW_HEALTH_FILE"])
-        assert run(["docker", "exec", name, "zmqflow", "healthcheck", "--timeout", "0.5"], check=False).returncode == 1
+        assert run(["docker", "exec", name, "zmqflow", "healthcheck", "--timeout-secs", "0.5"], check=False).returncode == 1
     finally:
         run(["docker", "rm", "-f", "-v", name], check=False)   # -v: its anonymous /data volume too

@@ -16,7 +16,7 @@ ZMQFLOW = os.path.join(os.path.dirname(sys.executable), "zmqflow")
 
 
 def check(*args, env=None):
-    done = subprocess.run([ZMQFLOW, "cluster", "check", "--timeout", "1", *args], cwd=ROOT, capture_output=True,
+    done = subprocess.run([ZMQFLOW, "cluster", "check", "--timeout-secs", "1", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=60, env={**os.environ, **(env or {})})
     return done.returncode, done.stdout, done.stderr
 

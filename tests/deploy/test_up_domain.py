@@ -70,7 +70,7 @@ def test_localize_hosts_ports_tf_config_and_volumes(project, tmp_path):
     assert ps0.argv[-2:] == ["--metrics-port", "127.0.0.1:7600"]   # metrics move with the offset too
     worker1 = localizer.localize(project.services["worker1"])
     assert worker1.env["ZMQFLOW_METRICS_PORT"] == "127.0.0.1:7611"
-    assert ps0.health == ["zmqflow", "ping", "tcp://127.0.0.1:6600"]
+    assert ps0.health == ["zmqflow", "ping", "--address", "tcp://127.0.0.1:6600"]
     broker = localizer.localize(project.services["broker"])
     assert broker.argv[broker.argv.index("--bind") + 1] == "tcp://127.0.0.1:6555"
     aggregator = localizer.localize(project.services["aggregator"])

@@ -65,7 +65,7 @@ def test_export_then_onnxruntime_answers_what_the_checkpoint_does(trained_cnn, t
 
 def test_one_checkpoint_directory_exports_and_json_says_what_was_written(trained_cnn, tmp_path):
     step_dir = trained_cnn["checkpoint_dir"] / "ckpt-30"
-    result = CliRunner().invoke(main, ["export", "--checkpoint", str(step_dir), "--json", "--name", "digits",
+    result = CliRunner().invoke(main, ["export", "--checkpoint", str(step_dir), "--json", "--model-name", "digits",
                                        str(tmp_path / "out" / "m.onnx")])
     assert result.exit_code == 0, result.output
     written = json.loads(result.output)

@@ -53,7 +53,7 @@ def test_overload_is_shed_fast_and_never_ejects_every_member(processes):
     try:
         aggregator = processes.service("zmqflow.services.aggregator", [
             *[a for m in members for a in ("--member", m.endpoint)],
-            "--deadline-ms", str(DEADLINE_MS), "--unhealthy-after", "3", "--probe-ms", "100"])
+            "--deadline-ms", str(DEADLINE_MS), "--unhealthy-after", "3", "--probe-every-secs", "0.1"])
         x = np.random.default_rng(0).random((1, 4), dtype=np.float32)
         with AggregatorClient(aggregator.endpoint, timeout=5.0, name="overload") as client:
             client.predict(x)  # connected and warm

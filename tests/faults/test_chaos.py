@@ -76,12 +76,12 @@ def test_chaos_kills_of_ps_worker_and_reader_lose_no_input(processes, tmp_path):
     def reader():
         return processes.process("zmqflow.services.reader", ["--broker", broker.endpoint, *to_flags(dict(
             files=[str(tmp_path / "shards" / "*.bin")], preset="mnist-shards", num_epochs=EPOCHS, capacity=600,
-            seed=SEED, lease=1.5, at_least_once=True, progress_every=0))])
+            seed=SEED, heartbeat_timeout_secs=1.5, at_least_once=True, progress_every=0))])
 
     def worker(index):
         args = ["--broker", broker.endpoint, "--ps", ps.endpoint, "--num-workers", "2", "--task-index", str(index),
                 "--backend", "numpy", "--log-every", "20", "--at-least-once",
-                "--result-file", str(tmp_path / f"worker{index}.json")]
+                "--json-out", str(tmp_path / f"worker{index}.json")]
         if index == 0:
             args += ["--checkpoint-dir", str(checkpoints), "--checkpoint-every-steps", "20", "--evaluate",
                      "--shutdown-ps"]

@@ -24,7 +24,7 @@ def test_a_restarted_sync_chief_resumes_without_rolling_back(processes, tmp_path
     broker = processes.service("zmqflow.services.broker")
     ps = processes.service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP), "--mode", "sync",
                                                   "--replicas-to-aggregate", "2", "--total-num-replicas", "2",
-                                                  "--lost-after", "30",   # the restart, not the lost-replica rule
+                                                  "--lost-after-secs", "30",   # the restart, not the lost-replica rule
                                                   "--checkpoint-root", str(tmp_path / "ckpt")])
     processes.process("zmqflow.services.reader", ["--broker", broker.endpoint, "--preset", "mnist-shards", "--files",
                                                   str(tmp_path / "shards" / "*.bin"), "--num-epochs", "40"])

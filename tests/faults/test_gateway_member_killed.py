@@ -24,10 +24,10 @@ def test_a_killed_member_is_named_missing_in_the_response_parameters(processes, 
     for seed, name in ((1, "m1"), (2, "m2")):
         write_random_checkpoint(str(tmp_path / name), seed)
         members.append(processes.service("zmqflow.services.serve", ["--checkpoint", str(tmp_path / name), "--backend",
-                                                                    "numpy", "--max-delay-ms", "0", "--name", name]))
+                                                                    "numpy", "--max-delay-secs", "0", "--model-name", name]))
     aggregator = processes.service("zmqflow.services.aggregator", ["--member", members[0].endpoint, "--member",
                                                                    members[1].endpoint, "--deadline-ms", "5000"])
-    gateway = processes.service("zmqflow.services.gateway", ["--aggregator", aggregator.endpoint, "--refresh-s", "0.2"],
+    gateway = processes.service("zmqflow.services.gateway", ["--aggregator", aggregator.endpoint, "--refresh-secs", "0.2"],
                                 bind="127.0.0.1:0").endpoint
     before = infer_json(gateway, "ensemble", ROW).json()["parameters"]
     assert sorted(before["answered"].split(",")) == ["m1", "m2"] and before["missing_count"] == 0

@@ -128,9 +128,9 @@ def test_a_silent_consumers_lease_expires_and_its_late_ack_is_refused(work):
 
 
 def test_a_lease_holder_silent_past_the_client_timeout_is_still_watched(processes):
-    """A long step sends nothing; the broker forgets silent clients after --client-timeout, but not
+    """A long step sends nothing; the broker forgets silent clients after --client-timeout-secs, but not
     one that holds a lease: its connection stays watched, so its death is still noticed at once."""
-    broker, queue = start_work(processes, "--client-timeout", "1")
+    broker, queue = start_work(processes, "--client-timeout-secs", "1")
     consumer, _, held = start_consumer(broker.endpoint, 60)
     try:
         time.sleep(2.5)                                  # two sweeps past the client timeout, silent

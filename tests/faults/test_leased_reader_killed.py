@@ -38,7 +38,7 @@ def id_shards(tmp_path_factory):
 def leased_readers(broker, processes, count, queue, pattern, **options):
     options = {"files": [pattern], "format_kind": "csv", "format_options": json.dumps(ID_OPTIONS), "queue": queue,
                "queue_kind": "fifo", "capacity": 300, "chunk_size": 50, "num_epochs": 1, "progress_every": 0,
-               "lease": 1.5, "at_least_once": True, **options}
+               "heartbeat_timeout_secs": 1.5, "at_least_once": True, **options}
     return [processes.adopt(proc) for proc in start_readers(broker, processes=count, log_dir=processes.log_dir,
                                                             **options)]
 

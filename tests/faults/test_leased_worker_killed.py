@@ -37,7 +37,7 @@ def test_a_killed_workers_leased_batches_are_trained_by_the_other(processes, tmp
         return processes.process("zmqflow.services.worker", [
             "--broker", broker.endpoint, "--ps", ps.endpoint, "--num-workers", "2", "--task-index", str(index),
             "--backend", "numpy", "--log-every", "5", "--batch-size", str(BATCH), "--at-least-once",
-            "--result-file", str(tmp_path / f"worker{index}.json")])
+            "--json-out", str(tmp_path / f"worker{index}.json")])
 
     chief, other = worker(0), worker(1)
     wait_for(lambda: "Step:" in chief.log() and "Step:" in other.log(), 60, "both workers to train")

@@ -39,7 +39,7 @@ def test_a_member_whose_name_lookup_hangs_stalls_nobody(processes, members, tmp_
     env = slow_names_env([GONE], LOOKUP_S, tmp_path)
     agg = processes.service("zmqflow.services.aggregator",
                             ["--member", members[0].endpoint, "--member", members[1].endpoint,
-                             "--member", f"{GONE}:5700", "--deadline-ms", str(DEADLINE_MS), "--probe-ms", "200"],
+                             "--member", f"{GONE}:5700", "--deadline-ms", str(DEADLINE_MS), "--probe-every-secs", "0.2"],
                             env=env)
     x = np.ones((2, 4), np.float32)
     with AggregatorClient(agg.endpoint, timeout=5.0) as client:

@@ -1,6 +1,6 @@
 """Issue: in sync mode without a spare, a SIGKILLed non-chief worker hung the job (its replica was
 only noticed at the end of the input). The ps notices a replica the step misses that has said nothing
-for --lost-after seconds and, by --lost-policy, goes on with fewer replicas or fails the waiting
+for --lost-after-secs seconds and, by --lost-policy, goes on with fewer replicas or fails the waiting
 workers naming it. Real broker, ps, reader and two sync workers; worker 1 is killed mid-training."""
 
 import json
@@ -22,7 +22,7 @@ def start_job(processes, tmp_path, policy):
     broker = processes.service("zmqflow.services.broker")
     ps = processes.service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP), "--mode", "sync",
                                                   "--replicas-to-aggregate", "2", "--total-num-replicas", "2",
-                                                  "--lost-after", "3", "--lost-policy", policy])
+                                                  "--lost-after-secs", "3", "--lost-policy", policy])
     processes.process("zmqflow.services.reader", ["--broker", broker.endpoint, "--preset", "mnist-shards", "--files",
                                                   str(tmp_path / "shards" / "*.bin"), "--num-epochs", "40"])
     workers = [processes.process("zmqflow.services.worker", [
@@ -40,7 +40,7 @@ def test_continue_policy_goes_on_without_the_lost_replica(processes, tmp_path):
         killed, before = time.monotonic(), client.stats()["version"]
         wait_for(lambda: client.stats()["version"] > before + 20, 15, "steps without the killed replica")
         took = time.monotonic() - killed
-        print(f"\nsync steps went on {took:.1f} s after replica 1 was killed (--lost-after 3)")
+        print(f"\nsync steps went on {took:.1f} s after replica 1 was killed (--lost-after-secs 3)")
         assert took <= 6.0 and chief.alive()
     finally:
         client.close()

@@ -10,8 +10,8 @@ import pytest
 from zmqflow.bench.serve import write_random_checkpoint
 from tests.support import Processes, free_port
 
-GATEWAY_LIMITS = ["--max-body-bytes", "2000000", "--header-timeout-s", "1", "--body-timeout-s", "1",
-                  "--refresh-s", "0.3"]
+GATEWAY_LIMITS = ["--max-body-bytes", "2000000", "--header-timeout-secs", "1", "--body-timeout-secs", "1",
+                  "--refresh-secs", "0.3"]
 
 
 @dataclass
@@ -34,7 +34,7 @@ def topology(tmp_path_factory):
             ckpt = str(tmp_path_factory.mktemp(f"ckpt-{name}"))
             write_random_checkpoint(ckpt, seed)
             members[name] = registry.service("zmqflow.services.serve", ["--checkpoint", ckpt, "--backend", "numpy",
-                                                                        "--max-delay-ms", "0", "--name", name])
+                                                                        "--max-delay-secs", "0", "--model-name", name])
         aggregator = registry.service("zmqflow.services.aggregator",
                                       [a for p in members.values() for a in ("--member", p.endpoint)] +
                                       ["--deadline-ms", "3000"])
@@ -42,7 +42,7 @@ def topology(tmp_path_factory):
         gateway = registry.service("zmqflow.services.gateway", ["--aggregator", aggregator.endpoint, *GATEWAY_LIMITS,
                                                                 *(["--grpc-bind", grpc[0]] if grpc else [])],
                                    bind="127.0.0.1:0")
-        single = registry.service("zmqflow.services.gateway", ["--server", members["m1"].endpoint, *GATEWAY_LIMITS,
+        single = registry.service("zmqflow.services.gateway", ["--serve", members["m1"].endpoint, *GATEWAY_LIMITS,
                                                                *(["--grpc-bind", grpc[1]] if grpc else [])],
                                   bind="127.0.0.1:0")
         yield Topology(members, aggregator, gateway.endpoint, single.endpoint, *grpc)

@@ -110,8 +110,8 @@ def test_bad_deadlines_and_ensemble_parameters_are_400(topology):
 
 def test_half_open_and_slow_clients_hold_up_no_one(topology):
     """A client that sends half its headers and stalls, and one that stalls mid-body: others are served at
-    once; the first is disconnected after --header-timeout-s (1 s), the second answered 408 after
-    --body-timeout-s (1 s)."""
+    once; the first is disconnected after --header-timeout-secs (1 s), the second answered 408 after
+    --body-timeout-secs (1 s)."""
     stalled_headers = connect(topology.gateway)
     stalled_headers.sendall(b"POST /v2/models/ensemble/infer HTTP/1.1\r\nHost: gateway\r\nContent-Le")
     stalled_body = connect(topology.gateway)
@@ -126,7 +126,7 @@ def test_half_open_and_slow_clients_hold_up_no_one(topology):
     print(f"\n5 requests served in {served * 1000:.0f} ms beside two stalled clients; half headers closed after "
           f"{header_gone:.2f} s")
     assert served < 1.0 and closed == b"" and header_gone < 3.0
-    assert b" 408 " in late_status and "--body-timeout-s" in late_error
+    assert b" 408 " in late_status and "--body-timeout-secs" in late_error
     stalled_headers.close()
     stalled_body.close()
 

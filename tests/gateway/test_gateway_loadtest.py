@@ -21,8 +21,8 @@ def loadtest(tmp_path, *args):
 @pytest.mark.integration
 def test_load_through_the_gateway_to_the_ensemble_and_to_one_member(topology, tmp_path):
     for model in ("ensemble", "m2"):
-        done, report = loadtest(tmp_path, "--http", topology.gateway, "--model", model, "--rate", "100",
-                                "--duration", "1.5", "--deadline-ms", "2000", "--max-failures", "0", "--wait-secs", "10")
+        done, report = loadtest(tmp_path, "--http", topology.gateway, "--model-name", model, "--rate", "100",
+                                "--duration-secs", "1.5", "--deadline-ms", "2000", "--max-failures", "0", "--wait-secs", "10")
         assert done.returncode == 0, done.stdout + done.stderr
         overall = report["overall"]
         print(f"\nloadtest --http, model {model}, 100/s for 1.5 s: {overall}")
@@ -33,7 +33,7 @@ def test_load_through_the_gateway_to_the_ensemble_and_to_one_member(topology, tm
 
 @pytest.mark.service
 def test_unknown_models_and_exclusive_options_are_refused(topology, tmp_path):
-    done, _ = loadtest(tmp_path, "--http", topology.gateway, "--model", "nobody", "--duration", "1")
+    done, _ = loadtest(tmp_path, "--http", topology.gateway, "--model-name", "nobody", "--duration-secs", "1")
     assert done.returncode == 1 and "HTTP 404" in done.stderr and "nobody" in done.stderr
     done, _ = loadtest(tmp_path, "--http", topology.gateway, "--address", "tcp://127.0.0.1:1")
     assert done.returncode == 2 and "give one of --address ENDPOINT (the aggregator) or --http URL" in done.stderr

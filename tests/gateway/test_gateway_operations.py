@@ -28,7 +28,7 @@ def test_healthcheck_and_metrics_of_a_gateway(topology, processes, tmp_path):
     assert announced.read_text() == gateway.endpoint
     done = healthcheck("--file", str(announced))
     assert done.returncode == 0 and "/v2/health/ready: HTTP 200" in done.stdout, done.stderr
-    done = healthcheck("--http", f"{gateway.endpoint}/v2/models/nobody/ready", "--timeout", "5")
+    done = healthcheck("--http", f"{gateway.endpoint}/v2/models/nobody/ready", "--timeout-secs", "5")
     assert done.returncode == 1 and "HTTP 404" in done.stderr and "nobody" in done.stderr
 
     x = np.zeros((1, 784), np.float32)
@@ -44,5 +44,5 @@ def test_healthcheck_and_metrics_of_a_gateway(topology, processes, tmp_path):
 
     gateway.stop()
     assert gateway.returncode == 0, gateway.log()   # SIGTERM: a clean stop, as every service's
-    done = healthcheck("--file", str(announced), "--timeout", "1")
+    done = healthcheck("--file", str(announced), "--timeout-secs", "1")
     assert done.returncode == 1 and "/v2/health/ready" in done.stderr

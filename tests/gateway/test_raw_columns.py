@@ -37,12 +37,12 @@ def cluster(tmp_path_factory, module_processes):
                       ["t"], np.zeros((3, 2), np.int64))
         local[name] = model.predict(params, model_inputs(spec, table))
         members.append(module_processes.service("zmqflow.services.serve", [
-            "--checkpoint", str(root / name), "--backend", "numpy", "--max-delay-ms", "1", "--name", name]))
+            "--checkpoint", str(root / name), "--backend", "numpy", "--max-delay-secs", "0.001", "--model-name", name]))
     aggregator = module_processes.service("zmqflow.services.aggregator", [
         *[a for m in members for a in ("--member", m.endpoint)], "--deadline-ms", "3000"])
     grpc = f"127.0.0.1:{free_port()}" if importlib.util.find_spec("grpc") else None
     gateway = module_processes.service("zmqflow.services.gateway", [
-        "--aggregator", aggregator.endpoint, "--refresh-s", "0.3", *(["--grpc-bind", grpc] if grpc else [])],
+        "--aggregator", aggregator.endpoint, "--refresh-secs", "0.3", *(["--grpc-bind", grpc] if grpc else [])],
         bind="127.0.0.1:0")
     wait_ready(gateway.endpoint, ("ensemble", "mlp", "logistic"))
     (root / "spec.yaml").write_text(json.dumps(spec_dict(root / "train.csv")))
@@ -175,8 +175,8 @@ def test_a_missing_or_mistyped_column_is_a_400_naming_it(cluster):
 def test_loadtest_over_http_sends_a_data_specs_rows_as_raw_columns(cluster, tmp_path):
     url, _, spec, _ = cluster
     report_file = tmp_path / "load.json"
-    done = subprocess.run([sys.executable, "-m", "zmqflow", "loadtest", "--http", url, "--model", "ensemble",
-                           "--data", str(spec), "--split", "train", "--rows", "4", "--rate", "100", "--duration", "1",
+    done = subprocess.run([sys.executable, "-m", "zmqflow", "loadtest", "--http", url, "--model-name", "ensemble",
+                           "--data", str(spec), "--split", "train", "--rows", "4", "--rate", "100", "--duration-secs", "1",
                            "--deadline-ms", "2000", "--max-failures", "0", "--json-out", str(report_file)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -202,5 +202,5 @@ def test_the_rows_of_a_split_become_consecutive_raw_column_bodies(cluster):
 def test_a_model_without_raw_columns_is_refused_by_the_http_loadtest(topology, cluster, tmp_path):
     _, _, spec, _ = cluster
     done = subprocess.run([sys.executable, "-m", "zmqflow", "loadtest", "--http", topology.gateway, "--data", str(spec),
-                           "--duration", "1"], capture_output=True, text=True, timeout=60)
+                           "--duration-secs", "1"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "takes no raw rows over HTTP: it was not trained on a data spec" in done.stderr

@@ -181,7 +181,7 @@ def test_inspect_reads_a_tfrecord_spec_and_names_a_bad_record(tmp_path):
     raw["source"]["features"]["image"]["shape"] = [783]
     (tmp_path / "digits.yaml").write_text(yaml.safe_dump(raw))
     bad = CliRunner().invoke(main, ["data", "inspect", str(tmp_path / "digits.yaml")])
-    assert bad.exit_code == 1 and ("mnist_sample-00000-of-00002.tfrecord: record 0 (offset 0): "
+    assert bad.exit_code == 2 and ("mnist_sample-00000-of-00002.tfrecord: record 0 (offset 0): "
                                    "feature 'image' has 784 values, expected 783") in bad.output
 
 

@@ -153,7 +153,7 @@ def test_inspect_command_prints_the_splits_and_names_bad_input(tmp_path):
     assert "train             7 rows" in done.output and "model inputs: input [5] float32; outputs: 3" in done.output
     (tmp_path / "flowers.csv").write_text(HEADER + "1.0,0.2,red\n")
     bad = CliRunner().invoke(main, ["data", "inspect", str(tmp_path / "flowers.yaml")])
-    assert bad.exit_code == 1 and "flowers.csv:2: malformed CSV line: expected 4 fields, got 3" in bad.output
+    assert bad.exit_code == 2 and "flowers.csv:2: malformed CSV line: expected 4 fields, got 3" in bad.output
 
 
 def test_yaml_keeps_no_and_yes_and_inspect_names_unknown_categories(tmp_path):

@@ -27,6 +27,6 @@ def test_evaluate_gives_the_chiefs_test_accuracy_for_the_model_the_checkpoint_re
     assert result["metrics"]["accuracy"] == pytest.approx(summary["test_accuracy"], abs=1e-9)
     assert result["step"] == summary["global_step"] and 0 < result["metrics"]["log_loss"] < 1.0
     wrong = zmqflow("evaluate", "--checkpoint", directory, "--model", "mlp")
-    assert wrong.returncode == 1 and "has no variable 'hidden/weights': was it saved from another model" in wrong.stderr
+    assert wrong.returncode == 2 and "has no variable 'hidden/weights': was it saved from another model" in wrong.stderr
     empty = zmqflow("evaluate", "--checkpoint", str(tmp_path))
     assert empty.returncode == 1 and "no committed checkpoint in" in empty.stderr

@@ -14,7 +14,7 @@ ADAM = {"kind": "adam", "learning_rate": 0.02}
 
 
 def test_metrics_stream_the_step_loss_and_validation_while_the_job_runs(tmp_path):
-    job = zmqflow.Job(ps=1, workers=2, data=write_flowers(tmp_path), model="mlp", epochs=150, optimizer=ADAM,
+    job = zmqflow.Job(num_ps=1, num_workers=2, data=write_flowers(tmp_path), model="mlp", epochs=150, optimizer=ADAM,
                       validate_every_steps=200, summary_every_steps=5, log_dir=str(tmp_path / "logs"))
     with pytest.raises(FailedPreconditionError, match="has not been started"):
         next(job.metrics())
@@ -37,7 +37,7 @@ def test_metrics_stream_the_step_loss_and_validation_while_the_job_runs(tmp_path
 
 
 def test_stop_mid_run_leaves_no_process_behind(tmp_path):
-    with zmqflow.local_cluster(ps=2, workers=2, data=write_flowers(tmp_path), model="mlp", epochs=5000,
+    with zmqflow.local_cluster(num_ps=2, num_workers=2, data=write_flowers(tmp_path), model="mlp", epochs=5000,
                                log_dir=str(tmp_path / "logs")) as job:
         pids = job.pids()
         assert len(pids) >= 5 and all(alive(pid) for pid in pids)        # broker, input, 2 ps, 2 workers

@@ -235,14 +235,14 @@ def test_a_model_split_over_two_workers_trains_as_a_pipeline(mode):
 
 @pytest.mark.faults
 def test_a_killed_pipeline_stage_ends_stage_zero_with_the_peer_lost_code(processes, tmp_path):
-    """Stage 1 SIGKILLed mid-run: worker 0 stops within its --pipeline-timeout (exit 3, naming the wait)."""
+    """Stage 1 SIGKILLed mid-run: worker 0 stops within its --pipeline-timeout-secs (exit 3, naming the wait)."""
     model = json.dumps({"type": f"{PIPELINE_MODEL}:build", "width": 64})
     broker = processes.service("zmqflow.services.broker").endpoint
     ps = processes.service("zmqflow.services.ps", ["--model", model]).endpoint
-    common = ["--broker", broker, "--ps", ps, "--num-workers", "2", "--model", model, "--pipeline-timeout", "3"]
+    common = ["--broker", broker, "--ps", ps, "--num-workers", "2", "--model", model, "--pipeline-timeout-secs", "3"]
     stage1 = processes.service("zmqflow.services.worker", ["--task-index", "1", *common])
     stage0 = processes.process("zmqflow.services.worker", ["--task-index", "0", "--pipeline-next", stage1.endpoint,
-                                                           "--dequeue-timeout", "30", *common])
+                                                           "--dequeue-timeout-secs", "30", *common])
     queue = FIFOQueue(100_000, ["float32", "int32"], [[784], []], names=["image", "label"], shared_name="train",
                       broker=broker)
     (x, y), _ = mnist_split()

@@ -42,7 +42,7 @@ def test_prepared_shards_train_a_model_of_your_data_without_a_launcher(processes
     result = tmp_path / "chief.json"
     chief = processes.process("zmqflow.services.worker", [*common, "--task-index", "0", "--evaluate", "--shutdown-ps",
                                                           "--checkpoint-dir", str(tmp_path / "ckpt"),
-                                                          "--result-file", str(result)])
+                                                          "--json-out", str(result)])
     other = processes.process("zmqflow.services.worker", [*common, "--task-index", "1"])
     wait_for(lambda: not chief.alive() and not other.alive(), 120, "both workers to finish")
     assert chief.returncode == 0 and other.returncode == 0 and reader.returncode == 0, chief.log()[-3000:]

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 def test_a_split_over_the_memory_limit_is_fed_by_readers_and_trains(tmp_path, monkeypatch):
     monkeypatch.setattr(spec_stream, "FEED_FROM_MEMORY_MAX_BYTES", 0)   # every split counts as large
     log_dir = tmp_path / "job"
-    with zmqflow.local_cluster(ps=1, workers=2, data=write_flowers(tmp_path), model="mlp", epochs=20,
+    with zmqflow.local_cluster(num_ps=1, num_workers=2, data=write_flowers(tmp_path), model="mlp", epochs=20,
                                optimizer={"kind": "adam", "learning_rate": 0.02}, log_dir=str(log_dir)) as job:
         summary = job.wait(timeout=240)
     assert summary["worker_exit_codes"] == [0, 0] and summary["examples"] == 20 * 630   # 70 % of 900 rows

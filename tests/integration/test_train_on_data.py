@@ -90,7 +90,7 @@ def test_predict_writes_each_rows_class_and_probabilities_from_a_file_without_la
     assert train("--epochs", "1", "--checkpoint-dir", mnist_checkpoint).returncode == 0
     refused = subprocess.run([sys.executable, "-m", "zmqflow", "predict", "--checkpoint", mnist_checkpoint, "--input",
                               str(tmp_path / "new.csv")], capture_output=True, text=True, timeout=120)
-    assert refused.returncode == 1 and "records no data spec (it was not trained with --data)" in refused.stderr
+    assert refused.returncode == 2 and "records no data spec (it was not trained with --data)" in refused.stderr
 
 
 def test_a_spec_that_names_only_its_label_trains_on_a_64_column_csv_and_predicts_by_column_name(tmp_path):
@@ -121,7 +121,7 @@ def test_validation_while_training_keeps_the_best_checkpoint_and_writes_the_summ
     write_flowers(tmp_path, rows=20000)
     checkpoint, summary_file = tmp_path / "ckpt", tmp_path / "summary.json"
     done = train("--data", str(tmp_path / "flowers.yaml"), "--epochs", "12", "--learning-rate", "0.01",
-                 "--checkpoint-dir", str(checkpoint), "--validate-every-steps", "100", "--summary-out", str(summary_file))
+                 "--checkpoint-dir", str(checkpoint), "--validate-every-steps", "100", "--json-out", str(summary_file))
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(summary_file.read_text())
     assert summary["validation_metric"] == "accuracy" and summary["best_validation"]["accuracy"] > 0.9
@@ -155,7 +155,7 @@ def test_early_stopping_ends_every_worker_once_validation_stops_improving(tmp_pa
     summary_file = tmp_path / "summary.json"
     done = train("--data", str(tmp_path / "flowers.yaml"), "--epochs", "60", "--learning-rate", "0.01",
                  "--checkpoint-dir", str(tmp_path / "ckpt"), "--validate-every-steps", "50",
-                 "--early-stop-patience", "3", "--summary-out", str(summary_file))
+                 "--early-stop-patience", "3", "--json-out", str(summary_file))
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(summary_file.read_text())
     assert summary["stopped_early_at"] is not None and summary["worker_exit_codes"] == [0, 0]

@@ -22,7 +22,7 @@ def test_chief_from_tf_config_trains_until_end_of_input(processes, tmp_path):
     ps_address = ps.endpoint.split("//")[1]
     tf_config = {"cluster": {"chief": ["127.0.0.1:1"], "ps": [ps_address]}, "task": {"type": "chief", "index": 0}}
     result = tmp_path / "result.json"
-    worker = processes.process("zmqflow.services.worker", ["--broker", broker.endpoint, "--result-file", str(result),
+    worker = processes.process("zmqflow.services.worker", ["--broker", broker.endpoint, "--json-out", str(result),
                                                           "--shutdown-ps"],
                                env={"TF_CONFIG": json.dumps(tf_config)}, name="chief")
     assert worker.proc.wait(120) == 0, worker.log()
@@ -39,6 +39,6 @@ def test_worker_without_input_names_the_queue_and_exits_nonzero(processes):
     FIFOQueue(10, ["float32", "int32"], shapes=[[784], []], names=["image", "label"], shared_name="idle",
               broker=broker.endpoint)  # nobody ever feeds it
     worker = processes.process("zmqflow.services.worker", ["--broker", broker.endpoint, "--ps", ps.endpoint,
-                                                          "--queue", "idle", "--dequeue-timeout", "1"], name="w")
+                                                          "--queue", "idle", "--dequeue-timeout-secs", "1"], name="w")
     assert worker.proc.wait(60) != 0
     assert "no mini-batch from queue 'idle'" in worker.log()

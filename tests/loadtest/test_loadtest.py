@@ -72,7 +72,7 @@ def test_load_test_with_a_member_killed_half_way(checkpoint_dir, processes, tmp_
                                    [a for m in members for a in ("--member", m.endpoint)])
     out = tmp_path / "load.json"
     result = subprocess.run([sys.executable, "-m", "zmqflow", "loadtest", "--address", aggregator.endpoint,
-                             "--rate", "200", "--duration", "2", "--deadline-ms", "100", "--kill-member", "1",
+                             "--rate", "200", "--duration-secs", "2", "--deadline-ms", "100", "--kill-member", "1",
                              "--json-out", str(out)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "after_fault" in result.stdout and "p99.9 ms" in result.stdout
@@ -87,12 +87,12 @@ def test_max_failures_and_wait_secs_set_the_exit_code(processes, tmp_path):
     from tests.support import free_port
     nobody = f"tcp://127.0.0.1:{free_port()}"
     waited = subprocess.run([sys.executable, "-m", "zmqflow", "loadtest", "--address", nobody, "--wait-secs", "1",
-                             "--duration", "1"], capture_output=True, text=True, timeout=60)
+                             "--duration-secs", "1"], capture_output=True, text=True, timeout=60)
     assert waited.returncode == 1 and f"{nobody} did not answer within 1 s" in waited.stderr
     # an aggregator whose only member never answers: every request fails
     aggregator = processes.service("zmqflow.services.aggregator", ["--member", nobody])
     argv = [sys.executable, "-m", "zmqflow", "loadtest", "--address", aggregator.endpoint, "--rate", "20",
-            "--duration", "0.5", "--deadline-ms", "50", "--wait-secs", "10"]
+            "--duration-secs", "0.5", "--deadline-ms", "50", "--wait-secs", "10"]
     tolerant = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert tolerant.returncode == 0, tolerant.stderr          # no --max-failures: a report, not a verdict
     strict = subprocess.run(argv + ["--max-failures", "0"], capture_output=True, text=True, timeout=60)

@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 def test_bench_kernels_reports_steps_and_ratios_to_jax():
     pytest.importorskip("jax", reason="JAX is not installed: the benchmark has no baseline")
-    done = subprocess.run([sys.executable, "-m", "zmqflow", "bench", "kernels", "--json", "--seconds", "0.3"],
+    done = subprocess.run([sys.executable, "-m", "zmqflow", "bench", "kernels", "--json", "--duration-secs", "0.3"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])

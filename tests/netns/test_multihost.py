@@ -60,7 +60,7 @@ def start_service(registry, hosts, host, name, argv, log_dir, env=None):
 
 def zmqflow_ping(hosts, host, address, timeout=1.0):
     """`zmqflow ping` run in the host's namespace: its exit code."""
-    return hosts.execute(host, [ZMQFLOW, "ping", "--timeout", str(timeout), address], timeout=30).returncode
+    return hosts.execute(host, [ZMQFLOW, "ping", "--timeout-secs", str(timeout), "--address", address], timeout=30).returncode
 
 
 def tf_config(hosts, task_type, index):
@@ -107,7 +107,7 @@ def training(network, module_processes, tmp_path_factory):
         run[f"worker{i}"] = start(module_processes, network, f"worker{i}", f"worker{i}",
                                   ["worker", "--broker", broker, "--queue", "train", "--evaluate", "--shutdown-ps",
                                    "--shutdown-broker", "--checkpoint-dir", ckpt, "--checkpoint-every-steps", "20",
-                                   "--result-file", os.path.join(logs, f"worker{i}.json")],
+                                   "--json-out", os.path.join(logs, f"worker{i}.json")],
                                   logs, env={"TF_CONFIG": tf_config(network, "worker", i)})
     wait_exit(run["worker0"], TRAIN_S, run.values())
     deadline = time.monotonic() + EXIT_S
@@ -160,7 +160,7 @@ def test_serving_across_hosts_answers_every_request_from_the_checkpoint(network,
     logs = str(tmp_path)
     start_service(processes, network, "serve", "serve",
                   ["serve", "--checkpoint", training.checkpoint_dir, "--bind", f"tcp://0.0.0.0:{SERVE_PORT}",
-                   "--refresh-secs", "5", "--name", "mnist"], logs)
+                   "--refresh-secs", "5", "--model-name", "mnist"], logs)
     start_service(processes, network, "aggregator", "aggregator",
                   ["aggregator", "--bind", f"tcp://0.0.0.0:{AGGREGATOR_PORT}", "--mode", "replica",
                    "--member", f"tcp://{network.address('serve')}:{SERVE_PORT}", "--deadline-ms", "1000",
@@ -168,7 +168,7 @@ def test_serving_across_hosts_answers_every_request_from_the_checkpoint(network,
     aggregator = f"tcp://{network.address('aggregator')}:{AGGREGATOR_PORT}"
 
     report_file = os.path.join(logs, "loadtest.json")
-    load = network.execute("client", [ZMQFLOW, "loadtest", "--address", aggregator, "--rate", "100", "--duration", "3",
+    load = network.execute("client", [ZMQFLOW, "loadtest", "--address", aggregator, "--rate", "100", "--duration-secs", "3",
                                       "--deadline-ms", "1000", "--max-failures", "0", "--json-out", report_file],
                            timeout=60)
     assert load.returncode == 0, load.stdout + load.stderr

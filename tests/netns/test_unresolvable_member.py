@@ -105,13 +105,13 @@ def test_a_member_whose_name_lookup_times_out_stalls_nobody(network, processes, 
         ckpt = str(tmp_path / f"ckpt{i}")
         write_random_checkpoint(ckpt, i + 1)
         start_ready(processes, network, f"serve{i}", f"serve{i}",
-                    ["serve", "--checkpoint", ckpt, "--backend", "numpy", "--max-delay-ms", "1",
+                    ["serve", "--checkpoint", ckpt, "--backend", "numpy", "--max-delay-secs", "0.001",
                      "--bind", f"tcp://0.0.0.0:{SERVE_PORT}"], logs)
         members.append(f"tcp://{network.address(f'serve{i}')}:{SERVE_PORT}")
     start_ready(processes, network, "aggregator", "aggregator",
                 ["aggregator", "--bind", f"tcp://0.0.0.0:{AGGREGATOR_PORT}", "--member", members[0],
                  "--member", members[1], "--member", f"{GONE}:{SERVE_PORT}", "--deadline-ms", str(DEADLINE_MS),
-                 "--probe-ms", "200"], logs)
+                 "--probe-every-secs", "0.2"], logs)
     client = network.execute("aggregator", [sys.executable, "-c", CLIENT, f"tcp://127.0.0.1:{AGGREGATOR_PORT}",
                                             ",".join(members), str(REQUESTS), str(DEADLINE_MS)], timeout=120)
     assert client.returncode == 0, client.stdout + client.stderr

@@ -23,7 +23,7 @@ def test_a_service_announces_its_endpoint_and_the_check_pings_it(processes, tmp_
     done = healthcheck(path)
     assert done.returncode == 0 and "queue-broker up" in done.stdout, done.stderr
     broker.stop()
-    done = healthcheck(path, "--timeout", "0.5")
+    done = healthcheck(path, "--timeout-secs", "0.5")
     assert done.returncode == 1 and "UnavailableError" in done.stderr
 
 
@@ -36,7 +36,7 @@ def test_nothing_announced_client_tasks_and_wildcard_binds(tmp_path):
     assert health.local_endpoint("tcp://10.0.0.7:5600") == "tcp://10.0.0.7:5600"
     port = free_port()
     (tmp_path / "nobody").write_text(f"tcp://0.0.0.0:{port}")
-    done = healthcheck(tmp_path / "nobody", "--timeout", "0.3")
+    done = healthcheck(tmp_path / "nobody", "--timeout-secs", "0.3")
     assert done.returncode == 1 and f"tcp://127.0.0.1:{port}" in done.stderr
 
 

@@ -108,7 +108,7 @@ def scraped(module_processes):
                                                                   "--num-epochs", "0", *OPS], name="reader")
     worker_url, reader_url = logged_metrics_url(worker), logged_metrics_url(reader)
     wait_for(lambda: _sample(scrape_families(worker_url), "zmqflow_worker_steps_total") >= 2, 60, "2 training steps")
-    server = start("zmqflow.services.serve", ["--follow-ps", ps.endpoint, "--backend", "numpy", *OPS])
+    server = start("zmqflow.services.serve", ["--ps", ps.endpoint, "--backend", "numpy", *OPS])
     aggregator = start("zmqflow.services.aggregator", ["--member", server.endpoint, *OPS])
     with AggregatorClient(aggregator.endpoint, timeout=10.0) as client:
         client.predict(np.zeros((2, 784), np.float32))

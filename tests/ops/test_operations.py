@@ -123,5 +123,5 @@ def test_status_text_view_and_a_cluster_with_nothing_up():
 
 
 def _status(args, json_output=True):
-    return subprocess.run([sys.executable, "-m", "zmqflow", "status", "--once", "--timeout", "1", *args,
+    return subprocess.run([sys.executable, "-m", "zmqflow", "status", "--once", "--timeout-secs", "1", *args,
                            *(["--json"] if json_output else [])], capture_output=True, text=True, timeout=30)

@@ -44,12 +44,12 @@ def web(module_processes, chief_validation, tmp_path_factory):
     queue.enqueue_many([np.zeros((7, 2), np.float32)])
     log = tmp_path_factory.mktemp("status") / "status-web.log"
     view = module_processes.start("status-web", [
-        sys.executable, "-m", "zmqflow", "status", "--web", "--web-host", "0.0.0.0", "--web-port", "127.0.0.1:0",
-        "--interval", "0.2", "--timeout", "1", "--history", str(HISTORY), "--broker", broker.endpoint,
+        sys.executable, "-m", "zmqflow", "status", "--web", "--web-bind", "127.0.0.1:0",
+        "--interval-secs", "0.2", "--timeout-secs", "1", "--history", str(HISTORY), "--broker", broker.endpoint,
         "--ps", ps.endpoint, "--aggregator", aggregator.endpoint, "--worker-metrics", chief_validation],
         log_path=str(log))
     url = wait_for(lambda: re.search(r"web view on (http://\S+)", view.log()), 20, "the web view's URL").group(1)
-    assert url.startswith("http://127.0.0.1:")     # --web-port's HOST wins over --web-host
+    assert url.startswith("http://127.0.0.1:")
     return url, queue, view
 
 
@@ -118,7 +118,7 @@ def test_web_needs_the_http_extra_and_no_once(monkeypatch):
     runner = CliRunner()
     clash = runner.invoke(status_command, ["--web", "--once", "--ps", "127.0.0.1:1"])
     assert clash.exit_code == 2 and "--web serves a page" in clash.output
-    bad = runner.invoke(status_command, ["--web", "--web-port", "127.0.0.1:http", "--ps", "127.0.0.1:1"])
+    bad = runner.invoke(status_command, ["--web", "--web-bind", "127.0.0.1:http", "--ps", "127.0.0.1:1"])
     assert bad.exit_code == 2 and "expected [HOST:]PORT" in bad.output
     monkeypatch.setitem(sys.modules, "starlette", None)          # as when zmqflow[http] is not installed
     missing = runner.invoke(status_command, ["--web", "--ps", "127.0.0.1:1"])

@@ -145,7 +145,7 @@ def test_cli_prints_the_table_and_json(tmp_path):
 
     spec = tmp_path / "model.json"
     spec.write_text(json.dumps({"type": "mlp", "layers": [20, 8, 3]}))
-    result = runner.invoke(placement_command, ["--model", str(spec), "--num-ps", "2", "--strategy", "greedy",
+    result = runner.invoke(placement_command, ["--model", str(spec), "--num-ps", "2", "--placement", "greedy",
                                                "--max-shard-bytes", "200", "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
@@ -160,4 +160,4 @@ def test_cli_prints_the_table_and_json(tmp_path):
 def test_cli_reports_errors_and_is_registered():
     from zmqflow.cli.main import main
     result = CliRunner().invoke(main, ["placement", "--num-ps", "0"])
-    assert result.exit_code == 1 and "InvalidArgumentError" in result.output
+    assert result.exit_code == 2 and "InvalidArgumentError" in result.output

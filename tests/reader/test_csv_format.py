@@ -98,9 +98,9 @@ def test_unparsable_number_names_line_and_column(tmp_path):
         list(CsvFormat([[0], [0.0]]).read(write(tmp_path, "1.5,2\n", "b.csv")))
 
 
-def test_skip_malformed_counts_and_keeps_order(tmp_path):
+def test_skip_bad_rows_counts_and_keeps_order(tmp_path):
     path = write(tmp_path, "1,1\n2\n3,3\nx,4\n5,5\n6,\n7,7,7\n8,8\n")
-    fmt = CsvFormat(["int32", "int32"], skip_malformed=True, chunk_size=3)
+    fmt = CsvFormat(["int32", "int32"], skip_bad_rows=True, chunk_size=3)
     features, counts = read_all(fmt, path)
     np.testing.assert_array_equal(features["col0"], [1, 3, 5, 8])
     assert fmt.counters.malformed_skipped == 4 and fmt.counters.records_read == 4 and sum(counts) == 4

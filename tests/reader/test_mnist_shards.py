@@ -26,8 +26,8 @@ def test_the_reader_gets_exactly_the_training_split(broker, processes, tmp_path)
     assert "wrote 8 shards of the MNIST training split (4,500 rows" in out.output and "500 test rows left out" in out.output
     proc = processes.process("zmqflow.services.reader", [
         "--broker", broker, "--preset", "mnist-shards", "--files", str(tmp_path / "mnist" / "*.bin"),
-        "--queue", "shards", "--queue-kind", "fifo", "--num-epochs", "1", "--progress-every", "0",
-        "--stats-file", str(tmp_path / "stats.json")])
+        "--queue", "shards", "--queue-kind", "fifo", "--num-epochs", "1", "--progress-every-secs", "0",
+        "--json-out", str(tmp_path / "stats.json")])
     got = drain(queues.attach("shards", broker=broker, timeout=30))
     assert proc.proc.wait(30) == 0, proc.log()
     assert got["label"].dtype == np.int32 and got["image"].dtype == np.float32 and got["image"].max() <= 1.0

@@ -113,11 +113,11 @@ def test_a_malformed_line_fails_the_pipeline_and_the_consumer_sees_it(broker, tm
     assert summary["outcome"] == "failed" and "shard-01.csv:8" in summary["error"]
 
 
-def test_skip_malformed_counts_the_bad_line_and_delivers_the_rest(broker, tmp_path, mnist_lines):
+def test_skip_bad_rows_counts_the_bad_line_and_delivers_the_rest(broker, tmp_path, mnist_lines):
     write_shards(tmp_path, mnist_lines[:300], 3)
     bad = tmp_path / "shard-02.csv"
     bad.write_bytes(bad.read_bytes() + b"1,x\n")
-    options = {**MNIST_OPTIONS, "skip_malformed": True}
+    options = {**MNIST_OPTIONS, "skip_bad_rows": True}
     pipeline = ReaderPipeline(broker, [str(tmp_path / "*.csv")], "csv", options, queue="skipped",
                               queue_kind="fifo", capacity=1000, num_epochs=1, readers=2)
     with Running(pipeline) as run:

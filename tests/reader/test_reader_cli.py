@@ -33,8 +33,8 @@ def test_the_three_presets_give_the_same_rows_as_the_csv(broker, processes, tmp_
     runs = {"mnist-csv": 5000, "mnist-tfrecord": 100, "mnist-fixed": 100}
     procs = {preset: processes.process("zmqflow.services.reader", [
         "--broker", broker, "--preset", preset, "--queue", f"cli-{preset}", "--queue-kind", "fifo",
-        "--no-shuffle-files", "--num-epochs", "1", "--stats-file", str(tmp_path / f"{preset}.json"),
-        "--progress-every", "0"]) for preset in runs}
+        "--no-shuffle-files", "--num-epochs", "1", "--json-out", str(tmp_path / f"{preset}.json"),
+        "--progress-every-secs", "0"]) for preset in runs}
     for preset, rows in runs.items():
         got = drain(queues.attach(f"cli-{preset}", broker=broker, timeout=30))
         assert got["label"].dtype == np.int32 and got["image"].dtype == np.float32
@@ -51,7 +51,7 @@ def test_sigterm_mid_file_exits_zero_and_the_consumer_gets_cancelled(broker, pro
     proc = processes.process("zmqflow.services.reader", ["--broker", broker, "--preset", "mnist-csv",
                                                         "--queue", "cli-sigterm", "--queue-kind", "fifo",
                                                         "--capacity", "300", "--num-epochs", "0",
-                                                        "--chunk-size", "100", "--lease", "2"])
+                                                        "--chunk-size", "100", "--heartbeat-timeout-secs", "2"])
     queue = queues.attach("cli-sigterm", broker=broker, timeout=30)
     wait_for(lambda: queue.size() >= 300, 30, "the reader blocked mid-file on a full queue")
     assert proc.stop(timeout=10) == 0, proc.log()
@@ -63,7 +63,7 @@ def test_sigterm_mid_file_exits_zero_and_the_consumer_gets_cancelled(broker, pro
 
 def test_a_pipeline_already_closed_is_left_alone(broker, processes):
     args = ["--broker", broker, "--preset", "mnist-fixed", "--queue", "cli-twice", "--queue-kind", "fifo",
-            "--progress-every", "0"]
+            "--progress-every-secs", "0"]
     first = processes.process("zmqflow.services.reader", args)
     assert len(drain(queues.attach("cli-twice", broker=broker, timeout=30))["label"]) == 100
     assert first.proc.wait(30) == 0
@@ -78,7 +78,7 @@ def test_usage_errors_and_help():
     runner = CliRunner()
     assert "--min-after-dequeue" in runner.invoke(main, ["reader", "--help"]).output
     bad = runner.invoke(main, ["reader", "--broker", "tcp://127.0.0.1:1", "--preset", "mnist-tfrecord",
-                               "--skip-malformed"])
+                               "--skip-bad-rows"])
     assert bad.exit_code == 2 and "csv format only" in bad.output
     bad = runner.invoke(main, ["reader", "--broker", "tcp://127.0.0.1:1", "--format", "csv", "--format-options", "{"])
     assert bad.exit_code == 2 and "not valid JSON" in bad.output
@@ -96,10 +96,10 @@ def test_presets_resolve_and_arguments_round_trip(tmp_path):
     assert kind == "tfrecord" and options == {"features": None}  # another format drops the preset's options
     config = tmp_path / "reader0.json"     # what start_readers writes: options by parameter or flag name
     config.write_text(json.dumps({"files": ["a*"], "preset": "mnist-csv", "num_epochs": 2, "shuffle_files": False,
-                                  "skip_malformed": True, "cast": ["label=int32"], "queue": "q"}))
+                                  "skip_bad_rows": True, "cast": ["label=int32"], "queue": "q"}))
     assert parse_zmqflow(["zmqflow", "reader", "--config", str(config)]) == parse_zmqflow([
         "zmqflow", "reader", "--files", "a*", "--preset", "mnist-csv", "--num-epochs", "2", "--no-shuffle-files",
-        "--skip-malformed", "--cast", "label=int32", "--queue", "q"])
+        "--skip-bad-rows", "--cast", "label=int32", "--queue", "q"])
 
 
 @pytest.mark.unit

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 def readers(broker, processes, count, queue, pattern, **options):
     """`count` reader processes on one pipeline, registered with `processes` to be stopped."""
     options = {"files": [pattern], "format_kind": "csv", "format_options": json.dumps(ID_OPTIONS), "queue": queue,
-               "progress_every": 0, "lease": 1.5, **options}
+               "progress_every": 0, "heartbeat_timeout_secs": 1.5, **options}
     return [processes.adopt(proc) for proc in start_readers(broker, processes=count, log_dir=processes.log_dir,
                                                             stats_dir=processes.log_dir, **options)]
 

@@ -29,7 +29,7 @@ def config_file(directory, **extra):
 
 
 def spec_readers(broker, processes, count, data_config, queue, **options):
-    options = {"data_config": data_config, "queue": queue, "progress_every": 0, "lease": 2.0,
+    options = {"data_config": data_config, "queue": queue, "progress_every": 0, "heartbeat_timeout_secs": 2.0,
                "chunk_size": 16, **options}
     return [processes.adopt(p) for p in start_readers(broker, processes=count, log_dir=processes.log_dir,
                                                       stats_dir=processes.log_dir, **options)]

@@ -20,6 +20,6 @@ def test_worker_reports_a_dead_reader_instead_of_ending_quietly(broker, id_shard
     procs[1].kill()
     ps = processes.service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP)])
     worker = processes.process("zmqflow.services.worker", ["--broker", broker, "--ps", ps.endpoint, "--queue", "fed",
-                                                          "--dequeue-timeout", "60"], name="w")
+                                                          "--dequeue-timeout-secs", "60"], name="w")
     assert worker.proc.wait(60) == 3  # a peer lost (deploy/README.md exit codes)
     assert "AbortedError" in worker.log(), worker.log()[-2000:]

@@ -142,10 +142,10 @@ def test_a_service_given_no_token_writes_one_that_the_shutdown_command_reads(tmp
         path = admin_token.token_file(broker.endpoint)
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         assert f"admin token for this service's reset/shutdown written to {path}" in broker.log()
-        out = zmqflow("shutdown", broker.endpoint, env={admin_token.ENV: "not-the-token"})
+        out = zmqflow("shutdown", "--address", broker.endpoint, env={admin_token.ENV: "not-the-token"})
         assert out.returncode == 1 and f"PermissionDeniedError: {wrong('shutdown', 'queue-broker', broker.endpoint)}" \
             in out.stderr, out.stderr
-        out = zmqflow("shutdown", broker.endpoint)                   # the file the broker wrote
+        out = zmqflow("shutdown", "--address", broker.endpoint)                   # the file the broker wrote
         assert out.returncode == 0 and "queue-broker" in out.stdout, out.stderr
         assert broker.proc.wait(10) == 0
         assert not os.path.exists(path)                              # a clean exit takes its file away
@@ -159,9 +159,9 @@ def test_a_token_file_given_to_the_service_and_the_command(tmp_path):
                        env={admin_token.ENV: ""}, log_dir=str(tmp_path))
     try:
         assert not os.path.exists(admin_token.token_file(ps.endpoint))   # nothing written: the token was given
-        out = zmqflow("shutdown", ps.endpoint)
+        out = zmqflow("shutdown", "--address", ps.endpoint)
         assert out.returncode == 1 and "UnauthenticatedError" in out.stderr, out.stderr
-        out = zmqflow("shutdown", "--admin-token-file", str(tmp_path / "token"), ps.endpoint)
+        out = zmqflow("shutdown", "--admin-token-file", str(tmp_path / "token"), "--address", ps.endpoint)
         assert out.returncode == 0, out.stderr
         assert ps.proc.wait(10) == 0
     finally:

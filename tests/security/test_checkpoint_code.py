@@ -122,7 +122,7 @@ def test_trusted_the_checkpoint_code_runs(crafted):
     fails, getoutput being no model): what the refusals above keep from happening."""
     ckpt, marker = crafted
     result = _zmqflow("evaluate", "--checkpoint", ckpt, "--trust-checkpoint-code")
-    assert result.returncode == 1 and "does not implement variables" in result.stderr, result.stderr
+    assert result.returncode == 2 and "does not implement variables" in result.stderr, result.stderr
     assert marker.exists()
 
 

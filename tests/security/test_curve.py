@@ -141,7 +141,7 @@ def test_a_second_authorized_client_pair_is_accepted(secure_broker, keys, tmp_pa
 
 def test_clients_and_child_processes_take_the_keys_from_the_environment(secure_broker, keys):
     env = {**os.environ, curve.ENV: keys["keys"]}
-    out = subprocess.run([sys.executable, "-m", "zmqflow", "ping", secure_broker.endpoint],
+    out = subprocess.run([sys.executable, "-m", "zmqflow", "ping", "--address", secure_broker.endpoint],
                          capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0 and "queue-broker up" in out.stdout, out.stdout + out.stderr
     cmd = [sys.executable, "-c", "from zmqflow.common.rpc.client import RpcClient; import sys; "
@@ -166,15 +166,15 @@ def zmqflow(*args, env=None, timeout=120):
 
 
 def test_ping_and_queues_take_the_client_keys_from_curve_dir(secure_broker, keys):
-    assert zmqflow("ping", secure_broker.endpoint, "--timeout", "1").returncode == 1  # no keys: no answer
-    out = zmqflow("ping", "--curve-dir", keys["keys"], secure_broker.endpoint)
+    assert zmqflow("ping", "--address", secure_broker.endpoint, "--timeout-secs", "1").returncode == 1  # no keys: no answer
+    out = zmqflow("ping", "--curve-dir", keys["keys"], "--address", secure_broker.endpoint)
     assert out.returncode == 0 and "queue-broker up" in out.stdout, out.stdout + out.stderr
-    out = zmqflow("queues", "--curve-dir", keys["keys"], secure_broker.endpoint, "--json")
+    out = zmqflow("queues", "--curve-dir", keys["keys"], "--address", secure_broker.endpoint, "--json")
     assert out.returncode == 0, out.stderr
 
 
 def test_a_client_command_needs_only_the_client_pair_and_the_service_key(secure_broker, keys):
-    out = zmqflow("ping", "--curve-dir", keys["outsider"], secure_broker.endpoint, "--timeout", "1")
+    out = zmqflow("ping", "--curve-dir", keys["outsider"], "--address", secure_broker.endpoint, "--timeout-secs", "1")
     assert out.returncode == 1 and "Invalid value" not in out.stderr  # keys accepted as a client's, then refused
 
 

@@ -36,12 +36,12 @@ def servers(tmp_path_factory, module_processes):
     root = tmp_path_factory.mktemp("gateway-bounds")
     write_random_checkpoint(str(root / "mnist"), 1)
     mnist = module_processes.service("zmqflow.services.serve", ["--checkpoint", str(root / "mnist"), "--backend",
-                                                                "numpy", "--max-delay-ms", "0", "--name", "m1"])
+                                                                "numpy", "--max-delay-secs", "0", "--model-name", "m1"])
     write_csv(root / "train.csv", 120, seed=4)
     spec = load_spec(spec_dict(root / "train.csv"))
     model, params = checkpoint(root / "tabular", spec, "mlp", seed=1)
     tabular = module_processes.service("zmqflow.services.serve", [
-        "--checkpoint", str(root / "tabular"), "--backend", "numpy", "--max-delay-ms", "0", "--name", "t1",
+        "--checkpoint", str(root / "tabular"), "--backend", "numpy", "--max-delay-secs", "0", "--model-name", "t1",
         "--max-message-bytes", str(64 * MiB)])
 
     def reference(age, size, city):
@@ -52,7 +52,7 @@ def servers(tmp_path_factory, module_processes):
 
 
 def gateway(module_processes, server, *options):
-    process = module_processes.service("zmqflow.services.gateway", ["--server", server, "--refresh-s", "0.3", *options],
+    process = module_processes.service("zmqflow.services.gateway", ["--serve", server, "--refresh-secs", "0.3", *options],
                                        bind="127.0.0.1:0")
     return process, process.endpoint
 
@@ -134,7 +134,7 @@ def test_a_body_that_would_go_over_the_inflight_budget_is_refused_503_and_served
     """A client that announces a body and stalls holds its reservation; the next request is answered 503 at once,
     and once it has gone the same request is served."""
     _, url = gateway(module_processes, servers[0], "--max-body-bytes", "100000", "--max-inflight-bytes", "3200000",
-                     "--body-timeout-s", "20")
+                     "--body-timeout-secs", "20")
     parsed = urllib.parse.urlsplit(url)
     staller = socket.create_connection((parsed.hostname, parsed.port), timeout=10)
     staller.sendall(b"POST /v2/models/m1/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{")

@@ -54,12 +54,12 @@ def services(module_processes):
     """One of each service, as a job starts them: the ps initialized, the model server following it, the
     aggregator with a member nobody listens on."""
     start = module_processes.service
-    broker = start("zmqflow.services.broker", ["--client-timeout", "3"])
+    broker = start("zmqflow.services.broker", ["--client-timeout-secs", "3"])
     ps = start("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP)])
     shards = PsClient([ps.endpoint], place(model_variables(MNIST_MLP), 1))
     shards.initialize(load_model(MNIST_MLP).initial_values(1))
     shards.close()
-    serve = start("zmqflow.services.serve", ["--follow-ps", ps.endpoint, "--backend", "numpy"])
+    serve = start("zmqflow.services.serve", ["--ps", ps.endpoint, "--backend", "numpy"])
     aggregator = start("zmqflow.services.aggregator", ["--member", "tcp://127.0.0.1:7"])
     yield {"broker": broker, "ps": ps, "serve": serve, "aggregator": aggregator}
     shutil.rmtree(os.path.dirname(SCRATCH), ignore_errors=True)   # what a probe's save wrote
@@ -331,7 +331,7 @@ def test_an_admin_op_without_the_token_is_refused_before_its_args_are_read(servi
 
 @pytest.fixture
 def fifo(broker):
-    """A fresh queue on the module's broker (its --client-timeout 3), and the endpoint."""
+    """A fresh queue on the module's broker (its --client-timeout-secs 3), and the endpoint."""
     name = f"q{time.monotonic_ns()}"
     return queues.FIFOQueue(100, ["int64"], shapes=[[]], shared_name=name, broker=broker), broker
 

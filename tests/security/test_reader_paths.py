@@ -62,7 +62,7 @@ def dataset(tmp_path, kind):
 def reader(broker, processes, queue, pattern, kind, options, **extra):
     """One real reader process, one reader thread, on a FIFO instance queue."""
     options = {"files": [pattern], "format_kind": kind, "format_options": json.dumps(options), "queue": queue,
-               "queue_kind": "fifo", "capacity": 30, "readers": 1, "progress_every": 0, "lease": 2.0,
+               "queue_kind": "fifo", "capacity": 30, "readers": 1, "progress_every": 0, "heartbeat_timeout_secs": 2.0,
                "shuffle_files": False, **extra}
     [proc] = start_readers(broker, processes=1, log_dir=processes.log_dir, stats_dir=processes.log_dir, **options)
     return processes.adopt(proc)

@@ -129,8 +129,8 @@ def test_replies_a_client_never_reads_are_bounded(processes):
 def test_connections_are_bounded_and_half_open_ones_time_out(processes):
     """1,100 raw TCP connections that never finish the handshake: the broker keeps at most
     --max-connections, closes the rest, stays responsive without spinning, and drops the idle ones
-    after --handshake-timeout. Before: they used up its descriptors and spun it at 97% CPU."""
-    broker = processes.service("zmqflow.services.broker", ["--max-connections", "200", "--handshake-timeout", "3"])
+    after --handshake-timeout-secs. Before: they used up its descriptors and spun it at 97% CPU."""
+    broker = processes.service("zmqflow.services.broker", ["--max-connections", "200", "--handshake-timeout-secs", "3"])
     attackers = []
     try:
         for _ in range(1100):

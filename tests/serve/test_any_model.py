@@ -43,7 +43,7 @@ def served(tmp_path_factory, module_processes):
         model, params = checkpoint(root / name, spec, model_spec, seed=len(out) + 1)
         trust = ["--trust-checkpoint-code"] if model_spec.endswith(":build") else []   # the test's own model file
         proc = module_processes.service("zmqflow.services.serve", ["--checkpoint", str(root / name), "--backend",
-                                                                   "numpy", "--max-delay-ms", "1", "--name", name,
+                                                                   "numpy", "--max-delay-secs", "0.001", "--model-name", name,
                                                                    *trust])
         out[name] = (proc, spec, model, params)
     return out
@@ -161,7 +161,7 @@ def test_the_load_tester_sends_the_rows_of_a_data_file_or_random_rows_in_the_mem
                           ([], "random rows of input [2] float32, city [1] int64")):
         out = tmp_path / "load.json"
         result = subprocess.run([sys.executable, "-m", "zmqflow", "loadtest", "--address", agg.endpoint, "--rate", "50",
-                                 "--duration", "1", "--rows", "4", "--deadline-ms", "2000", "--max-failures", "0",
+                                 "--duration-secs", "1", "--rows", "4", "--deadline-ms", "2000", "--max-failures", "0",
                                  "--json-out", str(out), *extra], capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stdout + result.stderr
         report = json.loads(out.read_text())
@@ -176,7 +176,7 @@ def test_predict_asks_a_running_server_or_aggregator_what_the_checkpoint_answers
     csv_path = spec.raw["files"]["train"]
     agg = module_processes.service("zmqflow.services.aggregator", ["--member", proc.endpoint])
     runs = {}
-    for name, where in (("server", ["--server", proc.endpoint]), ("aggregator", ["--address", agg.endpoint]),
+    for name, where in (("server", ["--address", proc.endpoint]), ("aggregator", ["--address", agg.endpoint]),
                         ("checkpoint", ["--checkpoint", str(Path(csv_path).parent / "mlp")])):
         result = subprocess.run([sys.executable, "-m", "zmqflow", "predict", *where, "--input", csv_path],
                                 capture_output=True, text=True, timeout=60)

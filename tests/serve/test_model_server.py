@@ -37,7 +37,7 @@ def checkpoint_dir(tmp_path_factory, module_processes):
 @pytest.fixture(scope="module")
 def server(checkpoint_dir, module_processes):
     return module_processes.service("zmqflow.services.serve", ["--checkpoint", checkpoint_dir, "--backend", "numpy",
-                                                               "--max-delay-ms", "20", "--name", "mnist"])
+                                                               "--max-delay-secs", "0.02", "--model-name", "mnist"])
 
 
 def local_predict(checkpoint_dir, x):
@@ -115,7 +115,7 @@ def test_follow_ps_serves_the_shards_latest_version(processes):
     ps = PsClient([ps_proc.endpoint], place(model_variables(MNIST_MLP), 1))
     values = load_model(MNIST_MLP).initial_values(1)
     ps.initialize(values)
-    serve_proc = processes.service("zmqflow.services.serve", ["--follow-ps", ps_proc.endpoint, "--refresh-secs", "0.1",
+    serve_proc = processes.service("zmqflow.services.serve", ["--ps", ps_proc.endpoint, "--refresh-secs", "0.1",
                                                               "--backend", "numpy"])
     with ModelClient(serve_proc.endpoint, timeout=5) as client:
         version = lambda: client.predict(np.zeros((1, 784), np.float32))[1]["version"]  # noqa: E731

@@ -36,7 +36,7 @@ def serving(tmp_path_factory, module_processes):
     """{name: process}: a model server, an aggregator over it, and both commands again with the collector off."""
     checkpoint = str(tmp_path_factory.mktemp("checkpoint"))
     write_random_checkpoint(checkpoint, 1)
-    server_args = ["--checkpoint", checkpoint, "--backend", "numpy", "--max-delay-ms", "0", "--name", "m1"]
+    server_args = ["--checkpoint", checkpoint, "--backend", "numpy", "--max-delay-secs", "0", "--model-name", "m1"]
     server = module_processes.service("zmqflow.services.serve", server_args)
     aggregator_args = ["--member", server.endpoint, "--deadline-ms", str(DEADLINE_MS)]
     path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)

@@ -108,7 +108,7 @@ def test_cli_reports_bad_specs_and_lists_runs():
 def test_help_documents_every_option():
     output = CliRunner().invoke(main, ["sweep", "--help"]).output
     for option in ("--grid", "--space", "--random", "--seed", "--parallel", "--epochs", "--batch-size", "--out",
-                   "--keep-best", "--input", "--validation-fraction", "--split-seed", "--backend", "--run-timeout",
+                   "--keep-best", "--input", "--validation-fraction", "--split-seed", "--backend", "--run-timeout-secs",
                    "--dry-run", "--json"):
         assert option in output
 

@@ -87,7 +87,7 @@ def test_sweep_with_input_on_the_ps_and_a_failing_run(tmp_path):
             "--json"])
     run = json.loads((out / "leaderboard.json").read_text())["runs"][0]
     assert run["status"] == "ok" and run["validation_accuracy"] > 0.5 and run["kept"]
-    output = _sweep(["--grid", "lr=0.01", "--run-timeout", "0.3", "--out", str(out), "--parallel", "1"])
+    output = _sweep(["--grid", "lr=0.01", "--run-timeout-secs", "0.3", "--out", str(out), "--parallel", "1"])
     document = json.loads((out / "leaderboard.json").read_text())
     run = document["runs"][0]
     assert run["status"] == "failed" and "did not finish within 0.3 s" in run["error"] and run["rank"] is None

@@ -28,7 +28,7 @@ def test_sync_workers_with_leases_end_at_once_on_uneven_batches(processes):
     broker = processes.service("zmqflow.services.broker")
     ps = processes.service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP), "--mode", "sync",
                                                   "--replicas-to-aggregate", "2", "--total-num-replicas", "2",
-                                                  "--lost-after", "60"])   # a stall shows, not hidden by the rule
+                                                  "--lost-after-secs", "60"])   # a stall shows, not hidden by the rule
     queue = FIFOQueue(ROWS, ["float32", "int32"], shapes=[[784], []], names=["image", "label"], shared_name="train",
                       broker=broker.endpoint)
     queue.enqueue_many({"image": x[:ROWS], "label": y[:ROWS].astype(np.int32)}, timeout=10)
