@@ -37,10 +37,10 @@ def test_healthcheck_and_metrics_of_a_gateway(topology, processes, tmp_path):
     assert infer_json(gateway.endpoint, "no-such-model", x).status == 404
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    assert 'zmqflow_gateway_infer_requests_total{model="ensemble",status="200"} 1.0' in text
-    assert 'zmqflow_gateway_infer_requests_total{model="m2",status="200"} 1.0' in text
-    assert 'zmqflow_gateway_infer_requests_total{model="(unknown)",status="404"} 1.0' in text
-    assert 'zmqflow_gateway_infer_duration_seconds_count{model="ensemble"} 1.0' in text
+    assert 'zmqflow_gateway_infer_requests_total{model="ensemble",status="200",task="gateway"} 1.0' in text
+    assert 'zmqflow_gateway_infer_requests_total{model="m2",status="200",task="gateway"} 1.0' in text
+    assert 'zmqflow_gateway_infer_requests_total{model="(unknown)",status="404",task="gateway"} 1.0' in text
+    assert 'zmqflow_gateway_infer_duration_seconds_count{model="ensemble",task="gateway"} 1.0' in text
 
     gateway.stop()
     assert gateway.returncode == 0, gateway.log()   # SIGTERM: a clean stop, as every service's

@@ -172,9 +172,9 @@ def test_request_metrics_per_model_and_code(topology, processes):
         refused(lambda: infer(client, "no-such-model"), "StatusCode.NOT_FOUND")
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    assert 'zmqflow_gateway_grpc_infer_requests_total{code="OK",model="m2"} 1.0' in text
-    assert 'zmqflow_gateway_grpc_infer_requests_total{code="NOT_FOUND",model="(unknown)"} 1.0' in text
-    assert 'zmqflow_gateway_grpc_infer_duration_seconds_count{model="m2"} 1.0' in text
+    assert 'zmqflow_gateway_grpc_infer_requests_total{code="OK",model="m2",task="gateway"} 1.0' in text
+    assert 'zmqflow_gateway_grpc_infer_requests_total{code="NOT_FOUND",model="(unknown)",task="gateway"} 1.0' in text
+    assert 'zmqflow_gateway_grpc_infer_duration_seconds_count{model="m2",task="gateway"} 1.0' in text
 
 
 def test_the_docs_grpc_snippet_runs_as_written(topology):
