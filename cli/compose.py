@@ -1,11 +1,19 @@
-"""`zmqflow compose render`: docker-compose.yml from the job description (jobs/spec.py's DEPLOYMENT)."""
+"""`zmqflow compose`: docker-compose.yml from the job description (jobs/spec.py's DEPLOYMENT), and `docker compose`'s
+up, ps, logs and down for running it as local processes (cli/up.py)."""
 
 import click
+
+from zmqflow.cli import up as up_commands
 
 
 @click.group()
 def compose():
-    """docker compose: render the compose file of the training and serving topology."""
+    """docker compose's habits for the compose file: render it; up, ps, logs, down run it as local processes
+    (`zmqflow up`, `zmqflow logs`, `zmqflow down` are the same commands)."""
+
+
+for _command in (up_commands.command, up_commands.ps, up_commands.logs, up_commands.down):
+    compose.add_command(_command)
 
 
 @compose.command(context_settings={"show_default": True})

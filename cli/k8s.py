@@ -18,10 +18,10 @@ def k8s():
 
 @k8s.command(context_settings={"show_default": True})
 @option("--num-ps", "ps", old_names=["--ps"], type=click.IntRange(min=1), default=2,
-        help="ps shards: a StatefulSet of N pods ps-0.ps .. ps-{N-1}.ps, shard i on port 5600 + i.")
+        help="ps shards: an Indexed Job of N pods ps-0.ps .. ps-{N-1}.ps, shard i on port 5600 + i.")
 @option("--num-workers", "workers", old_names=["--workers"], type=click.IntRange(min=1), default=2,
-        help="Workers: the chief (StatefulSet chief, pod chief-0.chief on 5610: it alone holds the admin key) "
-             "and a StatefulSet of M-1 pods worker-0.worker .. (worker j on 5611 + j).")
+        help="Workers: the chief (Job chief, pod chief-0.chief on 5610: it alone holds the admin key) "
+             "and an Indexed Job of M-1 pods worker-0.worker .. (worker j on 5611 + j).")
 @option("--num-serve", "serve", old_names=["--serve"], type=click.IntRange(min=1), default=DEPLOYMENT.serving.replicas,
         help="Model servers serve0 .. serve{K-1} (ports 5700 + i), all members of the aggregator.")
 @click.option("--epochs", type=click.IntRange(min=1), default=DEPLOYMENT.training.epochs,
@@ -55,16 +55,21 @@ def k8s():
                    "admin pairs: `zmqflow keys generate DIR --clients member,serving,admin`).")
 @click.option("--tfjob", is_flag=True,
               help="Run the ps shards and workers as a Kubeflow TFJob (kubeflow.org/v1; the operator sets "
-                   "TF_CONFIG) instead of StatefulSets.")
+                   "TF_CONFIG) instead of the Jobs of ps.yaml and worker.yaml.")
+@click.option("--trainjob", is_flag=True,
+              help="Run the ps shards and workers as a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) "
+                   "and the TrainingRuntime it references (the JobSet template) instead of the Jobs of ps.yaml and "
+                   "worker.yaml.")
 @click.option("--out", "out", default=None, type=click.Path(file_okay=False),
               help="Write one file per component into this directory (cluster.yaml, broker.yaml, ps.yaml, ...). "
                    "Default: one multi-document YAML on stdout.")
 def render(ps, workers, serve, epochs, image, data_spec, model_spec, model_opts, model_name, namespace, curve,
-           curve_dir, tfjob, out):
+           curve_dir, tfjob, trainjob, out):
     """Print the manifests: ConfigMap zmqflow-cluster (cluster.json, the TF_CONFIG entry snippet), the
-    zmqflow-data claim (ReadWriteMany, checkpoints in /data), headless Services and StatefulSets for the ps
-    shards and workers (or a TFJob with --tfjob), and Deployments with Services for the broker, the reader,
-    the model servers and the aggregator. The ps, worker and reader pods prepare the data and fit the model
+    zmqflow-data claim (ReadWriteMany, checkpoints in /data), headless Services and Indexed Jobs for the ps
+    shards and workers (or a TFJob with --tfjob, a TrainJob with --trainjob), Jobs for the broker and the reader
+    (training runs to completion and stays done), Deployments with Services for the model servers, the aggregator
+    and the gateway (serving restarts), and a Prometheus Operator ServiceMonitor for every `metrics` port. The ps, worker and reader pods prepare the data and fit the model
     in an initContainer (`zmqflow data prepare`), each into its own emptyDir at /prepared.
 
     \b
@@ -75,7 +80,7 @@ def render(ps, workers, serve, epochs, image, data_spec, model_spec, model_opts,
     try:
         spec = job_spec(DEPLOYMENT, ps=ps, workers=workers, replicas=serve, epochs=epochs, data=data_spec,
                         model=model_spec, model_options=model_opts, name=model_name)
-        options = k8s_render.Options(spec, image=image, namespace=namespace, curve=curve, tfjob=tfjob)
+        options = k8s_render.Options(spec, image=image, namespace=namespace, curve=curve, tfjob=tfjob, trainjob=trainjob)
     except InvalidArgumentError as exc:
         raise click.UsageError(str(exc)) from None
     if curve_dir and not curve:

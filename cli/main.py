@@ -34,6 +34,8 @@ COMMANDS = {
     "aggregator": "zmqflow.services.aggregator.cli:command",
     "gateway": "zmqflow.services.gateway.cli:command",
     "up": "zmqflow.cli.up:command",
+    "logs": "zmqflow.cli.up:logs",       # `zmqflow compose logs`; `zmqflow ps` is the parameter server: compose ps
+    "down": "zmqflow.cli.up:down",
     "cluster": "zmqflow.cli.cluster:cluster",
     "keys": "zmqflow.cli.keys:keys",
     "shutdown": "zmqflow.cli.ops:shutdown",

@@ -1,7 +1,7 @@
 """The Kubernetes manifests of the shipped topology (docker-compose.yml's) for N ps shards and M workers.
 
-`render(options)` returns the components (cluster, curve, broker, ps, worker or tfjob, reader, serve,
-aggregator, gateway), each a list of (comment, manifest dict); `render_files` and `render_stream` turn them
+`render(options)` returns the components (cluster, curve, broker, ps, worker or tfjob or trainjob, reader, serve,
+aggregator, gateway, monitoring), each a list of (comment, manifest dict); `render_files` and `render_stream` turn them
 into YAML text (one file per component, or one multi-document stream). Nothing here touches the
 disk except `generate_curve_files`, which runs the project's own key generation in a temporary
 directory and returns the files' bytes, and `read_curve_files`, which reads a key directory.
@@ -11,8 +11,15 @@ the deployment's clients connect; rendered without key files (deploy/k8s in the 
 is left out and applied on its own. The Secret holds one client key per role (jobs/spec.py's CURVE_KEYS)
 and each pod mounts only its own (`curve_key`: the chief `admin`, the other workers and the reader
 `member`, the rest `serving`), with the servers' public key; a server also the server pair and the
-authorized public keys. So the chief is a StatefulSet of its own (TF_CONFIG's `chief` job, TensorFlow's
-and the TFJob's), the other workers another: a StatefulSet's pods share one pod spec, one key.
+authorized public keys. So the chief is a Job of its own (TF_CONFIG's `chief` job, TensorFlow's
+and the TFJob's), the other workers another: a Job's pods share one pod spec, one key.
+
+What restarts and what ends: the training tasks (broker, ps shards, chief, workers, reader) run to completion
+and stay done, as Jobs (batch/v1; ps and workers Indexed Jobs, whose pods keep the stable names ps-0.ps, ...
+under a headless Service), or the Kubeflow TFJob (--tfjob) or Trainer v2's TrainJob (--trainjob); a pod that
+fails restarts in place (restartPolicy OnFailure, bounded by backoffLimit) and restores the latest checkpoint.
+The serving tasks (model servers, aggregator, gateway) are Deployments: they restart whenever they stop.
+A Prometheus Operator ServiceMonitor (monitoring.yaml) scrapes every Service's `metrics` port.
 
 What every pod gets: the same commands as docker-compose.yml (modulo host names and the prepared
 directory), a readiness and a liveness probe, resource requests and limits (cpu, memory), Prometheus
@@ -62,6 +69,10 @@ CLUSTER_CONFIG_MAP = "zmqflow-cluster"
 DATA_CLAIM = "zmqflow-data"
 CURVE_SECRET = "zmqflow-curve"
 TFJOB_NAME = "zmqflow-train"
+TRAINJOB_NAME = "zmqflow-train"             # the TrainJob, and its JobSet (Trainer v2 names it after the TrainJob)
+TRAINING_RUNTIME = "zmqflow-ps-training"    # the TrainingRuntime it references
+BACKOFF_LIMIT = 6                           # pod restarts (exit non-zero) a training Job allows before it fails
+TRAINJOB_CLUSTER = "trainjob-cluster.json"  # the TrainJob pods' cluster spec, in the ConfigMap beside cluster.json
 CONFIG_DIR = "/etc/zmqflow"
 CURVE_DIR = "/etc/zmqflow-curve"   # ZMQFLOW_CURVE_DIR in every container with --curve
 DATA_DIR = "/data"
@@ -88,7 +99,7 @@ RESOURCES = {
 # None: anyone)]. Every pod also lets anyone scrape its `metrics` port; the gateway's HTTP is the way in.
 INGRESS = {
     "broker": [(["zmq"], ["reader", "chief", "worker"])],
-    "ps": [(None, ["chief", "worker"])],   # the caller's ports: 5600 + i (StatefulSet pods share no name) or tfjob-port
+    "ps": [(None, ["chief", "worker"])],   # the caller's ports: 5600 + i (a Job's pods share one spec) or tfjob-port
     "chief": [],                               # the chief, workers and readers only dial out
     "worker": [],
     "reader": [],
@@ -109,11 +120,10 @@ _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 
 ENTRYPOINT_SH = """\
 #!/bin/sh
-# TF_CONFIG for this pod, then exec the command: POD_NAME=ps-1 -> {"task": {"type": "ps", "index": 1}}.
+# TF_CONFIG for this pod, then exec the command: TASK_TYPE=ps in an Indexed Job's pod 1 (JOB_COMPLETION_INDEX=1)
+# -> {"task": {"type": "ps", "index": 1}}; the cluster from CLUSTER_JSON (default: this folder's cluster.json).
 set -eu
-ordinal="${POD_NAME##*-}"
-job="${TASK_TYPE:-${POD_NAME%-*}}"
-TF_CONFIG="{\\"cluster\\": $(cat /etc/zmqflow/cluster.json), \\"task\\": {\\"type\\": \\"$job\\", \\"index\\": $ordinal}}"
+TF_CONFIG="{\\"cluster\\": $(cat "${CLUSTER_JSON:-/etc/zmqflow/cluster.json}"), \\"task\\": {\\"type\\": \\"$TASK_TYPE\\", \\"index\\": $JOB_COMPLETION_INDEX}}"
 export TF_CONFIG
 exec "$@"
 """
@@ -122,15 +132,18 @@ exec "$@"
 @dataclass(frozen=True)
 class Options:
     """What `zmqflow k8s render` takes: the job (a JobSpec; the shipped one by default) and what only Kubernetes
-    needs (the image, the namespace, CURVE, TFJob or StatefulSets); checked when made (InvalidArgumentError)."""
+    needs (the image, the namespace, CURVE, Jobs or a TFJob or a TrainJob); checked when made (InvalidArgumentError)."""
 
     spec: JobSpec = DEPLOYMENT
     image: str = DEFAULT_IMAGE
     namespace: str = DEFAULT_NAMESPACE
     curve: bool = True
     tfjob: bool = False
+    trainjob: bool = False
 
     def __post_init__(self):
+        if self.tfjob and self.trainjob:
+            raise InvalidArgumentError("--tfjob and --trainjob are two ways to run the same training tasks: choose one")
         if not self.image or any(c.isspace() for c in self.image):
             raise InvalidArgumentError(f"image {self.image!r} is not an image reference")
         if not isinstance(self.namespace, str) or not _DNS_LABEL.match(self.namespace):
@@ -149,7 +162,8 @@ class Options:
             "num-ps": spec.cluster.ps, "num-workers": spec.cluster.workers,
             **{flag: value for flag, (value, default) in changed.items() if value != default},
             "model-opt": spec.model_options, "model-name": None if spec.serving.name == base.serving.name
-            else spec.serving.name, "no-curve": not self.curve, "tfjob": self.tfjob, "out": out})])
+            else spec.serving.name, "no-curve": not self.curve, "tfjob": self.tfjob, "trainjob": self.trainjob,
+            "out": out})])
 
 
 class Component(NamedTuple):
@@ -163,11 +177,11 @@ class Component(NamedTuple):
 
 
 def _host(role, index):
-    return f"{role}-{index}.{role}"      # a StatefulSet pod's stable name under its headless Service
+    return f"{role}-{index}.{role}"      # an Indexed Job's pod's stable name under its headless Service
 
 
 def cluster_spec(options):
-    """The spec every StatefulSet pod reads: ps-i.ps:5600+i, the chief chief-0.chief:5610, the other workers
+    """The spec every training Job's pod reads: ps-i.ps:5600+i, the chief chief-0.chief:5610, the other workers
     worker-j.worker:5611+j, broker:5555 (the deployment's workers, the first one a job of its own)."""
     cluster = dict(deployment(options.spec, _host).cluster)
     workers = len(cluster.pop("worker"))
@@ -177,9 +191,19 @@ def cluster_spec(options):
     return ClusterSpec(cluster).validate(require_dense=True)
 
 
+def trainjob_cluster_spec(options):
+    """The same tasks as the TrainJob's JobSet names its pods: <trainjob>-<replicated job>-0-<index>.<trainjob>
+    (Trainer v2's JobSet: one Indexed Job per replicated job, pods under the headless Service named after it)."""
+    def host(job, index):
+        return f"{TRAINJOB_NAME}-{job}-0-{index}.{TRAINJOB_NAME}"
+    return ClusterSpec({job: [f"{host(job, i)}:{address.rsplit(':', 1)[1]}" for i, address in enumerate(addresses)]
+                        if job != "broker" else addresses
+                        for job, addresses in cluster_spec(options).as_dict().items()}).validate(require_dense=True)
+
+
 # ------------------------------------------------------------------ the services' command lines
 # The job's tasks (jobs/spec.py), as docker-compose.yml runs them; hosts are the Kubernetes Service names,
-# and the prepared files are in the pod's own /prepared. A StatefulSet's pods share one command: task 0's
+# and the prepared files are in the pod's own /prepared. A Job's pods share one command: task 0's
 # (a deployment's tasks of one role differ only in TF_CONFIG and the metrics port of the environment).
 
 
@@ -240,8 +264,8 @@ def _ping(port, timeout=None):
 
 
 def _ordinal_ping(base, timeout=None):
-    """A ping of this StatefulSet pod's own port: base + the ordinal of its name."""
-    script = f'zmqflow ping --address "tcp://127.0.0.1:$(({base} + ${{POD_NAME##*-}}))"'
+    """A ping of this Indexed Job pod's own port: base + its index."""
+    script = f'zmqflow ping --address "tcp://127.0.0.1:$(({base} + ${{JOB_COMPLETION_INDEX}}))"'
     return ["sh", "-c", script + (f" --timeout-secs {timeout}" if timeout else "")]
 
 
@@ -333,7 +357,8 @@ def _data_init(options):
                       mounts=[_mount_prepared(read_only=False)], init=True)
 
 
-POD_NAME_ENV = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+def _task_type_env(job):
+    return {"name": "TASK_TYPE", "value": job}   # the entry snippet's task type (its index: JOB_COMPLETION_INDEX)
 
 
 def _service(options, name, labels, ports, headless=False):
@@ -346,6 +371,22 @@ def _service(options, name, labels, ports, headless=False):
 def _deployment(options, name, labels, template):
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _workload_metadata(options, name, labels),
             "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": template}}
+
+
+def _job_spec(template, count=1, subdomain=None):
+    """A training task's batch/v1 JobSpec: it runs to completion and stays done; a pod that fails restarts in
+    place (OnFailure), at most BACKOFF_LIMIT times. `count` > 1 or a `subdomain`: an Indexed Job, pod i named
+    <job>-i (<job>-i.<subdomain> under the headless Service of that name)."""
+    template["spec"]["restartPolicy"] = "OnFailure"
+    if subdomain:
+        template["spec"]["subdomain"] = subdomain
+    indexed = {"completionMode": "Indexed"} if subdomain or count > 1 else {}
+    return {**indexed, "completions": count, "parallelism": count, "backoffLimit": BACKOFF_LIMIT, "template": template}
+
+
+def _job(options, name, labels, template, count=1, subdomain=None):
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _workload_metadata(options, name, labels),
+            "spec": _job_spec(template, count, subdomain)}
 
 
 def network_policy(options, role, ports=None):
@@ -441,16 +482,18 @@ def namespace(options):
 def cluster_component(options):
     spec = cluster_spec(options)
     config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(options, CLUSTER_CONFIG_MAP, {"app": APP}),
-              "data": {"cluster.json": json.dumps(spec.as_dict()) + "\n", "entrypoint.sh": ENTRYPOINT_SH}}
+              "data": {"cluster.json": json.dumps(spec.as_dict()) + "\n",
+                       TRAINJOB_CLUSTER: json.dumps(trainjob_cluster_spec(options).as_dict()) + "\n",
+                       "entrypoint.sh": ENTRYPOINT_SH}}
     claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
              "metadata": _metadata(options, DATA_CLAIM, {"app": APP}),
              "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}
     return Component("cluster", [
         (f"The job's namespace (--namespace): apply this file first. Its pods meet the restricted Pod Security\n"
          "Standard, which the namespace enforces.", namespace(options)),
-        ("The cluster spec every StatefulSet pod reads, and the entry snippet that turns it into this pod's\n"
-         "TF_CONFIG: the task type and index come from the pod name (<job>-<ordinal>, as StatefulSets name\n"
-         "their pods).", config),
+        ("The cluster spec every training Job's pod reads (the TrainJob's pods: trainjob-cluster.json), and the entry\n"
+         "snippet that turns it into this pod's TF_CONFIG: the task type from TASK_TYPE, the index from the Indexed\n"
+         "Job's JOB_COMPLETION_INDEX (pod i of the Indexed Job <job> has the hostname <job>-i).", config),
         ("Checkpoints: the ps shards write them when the chief asks and restore the latest after a restart;\n"
          "the model servers serve them. Pods on several nodes need a ReadWriteMany storage class\n"
          "(NFS, CephFS, EFS, Filestore...).", claim),
@@ -473,41 +516,58 @@ def _env(options, task):
     return [{"name": key, "value": value} for key, value in task.env.items() if key not in skip]
 
 
-def _served(options, task, comment="", mounts=(), volumes=(), probes=None, init_containers=()):
-    """A server task as a Deployment and a Service on the task's ports (a model server's labels name its member;
-    the gateway serves HTTP only: its keys are a client's, `curve_files_of`)."""
+def _served(options, task, comment="", mounts=(), volumes=(), probes=None, init_containers=(), job=False):
+    """A server task as a Deployment (with `job`: a Job, for the broker, which ends with the training) and a
+    Service on the task's ports (a model server's labels name its member; the gateway serves HTTP only: its keys
+    are a client's, `curve_files_of`)."""
     labels = _labels(task.role, **({"member": str(task.index)} if task.role == "serve" else {}))
     main = _container(options, task.role, task.role, _args(task), ports=[_port(n, p) for n, p in task.ports.items()],
                       env=_env(options, task), mounts=mounts, **(probes or _pinged(_ping, task.ports["zmq"])))
     template = _pod_template(options, task, labels, [main], volumes, init_containers)
     ports = [{"name": name, "port": port, "targetPort": port} for name, port in task.ports.items()]
-    return [(comment, _service(options, task.name, labels, ports)),
-            ("", _deployment(options, task.name, labels, template))]
+    workload = (_job if job else _deployment)(options, task.name, labels, template)
+    return [(comment, _service(options, task.name, labels, ports)), ("", workload)]
 
 
-def _stateful(options, task, count, base, comment, probes, job=None):
-    """ps, the chief or workers (`job`, default the task's role): a StatefulSet of `count` pods <job>-<i>.<job>
-    behind a headless Service, each task's TF_CONFIG made from its pod name by the entry snippet."""
-    role, job = task.role, job or task.role
-    labels, metrics = _labels(job), task.ports["metrics"]
+def _training_template(options, task, job, probes, ports, cluster_file=None, volumes=("cluster", "data", "prepared")):
+    """The pod of a training task (ps, chief, worker) whose TF_CONFIG the entry snippet makes from its
+    TASK_TYPE (`job`) and Indexed Job index, from the ConfigMap's cluster.json (or `cluster_file`)."""
+    env = [_task_type_env(job)] + ([{"name": "CLUSTER_JSON", "value": f"{CONFIG_DIR}/{cluster_file}"}]
+                                   if cluster_file else []) + _env(options, task)
     mounts = [{"name": "cluster", "mountPath": CONFIG_DIR}, {"name": "data", "mountPath": DATA_DIR}, _mount_prepared()]
-    main = _container(options, role, role, _args(task), command=ENTRY + ZMQFLOW, ports=[_port("metrics", metrics)],
-                      env=[POD_NAME_ENV] + _env(options, task), mounts=mounts, **probes)
-    template = _pod_template(options, task, labels, [main], _volumes("cluster", "data", "prepared"),
-                             init_containers=[_data_init(options)])
+    main = _container(options, task.role, task.role, _args(task), command=ENTRY + ZMQFLOW, ports=ports, env=env,
+                      mounts=mounts, **probes)
+    return _pod_template(options, task, _labels(job), [main], _volumes(*volumes), init_containers=[_data_init(options)])
+
+
+def _indexed(options, task, count, base, comment, probes, job=None):
+    """ps, the chief or workers (`job`, default the task's role): an Indexed Job of `count` pods <job>-<i>.<job>
+    behind a headless Service (its ports: each task's, and `metrics`), each task's TF_CONFIG made by the entry
+    snippet. They run to completion (the chief tells the ps shards to exit) and stay done."""
+    job = job or task.role
+    labels, metrics = _labels(job), task.ports["metrics"]
+    template = _training_template(options, task, job, probes, [_port("metrics", metrics)])
     ports = [{"name": f"{job}-{i}", "port": base + i} for i in range(count)]
-    stateful_set = {"apiVersion": "apps/v1", "kind": "StatefulSet",
-                    "metadata": _workload_metadata(options, job, labels),
-                    "spec": {"serviceName": job, "replicas": count, "podManagementPolicy": "Parallel",
-                             "selector": {"matchLabels": labels}, "template": template}}
     policy = network_policy(options, job, [port["port"] for port in ports])
-    return [(comment, _service(options, job, labels, ports, headless=True)), ("", stateful_set), policy]
+    service = _service(options, job, labels, ports + [_metrics_port(metrics)], headless=True)
+    return [(comment, service), ("", _job(options, job, labels, template, count, subdomain=job)), policy]
+
+
+def _metrics_port(port):
+    return {"name": "metrics", "port": port, "targetPort": "metrics"}
+
+
+def _metrics_service(options, job, port):
+    """A headless Service on the `metrics` port of `job`'s pods, for the ServiceMonitor (--tfjob, --trainjob: the
+    operators' own Services name no metrics port)."""
+    return ("", _service(options, f"{job}-metrics", _labels(job), [_metrics_port(port)], headless=True))
 
 
 def ps_component(options):
     count = options.spec.cluster.ps
-    return Component("ps", _stateful(options, _tasks(options.spec)["ps", 0], count, PS_PORT, (
-        f"ps shards: {count} pods with the stable names ps-0.ps, ps-1.ps, ... from the headless Service;\n"
+    return Component("ps", _indexed(options, _tasks(options.spec)["ps", 0], count, PS_PORT, (
+        f"ps shards: an Indexed Job of {count} pods with the stable names ps-0.ps, ps-1.ps, ... from the headless\n"
+        "Service; they serve until the chief tells them to exit (0), and the Job is then complete, not restarted;\n"
         f"shard i listens on {PS_PORT} + i (the port of its task in cluster.json). Each pod's initContainer\n"
         f"fits the model to the data ({PREPARED}/model.json) as the reader's prepares its shards: the same bytes\n"
         "in every pod."), _pinged(_ordinal_ping, PS_PORT)))
@@ -516,15 +576,15 @@ def ps_component(options):
 def worker_component(options):
     count, job_tasks = options.spec.cluster.workers, _tasks(options.spec)
     probes = _dials_out(ENTRY + ["zmqflow", "cluster", "check"])
-    chief = _stateful(options, job_tasks["worker", 0], 1, WORKER_PORT, (
+    chief = _indexed(options, job_tasks["worker", 0], 1, WORKER_PORT, (
         f"The chief, chief-0.chief (TF_CONFIG's chief job: worker 0 of the job's {count}), and the other workers,\n"
-        "worker-0.worker, ...: two StatefulSets, so only the chief's pod holds the admin key (it initializes or\n"
+        "worker-0.worker, ...: two Indexed Jobs, so only the chief's pod holds the admin key (it initializes or\n"
         "restores the ps shards and shuts them and the broker down; the workers hold the member key). They dial\n"
         "out only; the headless Services give them the stable names of the cluster spec. A worker is ready while\n"
         "every server of its cluster answers (`zmqflow cluster check`), alive while its metrics endpoint answers\n"
         "(its own thread: a long step does not count). The initContainer writes the model and the data config\n"
         f"({PREPARED}): the chief scores the data's test split at the end."), probes, job="chief")
-    workers = _stateful(options, job_tasks["worker", 1], count - 1, WORKER_PORT + 1, "", probes) if count > 1 else []
+    workers = _indexed(options, job_tasks["worker", 1], count - 1, WORKER_PORT + 1, "", probes) if count > 1 else []
     return Component("worker", chief + workers)
 
 
@@ -555,14 +615,72 @@ def tfjob_component(options):
          "sets TF_CONFIG in each "
          f"(services {TFJOB_NAME}-ps-0, ...\n"
          "on the port named tfjob-port), so the commands are those of docker-compose.yml with no entry snippet;\n"
-         f"each pod's initContainer prepares the model and the data in {PREPARED}, as in the StatefulSets.\n"
+         f"each pod's initContainer prepares the model and the data in {PREPARED}, as in the Jobs of ps.yaml.\n"
          "The broker, the reader and the model servers come from the other files:\n"
          f"  kubectl apply -f cluster.yaml{curve_file} -f broker.yaml -f reader.yaml -f tfjob.yaml "
          "-f serve.yaml -f aggregator.yaml -f gateway.yaml\n"
          "The job succeeds when the chief exits 0; it has told the ps shards and the broker to exit\n"
          "by then. Exit code 3 (a peer lost) restarts the pod (OnFailure): it restores the latest checkpoint.", job),
         network_policy(options, "ps", ["tfjob-port"]), network_policy(options, "chief"),
-        network_policy(options, "worker"),
+        network_policy(options, "worker"), *_training_metrics_services(options),
+    ])
+
+
+def _training_metrics_services(options):
+    job_tasks = _tasks(options.spec)
+    jobs = [("ps", job_tasks["ps", 0]), ("chief", job_tasks["worker", 0])]
+    if options.spec.cluster.workers > 1:
+        jobs.append(("worker", job_tasks["worker", 1]))
+    return [_metrics_service(options, job, task.ports["metrics"]) for job, task in jobs]
+
+
+def trainjob_component(options):
+    """Kubeflow Trainer v2 (trainer.kubeflow.org/v1alpha1): a TrainingRuntime holding the job's JobSet template
+    (an Indexed Job each for the ps shards, the chief and the other workers) and the TrainJob that runs it."""
+    spec, job_tasks = options.spec, _tasks(options.spec)
+    probes = _dials_out(ENTRY + ["zmqflow", "cluster", "check"])
+
+    def replicated(name, task, count, probes, ancestor=False):
+        template = _training_template(options, task, name, probes, [_port("metrics", task.ports["metrics"])],
+                                      cluster_file=TRAINJOB_CLUSTER)
+        job_template = {"spec": _job_spec(template, count)}
+        job_template["spec"]["completionMode"] = "Indexed"   # JOB_COMPLETION_INDEX: the task index
+        if ancestor:   # the job Trainer's `trainer:` overrides of a TrainJob (env, numNodes) would apply to
+            job_template["metadata"] = {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}}
+        return {"name": name, "replicas": 1, "template": job_template}
+
+    jobs = [replicated("ps", job_tasks["ps", 0], spec.cluster.ps, _pinged(_ordinal_ping, PS_PORT)),
+            replicated("chief", job_tasks["worker", 0], 1, probes, ancestor=True)]
+    if spec.cluster.workers > 1:
+        jobs.append(replicated("worker", job_tasks["worker", 1], spec.cluster.workers - 1, probes))
+    runtime = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainingRuntime",
+               "metadata": _workload_metadata(options, TRAINING_RUNTIME, {"app": APP}),
+               "spec": {"template": {"spec": {
+                   "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+                   "successPolicy": {"operator": "All", "targetReplicatedJobs": ["chief"]},
+                   "failurePolicy": {"maxRestarts": 3},
+                   "replicatedJobs": jobs}}}}
+    train_job = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                 "metadata": _metadata(options, TRAINJOB_NAME, {"app": APP}),
+                 "spec": {"runtimeRef": {"name": TRAINING_RUNTIME, "apiGroup": "trainer.kubeflow.org",
+                                         "kind": "TrainingRuntime"}}}
+    curve_file = " -f curve.yaml" if options.curve else ""
+    return Component("trainjob", [
+        (f"The same training job under Kubeflow Trainer v2 (the Training Operator's successor), instead of ps.yaml and\n"
+         "worker.yaml: the TrainingRuntime holds the job's JobSet template, an Indexed Job each for the "
+         f"{spec.cluster.ps} ps shards,\nthe chief and the {spec.cluster.workers - 1} other workers; the TrainJob runs "
+         f"it as the JobSet {TRAINJOB_NAME}, whose pods are named\n{TRAINJOB_NAME}-<job>-0-<index>.{TRAINJOB_NAME} "
+         f"(the ConfigMap's {TRAINJOB_CLUSTER}; the entry snippet makes TF_CONFIG from it).\n"
+         "Trainer v2 has no TensorFlow policy: the runtime has no mlPolicy, the commands are docker-compose.yml's.\n"
+         "The broker, the reader and the model servers come from the other files:\n"
+         f"  kubectl apply -f cluster.yaml{curve_file} -f broker.yaml -f reader.yaml -f trainjob.yaml "
+         "-f serve.yaml -f aggregator.yaml -f gateway.yaml\n"
+         "The JobSet succeeds when the chief's Job completes (it has told the ps shards and the broker to exit by\n"
+         "then) and stays done; a pod that fails restarts in place (OnFailure) and restores the latest checkpoint.",
+         runtime),
+        ("", train_job),
+        network_policy(options, "ps", [PS_PORT + i for i in range(spec.cluster.ps)]),
+        network_policy(options, "chief"), network_policy(options, "worker"), *_training_metrics_services(options),
     ])
 
 
@@ -573,11 +691,14 @@ def reader_component(options):
                       env=_env(options, task), mounts=[_mount_prepared()], **_dials_out(ready))
     template = _pod_template(options, task, labels, [main], _volumes("prepared"), init_containers=[_data_init(options)])
     return Component("reader", [
-        (f"Readers: more replicas join the same pipeline (--queue {task.options['queue']}); the last to finish "
-         f"closes it.\nThe initContainer prepares the train split of `{options.spec.data}` (never the chief's test "
-         f"rows) in the\npod's own emptyDir at {PREPARED}, as the compose file's one-shot `data` service does; every "
-         "pod that\nruns it (readers, ps shards, workers) writes the same bytes (seed 0).",
-         _deployment(options, "reader", labels, template)),
+        (f"The reader, a Job: it streams the epochs into the broker's queue (--queue {task.options['queue']}), closes "
+         "it and exits 0;\nthe Job is then complete and not restarted (more parallelism: more readers join the same "
+         f"pipeline, the last to\nfinish closes it). The initContainer prepares the train split of `{options.spec.data}` "
+         f"(never the chief's test rows) in the\npod's own emptyDir at {PREPARED}, as the compose file's one-shot "
+         "`data` service does; every pod that\nruns it (readers, ps shards, workers) writes the same bytes (seed 0).",
+         _job(options, "reader", labels, template)),
+        ("The reader's metrics port, for the ServiceMonitor (it serves nothing else).",
+         _service(options, "reader", labels, [_metrics_port(task.ports["metrics"])], headless=True)),
         network_policy(options, "reader"),
     ])
 
@@ -614,16 +735,36 @@ def render(options, curve_files=None):
     components = [cluster_component(options)]
     if options.curve and curve_files is not None:
         components.append(curve_component(options, curve_files))
-    components.append(Component("broker", _served(options, _tasks(options.spec)["broker", 0])
-                                + [network_policy(options, "broker")]))
+    components.append(Component("broker", _served(options, _tasks(options.spec)["broker", 0], (
+        "The broker, a Job: it holds the job's queues until the chief tells it to exit (0), then the Job is complete\n"
+        "and not restarted (a Deployment started it again, in a loop, once the job was done)."), job=True)
+        + [network_policy(options, "broker")]))
     if options.tfjob:
         components.append(tfjob_component(options))
+    elif options.trainjob:
+        components.append(trainjob_component(options))
     else:
         components += [ps_component(options), worker_component(options)]
-    components += [reader_component(options), *serving_components(options)]
+    components += [reader_component(options), *serving_components(options), monitoring_component(options)]
     # plain trees: no dict shared between two places (labels, env), so a caller may edit one freely
     return [Component(c.name, [(comment, json.loads(json.dumps(doc))) for comment, doc in c.docs])
             for c in components]
+
+
+def monitoring_component(options):
+    """The Prometheus Operator's ServiceMonitor (monitoring.coreos.com/v1): every Service of the job with a
+    `metrics` port, each task's metrics under the Prometheus job named by the Service's `job` label."""
+    monitor = {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+               "metadata": _metadata(options, APP, {"app": APP}),
+               "spec": {"jobLabel": "job", "selector": {"matchLabels": {"app": APP}},
+                        "namespaceSelector": {"matchNames": [options.namespace]},
+                        "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}]}}
+    return Component("monitoring", [(
+        "For the Prometheus Operator (kube-prometheus-stack): scrape every task's /metrics, through the `metrics`\n"
+        "port of its Service (docs/metrics.md lists the metrics). A Prometheus selects ServiceMonitors by its\n"
+        "serviceMonitorSelector: add its label here (e.g. release: <its Helm release>) where it asks for one.\n"
+        "Without the operator, the pods' prometheus.io annotations serve Prometheus' own Kubernetes discovery.",
+        monitor)])
 
 
 def manifests(options, curve_files=None):
@@ -673,12 +814,12 @@ def component_text(component):
 def render_files(options, curve_files=None, out="DIR"):
     """{file name: YAML text}: one file per component, each with the header naming `out`.
 
-    --tfjob only changes tfjob.yaml (it replaces ps.yaml and worker.yaml): the other files name the
-    command without it, so rendering with and without --tfjob into one directory gives the same files
-    in either order.
+    --tfjob only changes tfjob.yaml, --trainjob only trainjob.yaml (each replaces ps.yaml and worker.yaml): the
+    other files name the command without them, so rendering with and without either into one directory gives the
+    same files in any order.
     """
-    plain = dataclasses.replace(options, tfjob=False)
-    return {f"{c.name}.yaml": header(options if c.name == "tfjob" else plain, out) + component_text(c)
+    plain = dataclasses.replace(options, tfjob=False, trainjob=False)
+    return {f"{c.name}.yaml": header(options if c.name in ("tfjob", "trainjob") else plain, out) + component_text(c)
             for c in render(options, curve_files)}
 
 

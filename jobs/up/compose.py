@@ -43,6 +43,39 @@ class Healthcheck:
     start_interval: float = 5.0
 
 
+@dataclass(frozen=True)
+class RestartPolicy:
+    """Compose's `restart:` ("no", always, on-failure[:N], unless-stopped): whether an exit with `code` after
+    `restarts` restarts so far starts the service again. `down`/Ctrl-C is the stop that `unless-stopped`
+    waits for, so under `zmqflow up` it restarts as `always` does."""
+    name: str = "no"
+    max_retries: int | None = None      # on-failure:N
+
+    def restarts_after(self, code, restarts):
+        if self.name in ("always", "unless-stopped"):
+            return True
+        if self.name == "on-failure":
+            return code != 0 and (self.max_retries is None or restarts < self.max_retries)
+        return False
+
+    def __str__(self):
+        return self.name + (f":{self.max_retries}" if self.max_retries is not None else "")
+
+
+RESTART_POLICIES = ("no", "always", "on-failure", "unless-stopped")
+
+
+def restart_policy(value, where):
+    """`restart:` as Compose reads it; ComposeError naming the service for anything else."""
+    if value is None or value is False:   # YAML's bare `no` is false: Compose reads it as "no" too
+        return RestartPolicy()
+    name, sep, retries = str(value).partition(":")
+    if name not in RESTART_POLICIES or (sep and (name != "on-failure" or not retries.isdigit())):
+        raise ComposeError(f"{where} restart: {value!r} is not a restart policy (one of \"no\", always, "
+                           "on-failure, on-failure:N, unless-stopped)")
+    return RestartPolicy(name, int(retries) if sep else None)
+
+
 @dataclass
 class Volume:
     source: str           # a named volume, or a host path for a bind mount
@@ -62,6 +95,7 @@ class ComposeService:
     ports: list = field(default_factory=list)        # published (host ip, host port, container port)
     profiles: list = field(default_factory=list)
     image: str | None = None
+    restart: RestartPolicy = field(default_factory=RestartPolicy)   # "no" unless the file says
 
 
 @dataclass
@@ -158,7 +192,8 @@ def _service(name, spec, base, variables):
                           _healthcheck(spec.get("healthcheck"), where), _depends_on(spec.get("depends_on"), where),
                           [_volume(v, base, where) for v in spec.get("volumes") or []],
                           [_port_number(str(p).split("/")[0], f"{where} expose") for p in spec.get("expose") or []],
-                          [_published(p, where) for p in spec.get("ports") or []], profiles, image)
+                          [_published(p, where) for p in spec.get("ports") or []], profiles, image,
+                          restart_policy(spec.get("restart"), where))
 
 
 def _image_name(image):
@@ -321,7 +356,8 @@ def resolved_config(project, names):
                  "profiles": list(service.profiles),
                  "ports": [f"{ip + ':' if ip else ''}{host}:{target}" if host else str(target)
                            for ip, host, target in service.ports],
-                 "volumes": [f"{v.source}:{v.target}" for v in service.volumes]}
+                 "volumes": [f"{v.source}:{v.target}" for v in service.volumes],
+                 "restart": None if service.restart.name == "no" else str(service.restart)}
         if service.healthcheck is not None:
             entry["healthcheck"] = {"test": list(spec["healthcheck"]["test"]) if isinstance(
                 spec["healthcheck"]["test"], list) else ["CMD-SHELL", spec["healthcheck"]["test"]]}

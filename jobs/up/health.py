@@ -10,12 +10,13 @@ class HealthWatch:
     service exited first). Checks every `period` s (the compose interval, at most 0.5 s: locally a
     check is cheap and start-up is what we wait for)."""
 
-    def __init__(self, service, cwd, env, alive, limit):
+    def __init__(self, service, cwd, env, alive, limit, on_change=None):
         self.service, self.cwd, self.env, self.alive, self.limit = service, cwd, env, alive, limit
         check = service.check
         self.period = min(check.interval, check.start_interval, 0.5)
         self.timeout = max(1.0, check.timeout)
         self.state, self.detail = "checking", ""
+        self.on_change = on_change or (lambda watch: None)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"health-{service.name}", daemon=True)
 
@@ -31,14 +32,14 @@ class HealthWatch:
         while not self._stop.is_set():
             if not self.alive():
                 self.state, self.detail = "unhealthy", "it exited before its healthcheck passed"
-                return
+                return self.on_change(self)
             if self._check():
                 self.state = "healthy"
-                return
+                return self.on_change(self)
             if time.monotonic() > deadline:
                 self.state = "unhealthy"
                 self.detail = f"its healthcheck did not pass within {self.limit:.0f} s: {self.detail}"
-                return
+                return self.on_change(self)
             self._stop.wait(self.period)
 
     def _check(self):

@@ -27,6 +27,8 @@ class LocalService:
     depends_on: dict
     check: object = None      # the compose Healthcheck (timings)
     dirs: list = field(default_factory=list)   # local volume directories to create
+    restart: object = None    # the compose RestartPolicy
+    ports: list = field(default_factory=list)  # the ports it listens on here (its `expose:`, moved by the offset)
 
 
 class Localizer:
@@ -62,7 +64,8 @@ class Localizer:
         health = [self.text(arg, volumes) for arg in service.healthcheck.test] if service.healthcheck else None
         env = {key: self.text(value, volumes) for key, value in service.environment.items()}
         return LocalService(service.name, argv, env, health, dict(service.depends_on), service.healthcheck,
-                            [local for _, local in volumes])
+                            [local for _, local in volumes], service.restart,
+                            [port + self.port_offset for port in service.expose])
 
 
 def child_environment(service_env):

@@ -1,6 +1,8 @@
-"""Output of many processes in one stream, each line prefixed `name  | ` as docker compose does."""
+"""Output of many processes in one stream, each line prefixed `name  | ` as docker compose does; each
+service's lines also in a file of its own (`log_dir`/NAME.log, what `zmqflow logs` reads)."""
 
 import collections
+import os
 import threading
 
 COLORS = (36, 33, 32, 35, 34, 96, 93, 92, 95, 94)   # cyan, yellow, green, magenta, blue, then bright
@@ -9,9 +11,10 @@ COLORS = (36, 33, 32, 35, 34, 96, 93, 92, 95, 94)   # cyan, yellow, green, magen
 class Prefixer:
     """Writes whole lines under a lock, so lines of different services never interleave."""
 
-    def __init__(self, names, out, color=False):
+    def __init__(self, names, out, color=False, log_dir=None):
         self.width = max((len(n) for n in names), default=0)
-        self.out, self.color = out, color
+        self.out, self.color, self.log_dir = out, color, log_dir
+        self.files = {}
         self.colors = {name: COLORS[i % len(COLORS)] for i, name in enumerate(names)}
         self.tails = {name: collections.deque(maxlen=12) for name in names}   # each service's last lines
         self.lock = threading.Lock()
@@ -26,6 +29,11 @@ class Prefixer:
             self.tails.setdefault(name, collections.deque(maxlen=12)).append(text)
             self.out.write(self.prefix(name) + text + "\n")
             self.out.flush()
+            if self.log_dir:
+                if name not in self.files:
+                    self.files[name] = open(os.path.join(self.log_dir, f"{name}.log"), "a", encoding="utf-8")
+                self.files[name].write(text + "\n")
+                self.files[name].flush()
 
     def tail(self, name):
         """The last lines `name` wrote (at most 12), for the message that says why the run ended."""

@@ -2,7 +2,8 @@
 
 The services are the job's tasks (`tasks(spec, deployment(spec))`: keys, data, broker, ps shards, reader,
 workers, model servers, aggregator, gateway) with what Compose adds around them: the shared block every
-service takes (`<<: *zmqflow`), the order they start in (depends_on), their healthchecks, the ports
+service takes (`<<: *zmqflow`), the order they start in (depends_on), their healthchecks, the restart
+policy of the serving ones (`unless-stopped`: SERVING; the training tasks end, and stay ended), the ports
 published on the host's loopback, and the dashboard (on every task). A few values stay variables of the
 file (EPOCHS, ZMQFLOW_DATA, ...; VARIABLES), their defaults the spec's. The rest of the file, its header,
 shared blocks and load tests, is the template docker-compose.yml.in as it is. Only keys that both
@@ -23,6 +24,7 @@ VARIABLES = {("reader", "num-epochs"): "EPOCHS", ("worker", "checkpoint-every-st
 
 DASHBOARD_PORT = 8088
 COMPLETED, HEALTHY = "service_completed_successfully", "service_healthy"
+SERVING = ("serve", "aggregator", "gateway")   # restart: unless-stopped (docker compose and zmqflow up)
 TEMPLATE = os.path.join(os.path.dirname(__file__), "docker-compose.yml.in")   # the file's fixed text
 
 COMMENTS = {
@@ -84,7 +86,8 @@ def render(spec=DEPLOYMENT):
         published = {"aggregator": (AGGREGATOR_PORT, "ZMQFLOW_AGGREGATOR_PORT"),
                      "gateway": (GATEWAY_PORT, "ZMQFLOW_GATEWAY_PORT")}.get(role)
         services.append(_service(name, argv, task.env, expose, depends, health, published=published,
-                                 volumes=["zmqflow-keys:/keys"] if role == "keys" else None))
+                                 volumes=["zmqflow-keys:/keys"] if role == "keys" else None,
+                                 restart="unless-stopped" if role in SERVING else None))
     with open(TEMPLATE, encoding="utf-8") as f:
         template = f.read().split("\n", 2)[2]
     return template % dict(fields, services="\n\n".join(services), dashboard=_dashboard(ps, workers, serves))
@@ -106,7 +109,7 @@ def _addresses(names, base):
     return ",".join(f"{name}:{base + i}" for i, name in enumerate(names))
 
 
-def _service(name, argv, env, expose, depends, health, published=None, volumes=None, profile=None):
+def _service(name, argv, env, expose, depends, health, published=None, volumes=None, profile=None, restart=None):
     lines = [f"  {name}:" + (f"  # {COMMENTS[name]}" if name in COMMENTS and "\n" not in COMMENTS[name] else "")]
     if name in COMMENTS and "\n" in COMMENTS[name]:
         lines.insert(0, f"  # {COMMENTS[name]}".replace("\n# ", "\n  # "))
@@ -114,6 +117,8 @@ def _service(name, argv, env, expose, depends, health, published=None, volumes=N
     if profile:
         lines.append(f'    profiles: ["{profile}"]')
     lines.append(_flow("    command: ", argv))
+    if restart:
+        lines.append(f"    restart: {restart}")
     if volumes:
         lines.append(_flow("    volumes: ", volumes))
     if env:

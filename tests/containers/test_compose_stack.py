@@ -138,6 +138,64 @@ def test_the_dashboard_profile_shows_the_topology_in_the_web_view(stack):
         stack("--profile", "dashboard", "rm", "-sf", "dashboard", timeout=120, check=False)
 
 
+KILL_MAIN = ("import os, signal\n"
+             "for p in os.listdir('/proc'):\n"
+             "    if p.isdigit() and int(p) not in (1, os.getpid()):\n"
+             "        try:\n"
+             "            fields = open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()\n"
+             "        except OSError:\n"
+             "            continue\n"
+             "        if fields[1] == '1':\n"
+             "            os.kill(int(p), signal.SIGKILL)\n")
+"""SIGKILL to the service's process (the child of the image's init), as a crash: `docker kill` would count as a
+stop by hand, which `restart: unless-stopped` respects."""
+
+
+def _answers_in(stack, service):
+    """Whether `service` answers now: its own ping inside its container (model servers, aggregator: the
+    deployment's keys are there) or the gateway's readiness route on the host."""
+    if service == "gateway":
+        import urllib.request
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{stack.gateway_port}/v2/health/ready", timeout=1).status == 200
+        except OSError:
+            return False
+    port = {"aggregator": 5800}.get(service) or 5700 + int(service[-1])
+    done = run(["docker", "exec", stack.container(service)["Id"], "zmqflow", "ping", "--timeout", "1",
+                f"tcp://127.0.0.1:{port}"], check=False, timeout=30)
+    return done.returncode == 0
+
+
+@pytest.mark.faults
+def test_each_serving_service_killed_under_load_restarts_and_answers_again(stack, tmp_path):
+    """restart: unless-stopped: each model server, the aggregator and the gateway, its process SIGKILLed under a
+    client's load, is restarted by Docker; the gap from the kill until it answers again is printed and bounded."""
+    argv, report = loadtest(stack, tmp_path, duration=60)
+    load = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=stack.client_env)
+    gaps = {}
+    try:
+        time.sleep(2)
+        for service in SERVING:
+            restarts = stack.container(service)["RestartCount"]
+            killed = time.monotonic()
+            run(["docker", "exec", stack.container(service)["Id"], "python", "-c", KILL_MAIN], check=False)
+            while not (stack.container(service)["RestartCount"] > restarts and _answers_in(stack, service)):
+                assert time.monotonic() - killed < 60, f"{service} did not answer within 60 s of its kill"
+                time.sleep(0.2)
+            gaps[service] = time.monotonic() - killed
+    finally:
+        load.terminate()
+        load.communicate(timeout=60)
+    print("\ndocker compose, SIGKILL under load -> answering again: "
+          + ", ".join(f"{name} {gap:.1f} s" for name, gap in gaps.items()))
+    assert set(gaps) == set(SERVING) and all(gap < 60 for gap in gaps.values()), gaps
+    for service in TRAINING:       # no restart policy: the finished training stays done
+        state = stack.container(service)["State"]
+        assert state["Status"] == "exited" and state["ExitCode"] == 0, service
+    for service in SERVING:
+        stack.wait_healthy(service, 120)
+
+
 @pytest.mark.faults
 def test_a_killed_model_server_leaves_the_ensemble_answering_within_its_deadline(stack, tmp_path):
     argv, report = loadtest(stack, tmp_path, duration=8)

@@ -254,3 +254,12 @@ def test_the_gateway_fronts_the_aggregator_on_the_hosts_loopback(project):
     assert (http_load["http_url"], http_load["model"], http_load["address"]) == ("http://gateway:8000", "ensemble", None)
     assert http_load["max_failures"] == 0 and http_load["wait_secs"] > 0
     assert project.services["loadtest-http"].depends_on == {"keys": "service_completed_successfully"}
+
+
+def test_serving_services_restart_unless_stopped_and_training_tasks_run_once(project):
+    """A killed model server, aggregator or gateway is started again (docker compose and zmqflow up alike); the
+    training tasks and the one-shots end, and stay ended."""
+    serving = {"serve0", "serve1", "serve2", "aggregator", "gateway"}
+    for name, service in project.services.items():
+        assert str(service.restart) == ("unless-stopped" if name in serving else "no"), name
+        assert project.raw["services"][name].get("restart") == ("unless-stopped" if name in serving else None), name

@@ -44,7 +44,7 @@ def test_one_spec_renders_the_same_tasks_arguments_and_ports_every_way(tmp_path)
     project = compose.load(str(compose_file), env={})
     manifests = k8s.manifests(k8s.Options(spec, curve=False))
     containers = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in manifests
-                  if d["kind"] in ("StatefulSet", "Deployment")}
+                  if d["kind"] in ("StatefulSet", "Deployment", "Job")}
     names = {t.name if t.role != "reader" else "reader" for t in deployed}
     assert names == set(project.services) - {"loadtest", "loadtest-http", "dashboard"}
     assert {t.role for t in deployed} - {"keys"} <= {name.rstrip("0123456789") for name in containers} | {"data"}

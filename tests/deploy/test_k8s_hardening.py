@@ -21,17 +21,20 @@ from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.rpc import encryption as curve
 from zmqflow.jobs.k8s import render
 from tests.deploy.conftest import K8S
-from tests.deploy.test_k8s_render import options, pod_templates, rendered
+from tests.deploy.test_k8s_render import MODES, options, pod_templates, rendered
 
 pytestmark = pytest.mark.unit
 
 DIGEST = "registry.example/zmqflow@sha256:" + "0123456789abcdef" * 4
-VARIANTS = [dict(tfjob=False), dict(tfjob=True), dict(tfjob=False, namespace="ml-team", image=DIGEST)]
+VARIANTS = [dict(tfjob=False), dict(tfjob=True), dict(tfjob=False, namespace="ml-team", image=DIGEST),
+            dict(trainjob=True)]
 
 
-def shipped(tfjob=False):
-    """deploy/k8s's objects as applied: tfjob.yaml instead of ps.yaml and worker.yaml, or not at all."""
-    skipped = {"ps.yaml", "worker.yaml"} if tfjob else {"tfjob.yaml"}
+def shipped(tfjob=False, trainjob=False):
+    """deploy/k8s's objects as applied: tfjob.yaml or trainjob.yaml instead of ps.yaml and worker.yaml."""
+    chosen = "tfjob.yaml" if tfjob else "trainjob.yaml" if trainjob else None
+    skipped = {"ps.yaml", "worker.yaml", "tfjob.yaml", "trainjob.yaml"} - {chosen} if chosen else {"tfjob.yaml",
+                                                                                                 "trainjob.yaml"}
     docs = []
     for path in sorted(glob.glob(os.path.join(K8S, "*.yaml"))):
         if os.path.basename(path) not in skipped | {"curve.yaml"}:
@@ -45,7 +48,7 @@ def all_docs(curve_files=None, **kwargs):
 
 
 def workloads(docs):
-    return [d for d in docs if d["kind"] in ("Deployment", "StatefulSet", "TFJob")]
+    return [d for d in docs if d["kind"] in ("Deployment", "StatefulSet", "Job", "TFJob", "TrainingRuntime")]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +56,7 @@ def curve_files():
     return render.generate_curve_files()
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=["statefulsets", "tfjob", "digest"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=["jobs", "tfjob", "digest", "trainjob"])
 def test_every_pod_runs_locked_down(variant):
     templates = list(pod_templates(all_docs(**variant)))
     assert len(templates) == 10   # broker, reader, 3 model servers, aggregator, gateway; ps, chief, workers
@@ -76,7 +79,7 @@ def test_every_pod_runs_locked_down(variant):
                 assert volumes[mounts[path]]["emptyDir"]["sizeLimit"], (name, c["name"], path)
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=["statefulsets", "tfjob", "digest"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=["jobs", "tfjob", "digest", "trainjob"])
 def test_every_object_is_in_the_jobs_namespace_which_enforces_the_restricted_standard(variant):
     docs = all_docs(**variant)
     namespace = variant.get("namespace", render.DEFAULT_NAMESPACE)
@@ -96,7 +99,8 @@ def test_the_namespace_is_a_dns_label():
 def test_the_image_has_a_version_tag_and_the_digest_checks_are_skipped_inline_only_without_a_digest():
     """checkov reads `checkov.io/skip<n>: CHECK=reason` (split at "="): the reason holds none."""
     assert render.DEFAULT_IMAGE.split(":")[-1] not in ("", "latest") and "@" not in render.DEFAULT_IMAGE
-    for docs in (all_docs(), all_docs(tfjob=True), shipped(), shipped(tfjob=True)):
+    for docs in (all_docs(), all_docs(tfjob=True), all_docs(trainjob=True), shipped(), shipped(tfjob=True),
+                 shipped(trainjob=True)):
         for doc in workloads(docs):
             annotations = doc["metadata"]["annotations"]
             skipped = dict(value.split("=") for key, value in annotations.items() if key.startswith("checkov.io/skip"))
@@ -137,9 +141,9 @@ def _policies_of(docs, labels):
             and d["spec"]["podSelector"]["matchLabels"].items() <= labels.items()]
 
 
-@pytest.mark.parametrize("docs", [shipped, lambda: shipped(tfjob=True), lambda: all_docs(),
-                                  lambda: all_docs(tfjob=True)], ids=["deploy-k8s", "deploy-k8s-tfjob", "statefulsets",
-                                                                       "tfjob"])
+@pytest.mark.parametrize("docs", [shipped, lambda: shipped(tfjob=True), lambda: shipped(trainjob=True),
+                                  lambda: all_docs(), lambda: all_docs(tfjob=True), lambda: all_docs(trainjob=True)],
+                         ids=["deploy-k8s", "deploy-k8s-tfjob", "deploy-k8s-trainjob", "jobs", "tfjob", "trainjob"])
 def test_every_pod_has_a_network_policy_that_admits_its_jobs_flows_and_no_other_pod(docs):
     docs = docs()
     templates = dict(pod_templates(docs))
@@ -150,6 +154,10 @@ def test_every_pod_has_a_network_policy_that_admits_its_jobs_flows_and_no_other_
         ps_replicas = next(d for d in docs if d["kind"] == "TFJob")["spec"]["tfReplicaSpecs"]["PS"]["replicas"]
         ps_addresses = [f"zmqflow-train-ps-{i}:5600" for i in range(ps_replicas)]
         selectors.update({f"zmqflow-train-ps-{i}": {"app": "zmqflow", "job": "ps"} for i in range(ps_replicas)})
+    elif "zmqflow-ps-training/ps" in templates:   # the JobSet's pod names, from the TrainJob's cluster spec
+        data = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+        ps_addresses = ClusterSpec(json.loads(data[render.TRAINJOB_CLUSTER])).job_tasks("ps")
+        selectors.update({a.split(".")[0]: {"app": "zmqflow", "job": "ps"} for a in ps_addresses})
     else:
         ps_addresses = cluster.job_tasks("ps")
     for name, template in templates.items():
@@ -162,7 +170,7 @@ def test_every_pod_has_a_network_policy_that_admits_its_jobs_flows_and_no_other_
     for name, template in templates.items():
         source = template["metadata"]["labels"]
         for host, port in _dialled(template["spec"]["containers"][0], ps_addresses):
-            selector = selectors[host.split(".")[-1]]      # ps-1.ps: the headless Service ps
+            selector = selectors.get(host.split(".")[0]) or selectors[host.split(".")[-1]]   # ps-1.ps: Service ps
             [target] = {json.dumps(t["metadata"]["labels"], sort_keys=True): t for t in templates.values()
                         if selector.items() <= t["metadata"]["labels"].items()}.values()
             [policy] = _policies_of(docs, target["metadata"]["labels"])
@@ -173,7 +181,7 @@ def test_every_pod_has_a_network_policy_that_admits_its_jobs_flows_and_no_other_
     assert flows >= 8   # workers -> broker, ps; reader -> broker; aggregator -> serve*; gateway -> aggregator
 
 
-@pytest.mark.parametrize("tfjob", [False, True], ids=["statefulsets", "tfjob"])
+@pytest.mark.parametrize("tfjob", [False, True], ids=["jobs", "tfjob"])
 def test_the_policies_name_exactly_these_flows(tfjob):
     """Who may connect to whom, beyond Prometheus on `metrics`: the table docs/security.md shows."""
     docs = all_docs(tfjob=tfjob)

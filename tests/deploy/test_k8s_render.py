@@ -1,8 +1,14 @@
 """`zmqflow k8s render`: the manifests for any ps/worker count, checked against the Kubernetes API schemas offline.
 
 kubernetes-validate bundles the OpenAPI schemas of each Kubernetes release as JSON schemas; strict mode
-also refuses fields the API does not know. The TFJob is a CRD it does not know: each replica's pod
-template is validated as a core/v1 PodTemplate, and the TFJob's own fields are checked here.
+also refuses fields the API does not know. The custom resources are not in it:
+- the TFJob (kubeflow.org/v1): each replica's pod template is validated as a core/v1 PodTemplate, and the
+  TFJob's own fields are checked here;
+- Trainer v2's TrainJob and TrainingRuntime (trainer.kubeflow.org/v1alpha1): against their CRDs' schemas
+  (tests/deploy/schemas/, from kubeflow/trainer v2.3.0, the replicated Jobs' templates pruned) with unknown
+  fields refused, and each replicated Job's template as a batch/v1 Job;
+- the ServiceMonitor (monitoring.coreos.com/v1): its CRD's schema is not vendored here (skipped); the fields
+  it uses are checked by hand.
 """
 
 import base64
@@ -33,6 +39,8 @@ from zmqflow.jobs.spec import DEPLOYMENT, job_spec
 pytestmark = pytest.mark.unit
 
 K8S_VERSION = "1.30.0"
+SCHEMAS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schemas")
+MODES = {"jobs": {}, "tfjob": {"tfjob": True}, "trainjob": {"trainjob": True}}   # how the training tasks run
 SIZES = [(2, 4), (4, 8)]
 UID = 10001
 
@@ -43,12 +51,12 @@ def curve_files():
 
 
 def options(ps=2, workers=2, image=render.DEFAULT_IMAGE, namespace=render.DEFAULT_NAMESPACE, curve=True, tfjob=False,
-            **spec):
+            trainjob=False, **spec):
     """render.Options of the shipped job resized: `spec` by job_spec's flat names (serve: its replicas)."""
     if "serve" in spec:
         spec["replicas"] = spec.pop("serve")
     return render.Options(job_spec(DEPLOYMENT, ps=ps, workers=workers, **spec), image=image, namespace=namespace,
-                          curve=curve, tfjob=tfjob)
+                          curve=curve, tfjob=tfjob, trainjob=trainjob)
 
 
 def rendered(ps, workers, curve_files=None, **kwargs):
@@ -60,13 +68,16 @@ def by_key(docs):
 
 
 def pod_templates(docs):
-    """(name, pod template) of every workload, the TFJob's replicas included."""
+    """(name, pod template) of every workload, the TFJob's replicas and the TrainingRuntime's Jobs included."""
     for doc in docs:
-        if doc["kind"] in ("Deployment", "StatefulSet"):
+        if doc["kind"] in ("Deployment", "StatefulSet", "Job"):
             yield doc["metadata"]["name"], doc["spec"]["template"]
         elif doc["kind"] == "TFJob":
             for replica, spec in doc["spec"]["tfReplicaSpecs"].items():
                 yield f"{doc['metadata']['name']}/{replica}", spec["template"]
+        elif doc["kind"] == "TrainingRuntime":
+            for job in doc["spec"]["template"]["spec"]["replicatedJobs"]:
+                yield f"{doc['metadata']['name']}/{job['name']}", job["template"]["spec"]["template"]
 
 
 def validate(doc):
@@ -93,6 +104,62 @@ def check_tfjob(doc, ps, workers):
     assert doc["spec"]["runPolicy"]["backoffLimit"] >= 0
 
 
+def crd_schema(kind):
+    """The vendored CRD schema of `kind`, strict as `kubectl apply --validate=strict`: an object with properties
+    and no x-kubernetes-preserve-unknown-fields refuses fields it does not list."""
+    def strict(node):
+        if isinstance(node, dict):
+            node = {k: strict(v) for k, v in node.items()}
+            if "properties" in node and "additionalProperties" not in node \
+                    and not node.get("x-kubernetes-preserve-unknown-fields"):
+                node["additionalProperties"] = False
+        elif isinstance(node, list):
+            node = [strict(v) for v in node]
+        return node
+    with open(os.path.join(SCHEMAS, f"{kind}.json"), encoding="utf-8") as f:
+        return strict(json.load(f)["schema"])
+
+
+def check_trainjob(doc, ps=None, workers=None):
+    """A TrainJob or TrainingRuntime against its CRD's schema; the runtime's replicated Jobs as batch/v1 Jobs."""
+    import jsonschema
+    assert doc["apiVersion"] == "trainer.kubeflow.org/v1alpha1"
+    jsonschema.validate(doc, crd_schema(doc["kind"]))
+    if doc["kind"] == "TrainJob":
+        assert doc["spec"]["runtimeRef"] == {"name": render.TRAINING_RUNTIME, "apiGroup": "trainer.kubeflow.org",
+                                             "kind": "TrainingRuntime"}
+        return
+    jobs = {j["name"]: j for j in doc["spec"]["template"]["spec"]["replicatedJobs"]}
+    if ps is not None:
+        counts = {"ps": ps, "chief": 1, **({"worker": workers - 1} if workers > 1 else {})}
+        assert {name: j["template"]["spec"]["completions"] for name, j in jobs.items()} == counts
+    for name, job in jobs.items():
+        assert job["replicas"] == 1 and job["template"]["spec"]["completionMode"] == "Indexed", name
+        assert job["template"]["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure", name
+        validate({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, **job["template"].get(
+            "metadata", {})}, "spec": job["template"]["spec"]})
+
+
+def check_service_monitor(doc, namespace=render.DEFAULT_NAMESPACE):
+    assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(doc["spec"]) == {"jobLabel", "selector", "namespaceSelector", "endpoints"}
+    assert doc["spec"]["selector"] == {"matchLabels": {"app": "zmqflow"}}
+    assert doc["spec"]["namespaceSelector"] == {"matchNames": [namespace]}
+    assert doc["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+
+
+def check(doc, ps, workers):
+    """Every document of a rendering, each the way its kind can be checked (the module's docstring)."""
+    if doc["kind"] == "TFJob":
+        check_tfjob(doc, ps, workers)
+    elif doc["kind"] in ("TrainJob", "TrainingRuntime"):
+        check_trainjob(doc, ps, workers)
+    elif doc["kind"] == "ServiceMonitor":
+        check_service_monitor(doc)
+    else:
+        assert validate(doc) == "1.30", (doc["kind"], doc["metadata"]["name"])
+
+
 # ------------------------------------------------------------------ the API schemas
 
 
@@ -100,18 +167,37 @@ def test_the_validator_bundles_the_version_used_here():
     assert K8S_VERSION in all_versions()
 
 
-@pytest.mark.parametrize("tfjob", [False, True], ids=["statefulsets", "tfjob"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("with_curve", [False, True], ids=["plain", "curve"])
 @pytest.mark.parametrize("ps,workers", SIZES)
-def test_rendered_manifests_pass_the_kubernetes_schemas(ps, workers, with_curve, tfjob, curve_files):
-    docs = rendered(ps, workers, curve_files if with_curve else None, tfjob=tfjob)
+def test_rendered_manifests_pass_the_kubernetes_schemas(ps, workers, with_curve, mode, curve_files):
+    docs = rendered(ps, workers, curve_files if with_curve else None, **MODES[mode])
     kinds = [d["kind"] for d in docs]
-    assert ("TFJob" in kinds) == tfjob and ("StatefulSet" in kinds) == (not tfjob)
+    assert ("TFJob" in kinds) == (mode == "tfjob") and ("TrainJob" in kinds) == (mode == "trainjob")
+    assert (("Job", "ps") in by_key(docs)) == (mode == "jobs") and "StatefulSet" not in kinds
+    assert kinds.count("ServiceMonitor") == 1
     for doc in docs:
-        if doc["kind"] == "TFJob":
-            check_tfjob(doc, ps, workers)
-        else:
-            assert validate(doc) == "1.30", (doc["kind"], doc["metadata"]["name"])
+        check(doc, ps, workers)
+
+
+def test_a_trainjob_field_the_crd_does_not_know_is_refused():
+    """The vendored schemas can fail: an unknown field, a wrong type, a replicated Job's broken template."""
+    import jsonschema
+    docs = by_key(rendered(2, 2, trainjob=True))
+    runtime, job = docs[("TrainingRuntime", render.TRAINING_RUNTIME)], docs[("TrainJob", render.TRAINJOB_NAME)]
+    check_trainjob(runtime, 2, 2)
+    for broken, break_it in ((job, lambda d: d["spec"]["runtimeRef"].__setitem__("names", "x")),
+                             (runtime, lambda d: d["spec"]["template"]["spec"]["successPolicy"].__setitem__(
+                                 "operator", "Most")),
+                             (runtime, lambda d: d["spec"]["template"]["spec"].__setitem__("replicatedJob", []))):
+        broken = copy.deepcopy(broken)
+        break_it(broken)
+        with pytest.raises(jsonschema.ValidationError):
+            check_trainjob(broken)
+    broken = copy.deepcopy(runtime)
+    broken["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        check_trainjob(broken)
 
 
 def test_the_yaml_text_holds_the_same_documents(curve_files):
@@ -119,15 +205,15 @@ def test_the_yaml_text_holds_the_same_documents(curve_files):
     text = render.render_stream(opts, curve_files)
     assert list(yaml.safe_load_all(text)) == render.manifests(opts, curve_files)
     for doc in yaml.safe_load_all(text):
-        validate(doc)
+        check(doc, 4, 8)
     files = render.render_files(opts, curve_files, out="k8s")
     from_files = [d for name in files for d in yaml.safe_load_all(files[name])]
     assert from_files == render.manifests(opts, curve_files)
 
 
 @pytest.mark.parametrize("break_it", [
-    lambda docs: docs[("StatefulSet", "worker")]["spec"].__setitem__("replicas", "two"),
-    lambda docs: docs[("Deployment", "broker")]["spec"]["template"]["spec"]["containers"][0]
+    lambda docs: docs[("Job", "worker")]["spec"].__setitem__("parallelism", "two"),
+    lambda docs: docs[("Job", "broker")]["spec"]["template"]["spec"]["containers"][0]
     .__setitem__("livenessprobe", {}),                                               # a typo: strict mode
     lambda docs: docs[("Service", "ps")]["spec"]["ports"][0].__setitem__("port", "5600"),
     lambda docs: docs[("Deployment", "serve0")]["spec"]["template"]["spec"].pop("containers"),
@@ -162,21 +248,57 @@ def test_names_and_ports_agree_with_the_cluster_spec(ps, workers):
     assert cluster.num_tasks("ps") == ps and cluster.num_tasks("chief") + cluster.num_tasks("worker") == workers
     assert cluster.job_tasks("broker") == ["broker:5555"] and ("Service", "broker") in docs
     for job, base in (("ps", 5600), ("chief", 5610), ("worker", 5611)):
-        service, stateful = docs[("Service", job)], docs[("StatefulSet", job)]
-        assert service["spec"]["clusterIP"] == "None" and stateful["spec"]["serviceName"] == job
-        assert stateful["spec"]["replicas"] == cluster.num_tasks(job)
-        assert service["spec"]["selector"] == stateful["spec"]["selector"]["matchLabels"]
+        service, indexed = docs[("Service", job)], docs[("Job", job)]
+        pod = indexed["spec"]["template"]
+        assert service["spec"]["clusterIP"] == "None" and pod["spec"]["subdomain"] == job
+        assert indexed["spec"]["completionMode"] == "Indexed"
+        assert indexed["spec"]["completions"] == indexed["spec"]["parallelism"] == cluster.num_tasks(job)
+        assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
         assert [(p["name"], p["port"]) for p in service["spec"]["ports"]] == [
-            (f"{job}-{i}", base + i) for i in range(cluster.num_tasks(job))]
+            (f"{job}-{i}", base + i) for i in range(cluster.num_tasks(job))] + [
+            ("metrics", int(pod["metadata"]["annotations"]["prometheus.io/port"]))]
         for i, address in enumerate(cluster.job_tasks(job)):
-            assert address == f"{job}-{i}.{job}:{base + i}"   # the StatefulSet's stable pod names
+            assert address == f"{job}-{i}.{job}:{base + i}"   # an Indexed Job's pod i: hostname <job>-i
 
 
 @pytest.mark.parametrize("ps,workers", SIZES)
 def test_the_tfjob_has_the_counts_and_no_statefulsets(ps, workers):
     docs = by_key(rendered(ps, workers, tfjob=True))
-    assert not [key for key in docs if key[0] == "StatefulSet" or key == ("Service", "ps")]
+    assert not [key for key in docs if key[0] == "StatefulSet" or key in (("Service", "ps"), ("Job", "ps"))]
     check_tfjob(docs[("TFJob", "zmqflow-train")], ps, workers)
+
+
+@pytest.mark.parametrize("ps,workers", SIZES)
+def test_the_trainjob_runs_the_same_tasks_under_the_names_its_jobset_gives(ps, workers, tmp_path):
+    """Trainer v2: the runtime's replicated Jobs hold the same commands as the Jobs of ps.yaml and worker.yaml;
+    TF_CONFIG from trainjob-cluster.json names the pods as the JobSet does (<trainjob>-<job>-0-<index>.<trainjob>)."""
+    docs = by_key(rendered(ps, workers, trainjob=True))
+    plain = by_key(rendered(ps, workers))
+    assert not [key for key in docs if key in (("Job", "ps"), ("Job", "chief"), ("TFJob", "zmqflow-train"))]
+    runtime = docs[("TrainingRuntime", render.TRAINING_RUNTIME)]
+    check_trainjob(runtime, ps, workers)
+    check_trainjob(docs[("TrainJob", render.TRAINJOB_NAME)])
+    assert runtime["spec"]["template"]["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["chief"]}
+    data = docs[("ConfigMap", "zmqflow-cluster")]["data"]
+    cluster = ClusterSpec(json.loads(data[render.TRAINJOB_CLUSTER]))
+    same = ClusterSpec(json.loads(data["cluster.json"]))
+    for job in ("ps", "chief", "worker"):
+        if not same.num_tasks(job):
+            continue
+        [replicated] = [j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"] if j["name"] == job]
+        main = replicated["template"]["spec"]["template"]["spec"]["containers"][0]
+        assert main["args"] == plain[("Job", job)]["spec"]["template"]["spec"]["containers"][0]["args"], job
+        env = {e["name"]: e.get("value") for e in main["env"]}
+        assert env["TASK_TYPE"] == job and env["CLUSTER_JSON"] == f"/etc/zmqflow/{render.TRAINJOB_CLUSTER}"
+        for i, (address, port) in enumerate(zip(cluster.job_tasks(job), same.job_tasks(job))):
+            assert address == f"zmqflow-train-{job}-0-{i}.zmqflow-train:{port.rsplit(':', 1)[1]}"
+    (tmp_path / render.TRAINJOB_CLUSTER).write_text(data[render.TRAINJOB_CLUSTER])
+    out = subprocess.run(["sh", "-c", data["entrypoint.sh"], "entrypoint", sys.executable, "-c",
+                          "import os; print(os.environ['TF_CONFIG'])"], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "TASK_TYPE": "ps", "JOB_COMPLETION_INDEX": str(ps - 1),
+                              "CLUSTER_JSON": str(tmp_path / render.TRAINJOB_CLUSTER)})
+    task = ClusterSpec.from_tf_config({"TF_CONFIG": out.stdout})
+    assert task.address == f"zmqflow-train-ps-0-{ps - 1}.zmqflow-train:{5600 + ps - 1}", out.stderr
 
 
 def test_the_entry_snippet_and_the_probes_find_each_pods_port(tmp_path):
@@ -192,17 +314,19 @@ def test_the_entry_snippet_and_the_probes_find_each_pods_port(tmp_path):
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
     for pod, job, index, port in (("ps-3", "ps", 3, 5603), ("chief-0", "chief", 0, 5610), ("worker-6", "worker", 6, 5617)):
-        main = docs[("StatefulSet", job)]["spec"]["template"]["spec"]["containers"][0]
+        main = docs[("Job", job)]["spec"]["template"]["spec"]["containers"][0]
+        assert {"name": "TASK_TYPE", "value": job} in main["env"]
         argv = [a.replace("/etc/zmqflow", str(tmp_path)) for a in main["command"] + main["args"]]
-        out = subprocess.run(argv, env={**env, "POD_NAME": pod}, capture_output=True, text=True, timeout=30)
+        out = subprocess.run(argv, env={**env, "TASK_TYPE": job, "JOB_COMPLETION_INDEX": str(index)},
+                             capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
         said, tf_config = out.stdout.splitlines()
         assert said == " ".join(main["args"])
         task = ClusterSpec.from_tf_config({"TF_CONFIG": tf_config})
         assert (task.task_type, task.task_index, task.address) == (job, index, f"{pod}.{job}:{port}")
-    ps = docs[("StatefulSet", "ps")]["spec"]["template"]["spec"]["containers"][0]
+    ps = docs[("Job", "ps")]["spec"]["template"]["spec"]["containers"][0]
     for probe in ("readinessProbe", "livenessProbe"):
-        out = subprocess.run(ps[probe]["exec"]["command"], env={**env, "POD_NAME": "ps-3"},
+        out = subprocess.run(ps[probe]["exec"]["command"], env={**env, "JOB_COMPLETION_INDEX": "3"},
                              capture_output=True, text=True, timeout=30)
         assert out.stdout.splitlines()[0].startswith("ping --address tcp://127.0.0.1:5603"), probe
 
@@ -245,10 +369,10 @@ def test_every_container_has_probes_resources_and_runs_as_the_image_user(ps, wor
 def test_probes_ping_the_servers_and_spare_a_busy_worker(ps, workers):
     docs = by_key(rendered(ps, workers))
     for name, port in [("broker", 5555), ("aggregator", 5800), ("serve0", 5700), ("serve1", 5701)]:
-        main = docs[("Deployment", name)]["spec"]["template"]["spec"]["containers"][0]
+        main = docs[("Job" if name == "broker" else "Deployment", name)]["spec"]["template"]["spec"]["containers"][0]
         assert main["readinessProbe"]["exec"]["command"] == ["zmqflow", "ping", "--address", f"tcp://127.0.0.1:{port}"]
         assert main["livenessProbe"]["exec"]["command"][:4] == ["zmqflow", "ping", "--address", f"tcp://127.0.0.1:{port}"]
-    worker = docs[("StatefulSet", "worker")]["spec"]["template"]["spec"]["containers"][0]
+    worker = docs[("Job", "worker")]["spec"]["template"]["spec"]["containers"][0]
     assert worker["readinessProbe"]["exec"]["command"][-2:] == ["cluster", "check"]
     live = worker["livenessProbe"]
     assert "exec" not in live   # not the cluster check: a worker is not killed for its peers, nor for a long step
@@ -359,7 +483,7 @@ def test_render_prints_one_multi_document_stream():
     [namespace] = [d for d in docs if d["kind"] == "Namespace"]        # cluster-scoped: the one without a namespace
     assert namespace["metadata"]["name"] == "ml" and docs[0] is namespace   # created before anything is put in it
     assert {d["metadata"].get("namespace") for d in docs if d is not namespace} == {"ml"}
-    reader = by_key(docs)[("Deployment", "reader")]["spec"]["template"]["spec"]["containers"][0]
+    reader = by_key(docs)[("Job", "reader")]["spec"]["template"]["spec"]["containers"][0]
     assert reader["args"][reader["args"].index("--num-epochs") + 1] == "1"
     assert {c["image"] for _, t in pod_templates(docs) for c in t["spec"]["containers"]} == {
         "registry.example/zmqflow:1.2"}
@@ -394,7 +518,7 @@ def test_out_writes_one_file_per_component(tmp_path):
     result = invoke("--num-ps", "2", "--num-workers", "4", "--out", str(out))
     assert result.exit_code == 0, result.output
     assert sorted(os.listdir(out)) == ["aggregator.yaml", "broker.yaml", "cluster.yaml", "curve.yaml", "gateway.yaml",
-                                       "ps.yaml", "reader.yaml", "serve.yaml", "worker.yaml"]
+                                       "monitoring.yaml", "ps.yaml", "reader.yaml", "serve.yaml", "worker.yaml"]
     assert stat.S_IMODE(os.stat(out / "curve.yaml").st_mode) == 0o600   # private keys
     with open(out / "ps.yaml") as f:
         assert f.readline().startswith(f"# Generated by `zmqflow k8s render --num-ps 2 --num-workers 4 --out {out}`")
@@ -402,7 +526,7 @@ def test_out_writes_one_file_per_component(tmp_path):
     result = invoke("--num-ps", "2", "--num-workers", "4", "--no-curve", "--tfjob", "--out", str(tfjob))
     assert result.exit_code == 0, result.output
     assert sorted(os.listdir(tfjob)) == ["aggregator.yaml", "broker.yaml", "cluster.yaml", "gateway.yaml",
-                                         "reader.yaml", "serve.yaml", "tfjob.yaml"]
+                                         "monitoring.yaml", "reader.yaml", "serve.yaml", "tfjob.yaml"]
 
 
 def test_curve_dir_puts_the_given_keys_in_the_secret(tmp_path):
@@ -493,3 +617,45 @@ def test_the_init_container_writes_what_the_containers_read_and_every_pod_the_sa
                     assert len(glob.glob(files)) == 8
     model = json.loads((prepared / "model.json").read_text())
     assert model["activation"] == "relu" and model["layers"][0] == 784   # the option, and fitted to MNIST
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_training_runs_to_completion_and_stays_done_while_serving_restarts(mode):
+    """The broker and the reader of a finished job exit 0 and stay done (Jobs: a Deployment or StatefulSet started
+    them again, in a loop); so do the ps shards and workers, whichever way they run; a training pod that fails
+    restarts in place, bounded. The serving tasks are Deployments: they restart whenever they stop."""
+    docs = rendered(2, 3, **MODES[mode])
+    kinds = {d["metadata"]["name"]: d["kind"] for d in docs if d["kind"] not in ("Service", "NetworkPolicy",
+                                                                               "ConfigMap", "Namespace",
+                                                                               "PersistentVolumeClaim", "ServiceMonitor")}
+    training = {"jobs": {"ps": "Job", "chief": "Job", "worker": "Job"}, "tfjob": {"zmqflow-train": "TFJob"},
+                "trainjob": {"zmqflow-train": "TrainJob", render.TRAINING_RUNTIME: "TrainingRuntime"}}[mode]
+    assert kinds == {"broker": "Job", "reader": "Job", **training, "serve0": "Deployment", "serve1": "Deployment",
+                     "serve2": "Deployment", "aggregator": "Deployment", "gateway": "Deployment"}
+    for name, template in pod_templates(docs):
+        if mode == "tfjob" and name.startswith("zmqflow-train/"):
+            continue          # the operator's replica restartPolicy: OnFailure (check_tfjob)
+        policy = template["spec"].get("restartPolicy", "Always")
+        serving = name in ("serve0", "serve1", "serve2", "aggregator", "gateway")
+        assert policy == ("Always" if serving else "OnFailure"), name
+    for doc in docs:
+        if doc["kind"] == "Job":
+            assert doc["spec"]["backoffLimit"] == render.BACKOFF_LIMIT and "ttlSecondsAfterFinished" not in doc["spec"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_service_monitor_scrapes_every_tasks_metrics_port(mode):
+    """Every pod's metrics port is behind a Service the ServiceMonitor selects (app: zmqflow, port `metrics`)."""
+    docs = rendered(2, 3, **MODES[mode])
+    [monitor] = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    check_service_monitor(monitor)
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    services = [d for d in docs if d["kind"] == "Service" and selector.items() <= d["metadata"]["labels"].items()
+                and any(p["name"] == "metrics" for p in d["spec"]["ports"])]
+    for name, template in pod_templates(docs):
+        labels, main = template["metadata"]["labels"], template["spec"]["containers"][0]
+        metrics = {"name": "metrics", "containerPort": int(template["metadata"]["annotations"]["prometheus.io/port"])}
+        assert metrics in main["ports"], name
+        [service] = [s for s in services if s["spec"]["selector"].items() <= labels.items()]
+        [port] = [p for p in service["spec"]["ports"] if p["name"] == "metrics"]
+        assert port.get("targetPort", port["port"]) in ("metrics", metrics["containerPort"]), name

@@ -28,7 +28,9 @@ K8S_KEYS = {"broker": ("serving", True), "ps": ("serving", True), "chief": ("adm
             "worker": ("member", False), "reader": ("member", False), "serve0": ("serving", True),
             "serve1": ("serving", True), "serve2": ("serving", True), "aggregator": ("serving", True),
             "gateway": ("serving", False), "zmqflow-train/PS": ("serving", True),
-            "zmqflow-train/Chief": ("admin", False), "zmqflow-train/Worker": ("member", False)}
+            "zmqflow-train/Chief": ("admin", False), "zmqflow-train/Worker": ("member", False),
+            "zmqflow-ps-training/ps": ("serving", True), "zmqflow-ps-training/chief": ("admin", False),
+            "zmqflow-ps-training/worker": ("member", False)}
 ROLES = {"member": {"member", "client"}, "serving": {"client"}, "admin": {"client", "member", "admin"}}
 
 
@@ -71,7 +73,8 @@ def test_each_pod_mounts_its_own_key_pair_only(tfjob, tmp_path):
     docs = render.manifests(render.Options(job_spec(DEPLOYMENT, ps=2, workers=3), tfjob=tfjob), files)
     [secret] = [d for d in docs if d["kind"] == "Secret"]
     templates = dict(pod_templates({(d["kind"], d["metadata"]["name"]): d for d in docs}))
-    assert set(templates) == {n for n in K8S_KEYS if ("/" in n) == tfjob or n in
+    assert set(templates) == {n for n in K8S_KEYS if n.startswith("zmqflow-train/") == tfjob and
+                              not n.startswith("zmqflow-ps-training/") or n in
                               ("broker", "reader", "serve0", "serve1", "serve2", "aggregator", "gateway")}
     for name, template in templates.items():
         key, server = K8S_KEYS[name]

@@ -57,12 +57,14 @@ services:
     depends_on: {train: {condition: service_completed_successfully}}
     ports: ["127.0.0.1:${PORT:-5800}:5800"]
     expose: ["5700"]
+    restart: unless-stopped
   other:
     image: python:3.11-slim
     entrypoint: ["python", "-c"]
     command: ["print(1)"]
     expose: ["5700"]
     profiles: [debug]
+    restart: on-failure:3
   load:
     build: .
     profiles: [loadtest]
@@ -100,6 +102,20 @@ def test_image_entrypoint_is_zmqflow_for_its_own_images_only(compose):
     assert services["serve"].command == ["zmqflow", "serve", "--checkpoint", "/data/ckpt"]   # an image named zmqflow
     assert services["load"].command == ["zmqflow", "--help"]                               # built here: the CMD
     assert services["other"].command == ["python", "-c", "print(1)"]                       # its own entrypoint
+
+
+def test_restart_policies_as_compose_reads_them(compose, tmp_path):
+    services = load(str(compose), env={}).services
+    assert str(services["serve"].restart) == "unless-stopped" and str(services["train"].restart) == "no"
+    other = services["other"].restart
+    assert (other.name, other.max_retries) == ("on-failure", 3)
+    assert other.restarts_after(1, 2) and not other.restarts_after(1, 3) and not other.restarts_after(0, 0)
+    assert services["serve"].restart.restarts_after(0, 99) and not services["train"].restart.restarts_after(1, 0)
+    for bad in ("sometimes", "always:3", "on-failure:x"):
+        path = tmp_path / "bad.yml"
+        path.write_text(f"services:\n  s:\n    image: zmqflow\n    restart: {bad}\n")
+        with pytest.raises(ComposeError, match=f"service s restart: '{bad}' is not a restart policy"):
+            load(str(path), env={})
 
 
 def test_profiles_like_compose(compose):
@@ -174,7 +190,7 @@ def normalized(service):
             "depends_on": {k: v.get("condition", "service_started") if isinstance(v, dict) else "service_started"
                            for k, v in (service.get("depends_on") or {}).items()},
             "profiles": service.get("profiles") or [],
-            "ports": ports}
+            "ports": ports, "restart": service.get("restart") or "no"}
 
 
 @pytest.mark.skipif(not COMPOSE_BINARIES, reason="neither `docker compose` nor `docker-compose` is installed")
