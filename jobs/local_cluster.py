@@ -264,8 +264,8 @@ class LocalCluster:
                     if interrupt is not None and interrupt.is_set():
                         raise AbortedError("the job was interrupted")
                     if deadline is not None and time.monotonic() > deadline:
-                        raise AbortedError(f"the job did not finish within its time limit of {timeout:g} s "
-                                           "(--timeout-secs; timeout= in Python), so every task was stopped")
+                        raise AbortedError(f"the job did not finish within {timeout:g} s, the time limit it was "
+                                           "given (--timeout-secs, timeout= in Python): every task was stopped")
             self._raise_on_failure()
         except AbortedError:
             self.stop()
