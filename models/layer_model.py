@@ -112,7 +112,11 @@ class LayerModel:
             raise InvalidArgumentError(f"only a regression's target is standardised; this model's loss is "
                                        f"{self.loss_name}")
         width = int(np.prod(self.output_shape()))
-        mean, std = (np.broadcast_to(np.asarray(v, dtype=self.dtype).reshape(-1), (width,)).copy() for v in (mean, std))
+        mean, std = (np.asarray(v, dtype=self.dtype).reshape(-1) for v in (mean, std))
+        if {mean.size, std.size} - {1, width}:
+            raise InvalidArgumentError(f"the target's statistics give {mean.size} means and {std.size} deviations "
+                                       f"for a model of {width} outputs")
+        mean, std = np.broadcast_to(mean, (width,)).copy(), np.broadcast_to(std, (width,)).copy()
         if not (np.isfinite(mean).all() and np.isfinite(std).all() and (std > 0).all()):
             raise InvalidArgumentError(f"the target's statistics must be finite with a positive deviation, got mean "
                                        f"{mean.tolist()}, std {std.tolist()}")
