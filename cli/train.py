@@ -6,11 +6,11 @@ import click
 
 from zmqflow.common.processes.service_cli import launcher_curve_option, option
 from zmqflow.common.errors import OpError
-from zmqflow.jobs.local_cluster import run_training
+from zmqflow.jobs.local_cluster import check_output_width, run_training
 from zmqflow.jobs.spec import DEFAULT_OPTIMIZER, INPUTS, MODES, JobSpec, job_spec, optimizer_config
 from zmqflow.models.kernels import BACKENDS
 from zmqflow.models.registry import load_model
-from zmqflow.models.spec import resolve_model, with_options
+from zmqflow.models.spec import BUILTIN_TYPES, resolve_model, with_options
 
 
 DEFAULT = JobSpec()
@@ -44,9 +44,11 @@ DEFAULT = JobSpec()
 @click.option("--checkpoint-dir", default=None, type=click.Path(file_okay=False))
 @click.option("--checkpoint-every-steps", default=None, type=int)
 @click.option("--model", "model_spec", default=None, metavar="MODEL",
-              help="A built-in model (mlp, cnn, logistic), a function in your file (path/model.py:build, called "
-                   "as build(input_signature, **options)), a spec file (.json/.yaml) or inline JSON. "
-                   "Default: the MNIST MLP 784-100-10.")
+              help="A built-in model (mlp, cnn, logistic, linear), a function in your file (path/model.py:build) "
+                   "or in a module on PYTHONPATH or in the current directory (my_module:build), called as "
+                   "build(input_signature, **options) (plus outputs= and task= where it declares them), a spec "
+                   "file (.json/.yaml) or inline JSON. With --data, a built-in is fitted to the data's inputs and "
+                   "task (mlp and cnn also regress). Default: the MNIST MLP 784-100-10.")
 @click.option("--model-opt", "model_opts", multiple=True, metavar="KEY=VALUE",
               help="A model option (repeatable), e.g. --model cnn --model-opt filters=[8,16] --model-opt dense=128.")
 @click.option("--data", "data_spec", default=None, metavar="SPEC",
@@ -66,10 +68,14 @@ DEFAULT = JobSpec()
               type=click.Choice(["accuracy", "log_loss", "macro_f1", "auc", "rmse", "mae", "r2"]),
               help="The validation metric the best checkpoint and early stopping follow (lower is better for "
                    "log_loss, rmse and mae). Default: accuracy, or rmse for a regression.")
+@option("--timeout-secs", default=None, type=click.FloatRange(min=0, min_open=True),
+        help="Stop the whole job (exit 1) if it has not ended after this many seconds. Default: no limit, "
+             "the job runs until it ends.")
 @option("--json-out", "summary_out", old_names=["--summary-out"], default=None, type=click.Path(dir_okay=False),
         help="Write the job's summary here as JSON: final metrics, steps, examples/s, wall time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def command(optimizer_kind, learning_rate, model_spec, model_opts, data_spec, summary_out, as_json, **options):
+def command(optimizer_kind, learning_rate, model_spec, model_opts, data_spec, timeout_secs, summary_out, as_json,
+            **options):
     """Train a model (default: the MNIST MLP) on the shipped MNIST sample, or on your data with --data,
     with a broker, NUM_PS ps shards and NUM_WORKERS workers on this machine. If any task of the job
     fails, the others are stopped and the command exits 1 naming it."""
@@ -83,7 +89,10 @@ def command(optimizer_kind, learning_rate, model_spec, model_opts, data_spec, su
             raise click.BadParameter(str(exc), param_hint="--early-stop-metric") from None
     model = model_for(model_spec, model_opts, data)
     try:
-        stages = stage_count(load_model(model, backend="numpy"))   # a bad model fails here, before any process starts
+        built = load_model(model, backend="numpy")     # a bad model fails here, before any process starts
+        if data is not None or model.get("type") not in BUILTIN_TYPES:   # (the launcher fits a built-in to MNIST)
+            check_output_width(built, data)
+        stages = stage_count(built)
     except OpError as exc:
         raise click.BadParameter(str(exc), param_hint="--model") from None
     if stages > 1 and options["num_workers"] + options["spare_replicas"] != stages:
@@ -91,7 +100,7 @@ def command(optimizer_kind, learning_rate, model_spec, model_opts, data_spec, su
                                  param_hint="--num-workers")
     try:
         spec = job_spec(**options, optimizer=optimizer_config(optimizer_kind, learning_rate), model=model, data=data)
-        summary = run_training(spec, progress=not as_json)
+        summary = run_training(spec, progress=not as_json, timeout=timeout_secs)
     except OpError as exc:
         raise click.ClickException(str(exc)) from None
     if summary_out:

@@ -24,13 +24,13 @@ label: {columns: [outdoor, family, budget], task: multi_label}
 """
 
 
-def build(input_signature, hidden=32):
+def build(input_signature, outputs, hidden=32):
     """input -> relu(hidden) -> one logit per tag; each tag is its own yes/no (sigmoid cross-entropy)."""
     from zmqflow.models.layer_model import LayerModel
     from zmqflow.models.layers import Dense
     from zmqflow.models.network import Sequential
     (shape, _), = input_signature.values()
-    return LayerModel(Sequential([Dense(hidden, activation="relu"), Dense(3)], input_shape=shape),
+    return LayerModel(Sequential([Dense(hidden, activation="relu"), Dense(outputs)], input_shape=shape),
                       loss="sigmoid_cross_entropy", seed=0)
 
 

@@ -287,19 +287,37 @@ class Prepared:
 
 
 def fit(spec, train):
-    """The statistics a spec learns from its train split: numeric means and deviations, the classes."""
+    """The statistics a spec learns from its train split: numeric means and deviations, the classes,
+    and the label's: a regression target's [mean, std] (`target`), each class's or label column's
+    share of the rows (`priors`); model_for_data gives them to the model's head."""
     stats = {"numeric": {}, "classes": spec.label.classes}
     for f in spec.features:
         if f.type == "numeric" and spec.normalize:
-            values = train.columns[f.columns[0]].astype(np.float64)
-            std = float(values.std())
-            stats["numeric"][f.name] = [float(values.mean()), std if std > 0 else 1.0]
-    if spec.label.task in ("multiclass", "binary") and stats["classes"] is None:
-        stats["classes"] = sorted({_class_key(v) for v in train.columns[spec.label.columns[0]]}, key=_sort_key)
-        if spec.label.task == "binary" and len(stats["classes"]) != 2:
-            raise InvalidArgumentError(f"a binary label has two classes; the train split has {stats['classes'][:10]}")
+            stats["numeric"][f.name] = _mean_std(train.columns[f.columns[0]])
+    task, columns = spec.label.task, spec.label.columns
+    if task in ("multiclass", "binary"):
+        values, counts = np.unique(train.columns[columns[0]], return_counts=True)
+        found = {}
+        for value, count in zip(values, counts):
+            found[_class_key(value)] = found.get(_class_key(value), 0) + int(count)
+        if stats["classes"] is None:
+            stats["classes"] = sorted(found, key=_sort_key)
+            if task == "binary" and len(stats["classes"]) != 2:
+                raise InvalidArgumentError(f"a binary label has two classes; the train split has "
+                                           f"{stats['classes'][:10]}")
+        stats["priors"] = [found.get(c, 0) / max(1, len(train)) for c in stats["classes"]]
+    elif task == "multi_label":
+        stats["priors"] = [float(np.mean(train.columns[c].astype(np.float64) == 1)) for c in columns]
+    else:
+        stats["target"] = _mean_std(train.columns[columns[0]])
     spec.stats = stats
     return stats
+
+
+def _mean_std(column):
+    values = column.astype(np.float64)
+    std = float(values.std())
+    return [float(values.mean()), std if std > 0 else 1.0]
 
 
 def _sort_key(value):
@@ -440,37 +458,64 @@ def _unknown_values(feature, tables):
 
 # ------------------------------------------------ the model for the data
 
+TASK_LOSSES = {"multiclass": ("softmax_cross_entropy",), "binary": ("softmax_cross_entropy",),
+               "multi_label": ("sigmoid_cross_entropy",), "regression": ("mse", "huber")}
+"""The losses (models/layer_model.py's heads) a built-in model may have for each task; the first is the default."""
+BUILTIN_TASKS = {"mlp": TASKS, "logistic": ("multiclass", "binary"), "cnn": TASKS, "linear": ("regression",)}
+
+
 def model_for_data(spec, model):
-    """`model` (a model spec) fitted to the data: a built-in gets its input width and classes from the
-    spec, a model file its input signature. InvalidArgument when the model cannot take the data or
-    its task (the built-in MLP and logistic model classify, `linear` regresses)."""
+    """`model` (a model spec) fitted to the data: a built-in gets its input width, outputs and loss
+    from the spec, a model of your own its input signature, `outputs` and `task`; every model gets
+    its head's statistics of the train split (`head_fields`). InvalidArgument when the model cannot
+    take the data or its task (`logistic` classifies, `linear` regresses, mlp and cnn do any task)."""
     signature, task, outputs = input_signature(spec), spec.label.task, classes(spec)
     kind = model.get("type")
     single = list(signature) == ["input"]
-    if kind in ("mlp", "logistic", "cnn", "linear"):
+    if kind in BUILTIN_TASKS:
         if not single:
             raise InvalidArgumentError(f"the built-in {kind} model takes one input; the data gives {list(signature)} "
                                        "(categorical features with encode: ids need a model of your own with an "
                                        "Embedding, or encode: one_hot)")
         (shape, _), = signature.values()
-        if (kind == "linear") != (task == "regression"):
-            raise InvalidArgumentError(f"a {task} label needs {'the linear model or ' if task == 'regression' else ''}"
-                                       f"a model of your own{'' if task == 'regression' else ' or mlp, logistic, cnn'};"
-                                       f" {kind} {'regresses' if kind == 'linear' else 'classifies'}")
-        if task == "multi_label":
-            raise InvalidArgumentError("a multi-label task needs a model of your own with "
-                                       "loss='sigmoid_cross_entropy'")
+        if task not in BUILTIN_TASKS[kind]:
+            able = [k for k, tasks in BUILTIN_TASKS.items() if task in tasks]
+            raise InvalidArgumentError(f"a {task} label needs a model of your own or {', '.join(able)}; "
+                                       f"{kind} {'regresses' if kind == 'linear' else 'classifies'}")
+        loss = model.get("loss", TASK_LOSSES[task][0] if kind != "linear" else "mse")
+        if kind in ("mlp", "cnn", "linear") and loss not in TASK_LOSSES[task]:
+            raise InvalidArgumentError(f"model option loss={loss} does not fit a {task} label: give "
+                                       f"{' or '.join(TASK_LOSSES[task])}")
+    head = head_fields(spec)
     if kind == "mlp":
         if len(shape) != 1:
             raise InvalidArgumentError(f"the built-in MLP takes flat rows; the data's input is {list(shape)}")
-        return {**model, "layers": [shape[0], *model["layers"][1:-1], outputs]}
+        return {**model, "layers": [shape[0], *model["layers"][1:-1], outputs], "loss": loss, **head}
     if kind == "logistic":
-        return {**model, "inputs": shape[0] if len(shape) == 1 else int(np.prod(shape)), "classes": outputs}
+        return {**model, "inputs": shape[0] if len(shape) == 1 else int(np.prod(shape)), "classes": outputs, **head}
     if kind == "linear":
-        return {**model, "inputs": int(np.prod(shape)), "outputs": 1}
+        return {**model, "inputs": int(np.prod(shape)), "outputs": 1, **head}
     if kind == "cnn":
-        return {**model, "inputs": list(shape) if len(shape) > 1 else shape[0], "classes": outputs}
-    return {**model, "input_signature": {k: [list(s), d] for k, (s, d) in signature.items()}}
+        return {**model, "inputs": list(shape) if len(shape) > 1 else shape[0], "loss": loss,
+                **({"classes": outputs} if task in ("multiclass", "binary") else {"outputs": outputs}), **head}
+    return {**model, "input_signature": {k: [list(s), d] for k, (s, d) in signature.items()}, "outputs": outputs,
+            "task": task, **head}
+
+
+def head_fields(spec):
+    """What the train split gives the model's head (models/spec.py's HEAD_FIELDS): a regression's target
+    standardised (`target_scale`, with `normalize`; else its mean as the output bias), a classifier's
+    output bias at the log class priors (softmax: centred; multi-label: the log-odds), each prior
+    kept within [0.001, 0.999] so no output starts at an infinity. {} for statistics without them."""
+    stats, task = spec.stats or {}, spec.label.task
+    if task == "regression" and stats.get("target"):
+        mean, std = stats["target"]
+        return {"target_scale": {"mean": [mean], "std": [std]}} if spec.normalize else {"output_bias": [mean]}
+    if not stats.get("priors"):
+        return {}
+    p = np.clip(np.asarray(stats["priors"], dtype=np.float64), 1e-3, 1 - 1e-3)
+    bias = np.log(p / (1 - p)) if task == "multi_label" else np.log(p) - np.log(p).mean()
+    return {"output_bias": [round(float(b), 6) for b in bias]}
 
 
 # ------------------------------------------------ with the checkpoint

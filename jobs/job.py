@@ -60,9 +60,10 @@ class Job:
             raise
         return self
 
-    def wait(self, timeout=600, progress=False):
+    def wait(self, timeout=None, progress=False):
         """Until every worker has exited: the job's summary (global step, examples/s, test metrics, ...).
-        A failed task, or no end within `timeout` s, stops the whole job and raises AbortedError naming why."""
+        A failed task, or no end within `timeout` s when given (default: no limit), stops the whole job and
+        raises AbortedError naming why."""
         self._require_started()
         if self.summary is not None:
             return self.summary
@@ -75,8 +76,8 @@ class Job:
         self._status = "finished"
         return self.summary
 
-    def run(self, timeout=600, progress=False):
-        """start, wait and stop: the summary of a whole job."""
+    def run(self, timeout=None, progress=False):
+        """start, wait and stop: the summary of a whole job (stopped after `timeout` s when given)."""
         try:
             if self._status == "created":
                 self.start()

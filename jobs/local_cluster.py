@@ -109,6 +109,27 @@ def prepare_data(spec, directory):
     return job_spec(spec, input=kind), data, prepared
 
 
+def check_output_width(model, data=None):
+    """InvalidArgument, before anything starts, when `model`'s output is not as wide as the label of `data`
+    (a fitted DataSpec; None: the shipped MNIST sample) asks: its classes, its label columns, or one value
+    for a regression."""
+    from zmqflow.inputs.data_spec import MNIST, classes
+    from zmqflow.models.protocol import output_width
+    if data is None:
+        want, task, columns, names = len(MNIST["label"]["classes"]), "multiclass", ["label"], MNIST["label"]["classes"]
+    else:
+        want, task, columns, names = classes(data), data.label.task, data.label.columns, data.stats["classes"]
+    got = output_width(model)
+    if got == want:
+        return
+    what = (f"{want} classes {names[:10]}" if task in ("multiclass", "binary") else
+            f"{want} label columns" if task == "multi_label" else "one value")
+    raise InvalidArgumentError(f"the model's output is {got} wide, but the data's {task} label "
+                               f"({', '.join(map(str, columns))}) needs {want}: {what}. Give the output layer "
+                               f"{want} units (a model file's build(input_signature, outputs, ...) gets the width "
+                               "as `outputs`)")
+
+
 def columns_of(prepared):
     """{component: rows} of a prepared split, named as the queue's components (the model's inputs, label)."""
     return {**(dict(prepared.x) if isinstance(prepared.x, dict) else {"input": prepared.x}), "label": prepared.y}
@@ -143,7 +164,7 @@ class LocalCluster:
 
     def start(self):
         self.spec, self.data, self.prepared = prepare_data(self.spec, self.prepared_dir)
-        stages = self._pipeline_stages()   # a pipelined model is one replica over all the workers
+        stages = self._check_model()   # a pipelined model is one replica over all the workers
         self.broker = self.supervisor.start_service("zmqflow.services.broker", name="broker")
         return self.launch(Placement(self.broker.endpoint, prepared=self.prepared_dir, log_dir=self.log_dir,
                                      splits=tuple(self.prepared), train_rows=self.prepared["train"].rows,
@@ -184,12 +205,14 @@ class LocalCluster:
         start = self.supervisor.start_service if service else self.supervisor.start_process
         return start(f"zmqflow.services.{task.role}", task.config_args(self.log_dir), name=task.name, **kwargs)
 
-    def _pipeline_stages(self):
-        """How many workers the model's layers name (1: no pipeline)."""
+    def _check_model(self):
+        """How many workers the model's layers name (1: no pipeline), once its output is known to fit the data."""
         from zmqflow.models.stages import stage_count
         from zmqflow.models.registry import load_model
         from zmqflow.models.spec import resolve_model
-        stages = stage_count(load_model(resolve_model(os.path.join(self.prepared_dir, "model.json"))))
+        model = load_model(resolve_model(os.path.join(self.prepared_dir, "model.json")))
+        check_output_width(model, self.data)
+        stages = stage_count(model)
         if stages > 1 and stages != self.spec.total_workers:
             raise InvalidArgumentError(f"the model's layers run on {stages} workers (/job:worker/task:0..{stages - 1}); "
                                        f"train it with --num-workers {stages} (got {self.spec.total_workers})")
@@ -226,20 +249,23 @@ class LocalCluster:
         with PsShardClient(self.shards[index].endpoint, heartbeat_interval=timeout) as client:
             return client.stats(timeout=timeout)
 
-    def wait(self, progress=False, timeout=600, interrupt=None):
-        """Wait for every worker to exit; return the job's summary. When any task of the job fails (exits
-        non-zero), or `interrupt` (an Event) is set, every other one is stopped and AbortedError says why: the
-        task, its exit code and its last log lines."""
+    def wait(self, progress=False, timeout=None, interrupt=None):
+        """Wait for every worker to exit; return the job's summary. A job runs until it ends unless `timeout`
+        (seconds) is given. When any task of the job fails (exits non-zero), `interrupt` (an Event) is set or
+        the timeout passes, every other one is stopped and AbortedError says why: the task, its exit code and
+        its last log lines."""
         started, training = time.perf_counter(), self.spec.training
-        steps, deadline = training.epochs * self.examples_per_epoch // training.batch_size, time.monotonic() + timeout
+        steps = training.epochs * self.examples_per_epoch // training.batch_size
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             with tqdm(total=steps, desc="training", unit="step", disable=not progress) as bar:
                 for point in job_metrics.stream(self, 0.2, self._raise_on_failure):   # until every worker exits
                     bar.update(max(0, min(point["global_step"], steps) - bar.n))
                     if interrupt is not None and interrupt.is_set():
                         raise AbortedError("the job was interrupted")
-                    if time.monotonic() > deadline:
-                        raise AbortedError(f"the job did not finish within {timeout:g} s")
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise AbortedError(f"the job did not finish within {timeout:g} s, the time limit it was "
+                                           "given (--timeout-secs, timeout= in Python): every task was stopped")
             self._raise_on_failure()
         except AbortedError:
             self.stop()
@@ -285,8 +311,9 @@ class LocalCluster:
         raise AbortedError(f"task {child.name} {how}; the job stopped its other tasks. Its last log lines:\n{tail}")
 
 
-def run_training(spec=None, progress=True, **options):
-    """Run a whole job (a JobSpec and/or options, as LocalCluster takes them); returns its summary."""
+def run_training(spec=None, progress=True, timeout=None, **options):
+    """Run a whole job (a JobSpec and/or options, as LocalCluster takes them); returns its summary. It runs
+    until it ends, or is stopped with AbortedError after `timeout` seconds when given."""
     with LocalCluster(spec, **options) as cluster:
         cluster.start()
-        return cluster.wait(progress)
+        return cluster.wait(progress, timeout=timeout)

@@ -10,6 +10,11 @@ probabilities), `mse` and `huber` (regression; predict gives the values).
 
 `backend` names the ops' backend on the CPU (zmqflow.models.kernels: numpy, numba);
 `place` puts layers on other backends (a GPU's), as the worker's device placement decides.
+
+Fitted to the train split (models/registry.py applies what a data spec's statistics give): the output
+layer's bias starts from `set_output_bias` (log class priors, the target's mean), and a regression's
+target is standardised with `standardize_target` (the loss sees (y - mean) / std, `predict` answers
+in the target's own units), so evaluate, predict, serve and the gateway need no step of their own.
 """
 
 import contextlib
@@ -65,6 +70,8 @@ class LayerModel:
                             np.dtype(node.dtype)) for node in network.inputs]   # floats in the model's dtype
         self.placements, self._placed, self._scope = [], {}, _on_host
         self._steps = 0
+        self.output_bias = None     # {variable name: first value}: set_output_bias
+        self.target_scale = None    # (mean, std), each [outputs]: standardize_target
 
     # ------------------------------------------------ declarations
 
@@ -79,8 +86,41 @@ class LayerModel:
 
     def initial_values(self, seed=None):
         seed = self.seed if seed is None else seed
-        return {v.name: initial_value(v.initializer, v.shape, weight_rng(seed, v.name)).astype(self.dtype)
-                for v in self._variables}
+        values = {v.name: initial_value(v.initializer, v.shape, weight_rng(seed, v.name)).astype(self.dtype)
+                  for v in self._variables}
+        for name, value in (self.output_bias or {}).items():
+            values[name] = value.astype(self.dtype)
+        return values
+
+    # ------------------------------------------------ fitted to the train split
+
+    def set_output_bias(self, values):
+        """Start the output layer's bias at `values` (one per output) instead of zeros: the log class
+        priors of a classifier, the target's mean of a regression, so the first steps need not learn
+        them. Returns whether it applied: the output layer is a Dense with a bias of that width."""
+        layer = self.network.output.layer
+        values = np.asarray(values, dtype=np.float64).reshape(-1)
+        if getattr(layer, "kind", None) != "dense" or not layer.use_bias or values.shape != (layer.units,):
+            return False
+        self.output_bias = {f"{layer.name}/{layer.weight_names[1]}": values}
+        return True
+
+    def standardize_target(self, mean, std):
+        """Train a regression on (y - mean) / std and answer `predict` with outputs * std + mean: the
+        target standardised with the train split's statistics, as its inputs are."""
+        if self.loss_name not in ("mse", "huber"):
+            raise InvalidArgumentError(f"only a regression's target is standardised; this model's loss is "
+                                       f"{self.loss_name}")
+        width = int(np.prod(self.output_shape()))
+        mean, std = (np.asarray(v, dtype=self.dtype).reshape(-1) for v in (mean, std))
+        if {mean.size, std.size} - {1, width}:
+            raise InvalidArgumentError(f"the target's statistics give {mean.size} means and {std.size} deviations "
+                                       f"for a model of {width} outputs")
+        mean, std = np.broadcast_to(mean, (width,)).copy(), np.broadcast_to(std, (width,)).copy()
+        if not (np.isfinite(mean).all() and np.isfinite(std).all() and (std > 0).all()):
+            raise InvalidArgumentError(f"the target's statistics must be finite with a positive deviation, got mean "
+                                       f"{mean.tolist()}, std {std.tolist()}")
+        self.target_scale = (mean, std)
 
     # ------------------------------------------------ compute
 
@@ -121,7 +161,11 @@ class LayerModel:
     def predict(self, params, x):
         tensors = self._tensors(params)
         with self._scope():
-            return self._outputs(self.network.forward(tensors, self._inputs(x), self.context()), self.kernels)
+            outputs = self._outputs(self.network.forward(tensors, self._inputs(x), self.context()), self.kernels)
+        if self.target_scale is None:
+            return outputs
+        mean, std = self.target_scale
+        return (outputs * std + mean).astype(self.dtype, copy=False)
 
     def zero_labels(self, rows):
         """Zero labels in the head's shape: class ids, or a value per output (multi-label, regression)."""
@@ -225,6 +269,9 @@ class LayerModel:
             if y.dtype.kind not in "iu":
                 raise InvalidArgumentError(f"labels must be integer class ids, got {y.dtype}")
             return y if y.ndim == 1 else y.reshape(-1)
+        if self.target_scale is not None:
+            mean, std = self.target_scale
+            return ((y.astype(self.dtype, copy=False) - mean) / std).astype(self.dtype, copy=False)
         return y
 
 

@@ -60,7 +60,8 @@ def to_onnx(model, params, opset=DEFAULT_OPSET, name="model", step=None, version
     if not hasattr(model, "network"):
         raise UnimplementedError(f"{type(model).__name__} has no ONNX mapping: zmqflow exports models built from "
                                  "its layers (LayerModel, the built-in models among them)")
-    out = _head(graph, _network(graph, model.network, params, inputs), model.loss_name)
+    out = _head(graph, _network(graph, model.network, params, inputs), model.loss_name,
+                getattr(model, "target_scale", None))
     graph.add_output(out, output_name(model), tuple(model.output_shape()))
     metadata = {"zmqflow.model": name, "zmqflow.version": version, "zmqflow.step": "" if step is None else str(step),
                 **(extra_metadata or {})}
@@ -326,12 +327,17 @@ def _gelu(graph, x, scope):
                     f"{scope}/gelu")
 
 
-def _head(graph, logits, loss):
-    """What LayerModel.predict answers from the network's output (layer_model.HEADS)."""
+def _head(graph, logits, loss, target_scale=None):
+    """What LayerModel.predict answers from the network's output (layer_model.HEADS): a standardised
+    regression target (`target_scale`, (mean, std)) back in its own units."""
     logits = graph.channels_last(graph.floating(logits))
     if loss == "softmax_cross_entropy":
         return Value(graph.op("Softmax", [logits.name], "head/softmax", axis=-1))
     if loss == "sigmoid_cross_entropy":
         return Value(graph.op("Sigmoid", [logits.name], "head/sigmoid"))
-    return logits
+    if target_scale is None:
+        return logits
+    mean, std = target_scale
+    scaled = graph.op("Mul", [logits.name, graph.weight("head/target_std", std)], "head/target_std")
+    return Value(graph.op("Add", [scaled, graph.weight("head/target_mean", mean)], "head/target_mean"))
 

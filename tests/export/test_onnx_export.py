@@ -140,3 +140,12 @@ def test_without_onnx_the_error_names_the_extra(monkeypatch):
     model = load_model({"type": "logistic", "inputs": 4, "classes": 3})
     with pytest.raises(FailedPreconditionError, match=r"pip install 'zmqflow\[onnx\]'"):
         to_onnx(model, model.initial_values(0))
+
+
+def test_a_standardised_regression_answers_in_its_target_units():
+    """A regression trained on a standardised target (issue 24) exports its outputs * std + mean too."""
+    model = load_model({"type": "mlp", "layers": [4, 8, 2], "loss": "mse",
+                        "target_scale": {"mean": [150.0, -3.0], "std": [50.0, 0.5]}})
+    inputs = {"input": np.random.default_rng(3).normal(size=(9, 4)).astype(np.float32)}
+    proto = assert_matches(model, model.initial_values(0), inputs, "standardised-regression")
+    assert abs(float(run_onnx(proto, inputs)[:, 0].mean()) - 150) < 50          # not the standardised values

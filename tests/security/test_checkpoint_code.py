@@ -2,7 +2,9 @@
 
 The attack of issue 23: a manifest whose model is `subprocess:getoutput`, with the shell command as the
 spec's first key (Popen runs `sh -c <first key>` when handed the spec dict), ran that command under
-`zmqflow evaluate`. Here each command that builds a checkpoint's model (evaluate, predict, export,
+`zmqflow evaluate`. Since issue 24 a function is called as build(input_signature, **options), so the
+crafted manifest here names `subprocess:call` and puts `sh`, `-c` and the command in its input signature
+(Popen runs the signature's names). Here each command that builds a checkpoint's model (evaluate, predict, export,
 serve, the Python API) is handed such a checkpoint for real and must refuse it, naming the reference and
 the two ways to allow it, and the command's marker file must not appear. The same checkpoint with
 --trust-checkpoint-code does run the command (the detector works). A model file runs when trusted or
@@ -52,16 +54,17 @@ def _zmqflow(*args, env=None, timeout=120):
 
 @pytest.fixture
 def crafted(tmp_path):
-    """A checkpoint whose model is `subprocess:getoutput`, the shell command `touch <marker>` its first key."""
+    """A checkpoint whose model is `subprocess:call`, `sh -c "touch <marker>"` the names of its input signature."""
     marker = tmp_path / "pwned"
-    model = {f"touch {marker}": 1, "type": "subprocess:getoutput"}
+    model = {"type": "subprocess:call",
+             "input_signature": {name: [[1], "float32"] for name in ("sh", "-c", f"touch {marker}")}}
     save_params(str(tmp_path / "ckpt"), 1, load_model(LOGISTIC).initial_values(0), {"model": model})
     return tmp_path / "ckpt", marker
 
 
 def _assert_refused(output, marker):
-    assert REFUSED in output and "'subprocess:getoutput'" in output, output
-    assert "--model subprocess:getoutput" in output and "--trust-checkpoint-code" in output, output
+    assert REFUSED in output and "'subprocess:call'" in output, output
+    assert "--model subprocess:call" in output and "--trust-checkpoint-code" in output, output
     assert not marker.exists(), "the checkpoint's command ran"
 
 
@@ -119,10 +122,11 @@ def test_the_python_api_refuses_it(crafted, tmp_path):
 
 def test_trusted_the_checkpoint_code_runs(crafted):
     """The detector works: with --trust-checkpoint-code the very same checkpoint runs its command (and then
-    fails, getoutput being no model): what the refusals above keep from happening."""
+    fails, call's exit code being no model): what the refusals above keep from happening."""
     ckpt, marker = crafted
     result = _zmqflow("evaluate", "--checkpoint", ckpt, "--trust-checkpoint-code")
-    assert result.returncode == 2 and "does not implement variables" in result.stderr, result.stderr
+    assert result.returncode == 2 and "subprocess:call returned int, which lacks the model protocol" in \
+        result.stderr, result.stderr
     assert marker.exists()
 
 
