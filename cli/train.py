@@ -68,9 +68,9 @@ DEFAULT = JobSpec()
               type=click.Choice(["accuracy", "log_loss", "macro_f1", "auc", "rmse", "mae", "r2"]),
               help="The validation metric the best checkpoint and early stopping follow (lower is better for "
                    "log_loss, rmse and mae). Default: accuracy, or rmse for a regression.")
-@option("--timeout-secs", default=None, type=click.FloatRange(min=0, min_open=True),
-        help="Stop the whole job (exit 1) if it has not ended after this many seconds. Default: no limit, "
-             "the job runs until it ends.")
+@click.option("--timeout-secs", default=None, type=click.FloatRange(min=0, min_open=True),
+              help="Stop the whole job (exit 1) if it has not ended after this many seconds. Default: no limit, "
+                   "the job runs until it ends.")
 @option("--json-out", "summary_out", old_names=["--summary-out"], default=None, type=click.Path(dir_okay=False),
         help="Write the job's summary here as JSON: final metrics, steps, examples/s, wall time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")

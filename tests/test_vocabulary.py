@@ -45,6 +45,11 @@ ALLOWLIST = {
     ("up", "--config"): "compose's `config`: print the resolved file (a flag here, as `docker compose config`)",
     ("ps", "--total-num-replicas"): "TensorFlow's SyncReplicasOptimizer(total_num_replicas=)",
     ("up", "--no-deps"): "docker compose up --no-deps",
+    ("up", "--wait"): "docker compose up --wait (a switch: return once healthy; --wait-secs bounds it)",
+    ("down", "--timeout"): "docker compose down --timeout (seconds a service gets to stop)",
+    ("logs", "--no-color"): "docker compose logs --no-color",
+    ("logs", "--no-log-prefix"): "docker compose logs --no-log-prefix",
+    ("ps", "--services"): "docker compose ps --services (a switch: list the services' names)",
 }
 """(command or *, option): why it may break a rule (a name that is standard elsewhere)."""
 
