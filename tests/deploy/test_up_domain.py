@@ -54,7 +54,7 @@ def write(tmp_path, text):
     ("services:\n  a: {image: x, command: x, volumes: ['nope:/data']}\n",
      "service a volumes: named volume 'nope' is not declared"),
     ("services:\n  a: {image: x, command: x, profiles: debug}\n", "service a profiles: expected a list"),
-    ("services:\n  a: {image: x, command: x, environment: {DEBUG: yes}}\n", "service a environment DEBUG: true is a YAML boolean"),
+    ("services:\n  a: {image: x, command: x, environment: {DEBUG: true}}\n", "service a environment DEBUG: true is a YAML boolean"),
 ])
 def test_bad_compose_files_are_named(tmp_path, text, message):
     with pytest.raises(ComposeError, match=message):

@@ -117,7 +117,7 @@ def test_shipped_topology_serves_an_ensemble_through_the_aggregator(project, tmp
         assert "zmqflow_rpc_request_duration_seconds_bucket" in scraped["serve0"]
         predictions_through_the_gateway(f"127.0.0.1:{8000 + offset}", x)
         gateway_metrics = urllib.request.urlopen(f"http://127.0.0.1:{9000 + offset}/metrics", timeout=5).read().decode()
-        assert 'zmqflow_gateway_infer_requests_total{model="ensemble",status="200"} 2.0' in gateway_metrics
+        assert 'zmqflow_gateway_infer_requests_total{model="ensemble",status="200",task="gateway"} 2.0' in gateway_metrics
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
