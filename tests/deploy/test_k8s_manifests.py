@@ -217,8 +217,8 @@ def test_every_pod_is_scraped_by_prometheus_on_its_metrics_port():
     for name, template in pod_templates(documents()):
         main = template["spec"]["containers"][0]
         env = {e["name"]: e.get("value") for e in main.get("env", [])}
-        flag = (main["args"][main["args"].index("--metrics-port") + 1] if "--metrics-port" in main["args"]
-                else env.get("ZMQFLOW_METRICS_PORT"))
+        flag = (main["args"][main["args"].index("--metrics-bind") + 1] if "--metrics-bind" in main["args"]
+                else env.get("ZMQFLOW_METRICS_BIND"))
         host, port = flag.split(":")
         assert host == "0.0.0.0", name                      # reachable from the Prometheus pod
         annotations = template["metadata"]["annotations"]

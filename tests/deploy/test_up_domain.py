@@ -67,17 +67,17 @@ def test_localize_hosts_ports_tf_config_and_volumes(project, tmp_path):
     cluster = json.loads(ps0.env["TF_CONFIG"])["cluster"]
     assert cluster["ps"] == ["127.0.0.1:6600", "127.0.0.1:6601"] and cluster["broker"] == ["127.0.0.1:6555"]
     assert ps0.argv[ps0.argv.index("--restore-from") + 1] == str(tmp_path / "zmqflow-data" / "ckpt")
-    assert ps0.argv[-2:] == ["--metrics-port", "127.0.0.1:7600"]   # metrics move with the offset too
+    assert ps0.argv[-2:] == ["--metrics-bind", "127.0.0.1:7600"]   # metrics move with the offset too
     worker1 = localizer.localize(project.services["worker1"])
-    assert worker1.env["ZMQFLOW_METRICS_PORT"] == "127.0.0.1:7611"
+    assert worker1.env["ZMQFLOW_METRICS_BIND"] == "127.0.0.1:7611"
     assert ps0.health == ["zmqflow", "ping", "--address", "tcp://127.0.0.1:6600"]
     broker = localizer.localize(project.services["broker"])
-    assert broker.argv[broker.argv.index("--bind") + 1] == "tcp://127.0.0.1:6555"
+    assert broker.argv[broker.argv.index("--bind") + 1] == "127.0.0.1:6555"
     aggregator = localizer.localize(project.services["aggregator"])
     assert "tcp://127.0.0.1:6702" in aggregator.argv and not any("serve" in a for a in aggregator.argv)
     gateway = localizer.localize(project.services["gateway"])   # HTTP addresses move like the ZeroMQ ones
     assert gateway.argv[2:8] == ["--aggregator", "tcp://127.0.0.1:6800", "--bind", "127.0.0.1:9000",
-                                 "--metrics-port", "127.0.0.1:10000"]
+                                 "--metrics-bind", "127.0.0.1:10000"]
     assert gateway.health[-1] == "http://127.0.0.1:9000/v2/health/ready"
     # only the topology's hosts move: a port on another host, or a path like /database, stays
     assert localizer.address("tcp://example.org:5600 ps0:5600x tcp://*:5601") == \

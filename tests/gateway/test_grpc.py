@@ -161,7 +161,7 @@ def _answers(client, model):
 
 def test_request_metrics_per_model_and_code(topology, processes):
     metrics_port, grpc_port = free_port(), free_port()
-    processes.service("zmqflow.services.gateway", ["--aggregator", topology.aggregator.endpoint, "--metrics-port",
+    processes.service("zmqflow.services.gateway", ["--aggregator", topology.aggregator.endpoint, "--metrics-bind",
                                                    str(metrics_port), "--grpc-bind", str(grpc_port)],
                       bind="127.0.0.1:0")
     with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:   # a bare port: loopback
