@@ -24,7 +24,9 @@ DEFAULT = JobSpec()
 @click.option("--spare-replicas", default=DEFAULT.cluster.spare_replicas,
               help="Sync: extra workers beyond replicas_to_aggregate.")
 @click.option("--epochs", default=DEFAULT.training.epochs)
-@click.option("--batch-size", default=DEFAULT.training.batch_size)
+@click.option("--batch-size", default=None, type=click.IntRange(min=1),
+              help="Rows a step. Default: 100, or a tenth of a train split under 1,000 rows (at least 10 steps an "
+                   "epoch).")
 @click.option("--optimizer", "optimizer_kind", default=DEFAULT_OPTIMIZER["kind"],
               type=click.Choice(["sgd", "momentum", "adam", "adagrad"]))
 @click.option("--learning-rate", default=DEFAULT_OPTIMIZER["learning_rate"])
