@@ -64,10 +64,11 @@ def prepare_command(data_spec, model_spec, model_opts, out_dir, shards, seed):
     --model OUT/model.json`, `zmqflow worker --model OUT/model.json --data-config OUT/data-config.json
     --evaluate` (the chief scores the test split at the end). Bad data exits 2 naming the file, line and
     column."""
+    from zmqflow.inputs.data_spec import is_mnist_sample, load_spec
     from zmqflow.inputs.prepared_shards import prepare_for_readers
     from zmqflow.models.spec import resolve_model, with_options
     try:
-        model = with_options(resolve_model(model_spec), model_opts)
+        model = with_options(resolve_model(model_spec, data_mlp=not is_mnist_sample(load_spec(data_spec))), model_opts)
         done = prepare_for_readers(data_spec, out_dir, model, shards=shards, seed=seed)
     except OSError as exc:
         raise click.ClickException(f"cannot write to {out_dir}: {exc}") from None

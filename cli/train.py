@@ -24,10 +24,15 @@ DEFAULT = JobSpec()
 @click.option("--spare-replicas", default=DEFAULT.cluster.spare_replicas,
               help="Sync: extra workers beyond replicas_to_aggregate.")
 @click.option("--epochs", default=DEFAULT.training.epochs)
-@click.option("--batch-size", default=DEFAULT.training.batch_size)
+@click.option("--batch-size", default=None, type=click.IntRange(min=1),
+              help="Rows a step. Default: 100, or a tenth of a train split under 1,000 rows (at least 10 steps an "
+                   "epoch).")
 @click.option("--optimizer", "optimizer_kind", default=DEFAULT_OPTIMIZER["kind"],
               type=click.Choice(["sgd", "momentum", "adam", "adagrad"]))
 @click.option("--learning-rate", default=DEFAULT_OPTIMIZER["learning_rate"])
+@click.option("--learning-rate-decay/--no-learning-rate-decay", default=DEFAULT.training.learning_rate_decay,
+              help="The learning rate falls linearly to 0.0001 over the job's steps (tf.train.polynomial_decay's "
+                   "defaults), so the last steps settle instead of jumping about the optimum.")
 @click.option("--backend", default=DEFAULT.training.backend, type=click.Choice(BACKENDS))
 @option("--shuffle-queue/--no-shuffle-queue", "shuffle_queue", old_names={"--fifo-queue": "--no-shuffle-queue"},
         default=None, help="Feed through a RandomShuffleQueue (tf.train.shuffle_batch), or a FIFOQueue "
@@ -132,9 +137,10 @@ def fitted_data(data_spec):
 def model_for(model_spec, model_opts, data):
     """The model spec with its options, shaped for the data (None: as it is): a bad option fails here."""
     try:
-        model = with_options(resolve_model(model_spec), model_opts)
+        from zmqflow.inputs.data_spec import is_mnist_sample, model_for_data
+        model = with_options(resolve_model(model_spec, data_mlp=data is not None and not is_mnist_sample(data)),
+                             model_opts)
         if data is not None:
-            from zmqflow.inputs.data_spec import model_for_data
             model = model_for_data(data, model)
     except OpError as exc:
         raise click.BadParameter(str(exc), param_hint="--model") from None

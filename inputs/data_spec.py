@@ -327,6 +327,12 @@ def _sort_key(value):
         return (1, 0.0, value)
 
 
+def is_mnist_sample(spec):
+    """Whether `spec` is the shipped MNIST sample (`--data mnist`, or no data), whose `mlp` keeps the seeds'
+    initialisation (models/spec.py's MNIST_MLP; any other data gets DATA_MLP)."""
+    return spec.format == "mnist"
+
+
 def input_signature(spec):
     """{input: (per-example shape, dtype)} the spec's inputs have (what `build(input_signature)` gets)."""
     signature = {}

@@ -31,13 +31,13 @@ class Job:
     @renamed_keywords(ps="num_ps", workers="num_workers")
     def __init__(self, num_ps=None, num_workers=None, data=None, model=None, model_options=None, spec=None,
                  **options):
+        from zmqflow.inputs.data_spec import fit, is_mnist_sample, load_spec, load_tables
         from zmqflow.models.spec import resolve_model
-        if model_options:
-            model = {**resolve_model(model), **model_options}
         if data is not None:      # bad data fails here, before any process starts
-            from zmqflow.inputs.data_spec import fit, load_spec, load_tables
             data = load_spec(data)
             fit(data, load_tables(data)["train"])
+        if model_options:
+            model = {**resolve_model(model, data_mlp=data is not None and not is_mnist_sample(data)), **model_options}
         if options.get("log_dir"):
             os.makedirs(options["log_dir"], exist_ok=True)
         self.cluster = LocalCluster(spec, num_ps=num_ps, num_workers=num_workers, model=model, data=data, **options)

@@ -29,7 +29,7 @@ from zmqflow.common.clients.queues import FIFOQueue, RandomShuffleQueue
 from zmqflow.common.rpc.client import default_pool
 from zmqflow.common.processes.supervisor import Supervisor
 from zmqflow.jobs import job_metrics
-from zmqflow.jobs.spec import Placement, TaskSpec, job_spec, tasks
+from zmqflow.jobs.spec import Placement, TaskSpec, batch_size_for, decayed_optimizer, job_spec, tasks
 
 
 def start_feeder(columns, epochs, stop, broker, queue, capacity, min_after_dequeue=None, seed=0, container=""):
@@ -85,12 +85,14 @@ def prepare_data(spec, directory):
     as the model's inputs, and the input mode the job takes (`spec.input.kind`, else: readers for the shipped
     sample; a data spec from memory, unless it is a CSV whose prepared train split passes
     spec_stream.FEED_FROM_MEMORY_MAX_BYTES and nothing may stop the job early (readers take the chief's early
-    close as a failure): then reader processes stream it). model.json (the model fitted
+    close as a failure): then reader processes stream it), the batch size (default: jobs/spec.py's
+    batch_size_for the train split) and the optimizer's learning rate decayed over the job's steps
+    (decayed_optimizer). model.json (the model fitted
     to the data) and data-config.json are written to `directory`, as a deployment's `data prepare` writes them;
     for readers, a train split they cannot stream (not CSV) as record shards too.
     Returns (the spec with its input mode, DataSpec, {split: Prepared})."""
     from zmqflow.inputs import spec_stream
-    from zmqflow.inputs.data_spec import fit, load_spec, load_tables, prepare
+    from zmqflow.inputs.data_spec import fit, is_mnist_sample, load_spec, load_tables, prepare
     from zmqflow.inputs.prepared_shards import write_prepared
     from zmqflow.models.spec import resolve_model, with_options
     data = load_spec("mnist" if spec.data is None else spec.data)
@@ -104,9 +106,12 @@ def prepare_data(spec, directory):
                     and size > spec_stream.FEED_FROM_MEMORY_MAX_BYTES)
         kind = "readers" if spec.data is None or streamed else "preloaded"
     shards = 8 if kind == "readers" and data.format not in spec_stream.STREAMED_FORMATS else 0
-    model = with_options(resolve_model(spec.model), spec.model_options)
+    model = with_options(resolve_model(spec.model, data_mlp=spec.data is not None and not is_mnist_sample(data)),
+                         spec.model_options)
     write_prepared(data, prepared["train"], model, directory, shards=shards, seed=spec.training.seed)
-    return job_spec(spec, input=kind), data, prepared
+    rows = prepared["train"].rows
+    spec = job_spec(spec, input=kind, batch_size=spec.training.batch_size or batch_size_for(rows))
+    return job_spec(spec, optimizer=decayed_optimizer(spec, rows)), data, prepared
 
 
 def check_output_width(model, data=None):

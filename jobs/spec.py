@@ -36,6 +36,39 @@ def optimizer_config(kind, learning_rate):
     return {"kind": kind, "learning_rate": learning_rate, **({"momentum": 0.9} if kind == "momentum" else {})}
 
 
+DEFAULT_BATCH_SIZE = 100
+
+
+def batch_size_for(train_rows):
+    """The default batch of a train split of `train_rows` rows: 100, or a tenth of a smaller split (rounded up), so
+    an epoch is at least 10 steps, as Keras' 32 makes it on a few hundred rows. Why: 20 epochs of a 100-row CSV
+    (70 train rows) are 14 steps of 100 rows and scored 0.7 test accuracy; of 7 rows, 200 steps, 1.0."""
+    return max(1, min(DEFAULT_BATCH_SIZE, -(-int(train_rows) // 10)))
+
+
+DECAY_END_LEARNING_RATE = 0.0001
+"""tf.train.polynomial_decay's default end_learning_rate: where the decayed rate ends (or the rate, if lower)."""
+
+
+def decayed_optimizer(spec, train_rows):
+    """The job's optimizer with its constant learning rate falling linearly to DECAY_END_LEARNING_RATE over the
+    job's global steps (tf.train.polynomial_decay with power 1), when `spec.training.learning_rate_decay`; a
+    schedule of the user's own stays as it is. Why: two async workers compute on parameters a few updates old,
+    and Adam's steps keep their size near the optimum, so a constant rate ends wherever the last steps left it:
+    the defaults' MLP on a 442-row regression ended at test RMSE 36.0-40.7 after 20 epochs with Adam 0.004, and
+    at 35.25-35.36 decayed (least squares: 34.3); on scikit-learn's diabetes set 53.1 decayed against 55.2-57.3
+    (least squares: 53.3). MNIST's 10 epochs score the same (0.918-0.920 decayed, 0.912-0.924 constant)."""
+    optimizer, training = spec.training.optimizer, spec.training
+    rate = optimizer.get("learning_rate")
+    if not training.learning_rate_decay or not isinstance(rate, (int, float)) or isinstance(rate, bool):
+        return optimizer
+    batches = -(-training.epochs * train_rows // (training.batch_size or batch_size_for(train_rows)))
+    per_step = (spec.cluster.replicas_to_aggregate or spec.cluster.workers) if spec.cluster.mode == "sync" else 1
+    return {**optimizer, "learning_rate": {"kind": "polynomial_decay", "learning_rate": rate,
+                                           "decay_steps": max(1, batches // per_step),
+                                           "end_learning_rate": min(rate, DECAY_END_LEARNING_RATE)}}
+
+
 # A deployment's fixed ports (docker-compose.yml, deploy/k8s): every task serves Prometheus metrics on
 # its ZeroMQ port + METRICS_OFFSET.
 BROKER_PORT, PS_PORT, WORKER_PORT, SERVE_PORT, AGGREGATOR_PORT = 5555, 5600, 5610, 5700, 5800
@@ -78,8 +111,9 @@ class InputConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     epochs: int = 10
-    batch_size: int = 100
+    batch_size: int | None = None       # None: batch_size_for(the train split's rows); a deployment: 100
     optimizer: dict = field(default_factory=lambda: dict(DEFAULT_OPTIMIZER))
+    learning_rate_decay: bool = True    # a local job: the rate falls over its steps (decayed_optimizer)
     backend: str = DEFAULT_BACKEND
     bf16: bool = False
     seed: int = 0
@@ -135,6 +169,8 @@ class JobSpec:
         for name, value, least in (("ps", c.ps, 1), ("workers", c.workers, 1), ("spare_replicas", c.spare_replicas, 0),
                                    ("readers", c.readers, 1), ("epochs", self.training.epochs, 1),
                                    ("batch_size", self.training.batch_size, 1)):
+            if name == "batch_size" and value is None:    # the launcher's choice (batch_size_for)
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise InvalidArgumentError(f"{name} must be an integer >= {least}, not {value!r}")
         for name, value in (("data", self.data), ("model", self.model), ("serving name", self.serving.name)):
@@ -351,7 +387,7 @@ def _worker_task(spec, placement, index):
                "epochs": spec.training.epochs if spec.input.kind == "ps" else None,
                "container": placement.container, "model": f"{placement.prepared}/{MODEL_JSON}",
                "max-shard-bytes": spec.cluster.max_shard_bytes,
-               "batch-size": spec.training.batch_size, "backend": spec.training.backend,
+               "batch-size": spec.training.batch_size or DEFAULT_BATCH_SIZE, "backend": spec.training.backend,
                "log-every": spec.training.log_every,
                "mode": "sync" if spec.cluster.mode == "sync" else None,
                "bf16": spec.training.bf16, "at-least-once": spec.input.at_least_once,

@@ -207,7 +207,16 @@ MNIST_MLP = {"type": "mlp", "layers": [784, 100, 10], "activation": "sigmoid",
              "init": {"kind": "truncated_normal", "stddev": 0.1}, "seed": 1}
 """The seeds' distributed MNIST network: 784-100-10 with a sigmoid hidden layer."""
 
+DATA_MLP = {**MNIST_MLP, "activation": "relu", "init": "glorot_uniform"}
+"""`mlp` (and no --model) fitted to a data spec other than the MNIST sample: the MNIST MLP's 100 hidden units
+with Keras' Dense defaults, relu and glorot_uniform weights (biases start at zero). The seeds' sigmoid and
+truncated normal (stddev 0.1) leave an MLP on a few standardised columns nearly linear and slow: on the
+300-row examples/data/flowers.csv, 20 epochs (42 steps) of it scored 0.28-0.62 test accuracy, this 1.0."""
 
-def resolve_model(model_spec):
-    """The spec of a `--model` option: the MNIST MLP when it is not given, else read_spec's."""
-    return MNIST_MLP if model_spec is None else read_spec(model_spec)
+
+def resolve_model(model_spec, data_mlp=False):
+    """The spec of a `--model` option: read_spec's, and the MNIST MLP when it is not given. `data_mlp`: the
+    model is fitted to a data spec other than the MNIST sample, where `mlp` and no model are DATA_MLP."""
+    if model_spec is None or (isinstance(model_spec, str) and model_spec.strip() == "mlp"):
+        return dict(DATA_MLP if data_mlp else MNIST_MLP)
+    return read_spec(model_spec)

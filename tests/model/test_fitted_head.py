@@ -1,7 +1,9 @@
 """What the train split gives a model (issue 24's defaults that failed quietly): a regression's target
 standardised and answered back in its own units, output biases from the class priors or the target's
 mean, mlp and cnn fitted to any task, the task passed to a model file's build, `module:build` and a
-"did you mean" for a misspelt model."""
+"did you mean" for a misspelt model; and what a small split gets to train well by default: Keras' Dense
+initialisation, a batch of at most a tenth of its rows, a learning rate that decays over the job's steps
+(tests/integration/test_train_on_data.py trains with them)."""
 
 import numpy as np
 import pytest
@@ -9,7 +11,9 @@ import pytest
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.inputs.data_spec import DataSpec, Table, fit, model_for_data
 from zmqflow.models.registry import load_model
-from zmqflow.models.spec import read_spec, resolve_model
+from zmqflow.inputs.data_spec import is_mnist_sample, load_spec
+from zmqflow.jobs.spec import ClusterConfig, JobSpec, TrainConfig, batch_size_for, decayed_optimizer
+from zmqflow.models.spec import DATA_MLP, MNIST_MLP, read_spec, resolve_model, with_options
 
 pytestmark = pytest.mark.unit
 
@@ -148,3 +152,37 @@ def test_a_module_function_is_a_model(tmp_path, monkeypatch):
 def test_a_string_that_names_no_model_says_what_would(text, message):
     with pytest.raises(InvalidArgumentError, match=message):
         read_spec(text)
+
+
+def test_mlp_fitted_to_your_data_starts_from_keras_dense_defaults_and_the_mnist_sample_keeps_the_seeds():
+    for spec in (resolve_model("mlp", data_mlp=True), resolve_model(None, data_mlp=True)):
+        assert spec == DATA_MLP and spec["activation"] == "relu" and spec["init"] == "glorot_uniform"
+    assert resolve_model("mlp") == resolve_model(None) == MNIST_MLP            # the MNIST sample's documented MLP
+    assert with_options(resolve_model("mlp", data_mlp=True), ["activation=sigmoid"])["activation"] == "sigmoid"
+    assert resolve_model("linear", data_mlp=True) == {"type": "linear"}       # only mlp has a data preset
+    assert is_mnist_sample(load_spec("mnist")) and not is_mnist_sample(fitted(regression()))
+    values = load_model(model_for_data(fitted(regression()), resolve_model("mlp", data_mlp=True))).initial_values()
+    limit = np.sqrt(6 / (2 + 100))                                            # glorot_uniform of a 2 -> 100 kernel
+    kernel = values["hidden/weights"]
+    assert np.abs(kernel).max() <= limit and kernel.std() == pytest.approx(limit / np.sqrt(3), rel=0.15)   # uniform
+    assert not values["hidden/biases"].any()
+
+
+def test_a_small_train_split_gets_ten_steps_an_epoch_and_mnist_keeps_batches_of_100():
+    assert [batch_size_for(rows) for rows in (1, 70, 210, 354, 999, 1000, 4500, 60000)] == \
+        [1, 7, 21, 36, 100, 100, 100, 100]
+
+
+def test_the_learning_rate_decays_over_the_jobs_global_steps_unless_turned_off_or_a_schedule_of_your_own():
+    spec = JobSpec(training=TrainConfig(epochs=20, batch_size=36))
+    assert decayed_optimizer(spec, 354) == {"kind": "adam", "learning_rate": {         # 7,080 rows: 197 batches
+        "kind": "polynomial_decay", "learning_rate": 0.004, "decay_steps": 197, "end_learning_rate": 0.0001}}
+    sync = JobSpec(ClusterConfig(workers=2, mode="sync"), training=TrainConfig(epochs=20, batch_size=36))
+    assert decayed_optimizer(sync, 354)["learning_rate"]["decay_steps"] == 98         # two batches a global step
+    small = JobSpec(training=TrainConfig(optimizer={"kind": "sgd", "learning_rate": 0.00005}, batch_size=100))
+    assert decayed_optimizer(small, 1000)["learning_rate"]["end_learning_rate"] == 0.00005   # never above the rate
+    off = JobSpec(training=TrainConfig(learning_rate_decay=False))
+    assert decayed_optimizer(off, 354) == {"kind": "adam", "learning_rate": 0.004}
+    own = {"kind": "adam", "learning_rate": {"kind": "exponential_decay", "learning_rate": 0.01, "decay_steps": 10,
+                                              "decay_rate": 0.5}}
+    assert decayed_optimizer(JobSpec(training=TrainConfig(optimizer=own)), 354) == own
