@@ -15,13 +15,23 @@ from zmqflow.models.kernels import BACKENDS
 from zmqflow.jobs.sweep.space import MLP_ONLY, MODEL_PREFIX, SpaceError, build_space, describe, grid, load_space, parse_grid, sample
 
 
-def _points(grid_text, space_file, sampler, trials, seed, epochs, batch_size):
-    """(space, base, points): the points of a grid or random search; None for tpe, which asks Optuna."""
+def _points(grid_text, space_file, sampler, trials, seed, epochs, batch_size, data=None):
+    """(space, base, points): the points of a grid or random search; None for tpe, which asks Optuna. A data
+    spec other than the MNIST sample makes relu the MLP's activation (DATA_MLP) and batch_size_for its train
+    split the batch size, unless the space or --batch-size sets them, as `zmqflow train --data` does."""
     if grid_text and space_file:
         raise click.UsageError("give --grid or --space, not both")
     if not grid_text and not space_file:
         raise click.UsageError("give the hyperparameters: --grid 'lr=0.001,0.01;hidden=64,128' or --space FILE")
-    base = {"epochs": epochs, "batch_size": batch_size}
+    from zmqflow.inputs.data_spec import is_mnist_sample
+    from zmqflow.jobs.spec import batch_size_for
+    from zmqflow.models.spec import DATA_MLP
+    base = {"epochs": epochs}
+    if batch_size is not None:
+        base["batch_size"] = batch_size
+    if data is not None and not is_mnist_sample(data):   # as `zmqflow train --data` fits them
+        base["activation"] = DATA_MLP["activation"]
+        base.setdefault("batch_size", batch_size_for(data.stats["train_rows"]))
     try:
         space = parse_grid(grid_text) if grid_text else load_space(space_file)
         build_space(base)  # the base values are checked like any other
@@ -92,7 +102,8 @@ def _sampler(sampler, trials, random_runs):
                    "(needs the sweep extra, which keeps the study in OUT/study.journal).")
 @click.option("--epochs", default=3, type=click.IntRange(min=1), help="Epochs of a run unless the space sets them.")
 @click.option("--batch-size", default=TrainConfig.batch_size, type=click.IntRange(min=1),
-              help="Batch size of a run unless the space sets it.")
+              help="Batch size of a run unless the space sets it (default: 100, or a tenth of a data spec's train "
+                   "split under 1,000 rows, as zmqflow train).")
 @click.option("--out", "out_dir", default="sweep-out", type=click.Path(file_okay=False),
               help="Writes leaderboard.json, leaderboard.csv, sweep.png (with the plot extra), checkpoints/RUN/ "
                    "(the kept runs, each with its model.json: `zmqflow serve --checkpoint DIR --model "
@@ -144,7 +155,8 @@ def command(grid_text, space_file, sampler, trials, random_runs, seed, pruner, p
     if parallel is not None and devices_text is not None:
         raise click.UsageError("give --parallel (runs on the default device) or --devices (one run per listed "
                                "device), not both")
-    space, base, points = _points(grid_text, space_file, sampler, trials, seed, epochs, batch_size)
+    data = fitted_data(data_spec)
+    space, base, points = _points(grid_text, space_file, sampler, trials, seed, epochs, batch_size, data)
     try:
         devices = device_slots(devices_text) if devices_text is not None else None
     except ValueError as exc:
@@ -156,7 +168,6 @@ def command(grid_text, space_file, sampler, trials, random_runs, seed, pruner, p
             import_optuna(needs)
     except StudyError as exc:
         raise click.UsageError(str(exc)) from None
-    data = fitted_data(data_spec)
     shaping = points if points is not None else grid(   # tpe: every model its choices can shape
         {k: v for k, v in space.items() if k in MLP_ONLY or k.startswith(MODEL_PREFIX)}, base)
     base_model = _base_model(model_spec, model_opts, grid_text or space_file, shaping, data)

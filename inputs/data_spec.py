@@ -289,8 +289,9 @@ class Prepared:
 def fit(spec, train):
     """The statistics a spec learns from its train split: numeric means and deviations, the classes,
     and the label's: a regression target's [mean, std] (`target`), each class's or label column's
-    share of the rows (`priors`); model_for_data gives them to the model's head."""
-    stats = {"numeric": {}, "classes": spec.label.classes}
+    share of the rows (`priors`); model_for_data gives them to the model's head. `train_rows` sizes the
+    default batch (jobs/spec.py's batch_size_for) where no job has counted the rows."""
+    stats = {"numeric": {}, "classes": spec.label.classes, "train_rows": len(train)}
     for f in spec.features:
         if f.type == "numeric" and spec.normalize:
             stats["numeric"][f.name] = _mean_std(train.columns[f.columns[0]])

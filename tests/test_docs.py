@@ -178,6 +178,7 @@ def _checkpoint_torch(scope, printed):
 def _data_from_python(scope, printed):
     summary = scope["summary"]      # what the block prints: the test split's metrics and the best validation
     assert set(summary["test_metrics"]) >= {"accuracy", "log_loss", "macro_f1"}, summary
+    assert summary["test_metrics"]["accuracy"] > 0.8, summary    # three separable kinds: the defaults must learn them
     assert 0 < summary["best_validation"]["step"] <= summary["global_step"], summary
     assert printed.startswith(str(summary["test_metrics"])), printed
 

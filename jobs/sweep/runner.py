@@ -39,11 +39,13 @@ DEVICE_FORMS = "cpu, a GPU index (0), gpu:0 or /gpu:0"
 
 def model_spec(point, seed=1, base=None):
     """The model of a point: `base` (a spec, --model and its --model-opt) with the point's model.<option>
-    values; without a base or for the MLP, 784, the point's hidden widths, 10 (the seeds' MNIST network)."""
+    values; without a base or for the MLP, 784, the point's hidden widths, 10 (the seeds' MNIST network), with
+    the base's initialisation (a data spec's DATA_MLP: glorot_uniform) or the seeds' truncated normal."""
     if base is None or base.get("type") == "mlp":
         inputs, classes = (base["layers"][0], base["layers"][-1]) if base and "layers" in base else (784, 10)
         spec = {**(base or {}), "type": "mlp", "layers": [inputs, *point["hidden"], classes],
-                "activation": point["activation"], "init": {"kind": "truncated_normal", "stddev": 0.1}, "seed": seed}
+                "activation": point["activation"], "seed": seed,
+                "init": (base or {}).get("init", {"kind": "truncated_normal", "stddev": 0.1})}
     else:
         spec = dict(base)
     return {**spec, **model_options(point)}

@@ -79,6 +79,26 @@ def test_a_sweep_on_a_data_spec_fits_every_run_to_the_data(tmp_path):
     runs = json.loads((out / "leaderboard.json").read_text())["runs"]
     assert [r["status"] for r in runs] == ["ok", "ok"] and all(r["validation_accuracy"] > 0.85 for r in runs), runs
     assert sorted(r["model"]["layers"] for r in runs) == [[6, 8, 3], [6, 32, 3]]   # 2 numeric + 4 colour slots
+    # the MLP `zmqflow train --data` fits (DATA_MLP), not the seeds' sigmoid MNIST network
+    assert {(r["model"]["activation"], r["model"]["init"], r["hyperparameters"]["batch_size"]) for r in runs} == \
+        {("relu", "glorot_uniform", 100)}, runs
+
+
+def test_a_sweep_on_a_small_data_spec_takes_trains_batch_unless_told():
+    """A 300-row CSV: a tenth of its train split a batch (batch_size_for), as `zmqflow train --data`; --batch-size
+    and the space's own batch_size win; MNIST keeps 100."""
+    from zmqflow.cli.sweep import _points
+    from zmqflow.cli.train import fitted_data
+    from zmqflow.jobs.spec import batch_size_for
+    data = fitted_data(os.path.join(os.path.dirname(__file__), "..", "..", "examples", "data", "flowers.yaml"))
+    rows = data.stats["train_rows"]
+    assert 100 < rows < 300
+    _, _, points = _points("lr=0.01", None, "grid", None, 1, 3, None, data)
+    assert points[0]["batch_size"] == batch_size_for(rows) == -(-rows // 10) and points[0]["activation"] == "relu"
+    assert _points("lr=0.01", None, "grid", None, 1, 3, 7, data)[2][0]["batch_size"] == 7
+    assert _points("lr=0.01;batch=5", None, "grid", None, 1, 3, 7, data)[2][0]["batch_size"] == 5
+    assert _points("lr=0.01", None, "grid", None, 1, 3, None)[2][0] == {**_points("lr=0.01", None, "grid", None, 1, 3,
+                                                                              100)[2][0], "activation": "sigmoid"}
 
 
 def test_sweep_with_input_on_the_ps_and_a_failing_run(tmp_path):
