@@ -14,6 +14,7 @@ import os
 
 import click
 
+from zmqflow.common.processes.service_cli import bad_input
 from zmqflow.inputs.datasets import RECORD_FORMAT, mnist_split, write_record_shards
 
 
@@ -63,13 +64,15 @@ def prepare_command(data_spec, model_spec, model_opts, out_dir, shards, seed):
     fixed-length record shards. Then: `zmqflow reader --data-config OUT/data-config.json`, `zmqflow ps
     --model OUT/model.json`, `zmqflow worker --model OUT/model.json --data-config OUT/data-config.json
     --evaluate` (the chief scores the test split at the end). Bad data exits 2 naming the file, line and
-    column."""
+    column; so does a spec, data file or model that is not there."""
     from zmqflow.inputs.data_spec import is_mnist_sample, load_spec
     from zmqflow.inputs.prepared_shards import prepare_for_readers
     from zmqflow.models.spec import resolve_model, with_options
     try:
-        model = with_options(resolve_model(model_spec, data_mlp=not is_mnist_sample(load_spec(data_spec))), model_opts)
-        done = prepare_for_readers(data_spec, out_dir, model, shards=shards, seed=seed)
+        with bad_input():   # a spec, data file or model that cannot be: exit 2 (V6)
+            model = with_options(resolve_model(model_spec, data_mlp=not is_mnist_sample(load_spec(data_spec))),
+                                 model_opts)
+            done = prepare_for_readers(data_spec, out_dir, model, shards=shards, seed=seed)
     except OSError as exc:
         raise click.ClickException(f"cannot write to {out_dir}: {exc}") from None
     splits = ", ".join(f"{split} {rows:,}" for split, rows in done["splits"].items())
@@ -89,7 +92,8 @@ def inspect_spec(spec, as_json):
     import json
 
     from zmqflow.inputs.data_spec import inspect, load_spec
-    report = inspect(load_spec(spec))
+    with bad_input():
+        report = inspect(load_spec(spec))
     if as_json:
         click.echo(json.dumps(report))
         return

@@ -54,9 +54,14 @@ def test_a_bad_task_config_exits_2_naming_it(service, tmp_path):
 
 @pytest.mark.unit
 def test_bad_input_found_once_it_runs_exits_2():
-    """A model that is not there (ps), a checkpoint that is not there (serve): bad input, exit 2, one line."""
+    """A model that is not there (ps), a checkpoint that is not there (serve), a data spec that is not there
+    (data prepare, data inspect): bad input, exit 2, one line."""
     for args, said in ((["ps", "--model", "no-such-model"], "model 'no-such-model' is not known"),
-                       (["serve", "--checkpoint", "/nonexistent"], "NotFoundError: no committed checkpoint")):
+                       (["serve", "--checkpoint", "/nonexistent"], "NotFoundError: no committed checkpoint"),
+                       (["data", "prepare", "--data", "/nonexistent.yaml", "--out", "/nonexistent-out"],
+                        "NotFoundError: data spec /nonexistent.yaml does not exist"),
+                       (["data", "inspect", "/nonexistent.yaml"],
+                        "NotFoundError: data spec /nonexistent.yaml does not exist")):
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 2, result.output
         [line] = error_lines(result.output)

@@ -1,5 +1,6 @@
 """What every service's command line shares: bind, ready file, logging, limits."""
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -11,7 +12,7 @@ import click
 
 from zmqflow.common import bind as binds
 from zmqflow.common.rpc import admin_token, encryption as curve
-from zmqflow.common.errors import InvalidArgumentError, NotFoundError
+from zmqflow.common.errors import InvalidArgumentError, NotFoundError, OpError
 from zmqflow.common.spec_files import read_spec_file
 from zmqflow.common.wire.limits import DEFAULT_LIMITS
 from zmqflow.common.memory import keep_freed_memory
@@ -326,6 +327,17 @@ class BadInput(click.ClickException):
     """Bad options or input found once the command runs (a checkpoint that is not there, a bad row): one
     `Error:` line and exit 2, as a usage error (V6, docs/cli.md)."""
     exit_code = 2
+
+
+@contextlib.contextmanager
+def bad_input():
+    """Any OpError inside is the user's input at fault (a spec, data file or checkpoint that is not there or
+    not what it says): BadInput naming the error's class, exit 2 (V6). Only around reading what the user named,
+    never around talking to a service, whose refusals are run-time failures (exit 1)."""
+    try:
+        yield
+    except OpError as exc:
+        raise BadInput(f"{type(exc).__name__}: {exc}") from None
 
 
 def serve_metrics():

@@ -2,7 +2,7 @@
 
 import click
 
-from zmqflow.common.processes.service_cli import BadInput, option, run_service_instance, service_main, service_options
+from zmqflow.common.processes.service_cli import BadInput, bad_input, option, run_service_instance, service_main, service_options
 from zmqflow.common.processes.task_options import model_options, trust_checkpoint_code_option
 from zmqflow.models.kernels import BACKENDS, DEFAULT_BACKEND
 
@@ -53,12 +53,10 @@ def command(checkpoint_dir, follow_ps, refresh_secs, model_spec, placement_strat
     data_config = None
     if data_spec:
         from zmqflow.inputs.data_spec import fit, load_spec, load_tables, to_config
-        try:
+        with bad_input():   # a data spec or data file that cannot be: exit 2 (V6)
             data = load_spec(data_spec)
             fit(data, load_tables(data)["train"])
             data_config = to_config(data)
-        except OpError as exc:   # a data spec or data file that cannot be: bad input, exit 2 (V6)
-            raise BadInput(f"{type(exc).__name__}: {exc}") from None
     run_service_instance("serve", ModelServer, spec, backend=backend, max_batch=max_batch, max_delay_ms=max_delay_secs * 1000,
                          model_name=model_name or default_model_name(checkpoint_dir, endpoints),
                          checkpoint_dir=checkpoint_dir, ps_endpoints=endpoints, placement_strategy=placement_strategy,
