@@ -145,7 +145,6 @@ class MonitoredTrainingSession:
                                is_chief=is_chief, mode=server.mode, seed=seed, checkpoint_dir=checkpoint_dir,
                                config={"model": server.model_spec})
         self._stop = False
-        self._shared = None
 
     def __enter__(self):
         self.trainer.begin(self.hooks)
@@ -164,12 +163,6 @@ class MonitoredTrainingSession:
     @property
     def global_step(self):
         return self.trainer.global_step
-
-    def variable(self, name, initial_value=None, dtype=None):
-        """A shared variable on the cluster's ps tasks, as `Session.variable` (a counter every worker bumps)."""
-        if self._shared is None:
-            self._shared = SharedVariables(self.server.ps_endpoints)
-        return self._shared.variable(name, initial_value, dtype)
 
     def evaluate(self, x, y):
         """Accuracy of the current parameters on (x, y)."""

@@ -21,6 +21,7 @@ from zmqflow.common.wire.protocol import PsOps
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.models.spec import MNIST_MLP
 from tests.security.test_roles import missing, refused
+from tests.support import wait_for
 
 pytestmark = pytest.mark.service
 
@@ -230,3 +231,58 @@ def test_a_ps_restored_from_a_checkpoint_has_its_shared_variables(two_shards, pr
         values = [zmqflow.Session(restored.endpoint).variable(name).read_value() for name in names]
     np.testing.assert_array_equal(values, [[1, 2, 3], [1, 3, 5]])
     assert values[0].dtype == np.int64 and os.path.isdir(path)
+
+
+def test_a_queue_made_in_a_container_scope_is_reset_with_its_shared_variables(ps, broker):
+    """tf.container scopes queues too: one reset frees the container's variables on the ps and its queues."""
+    from zmqflow.common.clients.queues import FIFOQueue
+    with zmqflow.container("together"):
+        queue = FIFOQueue(4, ["int32"], shapes=[[]], shared_name="q", broker=broker)
+        zmqflow.Session(ps.endpoint).variable("v", initial_value=1)
+    assert queue.size() == 0
+    assert zmqflow.reset(ps.endpoint, ["together"], broker=broker) == {"together": 2}
+    with pytest.raises(NotFoundError):
+        queue.size()
+
+
+@pytest.mark.unit
+def test_container_scopes_nest_and_stay_in_their_thread():
+    import threading
+    from zmqflow.common.clients.containers import current_container
+    seen = []
+    with zmqflow.container("outer"):
+        with zmqflow.container("inner"):
+            threading.Thread(target=lambda: seen.append(current_container())).start()
+            assert current_container() == "inner"
+        assert current_container() == "outer"
+    assert current_container() == "" and wait_for(lambda: seen == [""], timeout=5)
+    with pytest.raises(InvalidArgumentError, match="container must be a string"):
+        with zmqflow.container(None):
+            pass
+
+
+@pytest.mark.unit
+def test_a_sessions_target_names_the_ps_tasks():
+    from zmqflow.jobs.session import ps_endpoints
+    cluster = {"ps": ["127.0.0.1:2222", "127.0.0.1:2223"], "worker": ["127.0.0.1:2224"]}
+    both = ["tcp://127.0.0.1:2222", "tcp://127.0.0.1:2223"]
+    assert ps_endpoints(cluster) == ps_endpoints(zmqflow.ClusterSpec(cluster)) == both
+    assert ps_endpoints(zmqflow.Server(cluster, "worker", 0)) == both
+    assert ps_endpoints("grpc://127.0.0.1:2222") == ps_endpoints("127.0.0.1:2222") == both[:1]   # TF's target
+    assert ps_endpoints(["127.0.0.1:2222", "tcp://127.0.0.1:2223"]) == both
+    with pytest.raises(InvalidArgumentError, match="the session's cluster has no ps job"):
+        ps_endpoints({"worker": ["127.0.0.1:2224"]})
+    with pytest.raises(InvalidArgumentError, match="a session's target is a ps address"):
+        ps_endpoints(42)
+
+
+@pytest.mark.unit
+def test_the_shard_of_a_name_is_the_same_in_every_process_and_names_spread():
+    names = [f"counter{i}" for i in range(1000)]
+    here = [shared_variable_shard("c", n, 4) for n in names]
+    code = ("from zmqflow.common.cluster.placement import shared_variable_shard as s; "
+            "print([s('c', f'counter{i}', 4) for i in range(1000)])")
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONHASHSEED": "123"})
+    assert there.stdout.strip() == str(here), there.stderr        # not Python's hash(): salted per process
+    assert all(200 < here.count(shard) < 300 for shard in range(4))
