@@ -189,7 +189,10 @@ def test_reset_frees_its_container_only_never_the_model(ps, tmp_path):
     assert sess.variable("x", container="b").read_value() == 2.0
     with pytest.raises(NotFoundError):
         sess.variable("x", container="a")
-    for name, value in client.pull().items():
+    freed = zmqflow.reset(ps.endpoint)                               # None: every container holding one
+    assert freed["b"] == 1 and "a" not in freed and sess.list_variables() == []
+    assert client.stats()[0]["shared_variables"] == client.stats()[0]["shared_variable_bytes"] == 0
+    for name, value in client.pull().items():                        # the model's variables stay
         np.testing.assert_array_equal(value, before[name])
     client.close()
 
