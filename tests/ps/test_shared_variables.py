@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 import zmqflow
+from click.testing import CliRunner
+from zmqflow.cli.main import main
 from zmqflow.common.clients.ps import PsClient
 from zmqflow.common.cluster.placement import place, shared_variable_shard
 from zmqflow.common.errors import (InvalidArgumentError, NotFoundError, PermissionDeniedError,
@@ -233,7 +235,13 @@ def test_a_ps_restored_from_a_checkpoint_has_its_shared_variables(two_shards, pr
     with zmqflow.container("kept"):
         values = [zmqflow.Session(restored.endpoint).variable(name).read_value() for name in names]
     np.testing.assert_array_equal(values, [[1, 2, 3], [1, 3, 5]])
-    assert values[0].dtype == np.int64 and os.path.isdir(path)
+    assert values[0].dtype == np.int64
+    shown = CliRunner().invoke(main, ["checkpoint", "inspect", path])          # listed by container and name
+    lines = shown.output.splitlines()
+    table = lines[lines.index(next(l for l in lines if l.startswith("shared variable"))) + 1:]
+    assert shown.exit_code == 0 and [
+        line.split()[:4] for line in table if "'kept'" in line] == [[n, "'kept'", "[3]", "int64"]
+                                                                    for n in sorted(names)], shown.output
 
 
 def test_a_queue_made_in_a_container_scope_is_reset_with_its_shared_variables(ps, broker):
