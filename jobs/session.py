@@ -15,14 +15,25 @@ placement from it, so the ps knows its shard without a graph); the optimizer and
 are the ps tasks' (`Server(..., optimizer=, mode=)`). The chief initializes or restores the
 variables, checkpoints with `checkpoint_dir`, and at the end waits for the other workers and,
 with `shutdown_ps` (default), tells the ps tasks to exit so their `join()` returns.
+
+Shared variables, as the seeds' simple_client.py uses them: any client makes a `Session` on the cluster
+and reaches the same variable by name, in the enclosing `zmqflow.container(...)`; `zmqflow.reset(target,
+containers)` (TF's Session.reset) frees a container's:
+
+    sess = zmqflow.Session("127.0.0.1:2222")                  # a ps address, a Server or a ClusterSpec
+    with zmqflow.container("experiment0"):
+        var = sess.variable("var", initial_value=0.0)          # created once; another client gets the same
+    var.assign_add(1.0)                                        # atomic on its ps task
+    zmqflow.reset("127.0.0.1:2222", ["experiment0"])          # var.read_value() is NotFoundError now
 """
 
 import threading
 
 from zmqflow.common.cluster.spec import CHIEF_JOBS, ClusterSpec
+from zmqflow.common.rpc.probe import endpoint_of
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.cluster.replica_device_setter import active_setter, replica_device_setter
-from zmqflow.common.clients.ps import PsClient
+from zmqflow.common.clients.ps import PsClient, SharedVariables
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.jobs.spec import DEFAULT_OPTIMIZER
 from zmqflow.models.spec import resolve_model
@@ -67,7 +78,7 @@ class Server:
                 options["replicas_to_aggregate"] = self.num_workers
             self.service = PsService(f"tcp://{self.cluster.task_address('ps', self.task_index)}", self.task_index,
                                      pieces, options, trainable={v.name for v in variables if v.trainable},
-                                     checkpoint_root=checkpoint_root)
+                                     checkpoint_root=checkpoint_root, num_shards=self.num_ps)
 
     @classmethod
     def from_tf_config(cls, model=None, optimizer=None, mode="async", device_setter=None, env=None):
@@ -169,3 +180,73 @@ class MonitoredTrainingSession:
                 if callable(getattr(hook, "close", None)):
                     hook.close()
             self.ps.close()
+
+
+class Session:
+    """A client's session on a cluster (tf.Session(target)), for what its ps tasks hold beside the model:
+    shared variables, by name, in resource containers.
+
+    `target`: a `Server` (its cluster's ps tasks), a `ClusterSpec` (or its dict), one ps address
+    ("host:port", "tcp://host:port" or TF's "grpc://host:port") or a list of them in task order. Every
+    client that names the same ps tasks reaches the same variables: each lives on the task that
+    `shared_variable_shard` computes from its container and name."""
+
+    def __init__(self, target, timeout=30.0):
+        self.target = target
+        self.ps_endpoints = ps_endpoints(target)
+        self._shared = SharedVariables(self.ps_endpoints, timeout)
+
+    def variable(self, name, initial_value=None, dtype=None, container=None):
+        """The shared variable `name` in `container` (default: the enclosing `zmqflow.container` scope's, else
+        ""). With `initial_value` (and `dtype`; else TF's: Python ints int32, floats float32) it is created
+        unless it exists, when it is used as it is (TF's initializer guarded by is_variable_initialized).
+        Without, it must exist (NotFoundError). Its methods: read_value, assign, assign_add, scatter_add."""
+        return self._shared.variable(name, initial_value, dtype, container)
+
+    def list_variables(self, container=None):
+        """Every shared variable on the ps tasks (of `container` when given): container, name, dtype, shape."""
+        return self._shared.list(container)
+
+    @staticmethod
+    def reset(target, containers=None, broker=None):
+        """TF's Session.reset: free every resource of `containers` (a name or a list; None: every container
+        holding a shared variable) on the target's ps tasks, and the queues of those containers on `broker`
+        when given. {container: resources freed}. The model's variables are in no container and stay."""
+        freed = SharedVariables(ps_endpoints(target)).reset(containers)
+        if broker is not None:
+            from zmqflow.common.clients.queues import reset as reset_queues
+            for answer in reset_queues(list(freed), broker):
+                freed[answer["container"]] = freed.get(answer["container"], 0) + answer["freed"]
+        return freed
+
+    def close(self):
+        """Nothing to free: the session's connections are this thread's, shared with the other clients."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def reset(target, containers=None, broker=None):
+    """`zmqflow.reset(target, ["name"])`: Session.reset, for one who holds no session."""
+    return Session.reset(target, containers, broker)
+
+
+def ps_endpoints(target):
+    """The ZeroMQ endpoints of the ps tasks a session's `target` names (see Session)."""
+    if isinstance(target, Server):
+        return target.ps_endpoints
+    if isinstance(target, (ClusterSpec, dict)):
+        cluster = ClusterSpec(target)
+        if "ps" not in cluster.jobs:
+            raise InvalidArgumentError(f"the session's cluster has no ps job (jobs: {', '.join(cluster.jobs)})")
+        return [cluster.endpoint("ps", i) for i in cluster.task_indices("ps")]
+    addresses = [target] if isinstance(target, str) else target
+    if not isinstance(addresses, (list, tuple)) or not addresses or not all(
+            isinstance(a, str) and a.strip() for a in addresses):
+        raise InvalidArgumentError(f"a session's target is a ps address (host:port), a list of them, a Server or a "
+                                   f"ClusterSpec, got {target!r:.80}")
+    return [a.strip().replace("grpc://", "tcp://", 1) if a.strip().startswith("grpc://") else endpoint_of(a)
+            for a in addresses]

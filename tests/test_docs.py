@@ -183,6 +183,12 @@ def _data_from_python(scope, printed):
     assert printed.startswith(str(summary["test_metrics"])), printed
 
 
+def _api_shared_variables(scope, printed):
+    lines = printed.splitlines()
+    assert lines[0] == "3.0" and "{'experiment0': 2}" in lines, printed     # two clients, one variable; reset
+    assert lines[-1].startswith("no shared variable 'var' in container 'experiment0'"), printed
+
+
 def _variables(*expected):
     def check(scope, printed):
         names = [v.name for v in scope["model"].variables()]
@@ -209,6 +215,7 @@ CHECKS = {
     ("docs/api.md", "Server.from_tf_config("): _api_cluster,
     ("docs/api.md", "class MeanLoss"): _api_session,
     ("docs/api.md", "ValidationHook("): _api_validation,
+    ("docs/api.md", "client_a.variable("): _api_shared_variables,
     ("docs/broker.md", "FIFOQueue("): _broker_tour,
     ("docs/checkpoints.md", "safetensors.numpy"): _checkpoint_numpy,
     ("docs/checkpoints.md", "safetensors.torch"): _checkpoint_torch,
@@ -303,7 +310,9 @@ def test_the_files_models_md_names_exist():
 
 @pytest.mark.integration
 @pytest.mark.parametrize("example, expected", [("tabular_embedding.py", "test RMSE"),
-                                               ("my_model.py", "on the batch it fitted")])
+                                               ("my_model.py", "on the batch it fitted"),
+                                               ("shared_variables.py", "2 clients added 1.0 10 times each: var = 20.0\n"
+                                                "shared_variables: reset 'experiment0' freed 1 variable(s); var is gone")])
 def test_quick_examples_run(example, expected):
     done = subprocess.run([sys.executable, os.path.join(ROOT, "examples", example)], capture_output=True, text=True,
                           timeout=120)

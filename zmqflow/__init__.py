@@ -23,6 +23,8 @@ API = {
     "SummaryHook": "zmqflow.services.worker.summary_hook", "ValidationHook": "zmqflow.services.worker.validation",
     "Coordinator": "zmqflow.common.clients.coordination", "QueueRunner": "zmqflow.common.clients.coordination",
     "Server": "zmqflow.jobs.session", "MonitoredTrainingSession": "zmqflow.jobs.session",
+    "Session": "zmqflow.jobs.session", "reset": "zmqflow.jobs.session",
+    "container": "zmqflow.common.clients.containers",
     **dict.fromkeys(("StopAtStepHook", "CheckpointHook", "LoggingHook", "Hook", "StepContext"),
                     "zmqflow.services.worker.hooks"),
     "keras": "zmqflow.models.keras:",

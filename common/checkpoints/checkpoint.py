@@ -9,7 +9,9 @@ Layout of a checkpoint directory:
                                   ps i's pieces: `<variable>` (a whole variable) or
                                   `<variable>/rows_<start>_<stop>` (a row block), each slot as
                                   `<piece>/slot/<slot>`; its metadata repeats the step, the shard,
-                                  the tensor -> (variable, rows, slot) mapping and the model
+                                  the tensor -> (variable, rows, slot) mapping and the model;
+                                  the shard's shared variables (`session.variable` in a container) as
+                                  `@shared/<k>`, listed under the manifest's `shared` by container and name
     ckpt-<step>.partial/          staging while a save is in progress
 
 The tensor files are safetensors, so a checkpoint opens without zmqflow
@@ -59,13 +61,14 @@ def staging_name(step):
     return f"ckpt-{int(step)}.partial"
 
 
-def write_shard(ckpt_dir, step, shard_index, pieces, metadata=None):
+def write_shard(ckpt_dir, step, shard_index, pieces, metadata=None, shared=None):
     """Write one shard's pieces into `ckpt_dir/ckpt-<step>.partial/shard-<i>.safetensors`.
 
     `pieces`: {key: (info, value, {slot: array})}, where info is a Piece (or anything with
     `variable`, `row_start`, `row_end`, or a dict with those keys) saying which rows of
     which variable `value` holds. `metadata` ({str: str}, e.g. the model) goes into the
-    file's header too. Returns the staging directory.
+    file's header too. `shared` ({(container, name): array}) are the shard's shared variables, kept beside
+    the model's pieces (restored by name, wherever the placement puts them then). Returns the staging directory.
     """
     staging = os.path.join(ckpt_dir, staging_name(step))
     os.makedirs(staging, exist_ok=True)
@@ -83,16 +86,24 @@ def write_shard(ckpt_dir, step, shard_index, pieces, metadata=None):
             mapping[name] = {"variable": entry["variable"], "rows": [entry["row_start"], entry["row_end"]],
                              "slot": slot}
         entries.append(entry)
+    shared_entries = []
+    for k, ((container, name), value) in enumerate(sorted((shared or {}).items())):
+        tensor = f"@shared/{k}"
+        if tensor in tensors:
+            raise InvalidArgumentError(f"tensor name {tensor!r} is used twice in shard {shard_index}")
+        tensors[tensor] = value = np.asarray(value)
+        shared_entries.append({"container": container, "name": name, "tensor": tensor, "shape": list(value.shape),
+                               "dtype": name_of(value)})
     file = f"shard-{int(shard_index)}.safetensors"
     header = {**(metadata or {}), "format": FORMAT, "step": str(int(step)), "shard": str(int(shard_index)),
               "tensors": json.dumps(mapping, separators=(",", ":"))}
     data = safetensors_file.encode(tensors, header)
     _write_atomic(os.path.join(staging, file), data, sync_dir=False)
-    for entry in entries:
+    for entry in entries + shared_entries:
         entry["file"] = file
     _write_atomic(index_path, json.dumps({"step": int(step), "shard": int(shard_index),
                                           "files": {file: {"crc32": zlib.crc32(data), "bytes": len(data)}},
-                                          "pieces": entries}, indent=1).encode())
+                                          "pieces": entries, "shared": shared_entries}, indent=1).encode())
     return staging
 
 
@@ -178,7 +189,7 @@ def _write_manifest(staging, step, num_shards, config):
     if missing:
         raise FailedPreconditionError(f"checkpoint of step {step} in {os.path.dirname(staging)!r} misses shards "
                                       f"{', '.join(f'ps:{i}' for i in missing)} of {num_shards}")
-    files, pieces = {}, []
+    files, pieces, shared = {}, [], []
     for shard, path in enumerate(indexes):
         index = _read_json(path)
         for name, info in index["files"].items():
@@ -187,10 +198,12 @@ def _write_manifest(staging, step, num_shards, config):
                 raise DataLossError(f"checkpoint file {file!r} of ps:{shard} is missing or has the wrong size")
             files[name] = {"shard": shard, **info}
         pieces.extend({**entry, "shard": shard} for entry in index["pieces"])
+        shared.extend({**entry, "shard": shard} for entry in index.get("shared", []))
     pieces.sort(key=lambda p: (p["variable"], p["row_start"]))
     variables = _check_coverage(pieces, step)
     manifest = {"format": FORMAT, "step": step, "num_shards": num_shards, "config": config_json,
-                "variables": variables, "files": files, "pieces": pieces}
+                "variables": variables, "files": files, "pieces": pieces,
+                "shared": sorted(shared, key=lambda e: (e["container"], e["name"]))}
     _write_atomic(os.path.join(staging, MANIFEST), json.dumps(manifest, indent=1).encode())
     for path in indexes:
         os.remove(path)
@@ -290,12 +303,30 @@ class Checkpoint:
             self._pieces = {}
             for piece in self.manifest["pieces"]:
                 self._pieces.setdefault(piece["variable"], []).append(piece)
+            self._shared = {(e["container"], e["name"]): e for e in self.manifest.get("shared", [])}
         except (KeyError, TypeError, ValueError) as exc:
             raise DataLossError(f"checkpoint manifest {manifest_path!r} is malformed: {exc!r}") from exc
 
     def variables(self):
         """VariableSpec of every saved variable (whole shape), sorted by name."""
         return [VariableSpec(name, tuple(v["shape"]), v["dtype"]) for name, v in sorted(self._variables.items())]
+
+    def shared_variables(self):
+        """(container, name) of every shared variable saved (none in a checkpoint from before them)."""
+        return sorted(self._shared)
+
+    def read_shared(self, container, name):
+        """The saved value of shared variable `name` of `container`, checked against the manifest."""
+        entry = self._shared.get((container, name))
+        if entry is None:
+            raise NotFoundError(f"shared variable {name!r} of container {container!r} is not in checkpoint "
+                                f"{self.path!r}")
+        array = self._load_file(entry.get("file")).get(entry.get("tensor"))
+        if array is None or list(array.shape) != entry.get("shape") or name_of(array) != entry.get("dtype"):
+            found = "nothing" if array is None else f"{name_of(array)} {list(array.shape)}"
+            raise DataLossError(f"checkpoint {self.path!r}: shared variable {name!r} of container {container!r} "
+                                f"holds {found}, the manifest says {entry.get('dtype')} {entry.get('shape')}")
+        return array.copy()
 
     def slot_names(self, variable):
         return list(self._variable(variable)["slots"])

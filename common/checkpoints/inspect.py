@@ -1,5 +1,6 @@
 """What a checkpoint holds, read from its manifest alone: step, model, data, and per variable its shape,
-dtype, slots and the files and tensor names it is stored under (what `zmqflow checkpoint inspect` shows)."""
+dtype, slots and the files and tensor names it is stored under, then the shared variables (clients'
+`Session.variable`, by container) (what `zmqflow checkpoint inspect` shows)."""
 
 import json
 
@@ -23,6 +24,8 @@ def describe(directory):
                        "files": sorted({p["file"] for p in pieces[v.name]}),
                        "tensors": [p.get("tensor", p["file"]) for p in pieces[v.name]]}
                       for v in ckpt.variables()],
+        "shared_variables": [{key: entry[key] for key in ("container", "name", "shape", "dtype", "file", "tensor")}
+                             for entry in ckpt.manifest.get("shared", [])],
     }
 
 
@@ -41,4 +44,13 @@ def format_table(description):
     lines.append("")
     for row in [header, *rows]:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    shared = d.get("shared_variables") or []
+    if shared:
+        header = ("shared variable", "container", "shape", "dtype", "file")
+        rows = [(v["name"], repr(v["container"]), "[" + ", ".join(map(str, v["shape"])) + "]", v["dtype"], v["file"])
+                for v in shared]
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+        lines.append("")
+        for row in [header, *rows]:
+            lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     return "\n".join(lines)

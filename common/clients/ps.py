@@ -4,14 +4,22 @@ The client knows the placement (computed from the same variable list as the
 shards, no coordination), so it splits gradients into the shards' pieces and
 assembles partitioned variables back from their row blocks. Each shard keeps
 its own version; the global step is ps 0's.
+
+`SharedVariables` and `SharedVariable` are the other kind the shards hold: variables outside the model
+that any client of the job creates and changes by (container, name), TF's variables in resource
+containers (common/clients/containers.py), each on the shard `shared_variable_shard` names.
 """
 
 import ml_dtypes
 import numpy as np
 
+from zmqflow.common.clients.containers import check_container, containers_of, current_container
+from zmqflow.common.cluster.placement import shared_variable_shard
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.common.rpc.client import USE_DEFAULT, OpClient, RpcClient
+from zmqflow.common.rpc.client import USE_DEFAULT, OpClient, RpcClient, default_pool
+from zmqflow.common.rpc.probe import endpoint_of
 from zmqflow.common.variables import IndexedSlices
+from zmqflow.common.wire.dtypes import as_numpy, name_of_or_str, to_array
 from zmqflow.common.wire.protocol import PsOps
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -263,3 +271,162 @@ class _Gathered:
 
     def result(self):
         return self.combine([c.result() for c in self.calls])
+
+
+# ------------------------------------------------ shared variables (TF's variables in resource containers)
+
+SHARED_TIMEOUT_S = 30.0
+_NATURAL = {"i": np.dtype(np.int32), "f": np.dtype(np.float32)}
+"""TF's dtype of an initial value given as Python numbers: tf.Variable(0) is int32, tf.Variable(0.0) float32."""
+
+
+class SharedVariables:
+    """The shared variables of a job's ps shards (`endpoints`, in task order): `variable(name)` reaches the
+    one of that name in the current container on the shard the placement names, whichever client asks."""
+
+    def __init__(self, endpoints, timeout=SHARED_TIMEOUT_S, pool=None):
+        self.endpoints = [endpoint_of(e) for e in endpoints]
+        if not self.endpoints:
+            raise InvalidArgumentError("shared variables need the address of at least one ps task")
+        self.timeout, self._pool = timeout, pool or default_pool
+
+    def shard_of(self, name, container=""):
+        return shared_variable_shard(container, name, len(self.endpoints))
+
+    def variable(self, name, initial_value=None, dtype=None, container=None):
+        """The shared variable `name` of `container` (default: the enclosing `container` scope's).
+
+        With `initial_value` it is created with that value unless it exists, when it is used as it is (TF's
+        initializer guarded by is_variable_initialized: two clients may both run it); one of another dtype
+        or shape is InvalidArgumentError. Without, it must exist: NotFoundError otherwise."""
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError(f"a shared variable needs a non-empty string name, got {name!r:.60}")
+        container = current_container() if container is None else check_container(container)
+        address = self.endpoints[self.shard_of(name, container)]
+        client = self._pool.get(address)
+        if initial_value is None:
+            if dtype is not None:
+                raise InvalidArgumentError(f"dtype= without initial_value= for shared variable {name!r}: the dtype "
+                                           "is the one it was created with")
+            answer, _ = client.call(PsOps.ReadVariable(name, container), timeout=self.timeout)
+        else:
+            value = _initial_value(initial_value, dtype, name)
+            answer, _ = client.call(PsOps.CreateVariable(name, container), tensors=[value], timeout=self.timeout)
+        return SharedVariable(address, container, name, answer["dtype"], answer["shape"], self._pool, self.timeout)
+
+    def list(self, container=None):
+        """Every shared variable of every shard (of `container` when given): container, name, dtype, shape."""
+        calls = [self._pool.get(a).submit(PsOps.ListVariables(container), timeout=self.timeout)
+                 for a in self.endpoints]
+        return sorted((v for c in calls for v in c.result()[0]["variables"]),
+                      key=lambda v: (v["container"], v["name"]))
+
+    def reset(self, containers=None):
+        """Free every shared variable of `containers` (a name or a list; None: every container that holds one)
+        on every shard, as TF's Session.reset; {container: variables freed}. The model's variables are in no
+        container and stay. An admin op: the admin token, as the broker's reset."""
+        names = sorted({v["container"] for v in self.list()}) if containers is None else containers_of(containers)
+        freed = {}
+        for container in names:
+            calls = [self._pool.get(a).submit(PsOps.Reset(container), timeout=self.timeout) for a in self.endpoints]
+            freed[container] = sum(c.result()[0]["freed"] for c in calls)
+        return freed
+
+
+class SharedVariable:
+    """One shared variable (TF's tf.Variable in a container, read and changed by any client of the job).
+    Each op is one request, atomic on its shard: `assign_add(1)` from two processes adds 2."""
+
+    def __init__(self, address, container, name, dtype, shape, pool=None, timeout=SHARED_TIMEOUT_S):
+        self.address, self.container, self.name = address, container, name
+        self.dtype, self.shape = _dtype(dtype), tuple(shape)
+        self._pool, self.timeout = pool or default_pool, timeout
+
+    def __repr__(self):
+        return (f"<SharedVariable {self.name!r} container={self.container!r} shape={self.shape} "
+                f"dtype={name_of_or_str(self.dtype)} on {self.address}>")
+
+    def read_value(self):
+        """The current value (a numpy array; a 0-d one for a scalar)."""
+        return self._call(PsOps.ReadVariable(self.name, self.container))
+
+    read = read_value
+
+    def assign(self, value, read_value=True):
+        """Set the value (the variable's dtype and shape); the new value, or None without `read_value`."""
+        return self._call(PsOps.AssignVariable(self.name, self.container, read_value),
+                          [self._value(value, "assign")])
+
+    def assign_add(self, delta, read_value=True):
+        """Add `delta` (the variable's dtype and shape) atomically; the sum, or None without `read_value`."""
+        return self._call(PsOps.AssignAddVariable(self.name, self.container, read_value),
+                          [self._value(delta, "assign_add")])
+
+    def scatter_add(self, sparse_delta, updates=None, read_value=True):
+        """Add rows: `scatter_add(IndexedSlices(indices, values))` as TF's Variable.scatter_add, or
+        `scatter_add(indices, updates)` as tf.scatter_add; rows named twice get both. The new value, or None."""
+        if isinstance(sparse_delta, IndexedSlices):
+            if updates is not None:
+                raise InvalidArgumentError("scatter_add takes IndexedSlices or (indices, updates), not both")
+            indices, updates = sparse_delta.indices, sparse_delta.values
+        else:
+            indices = sparse_delta
+        if updates is None:
+            raise InvalidArgumentError("scatter_add needs the rows to add: (indices, updates) or IndexedSlices")
+        indices = np.asarray(indices)
+        if indices.dtype.kind not in "iu":
+            raise InvalidArgumentError(f"scatter_add of {self.name!r}: indices must be integers, got "
+                                       f"{name_of_or_str(indices.dtype)}")
+        return self._call(PsOps.ScatterAddVariable(self.name, self.container, read_value),
+                          [indices.astype(np.int64, copy=False), self._value(updates, "scatter_add", shape=False)])
+
+    def _value(self, value, op, shape=True):
+        array = _converted(value, self.dtype, f"{op} of shared variable {self.name!r}")
+        if shape and array.shape != self.shape:
+            raise InvalidArgumentError(f"{op} of shared variable {self.name!r}: expected shape {list(self.shape)}, "
+                                       f"got {list(array.shape)}")
+        return array
+
+    def _call(self, request, tensors=()):
+        answer, values = self._pool.get(self.address).call(request, tensors=tensors, timeout=self.timeout)
+        return values[0] if values else None
+
+
+def _initial_value(value, dtype, name):
+    """The initial value as an array: `dtype` when given, else a numpy value's own, else TF's for Python
+    numbers (int32, float32, bool)."""
+    what = f"initial value of shared variable {name!r}"
+    if dtype is not None:
+        return _converted(value, _dtype(dtype), what)
+    if isinstance(value, (np.ndarray, np.generic)):
+        return np.asarray(value)
+    try:
+        natural = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"{what}: {value!r:.60} is no array ({exc})") from None
+    return _converted(value, _NATURAL.get(natural.dtype.kind, natural.dtype), what)
+
+
+def _dtype(dtype):
+    """A numpy dtype from a wire name ("int32"), a numpy dtype or type; InvalidArgumentError for another."""
+    try:
+        return as_numpy(dtype if isinstance(dtype, str) else name_of_or_str(np.dtype(dtype)))
+    except TypeError:
+        raise InvalidArgumentError(f"dtype {dtype!r:.60} is no dtype; use a name such as 'float32'") from None
+
+
+def _converted(value, dtype, what):
+    """`value` as an array of `dtype`: Python numbers converted as TF converts them (never losing a fraction
+    or overflowing), a numpy array of another dtype refused (no silent casts)."""
+    name = name_of_or_str(dtype)
+    try:
+        array = to_array(value, name)
+        natural = None if isinstance(value, (np.ndarray, np.generic)) else np.asarray(value)
+    except (KeyError, OverflowError, TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"{what}: {value!r:.60} is no {name} value ({exc})") from None
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{what}: {exc}") from None
+    if natural is not None and natural.dtype.kind in "fc" and array.dtype.kind in "iub" \
+            and not np.array_equal(array, natural):
+        raise InvalidArgumentError(f"{what}: {value!r:.60} is no {name} value (it has a fraction)")
+    return array

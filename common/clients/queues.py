@@ -18,12 +18,16 @@ returns a `Lease` (common/clients/leases.py) whose elements the broker keeps unt
 `attach(name, role="producer", lease=...)` registers this process as one of the
 queue's producers (common/clients/producers.py): the broker closes the queue when the last
 one is done and fails it, for every consumer, when one vanishes mid-work.
+
+A queue made without `container=` belongs to the enclosing `zmqflow.container(...)` scope's container
+(common/clients/containers.py; "" outside every one), as TF's queues to tf.container's.
 """
 
 import os
 
 from zmqflow.common.wire import dtypes as wire_dtypes
 from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.clients.containers import current_container
 from zmqflow.common.clients.leases import Lease
 from zmqflow.common.rpc.client import USE_DEFAULT, default_pool
 from zmqflow.common.wire.protocol import BrokerOps
@@ -60,7 +64,7 @@ class QueueFuture:
 class QueueBase:
     kind = None
 
-    def __init__(self, capacity, dtypes, shapes=None, names=None, shared_name=None, container="",
+    def __init__(self, capacity, dtypes, shapes=None, names=None, shared_name=None, container=None,
                  broker=None, pool=None, **extra):
         if not isinstance(dtypes, (list, tuple)):
             dtypes = [dtypes]
@@ -73,7 +77,7 @@ class QueueBase:
         declaration = {"kind": self.kind, "capacity": capacity, "dtypes": [_dtype_name(d) for d in dtypes],
                        "shapes": None if shapes is None else [list(s) for s in shapes],
                        "names": None if names is None else list(names), "shared_name": shared_name or "",
-                       "container": container or "", **extra}
+                       "container": current_container() if container is None else container, **extra}
         result = open_queue(declaration, self.broker, self._pool)
         self.handle = result["handle"]
         self.name = result.get("name", shared_name)
@@ -180,7 +184,7 @@ def _nothing(result, tensors):
     return None
 
 
-def attach(shared_name, container="", broker=None, pool=None, timeout=30.0, role="consumer", lease=None, name=None):
+def attach(shared_name, container=None, broker=None, pool=None, timeout=30.0, role="consumer", lease=None, name=None):
     """The existing queue `shared_name` with the declaration its creator gave, waiting up to
     `timeout` seconds for it to be created (workers start before or after the reader). With
     role="producer" this process also registers as one of its producers (`queue.producer`, a
@@ -192,6 +196,7 @@ def attach(shared_name, container="", broker=None, pool=None, timeout=30.0, role
     broker = broker or os.environ.get(DEFAULT_BROKER_ENV)
     client = (pool or default_pool).get(broker)
     deadline = time.monotonic() + timeout
+    container = current_container() if container is None else container
     while True:
         try:
             result, _ = client.call(BrokerOps.AttachQueue(shared_name, container), timeout=max(1.0, timeout))
@@ -217,7 +222,7 @@ class FIFOQueue(QueueBase):
 class PaddingFIFOQueue(QueueBase):
     kind = "PaddingFIFOQueue"
 
-    def __init__(self, capacity, dtypes, shapes, names=None, shared_name=None, container="", broker=None, pool=None):
+    def __init__(self, capacity, dtypes, shapes, names=None, shared_name=None, container=None, broker=None, pool=None):
         super().__init__(capacity, dtypes, shapes, names, shared_name, container, broker, pool)
 
 
@@ -225,7 +230,7 @@ class RandomShuffleQueue(QueueBase):
     kind = "RandomShuffleQueue"
 
     def __init__(self, capacity, min_after_dequeue, dtypes, shapes=None, names=None, seed=None, shared_name=None,
-                 container="", broker=None, pool=None):
+                 container=None, broker=None, pool=None):
         super().__init__(capacity, dtypes, shapes, names, shared_name, container, broker, pool,
                          min_after_dequeue=min_after_dequeue, seed=seed)
 

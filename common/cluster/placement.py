@@ -17,9 +17,15 @@ Block i is the piece `<variable>/part_<i>` and is placed by the strategy as a pi
 its own, the way TF places the parts of a partitioned variable: with round_robin the
 blocks of one variable land on consecutive shards, with greedy each block goes to the
 lightest shard at its turn. Scalars and one-row variables are never split.
+
+Shared variables (a client's `session.variable(name)` in a container, not the model's) are placed by
+name, not by list order: clients create them in any order, so `shared_variable_shard` hashes
+(container, name) (CRC-32, the same in every process and Python) onto one ps task, which every client
+and a restored shard compute alike.
 """
 
 import dataclasses
+import zlib
 
 import numpy as np
 
@@ -171,6 +177,12 @@ def place(variables, num_ps, strategy="round_robin", max_shard_bytes=None):
             raise InvalidArgumentError(f"piece name {piece.key!r} is used twice (a variable is named like a part)")
         keys.add(piece.key)
     return Placement(pieces, num_ps, strategy, max_shard_bytes)
+
+
+def shared_variable_shard(container, name, num_ps):
+    """The ps task that holds shared variable `name` of `container`: CRC-32 of both, modulo `num_ps`."""
+    check_int("num_ps", num_ps, 1)
+    return zlib.crc32(f"{container}\0{name}".encode("utf-8", "surrogatepass")) % num_ps
 
 
 def row_blocks(var, max_shard_bytes=None):

@@ -191,13 +191,13 @@ def service_options(default_bind):
             curve_option("Encrypt with ZeroMQ CURVE and accept only the clients in DIR/authorized/ "
                          "(keys from `zmqflow keys generate DIR`)", serves=True),
             admin_token_option("Without CURVE, the service's admin ops (shutdown; a ps's init and restore, a "
-                               "broker's reset) need this token: read it from FILE. Else it comes from "
+                               "broker's or a ps's reset) need this token: read it from FILE. Else it comes from "
                                f"{admin_token.ENV}, or the service makes one and writes it, readable by this user "
                                f"only, to the runtime directory (${admin_token.RUNTIME_ENV}, $XDG_RUNTIME_DIR/zmqflow "
                                "or ~/.zmqflow/runtime) as admin-token-tcp-HOST-PORT, where clients on this machine "
                                "find it"),
             admin_token_option("Without CURVE, the service's member ops (a ps's push, pull, assign, save, preload, "
-                               "worker_done; a broker's queue ops but size/list) need the job's token: read it from "
+                               "worker_done, shared variables; a broker's queue ops but size/list) need the job's token: read it from "
                                f"FILE. Else it comes from {admin_token.JOB_TOKEN.env}, or the service makes one and "
                                "writes it as job-token-tcp-HOST-PORT beside the admin token", admin_token.JOB_TOKEN),
             click.option("--insecure", is_flag=True, envvar=curve.INSECURE_ENV, expose_value=False,

@@ -382,7 +382,8 @@ class PsOps:
         replica: int = 0
         lost: bool = False
 
-    class Stats(Request, answer="shard initialized version done_workers lost_workers"):
+    class Stats(Request, answer="shard initialized version done_workers lost_workers shared_variables "
+                                "shared_variable_bytes"):
         pass
 
     class Preload(Request, role=MEMBER, answer="rows names"):
@@ -396,6 +397,49 @@ class PsOps:
 
     class Shutdown(Request, role=ADMIN, answer="version"):
         """The shard exits 0."""
+
+    # shared variables: named by (container, name), held by the shard the placement names
+    # (common/cluster/placement.py's shared_variable_shard); never the model's variables
+
+    class CreateVariable(Request, role=MEMBER, answer="created dtype shape"):
+        """A shared variable with the tensor as its initial value, unless it exists (then its value stays and
+        `created` is false, as TF's initializer guarded by is_variable_initialized); one of another dtype or
+        shape is INVALID_ARGUMENT."""
+        name: Name
+        container: str = ""
+
+    class ReadVariable(Request, role=MEMBER, answer="dtype shape"):
+        """Answered with the variable's value (NOT_FOUND when it does not exist)."""
+        name: Name
+        container: str = ""
+
+    class AssignVariable(Request, role=MEMBER, answer="dtype shape"):
+        """Tensor: the new value (the variable's dtype and shape); with `read_value`, answered with it."""
+        name: Name
+        container: str = ""
+        read_value: bool = False
+
+    class AssignAddVariable(Request, role=MEMBER, answer="dtype shape"):
+        """Tensor: what to add (the variable's dtype and shape), atomically; with `read_value`, answered with
+        the sum."""
+        name: Name
+        container: str = ""
+        read_value: bool = False
+
+    class ScatterAddVariable(Request, role=MEMBER, answer="dtype shape"):
+        """Tensors (indices, updates): updates[i] added to row indices[i] (repeated rows add up), updates of
+        shape indices.shape + the variable's row shape; with `read_value`, answered with the variable."""
+        name: Name
+        container: str = ""
+        read_value: bool = False
+
+    class ListVariables(Request, role=MEMBER, answer="variables"):
+        """The shard's shared variables (of `container` when given): container, name, dtype, shape each."""
+        container: str | None = None
+
+    class Reset(Request, role=ADMIN, answer="container freed"):
+        """Free every shared variable of a container (Session.reset); the model's variables are in none."""
+        container: str = ""
 
 
 class ServeOps:

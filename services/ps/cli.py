@@ -46,9 +46,12 @@ from zmqflow.common.processes.task_options import model_options, parse_json_opti
               help="`save` writes checkpoints only in this directory and below it, never through a symbolic link.")
 @click.option("--max-preload-bytes", type=click.IntRange(min=0), default=None, show_default="1 GiB",
               help="Bytes of preloaded data sets this shard holds in all; a preload past them is refused.")
+@click.option("--max-shared-variable-bytes", type=click.IntRange(min=0), default=None, show_default="1 GiB",
+              help="Bytes of shared variables (clients' session.variable, in containers) this shard holds in all, "
+                   "256 more per variable; a create past them is refused (RESOURCE_EXHAUSTED).")
 def command(task_index, num_ps, model_spec, placement_strategy, max_shard_bytes, optimizer, mode, replicas_to_aggregate,
             total_num_replicas, staleness_bound, staleness_scaling, warmup_steps, nonfinite, lost_after, lost_policy,
-            restore_from, checkpoint_root, max_preload_bytes, **service):
+            restore_from, checkpoint_root, max_preload_bytes, max_shared_variable_bytes, **service):
     """Hold a share of the model's variables and apply the workers' gradients.
 
     The placement is computed from the model's variable list, the same on every
@@ -90,7 +93,9 @@ def command(task_index, num_ps, model_spec, placement_strategy, max_shard_bytes,
     run_service_instance(f"ps:{task_index}", start_shard, task_index, pieces, state_options,
                          lost_after=lost_after or None, lost_policy=lost_policy,
                          trainable={v.name for v in variables if v.trainable},
-                         checkpoint_root=checkpoint_root or restore_from,
+                         checkpoint_root=checkpoint_root or restore_from, num_shards=num_ps,
+                         **({} if max_shared_variable_bytes is None
+                            else {"max_shared_variable_bytes": max_shared_variable_bytes}),
                          **({} if max_preload_bytes is None else {"max_preload_bytes": max_preload_bytes}), **service)
 
 

@@ -7,6 +7,12 @@ Lost replicas (sync): while pulls wait for a step, a replica the step misses tha
 for `lost_after` seconds (no push, no request, no heartbeat of its client) is lost. By `lost_policy`
 the shard goes on without it (`continue`: steps need one replica fewer, and it rejoins when heard
 from again) or fails every waiting pull with ABORTED naming it (`abort`), so no worker hangs.
+
+Shared variables (store.py's SharedVariables): any member of the job creates, reads and changes them by
+(container, name) on the shard the placement names (`shared_variable_shard` over `num_shards`, so a
+client counting another number of shards is told, not served a second copy); `reset` (an admin op, as
+the broker's) frees a container's. They live outside the model: never pulled, pushed or optimized, and
+ready before the model is initialized. Checkpoints keep them beside the shard's pieces.
 """
 
 import logging
@@ -20,8 +26,10 @@ from zmqflow.common.errors import (AbortedError, AlreadyExistsError, DeadlineExc
                                    InvalidArgumentError, NotFoundError, PermissionDeniedError, ResourceExhaustedError)
 from zmqflow.common.rpc.service import Service
 from zmqflow.common.checkpoints import checkpoint
+from zmqflow.common.cluster.placement import shared_variable_shard
+from zmqflow.common.wire.dtypes import name_of
 from zmqflow.services.ps.rules import PARK, RELEASE, update_rule
-from zmqflow.services.ps.store import VariableStore
+from zmqflow.services.ps.store import SharedVariables, VariableStore, shared_name
 from zmqflow.common.wire.protocol import PsOps
 
 log = logging.getLogger(__name__)
@@ -31,6 +39,8 @@ LOST_CHECK_S = 0.5   # how often waiting pulls make the shard look for lost repl
 MAX_PRELOAD_BYTES = 1 << 30
 """What a shard holds of preloaded data sets in all by default (--max-preload-bytes): MNIST's training
 set is 47 MB as float32; a bigger data set belongs in readers and the broker."""
+MAX_SHARED_VARIABLE_BYTES = 1 << 30
+"""What a shard holds of shared variables in all by default (--max-shared-variable-bytes)."""
 
 
 class PsService(Service):
@@ -38,7 +48,8 @@ class PsService(Service):
     protocol = PsOps
 
     def __init__(self, bind, shard_index, pieces, state_options, lost_after=5.0, lost_policy="continue",
-                 trainable=None, checkpoint_root=None, max_preload_bytes=MAX_PRELOAD_BYTES, **service_options):
+                 trainable=None, checkpoint_root=None, max_preload_bytes=MAX_PRELOAD_BYTES, num_shards=1,
+                 max_shared_variable_bytes=MAX_SHARED_VARIABLE_BYTES, **service_options):
         super().__init__(bind, **service_options)
         if lost_policy not in LOST_POLICIES:
             raise InvalidArgumentError(f"lost_policy must be one of {', '.join(LOST_POLICIES)}, got {lost_policy!r}")
@@ -55,6 +66,10 @@ class PsService(Service):
         self._ready_waiters = []
         self.preloaded = {}  # name -> {component: array}: a data set held once, never trained
         self.max_preload_bytes = max_preload_bytes
+        if not isinstance(num_shards, int) or not 0 <= shard_index < num_shards:
+            raise InvalidArgumentError(f"ps:{shard_index} is no shard of {num_shards!r} (--task-index, --num-ps)")
+        self.num_shards = num_shards
+        self.shared = SharedVariables(max_shared_variable_bytes)
         # `assign` sets non-trainable pieces only (BatchNorm's statistics): the trainable ones move by pushes,
         # through the optimizer and the non-finite policy. None: every variable is trainable.
         self.trainable = {k for k, p in pieces.items() if trainable is None or p.variable in trainable}
@@ -64,7 +79,11 @@ class PsService(Service):
                     PsOps.Pull: self._pull, PsOps.Push: self._push, PsOps.PushSparse: self._push_sparse,
                     PsOps.PullRows: self._pull_rows, PsOps.Assign: self._assign, PsOps.Save: self._save,
                     PsOps.WorkerDone: self._worker_done, PsOps.Stats: self._stats, PsOps.Preload: self._preload,
-                    PsOps.TakeRows: self._take_rows, PsOps.Shutdown: self._shutdown})
+                    PsOps.TakeRows: self._take_rows, PsOps.Shutdown: self._shutdown,
+                    PsOps.CreateVariable: self._create_variable, PsOps.ReadVariable: self._read_variable,
+                    PsOps.AssignVariable: self._assign_variable, PsOps.AssignAddVariable: self._assign_add_variable,
+                    PsOps.ScatterAddVariable: self._scatter_add_variable, PsOps.ListVariables: self._list_variables,
+                    PsOps.Reset: self._reset})
 
     # ------------------------------------------------ initialization
 
@@ -91,9 +110,13 @@ class PsService(Service):
         values, slots = {}, {}
         for key, piece in self.pieces.items():
             values[key], slots[key] = ckpt.read_rows(piece.variable, piece.row_start, piece.row_end)
+        shared = {key: ckpt.read_shared(*key) for key in ckpt.shared_variables()
+                  if shared_variable_shard(*key, self.num_shards) == self.shard_index}
         self.store.restore(values, slots, ckpt.step)
+        self.shared.replace(shared)
         self._wake_ready()
-        log.info("ps:%d restored %d pieces at step %d from %s", self.shard_index, len(values), ckpt.step, path)
+        log.info("ps:%d restored %d pieces and %d shared variables at step %d from %s", self.shard_index,
+                 len(values), len(shared), ckpt.step, path)
         return {"version": self.store.version, "path": str(path)}
 
     def _wait_ready(self, call):
@@ -284,6 +307,69 @@ class PsService(Service):
             raise InvalidArgumentError(f"row indices of {name!r} must be in [0, {rows})")
         return {"names": list(data), "rows": rows}, [t[indices] for t in data.values()]
 
+    # ------------------------------------------------ shared variables (TF's resource containers)
+
+    def _shared_key(self, call):
+        """(container, name) of a shared-variable op, bounded and placed on this shard."""
+        container, name = call.args.container, call.args.name
+        for field, value in (("name", name), ("container", container)):
+            if len(value) > self.limits.max_name_length:
+                raise InvalidArgumentError(f"{call.op}'s {field} is longer than {self.limits.max_name_length} "
+                                           "characters")
+        shard = shared_variable_shard(container, name, self.num_shards)
+        if shard != self.shard_index:
+            raise InvalidArgumentError(f"shared variable {shared_name(container, name)} lives on ps:{shard} of "
+                                       f"{self.num_shards}, not on ps:{self.shard_index}: the client counts another "
+                                       "number of ps tasks than the job")
+        return container, name
+
+    def _tensors(self, call, *names):
+        if len(call.tensors) != len(names):
+            takes = f"{len(names)} tensor{'s' * (len(names) > 1)} ({', '.join(names)})" if names else "no tensors"
+            raise InvalidArgumentError(f"{call.op} takes {takes}, got {len(call.tensors)}")
+        return call.tensors
+
+    def _variable_answer(self, value, read_value=True):
+        answer = {"dtype": name_of(value), "shape": list(value.shape)}
+        return (answer, [value.copy()]) if read_value else answer
+
+    def _create_variable(self, call):
+        key = self._shared_key(call)
+        value, = self._tensors(call, "the initial value")
+        created = self.shared.create(*key, value)
+        if created:
+            log.info("ps:%d holds shared variable %s: %s %s", self.shard_index, shared_name(*key), name_of(value),
+                     list(value.shape))
+        return {"created": created, **self._variable_answer(self.shared.read(*key), read_value=False)}
+
+    def _read_variable(self, call):
+        self._tensors(call)
+        return self._variable_answer(self.shared.read(*self._shared_key(call)))
+
+    def _assign_variable(self, call):
+        key = self._shared_key(call)
+        value, = self._tensors(call, "the new value")
+        return self._variable_answer(self.shared.assign(*key, value), call.args.read_value)
+
+    def _assign_add_variable(self, call):
+        key = self._shared_key(call)
+        delta, = self._tensors(call, "what to add")
+        return self._variable_answer(self.shared.assign_add(*key, delta), call.args.read_value)
+
+    def _scatter_add_variable(self, call):
+        key = self._shared_key(call)
+        indices, updates = self._tensors(call, "indices", "updates")
+        return self._variable_answer(self.shared.scatter_add(*key, indices, updates), call.args.read_value)
+
+    def _list_variables(self, call):
+        return {"variables": self.shared.list(call.args.container)}
+
+    def _reset(self, call):
+        container = call.args.container
+        freed = self.shared.reset(container)
+        log.info("ps:%d freed %d shared variables of container %r (reset)", self.shard_index, freed, container)
+        return {"container": container, "freed": freed}
+
     # ------------------------------------------------ checkpoints, end of training
 
     def _save(self, call):
@@ -294,7 +380,7 @@ class PsService(Service):
         try:
             checkpoint.write_shard(directory, step, self.shard_index, {k: (self.pieces[k], values[k], slots[k])
                                                                            for k in self.names},
-                                   metadata=call.args.metadata or {})
+                                   metadata=call.args.metadata or {}, shared=self.shared.snapshot())
         except (OSError, ValueError) as exc:  # a directory that cannot be written (too long, a NUL): the caller's to fix
             raise FailedPreconditionError(f"ps:{self.shard_index} cannot write checkpoint {step} in "
                                           f"{call.args.dir!r:.120}: {getattr(exc, 'strerror', None) or exc}") from None
@@ -330,6 +416,7 @@ class PsService(Service):
         now = time.monotonic()
         return {"shard": self.shard_index, "initialized": self.store.initialized, **self.rule.stats(),
                 "done_workers": sorted(self.rule.done), "lost_workers": self.rule.given_up(),
+                "shared_variables": len(self.shared), "shared_variable_bytes": self.shared.nbytes,
                 "replica_idle_s": {str(r): round(idle, 3) for r, idle in self.rule.idle_seconds(now).items()}}
 
     def _shutdown(self, call):

@@ -6,6 +6,9 @@ arithmetic runs over the buffers. Not thread-safe (the service loop is single-th
 Pulls return read-only snapshots: one fresh contiguous buffer with a view per piece, so the server
 can send it zero-copy while later pushes update the live values. Full pulls of an unchanged state
 share one snapshot (sync workers all pull the same step).
+
+`SharedVariables` holds the other kind: variables any client of the job creates by name in a container
+(TF's resource containers), outside the model, never touched by the optimizer.
 """
 
 import sys
@@ -13,9 +16,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from zmqflow.common.wire.dtypes import as_numpy
+from zmqflow.common.wire.dtypes import DTYPE_NAMES, STRING, as_numpy, name_of_or_str
 from zmqflow.common.errors import (AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, NotFoundError,
-                                   check_int)
+                                   ResourceExhaustedError, check_int)
 from zmqflow.services.ps.optimizers import Optimizer, make_optimizer
 
 _ALIGN = 64  # bytes between pieces in a snapshot buffer, so every view is aligned
@@ -393,3 +396,157 @@ class SnapshotPool:
 def _read_only(view):
     view.flags.writeable = False
     return view
+
+
+# ---------------------------------------------------------------------- shared variables
+
+SHARED_DTYPES = frozenset(as_numpy(name) for name in DTYPE_NAMES if name != STRING)
+VARIABLE_OVERHEAD_BYTES = 256
+"""What one shared variable counts against the shard's budget besides its values: an empty one is no free
+resource (a loop creating millions of them would otherwise hold the shard's memory outside any bound)."""
+
+
+def shared_name(container, name):
+    """How errors name a shared variable: `'counter' in container 'counters'` (or the default container)."""
+    return f"{name!r} in " + (f"container {container!r}" if container else "the default container")
+
+
+class SharedVariables:
+    """Shared variables of one ps shard: {(container, name): array}, created once, changed in place by
+    assign, assign_add and scatter_add (each atomic: the service loop is single-threaded), freed by
+    container. Every value is checked against the variable (dtype, shape, index ranges); what the shard
+    holds stays below `max_bytes` (values plus VARIABLE_OVERHEAD_BYTES each)."""
+
+    def __init__(self, max_bytes):
+        self.max_bytes = check_int("max_bytes", max_bytes)
+        self._values = {}
+        self.nbytes = 0
+
+    def __len__(self):
+        return len(self._values)
+
+    def create(self, container, name, value):
+        """True when created; False when it exists with the same dtype and shape (its value stays)."""
+        value = _shared_value(value, container, name)
+        held = self._values.get((container, name))
+        if held is not None:
+            if (held.dtype, held.shape) != (value.dtype, value.shape):
+                raise InvalidArgumentError(f"shared variable {shared_name(container, name)} exists as "
+                                           f"{_described(held)}; it cannot be created again as {_described(value)}")
+            return False
+        self._charge({(container, name): value})
+        self._values[(container, name)] = value.copy()   # its own writable memory, not the request's frame
+        return True
+
+    def read(self, container, name):
+        """A copy of the value (the reply is sent zero-copy while later ops change the variable)."""
+        return self._get(container, name).copy()
+
+    def assign(self, container, name, value):
+        var = self._get(container, name)
+        np.copyto(var, self._same_as(var, value, "assign", container, name))
+        return var
+
+    def assign_add(self, container, name, delta):
+        var = self._get(container, name)
+        np.add(var, self._same_as(self._numeric(var, "assign_add", container, name), delta, "assign_add",
+                                  container, name), out=var)
+        return var
+
+    def scatter_add(self, container, name, indices, updates):
+        """updates[i] added to row indices[i]; rows named twice get both."""
+        var = self._numeric(self._get(container, name), "scatter_add", container, name)
+        what = f"scatter_add of shared variable {shared_name(container, name)}"
+        if not var.shape:
+            raise InvalidArgumentError(f"{what}: the variable is a scalar; scatter_add adds rows of a variable "
+                                       "of rank 1 or more")
+        if not isinstance(indices, np.ndarray) or indices.dtype.kind not in "iu":
+            raise InvalidArgumentError(f"{what}: indices must be int32 or int64, got "
+                                       f"{name_of_or_str(getattr(indices, 'dtype', None))}")
+        bad = indices[(indices < 0) | (indices >= var.shape[0])] if indices.size else indices
+        if bad.size:
+            raise InvalidArgumentError(f"{what}: indices[...] = {int(bad.reshape(-1)[0])} is not in "
+                                       f"[0, {var.shape[0]})")
+        expected = indices.shape + var.shape[1:]
+        if not isinstance(updates, np.ndarray) or updates.dtype != var.dtype or updates.shape != expected:
+            raise InvalidArgumentError(f"{what}: updates must be {name_of_or_str(var.dtype)} {list(expected)} "
+                                       f"(the indices' shape, then the variable's row shape), got "
+                                       f"{_described(updates)}")
+        np.add.at(var, indices, updates)
+        return var
+
+    def reset(self, container):
+        """Free every variable of `container`; how many there were."""
+        freed = [key for key in self._values if key[0] == container]
+        for key in freed:
+            self.nbytes -= _cost(key, self._values.pop(key))
+        return len(freed)
+
+    def list(self, container=None):
+        return [{"container": c, "name": n, "dtype": name_of_or_str(v.dtype), "shape": list(v.shape)}
+                for (c, n), v in sorted(self._values.items()) if container is None or c == container]
+
+    def snapshot(self):
+        """{(container, name): copy of the value}: what a checkpoint keeps."""
+        return {key: value.copy() for key, value in self._values.items()}
+
+    def replace(self, values):
+        """Hold exactly `values` ({(container, name): array}, a checkpoint's), each checked as at create."""
+        checked = {key: _shared_value(value, *key).copy() for key, value in values.items()}
+        old, self._values, self.nbytes = self._values, {}, 0
+        try:
+            self._charge(checked)
+        except ResourceExhaustedError:
+            self._values, self.nbytes = old, sum(_cost(k, v) for k, v in old.items())
+            raise
+        self._values = checked
+
+    # ------------------------------------------------------------------ checks
+
+    def _get(self, container, name):
+        var = self._values.get((container, name))
+        if var is None:
+            held = sorted(n for c, n in self._values if c == container)
+            raise NotFoundError(f"no shared variable {shared_name(container, name)} on this ps (it holds "
+                                f"{', '.join(map(repr, held[:10])) or 'none'} there): create it first, with an "
+                                "initial value; a reset of its container frees it")
+        return var
+
+    def _charge(self, values):
+        cost = sum(_cost(key, value) for key, value in values.items())
+        if self.nbytes + cost > self.max_bytes:
+            container, name = next(iter(values), ("", ""))
+            raise ResourceExhaustedError(f"shared variable {shared_name(container, name)} of {cost} bytes: the ps "
+                                         f"holds {self.nbytes} and holds at most {self.max_bytes} bytes of shared "
+                                         "variables in all (--max-shared-variable-bytes)")
+        self.nbytes += cost
+
+    @staticmethod
+    def _same_as(var, value, op, container, name):
+        if not isinstance(value, np.ndarray) or value.dtype != var.dtype or value.shape != var.shape:
+            raise InvalidArgumentError(f"{op} of shared variable {shared_name(container, name)}: expected "
+                                       f"{_described(var)}, got {_described(value)}")
+        return value
+
+    @staticmethod
+    def _numeric(var, op, container, name):
+        if var.dtype == np.bool_:
+            raise InvalidArgumentError(f"{op} adds numbers; shared variable {shared_name(container, name)} is bool")
+        return var
+
+
+def _shared_value(value, container, name):
+    if not isinstance(value, np.ndarray) or value.dtype not in SHARED_DTYPES:
+        raise InvalidArgumentError(f"shared variable {shared_name(container, name)}: a value of a numeric dtype "
+                                   f"({', '.join(n for n in DTYPE_NAMES if n != STRING)}), got {_described(value)}")
+    return value
+
+
+def _described(value):
+    """'int64 [2, 3]': a value's dtype and shape, as errors name them."""
+    return (f"{name_of_or_str(getattr(value, 'dtype', None)) if hasattr(value, 'dtype') else type(value).__name__} "
+            f"{list(np.shape(value)) if isinstance(value, np.ndarray) else ''}").strip()
+
+
+def _cost(key, value):
+    return value.nbytes + VARIABLE_OVERHEAD_BYTES + len(key[0]) + len(key[1])

@@ -26,7 +26,7 @@ def runtime(tmp_path, monkeypatch):
 
 def test_the_admin_ops_are_listed_once_per_service():
     assert ops_with_role(BrokerOps, ADMIN) == {"reset", "shutdown"}
-    assert ops_with_role(PsOps, ADMIN) == {"init", "restore", "shutdown"}
+    assert ops_with_role(PsOps, ADMIN) == {"init", "restore", "reset", "shutdown"}
     assert ops_with_role(AggregatorOps, ADMIN) == {"add_member", "remove_member"}
     assert ADMIN_OPS == {"reset", "shutdown", "init", "restore", "add_member", "remove_member"}
 
