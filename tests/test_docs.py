@@ -142,6 +142,11 @@ def _api_job(scope, printed):
     assert not [pid for pid in job.pids() if alive(pid)]
 
 
+def _api_device_merge(scope, printed):
+    assert printed.split() == ["/job:ps/task:0", "/job:ps/task:1", "/job:worker/task:0/device:GPU:1",
+                               "/job:worker/task:1/device:GPU:1"]   # TensorFlow's answers
+
+
 def _api_serve(scope, printed):
     assert scope["info"]["predicted"] == ["a", "c"] and scope["outputs"].shape == (2, 3)   # the job's checkpoint
 
@@ -206,6 +211,7 @@ CHECKS = {
     ("docs/api.md", "job.start()"): _api_job,
     ("docs/api.md", "zmqflow.serve("): _api_serve,
     ("docs/api.md", "Server.from_tf_config("): _api_cluster,
+    ("docs/api.md", 'worker_device="/job:worker/task:0"'): _api_device_merge,
     ("docs/api.md", "class MeanLoss"): _api_session,
     ("docs/api.md", "ValidationHook("): _api_validation,
     ("docs/broker.md", "FIFOQueue("): _broker_tour,
