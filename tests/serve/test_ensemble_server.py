@@ -1,0 +1,108 @@
+"""An ensemble inside one model server (`zmqflow serve --checkpoint A --checkpoint B --checkpoint C`): each checkpoint
+on its own device (CPU slots here), combined in process with the aggregator's own functions, answering exactly as an
+aggregator in front of three model servers of the same checkpoints does. Real processes over ZeroMQ."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from zmqflow.cli.main import main
+from zmqflow.common.clients.aggregator import AggregatorClient
+from zmqflow.common.clients.serve import ModelClient
+from zmqflow.inputs.data_spec import load_spec
+from zmqflow.models.combine import combine
+from tests.support.tabular import checkpoint, spec_dict, write_csv
+
+pytestmark = pytest.mark.service
+
+MEMBERS = (("mlp-a", "mlp"), ("logistic-b", "logistic"), ("mlp-c", "mlp"))   # three models of one task
+RECORDS = {"age": [55.0, 25.5, 40.0, 33.0], "size": [0.1, -1.0, 2.0, 0.5], "city": ["rome", "oslo", "lisbon", "paris"]}
+SERVE = ["--backend", "numpy", "--max-delay-secs", "0.001"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ensemble-server")
+    write_csv(root / "train.csv", 120, seed=0)
+    spec = load_spec(spec_dict(root / "train.csv"))
+    for seed, (name, model) in enumerate(MEMBERS, 1):
+        checkpoint(root / name, spec, model, seed=seed)
+    checkpoint(root / "regression", load_spec(spec_dict(root / "train.csv", task="regression")), "linear", seed=4)
+    return [str(root / name) for name, _ in MEMBERS]
+
+
+@pytest.fixture(scope="module")
+def both(checkpoints, module_processes):
+    """(the ensemble server, the aggregator in front of three model servers) of the same three checkpoints."""
+    ensemble = module_processes.service("zmqflow.services.serve", [
+        *(a for c in checkpoints for a in ("--checkpoint", c)), "--combine", "mean",
+        "--devices", "/cpu:0,/cpu:0,/cpu:0", *SERVE])
+    members = [module_processes.service("zmqflow.services.serve", ["--checkpoint", c, *SERVE]) for c in checkpoints]
+    aggregator = module_processes.service("zmqflow.services.aggregator", [
+        *(a for m in members for a in ("--member", m.endpoint)), "--deadline-ms", "5000", "--min-members", "3"])
+    return ensemble.endpoint, aggregator.endpoint
+
+
+@pytest.mark.parametrize("how", ["mean", "vote", "median"])
+def test_the_ensemble_server_answers_as_the_aggregator_in_front_of_three_servers(both, how):
+    ensemble, aggregator = both
+    with AggregatorClient(ensemble, timeout=10) as inside, AggregatorClient(aggregator, timeout=10) as outside:
+        mine, info = inside.predict_records(RECORDS, combine=how, min_members=3)
+        theirs, their_info = outside.predict_records(RECORDS, combine=how, min_members=3)
+    np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    assert mine.shape == (4, 2) and info["predicted"] == their_info["predicted"]
+    assert set(info["predicted"]) <= {"cat", "dog"}                    # classification, named by the task
+    assert {k: info[k] for k in ("mode", "combine", "missing", "min_members")} == \
+        {k: their_info[k] for k in ("mode", "combine", "missing", "min_members")} == \
+        {"mode": "ensemble", "combine": how, "missing": {}, "min_members": 3}
+    assert info["answered"] == [name for name, _ in MEMBERS] and len(their_info["answered"]) == 3
+
+
+def test_a_model_servers_client_and_tensors_work_too_and_members_say_their_devices(both):
+    ensemble, aggregator = both
+    with ModelClient(ensemble, timeout=10) as client, AggregatorClient(aggregator, timeout=10) as outside:
+        described = client.model_info()
+        x = np.random.default_rng(0).random([3] + described["schema"]["inputs"][0]["shape"], dtype=np.float32)
+        mine, info = client.predict(x)            # the server's default combine: mean of all three
+        theirs, _ = outside.predict(x, min_members=3)
+        one, replica = client.rpc.call(*_replica(x))[::-1]
+    np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    assert "predicted" not in info and info["combine"] == "mean"
+    assert [(m["name"], m["device"]) for m in described["members"]] == \
+        [(name, "/device:CPU:0") for name, _ in MEMBERS]
+    assert described["combine"] == "mean" and described["schema"]["output"]["task"] == "multiclass"
+    assert len(replica["answered"]) == 1 and one[0].shape == (3, 2)
+
+
+def _replica(x):
+    from zmqflow.common.wire.protocol import AggregatorOps
+    return AggregatorOps.Predict(mode="replica"), None, [x]
+
+
+def test_combining_is_the_aggregators_own_function():
+    answers = [np.array([[0.2, 0.8]], np.float32), np.array([[0.6, 0.4]], np.float32)]
+    np.testing.assert_allclose(combine("mean", answers), [[0.4, 0.6]])
+    from zmqflow.services.aggregator import gather
+    from zmqflow.services.serve import ensemble
+    assert gather.combine_answers is ensemble.combine_answers   # one home: models/combine.py
+
+
+def test_bad_ensemble_options_are_named(checkpoints, tmp_path):
+    result = CliRunner().invoke(main, ["serve", "--checkpoint", checkpoints[0], "--devices", "/cpu:0"])
+    assert result.exit_code == 2 and "for an ensemble: repeat --checkpoint" in result.output
+    result = CliRunner().invoke(main, ["serve", "--checkpoint", checkpoints[0], "--checkpoint", checkpoints[1],
+                                       "--devices", "/cpu:0"])
+    assert result.exit_code == 2 and "1 devices for 2 checkpoints" in result.output
+    out = subprocess.run([sys.executable, "-m", "zmqflow", "serve", "--checkpoint", checkpoints[0], "--checkpoint",
+                          checkpoints[1], "--devices", "/cpu:0,/gpu:7", "--bind", "127.0.0.1:0", *SERVE],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and f"checkpoint {checkpoints[1]}: device '/gpu:7'" in out.stderr, out.stderr
+    regression = os.path.join(os.path.dirname(checkpoints[0]), "regression")
+    out = subprocess.run([sys.executable, "-m", "zmqflow", "serve", "--checkpoint", checkpoints[0], "--checkpoint",
+                          regression, "--bind", "127.0.0.1:0", *SERVE], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and f"checkpoint {regression} cannot answer with {checkpoints[0]}" in out.stderr, \
+        out.stderr
