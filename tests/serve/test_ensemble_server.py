@@ -106,3 +106,14 @@ def test_bad_ensemble_options_are_named(checkpoints, tmp_path):
                           regression, "--bind", "127.0.0.1:0", *SERVE], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and f"checkpoint {regression} cannot answer with {checkpoints[0]}" in out.stderr, \
         out.stderr
+
+
+def test_bench_serve_measures_the_in_process_ensemble(tmp_path):
+    from zmqflow.bench.serve import in_process_ensemble, write_random_checkpoint
+    ckpts = [str(tmp_path / f"ckpt{i}") for i in range(3)]
+    for seed, ckpt in enumerate(ckpts, 1):
+        write_random_checkpoint(ckpt, seed)
+    said = []
+    found = in_process_ensemble(ckpts, np.zeros((1, 784), np.float32), 100, 0.5, str(tmp_path), said.append)
+    assert found["ensemble3_errors"] == 0 and 0 < found["ensemble3_p50_ms"] <= found["ensemble3_p99_ms"]
+    assert found["ensemble3_cpu_us_per_request"] > 0 and "combined in process" in said[0]
