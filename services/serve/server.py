@@ -115,6 +115,19 @@ class BatchingServer(Service):
             self.stats["reloads"] = sum(model.reloads for model in self.hosted)
             self._next_refresh = time.monotonic() + self.refresh_secs
 
+    def metric_families(self):
+        """The server's counters for Prometheus, read at scrape time (common/processes/metrics.py); the version
+        of each hosted model under its name."""
+        from zmqflow.common.processes.metrics import counter_family, gauge_family
+        model, stats = (self.model_name,), self.stats
+        yield gauge_family("zmqflow_serve_model_version", "Version (step) of the parameters served.",
+                           {(hosted.name,): hosted.version for hosted in self.hosted}, ["model"])
+        yield gauge_family("zmqflow_serve_queued_rows", "Requests waiting to join a batch.",
+                           {model: len(self.batcher)}, ["model"])
+        for key, doc in (("predictions", "Requests answered by predict."), ("batches", "Batches run."),
+                         ("batched_rows", "Rows run in batches."), ("reloads", "Parameter reloads.")):
+            yield counter_family(f"zmqflow_serve_{key}", doc, {model: stats[key]}, ["model"])
+
     def on_deadline(self, call):
         self.batcher.remove(call)
         self.fail(call, DeadlineExceededError(f"predict request {call.id}: its batch could not run before the deadline"))
@@ -174,18 +187,6 @@ class ModelServer(BatchingServer):
 
     def describe(self):
         return {"model": self.model_name, "version": self.version, "queued": len(self.batcher)}
-
-    def metric_families(self):
-        """The server's counters for Prometheus, read at scrape time (common/processes/metrics.py)."""
-        from zmqflow.common.processes.metrics import counter_family, gauge_family
-        model, stats = (self.model_name,), self.stats
-        yield gauge_family("zmqflow_serve_model_version", "Version (step) of the parameters served.",
-                           {model: self.version}, ["model"])
-        yield gauge_family("zmqflow_serve_queued_rows", "Requests waiting to join a batch.",
-                           {model: len(self.batcher)}, ["model"])
-        for key, doc in (("predictions", "Requests answered by predict."), ("batches", "Batches run."),
-                         ("batched_rows", "Rows run in batches."), ("reloads", "Parameter reloads.")):
-            yield counter_family(f"zmqflow_serve_{key}", doc, {model: stats[key]}, ["model"])
 
     # ------------------------------------------------ batches
 
