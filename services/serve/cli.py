@@ -33,12 +33,15 @@ from zmqflow.models.kernels import BACKENDS, DEFAULT_BACKEND
 @click.option("--devices", default=None, metavar="DEVICE,...",
               help="Several --checkpoint: the device of each, in order (/cpu:0 or /gpu:N; each checkpoint runs in "
                    "its own thread, so several may share /cpu:0). Default: /cpu:0 for every one.")
+@click.option("--weights", default=None, metavar="WEIGHT,...",
+              help="Several --checkpoint: the weight of each, in order, for --combine weighted (and a function of "
+                   "yours). Default: 1 each.")
 @click.option("--data", "data_spec", default=None,
               help="A data spec (YAML) whose raw feature columns requests may send as records, made into inputs with "
                    "its train split's statistics. Default: the spec the checkpoint records (trained with --data).")
 def command(checkpoint_dirs, follow_ps, refresh_secs, model_spec, placement_strategy, max_shard_bytes,
             trust_checkpoint_code, backend, max_batch, max_delay_secs, model_name, combine, min_members, devices,
-            data_spec, **service):
+            weights, data_spec, **service):
     """Answer predict requests from a checkpoint or the live ps shards, batching concurrent requests.
 
     A request sends the model's inputs as tensors (their names, shapes and dtypes are the model's
@@ -56,12 +59,11 @@ def command(checkpoint_dirs, follow_ps, refresh_secs, model_spec, placement_stra
     ensemble = len(checkpoint_dirs) > 1
     if endpoints and checkpoint_dirs:
         raise click.UsageError("give --checkpoint DIR (repeat for an ensemble) or --ps ENDPOINT, not both")
-    devices = [d.strip() for d in devices.split(",")] if devices else None
-    if not ensemble and (devices or combine != "mean" or min_members != 1):
-        raise click.UsageError("--devices, --combine and --min-members are for an ensemble: repeat --checkpoint")
-    if devices and len(devices) != len(checkpoint_dirs):
-        raise click.BadParameter(f"{len(devices)} devices for {len(checkpoint_dirs)} checkpoints: give one each",
-                                 param_hint="--devices")
+    devices = _one_each(devices, checkpoint_dirs, "--devices", "devices", str)
+    weights = _one_each(weights, checkpoint_dirs, "--weights", "weights", _weight)
+    if not ensemble and (devices or weights or combine != "mean" or min_members != 1):
+        raise click.UsageError("--devices, --weights, --combine and --min-members are for an ensemble: repeat "
+                               "--checkpoint")
     checkpoint_dir = checkpoint_dirs[0] if checkpoint_dirs else None
     if refresh_secs is None and endpoints:
         refresh_secs = 5.0
@@ -87,7 +89,7 @@ def command(checkpoint_dirs, follow_ps, refresh_secs, model_spec, placement_stra
     if ensemble:
         from zmqflow.services.serve.ensemble import EnsembleServer, default_devices, member_names
         members = list(zip(specs, checkpoint_dirs, devices or default_devices(len(checkpoint_dirs)),
-                           [1.0] * len(checkpoint_dirs)))
+                           weights or [1.0] * len(checkpoint_dirs)))
         run_service_instance("serve", EnsembleServer, members, backend=backend, max_batch=max_batch,
                              max_delay_ms=max_delay_secs * 1000, combine=combine, min_members=min_members,
                              model_name=model_name or "+".join(member_names(checkpoint_dirs)),
@@ -97,6 +99,27 @@ def command(checkpoint_dirs, follow_ps, refresh_secs, model_spec, placement_stra
                          model_name=model_name or default_model_name(checkpoint_dir, endpoints),
                          checkpoint_dir=checkpoint_dir, ps_endpoints=endpoints, placement_strategy=placement_strategy,
                          max_shard_bytes=max_shard_bytes, refresh_secs=refresh_secs, data_config=data_config, **service)
+
+
+def _one_each(text, checkpoint_dirs, option, what, parse):
+    """A comma-separated list of one value per --checkpoint (None when not given)."""
+    if not text:
+        return None
+    values = [parse(v.strip()) for v in text.split(",")]
+    if len(checkpoint_dirs) > 1 and len(values) != len(checkpoint_dirs):
+        raise click.BadParameter(f"{len(values)} {what} for {len(checkpoint_dirs)} checkpoints: give one each",
+                                 param_hint=option)
+    return values
+
+
+def _weight(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise click.BadParameter(f"weight {text!r} is not a number >= 0", param_hint="--weights")
+    return value
 
 
 def main():

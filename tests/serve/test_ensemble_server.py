@@ -44,12 +44,12 @@ def both(checkpoints, module_processes):
     members = [module_processes.service("zmqflow.services.serve", ["--checkpoint", c, *SERVE]) for c in checkpoints]
     aggregator = module_processes.service("zmqflow.services.aggregator", [
         *(a for m in members for a in ("--member", m.endpoint)), "--deadline-ms", "5000", "--min-members", "3"])
-    return ensemble.endpoint, aggregator.endpoint
+    return ensemble.endpoint, aggregator.endpoint, [m.endpoint for m in members]
 
 
 @pytest.mark.parametrize("how", ["mean", "vote", "median"])
 def test_the_ensemble_server_answers_as_the_aggregator_in_front_of_three_servers(both, how):
-    ensemble, aggregator = both
+    ensemble, aggregator, _ = both
     with AggregatorClient(ensemble, timeout=10) as inside, AggregatorClient(aggregator, timeout=10) as outside:
         mine, info = inside.predict_records(RECORDS, combine=how, min_members=3)
         theirs, their_info = outside.predict_records(RECORDS, combine=how, min_members=3)
@@ -63,7 +63,7 @@ def test_the_ensemble_server_answers_as_the_aggregator_in_front_of_three_servers
 
 
 def test_a_model_servers_client_and_tensors_work_too_and_members_say_their_devices(both):
-    ensemble, aggregator = both
+    ensemble, aggregator, _ = both
     with ModelClient(ensemble, timeout=10) as client, AggregatorClient(aggregator, timeout=10) as outside:
         described = client.model_info()
         x = np.random.default_rng(0).random([3] + described["schema"]["inputs"][0]["shape"], dtype=np.float32)
@@ -76,6 +76,23 @@ def test_a_model_servers_client_and_tensors_work_too_and_members_say_their_devic
         [(name, "/device:CPU:0") for name, _ in MEMBERS]
     assert described["combine"] == "mean" and described["schema"]["output"]["task"] == "multiclass"
     assert len(replica["answered"]) == 1 and one[0].shape == (3, 2)
+
+
+def test_weights_count_as_the_aggregators_member_weights(both, checkpoints, module_processes):
+    _, _, members = both
+    ensemble = module_processes.service("zmqflow.services.serve", [
+        *(a for c in checkpoints for a in ("--checkpoint", c)), "--combine", "weighted", "--weights", "1,2,3.5", *SERVE])
+    aggregator = module_processes.service("zmqflow.services.aggregator", [
+        *(a for m, w in zip(members, (1, 2, 3.5)) for a in ("--member", f"{m}={w}")), "--combine", "weighted",
+        "--deadline-ms", "5000", "--min-members", "3"])
+    with AggregatorClient(ensemble.endpoint, timeout=10) as inside, \
+            AggregatorClient(aggregator.endpoint, timeout=10) as outside:
+        mine, info = inside.predict_records(RECORDS)
+        theirs, their_info = outside.predict_records(RECORDS)
+        plain, _ = inside.predict_records(RECORDS, combine="mean")
+    np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    assert info["predicted"] == their_info["predicted"] and info["combine"] == "weighted"
+    assert not np.allclose(mine, plain)          # the weights count
 
 
 def _replica(x):
@@ -93,7 +110,10 @@ def test_combining_is_the_aggregators_own_function():
 
 def test_bad_ensemble_options_are_named(checkpoints, tmp_path):
     result = CliRunner().invoke(main, ["serve", "--checkpoint", checkpoints[0], "--devices", "/cpu:0"])
-    assert result.exit_code == 2 and "for an ensemble: repeat --checkpoint" in result.output
+    assert result.exit_code == 2 and "are for an ensemble: repeat --checkpoint" in result.output
+    result = CliRunner().invoke(main, ["serve", "--checkpoint", checkpoints[0], "--checkpoint", checkpoints[1],
+                                       "--weights", "1,heavy"])
+    assert result.exit_code == 2 and "weight 'heavy' is not a number >= 0" in result.output
     result = CliRunner().invoke(main, ["serve", "--checkpoint", checkpoints[0], "--checkpoint", checkpoints[1],
                                        "--devices", "/cpu:0"])
     assert result.exit_code == 2 and "1 devices for 2 checkpoints" in result.output
