@@ -137,3 +137,22 @@ def test_bench_serve_measures_the_in_process_ensemble(tmp_path):
     found = in_process_ensemble(ckpts, np.zeros((1, 784), np.float32), 100, 0.5, str(tmp_path), said.append)
     assert found["ensemble3_errors"] == 0 and 0 < found["ensemble3_p50_ms"] <= found["ensemble3_p99_ms"]
     assert found["ensemble3_cpu_us_per_request"] > 0 and "combined in process" in said[0]
+
+
+def test_each_checkpoint_is_reloaded_when_a_newer_one_is_written(tmp_path, module_processes):
+    from tests.support import wait_for
+    from zmqflow.bench.serve import write_random_checkpoint
+    from zmqflow.models.registry import load_model
+    from zmqflow.models.spec import MNIST_MLP
+    ckpts = [str(tmp_path / "a"), str(tmp_path / "b")]
+    for seed, ckpt in enumerate(ckpts, 1):
+        write_random_checkpoint(ckpt, seed)
+    proc = module_processes.service("zmqflow.services.serve", [
+        "--checkpoint", ckpts[0], "--checkpoint", ckpts[1], "--refresh-secs", "0.2", *SERVE])
+    model, x = load_model(MNIST_MLP), np.random.default_rng(1).random((2, 784), dtype=np.float32)
+    local = {seed: model.predict(model.initial_values(seed), x) for seed in (1, 2, 5)}
+    with ModelClient(proc.endpoint, timeout=10) as client:
+        np.testing.assert_allclose(client.predict(x)[0], (local[1] + local[2]) / 2, rtol=1e-5, atol=1e-6)
+        write_random_checkpoint(ckpts[0], seed=5, step=2)
+        wait_for(lambda: [m["version"] for m in client.model_info()["members"]] == [2, 1], 10, "a reloads step 2")
+        np.testing.assert_allclose(client.predict(x)[0], (local[5] + local[2]) / 2, rtol=1e-5, atol=1e-6)
