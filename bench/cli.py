@@ -85,7 +85,8 @@ def reader(as_json, epochs, repeats, tabular_rows, tabular_epochs, tabular_train
 @click.option("--concurrency", default=2, show_default=True, type=click.IntRange(min=1),
               help="Closed-loop clients of the gateway (REST and gRPC) vs ZeroMQ comparison.")
 def serve(as_json, duration, rate, deadline_ms, profile_dir, overload, rows, hidden, concurrency):
-    """Serving: one model server direct vs an aggregator over 3 (open loop), with one member killed, and the
+    """Serving: one model server direct vs an aggregator over 3 (open loop) vs one server hosting the 3
+    checkpoints combined in process (the in-process ensemble), with one member killed, and the
     gateway (REST JSON, REST binary and, with the grpc extra, gRPC) against the ZeroMQ path at the same
     closed-loop load (with the http extra); or, with --overload, the aggregator over its capacity."""
     from zmqflow.bench.serve import run, run_overload

@@ -6,6 +6,9 @@ Phases (model servers and aggregators are real processes started by PID):
                   schedule whatever the replies do; latency counts from the scheduled time.
   agg3            the same load through an aggregator (ensemble, mean) over 3 members.
   agg3_replica    the same aggregator in replica mode (each request to the least busy member).
+  ensemble3       the same load on ONE model server hosting the 3 checkpoints (`serve --checkpoint A
+                  --checkpoint B --checkpoint C`), combined in process with the aggregator's mean: the
+                  latency of the in-process ensemble against agg3's, in the same run (ensemble3_vs_agg3_p50_ms).
   agg3_dead       ensemble with one member SIGKILLed, the aggregator's deadline `deadline_ms`.
   gateway         the HTTP gateway (Open Inference Protocol) over the agg3 aggregator against the ZeroMQ
                   path to it, closed loop at the same concurrency and rows (bench/gateway.py): p50/p99,
@@ -104,9 +107,11 @@ def run(seconds=3.0, rate=500, deadline_ms=50, members=3, profile_dir=None, prog
     env = {"ZMQFLOW_PROFILE_DIR": profile_dir} if profile_dir else None
     servers, aggs = [], []
     try:
+        ckpts = []
         for i in range(members):
             ckpt = os.path.join(work, f"ckpt{i}")
             write_random_checkpoint(ckpt, seed=i + 1)
+            ckpts.append(ckpt)
             servers.append(start_service("zmqflow.services.serve", ["--checkpoint", ckpt, "--backend", "numpy",
                                                             "--max-delay-secs", "0", "--log-level", "WARNING"],
                                          log_dir=work))
@@ -132,6 +137,10 @@ def run(seconds=3.0, rate=500, deadline_ms=50, members=3, profile_dir=None, prog
                       agg3_cpu_us_per_request=round((cpu_seconds(agg.pid) - cpu) / (rate * seconds + 50) * 1e6, 1))
         say(f"aggregator over {members} at {rate}/s: p50 {result['agg3_p50_ms']} ms, p99 {result['agg3_p99_ms']} ms, "
             f"aggregator CPU {result['agg3_cpu_us_per_request']} us/request")
+
+        result.update(in_process_ensemble(ckpts, x, rate, seconds, work, say))
+        if result["ensemble3_p50_ms"] is not None and result["agg3_p50_ms"] is not None:
+            result["ensemble3_vs_agg3_p50_ms"] = round(result["ensemble3_p50_ms"] - result["agg3_p50_ms"], 3)
 
         result.update(compare_gateway(agg.endpoint, x, seconds, concurrency, work))
         if "gateway_p50_ms" in result:
@@ -178,6 +187,24 @@ def run(seconds=3.0, rate=500, deadline_ms=50, members=3, profile_dir=None, prog
         result["targets"]["gateway_overhead_p50_ms<=1"] = result["gateway_overhead_p50_ms"] <= TARGET_OVERHEAD_P50_MS
     result["all_targets_met"] = all(result["targets"].values())
     return result
+
+
+def in_process_ensemble(ckpts, x, rate, seconds, work, say):
+    """The ensemble3 phase: one model server hosting every checkpoint (a CPU slot each), open loop at `rate`."""
+    proc = start_service("zmqflow.services.serve", [a for c in ckpts for a in ("--checkpoint", c)] + [
+        "--backend", "numpy", "--max-delay-secs", "0", "--log-level", "WARNING"], log_dir=work)
+    try:
+        cpu = cpu_seconds(proc.pid)
+        lat, errors = open_loop(proc.endpoint, x, rate, seconds, deadline_ms=1000)
+        found = {"ensemble3_p50_ms": _pct(lat, 50), "ensemble3_p99_ms": _pct(lat, 99),
+                 "ensemble3_errors": sum(errors.values()),
+                 "ensemble3_cpu_us_per_request": round((cpu_seconds(proc.pid) - cpu) / (rate * seconds + 50) * 1e6, 1)}
+    finally:
+        proc.stop()
+    say(f"one server hosting the {len(ckpts)} checkpoints, combined in process, at {rate}/s: p50 "
+        f"{found['ensemble3_p50_ms']} ms, p99 {found['ensemble3_p99_ms']} ms, CPU {found['ensemble3_cpu_us_per_request']} "
+        "us/request (its members' work included)")
+    return found
 
 
 if __name__ == "__main__":

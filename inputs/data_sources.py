@@ -269,8 +269,9 @@ def csv_column_names(spec, path):
         first = f.readline()
     if not first.strip():
         raise InvalidArgumentError(f"{path} is empty")
-    if spec.header:
-        return next(csv.reader([first.decode("utf-8", "replace").strip("\r\n")], delimiter=spec.delimiter))
+    if spec.header:   # "x1, x2, target" names x2 and target, not " x2" (the chapter's my_test.csv)
+        return [name.strip() for name in next(csv.reader([first.decode("utf-8", "replace").strip("\r\n")],
+                                                          delimiter=spec.delimiter))]
     if spec.column_names:
         return list(spec.column_names)
     return list(range(first.decode("latin-1").count(spec.delimiter) + 1))

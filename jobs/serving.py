@@ -4,6 +4,7 @@
         probabilities, info = model.predict_records({"age": [41], "city": ["rome"]})
         info["predicted"]                           # ['cat']: the class names, for a model trained with --data
         model.predict(x)                            # or the model's input tensors; model.schema says which
+    with zmqflow.serve(["ckpt-a", "ckpt-b"]) as ensemble:   # one server hosting both, combined in process
 
 The handle is a ModelClient (common/clients/serve.py) on the server's endpoint, with the process's
 `endpoint` and `pid`; leaving the block (or `stop()`) stops the process by PID.
@@ -38,9 +39,12 @@ class ServedModel(ModelClient):
 def serve(checkpoint_dir, model=None, backend=DEFAULT_BACKEND, bind="tcp://127.0.0.1:*", timeout=30.0, log_dir=None,
           trust_checkpoint_code=False, **options):
     """Serve the latest checkpoint in `checkpoint_dir` (the model it records, or `model`, a --model value)
-    in its own process while the block runs. Other options are `zmqflow serve`'s (max_batch, max_delay_secs,
-    name, data), given as keywords; `trust_checkpoint_code` is --trust-checkpoint-code."""
-    args = ["--checkpoint", str(checkpoint_dir), "--backend", backend]
+    in its own process while the block runs; a list of directories is an ensemble in that one server
+    (services/serve/ensemble.py: combine=, devices=, min_members=). Other options are `zmqflow serve`'s
+    (max_batch, max_delay_secs, name, data), given as keywords; `trust_checkpoint_code` is --trust-checkpoint-code."""
+    dirs = [checkpoint_dir] if isinstance(checkpoint_dir, (str, bytes)) or not hasattr(checkpoint_dir, "__iter__") \
+        else list(checkpoint_dir)
+    args = [a for d in dirs for a in ("--checkpoint", str(d))] + ["--backend", backend]
     if trust_checkpoint_code:
         args.append("--trust-checkpoint-code")
     if model is not None:

@@ -55,15 +55,17 @@ DOCS_WITH_TORCH = [doc for doc in DOCS_WITH_PYTHON if any(map(needs_torch, pytho
 class Ensemble:
     aggregator: str      # its ZeroMQ endpoint
     members: list        # the model servers' endpoints
+    checkpoints: list    # their checkpoint directories
 
 
 @pytest.fixture(scope="module")
 def ensemble(module_processes, tmp_path_factory):
     """Two model servers of random MNIST MLP checkpoints behind an aggregator (the README's), answering already."""
-    members = []
+    members, checkpoints = [], []
     for seed in range(1, MEMBERS + 1):
         ckpt = str(tmp_path_factory.mktemp(f"member-{seed}"))
         write_random_checkpoint(ckpt, seed)
+        checkpoints.append(ckpt)
         members.append(module_processes.service("zmqflow.services.serve", [
             "--checkpoint", ckpt, "--backend", "numpy", "--max-delay-secs", "0", "--model-name", f"m{seed}"]).endpoint)
     aggregator = module_processes.service("zmqflow.services.aggregator",
@@ -71,7 +73,7 @@ def ensemble(module_processes, tmp_path_factory):
     with AggregatorClient(aggregator.endpoint) as warm:   # the first answers load the models: not the docs' deadline
         for _ in range(3):
             warm.predict(np.zeros((4, 784), np.float32), deadline_ms=10_000, min_members=MEMBERS)
-    return Ensemble(aggregator.endpoint, members)
+    return Ensemble(aggregator.endpoint, members, checkpoints)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +106,10 @@ def _aggregator(request):
 
 def _gateway(request):
     http, grpc = request.getfixturevalue("gateway")
-    return {"localhost:8000": http, **({"localhost:8001": grpc} if grpc else {})}
+    ensemble = request.getfixturevalue("ensemble")   # its members' checkpoints, for the in-process ensemble
+    return {"localhost:8000": http, **({"localhost:8001": grpc} if grpc else {}),
+            "tcp://127.0.0.1:5800": ensemble.aggregator,
+            **{f'"ckpt{i}"': repr(c) for i, c in enumerate(ensemble.checkpoints, 1)}}
 
 
 CHECKPOINT_VALUES = {"hidden/weights": np.ones((3, 2), np.float32), "hidden/biases": np.zeros(2, np.float32)}
@@ -140,6 +145,16 @@ def _api_job(scope, printed):
     job, summary = scope["job"], scope["summary"]
     assert job.status == "finished" and summary["test_metrics"]["accuracy"] > 0.9
     assert not [pid for pid in job.pids() if alive(pid)]
+
+
+def _serving_in_process(scope, printed):
+    assert scope["probabilities"].shape == (4, 10) and len(scope["info"]["answered"]) == MEMBERS
+    np.testing.assert_allclose(scope["probabilities"], scope["theirs"], rtol=1e-5, atol=1e-6)  # = the aggregator's
+
+
+def _api_device_merge(scope, printed):
+    assert printed.split() == ["/job:ps/task:0", "/job:ps/task:1", "/job:worker/task:0/device:GPU:1",
+                               "/job:worker/task:1/device:GPU:1"]   # TensorFlow's answers
 
 
 def _api_serve(scope, printed):
@@ -213,6 +228,7 @@ CHECKS = {
     ("docs/api.md", "job.start()"): _api_job,
     ("docs/api.md", "zmqflow.serve("): _api_serve,
     ("docs/api.md", "Server.from_tf_config("): _api_cluster,
+    ("docs/api.md", 'worker_device="/job:worker/task:0"'): _api_device_merge,
     ("docs/api.md", "class MeanLoss"): _api_session,
     ("docs/api.md", "ValidationHook("): _api_validation,
     ("docs/api.md", "client_a.variable("): _api_shared_variables,
@@ -225,6 +241,7 @@ CHECKS = {
     ("docs/models.md", "JaxModel("): _variables("hidden/b", "hidden/w", "out/b", "out/w"),
     ("docs/models.md", "TorchModel("): _variables("0/weight", "0/bias", "2/weight", "2/bias"),
     ("docs/queues.md", "lease=30"): _queues,
+    ("docs/serving.md", "zmqflow.serve(["): _serving_in_process,
     ("docs/serving.md", "tritonclient.http"): _triton,
     ("docs/serving.md", "tritonclient.grpc"): _triton,
 }

@@ -491,8 +491,19 @@ class AggregatorOps:
         pass
 
 
+class EnsembleServeOps:
+    """A model server hosting several checkpoints (`zmqflow serve --checkpoint A --checkpoint B ...`,
+    services/serve/ensemble.py): the aggregator's predict, answered by combining the checkpoints in process,
+    so an aggregator's client and a model server's both work; model_info as a model server's; members lists
+    the checkpoints and their devices."""
+
+    Predict = AggregatorOps.Predict
+    ModelInfo = ServeOps.ModelInfo
+    Members = AggregatorOps.Members
+
+
 TABLES = {"every service": Ops, "queue-broker": BrokerOps, "ps-shard": PsOps, "serve": ServeOps,
-          "aggregator": AggregatorOps}
+          "aggregator": AggregatorOps, "ensemble serve": EnsembleServeOps}
 
 
 def _roles_by_op():

@@ -7,6 +7,10 @@ empty field, with TensorFlow's conventions:
     [np.float64(0)]     a numpy scalar keeps its dtype  [""] or [b""]   string (bytes)
     "float32", "int64", "string", np.int32, float, ...  required: an empty field makes the line malformed
 
+A field is empty when nothing but spaces is left of it ("1. , , 0": the middle one), as
+TensorFlow reads the chapter's my_test.csv (examples/data/my_test.csv); numbers may have
+spaces around them, strings are kept as written.
+
 `columns` maps feature names to one column index (a scalar feature) or a list /
 range of columns of one type (a vector feature): {"image": range(784), "label": 784}.
 By default every column is its own feature, "col0", "col1", ... Columns not selected
@@ -195,7 +199,7 @@ class CsvFormat(RecordFormat):
             return np.empty((0,) + f.shape, dtype=np_type)
         raw = np.array([f.take(row) for row in rows], dtype=object if np_type is object else bytes)
         raw = raw.reshape((len(rows),) + f.shape)
-        empty = raw == b""
+        empty = _blank(raw)
         missing = (empty & f.required).reshape(len(rows), -1)
         for j in np.flatnonzero(missing.any(axis=1)):
             reject(j, f"column {f.cols[int(np.argmax(missing[j]))]} is empty and has no default")
@@ -221,3 +225,10 @@ class CsvFormat(RecordFormat):
             except _PARSE_ERRORS:
                 return f"column {col}: cannot parse {bytes(field).decode('latin-1')!r} as {f.dtype}"
         return f"feature {f.name!r}: cannot parse as {f.dtype}"
+
+
+def _blank(raw):
+    """True where a field is empty once spaces are stripped (TF gives such a field its record default)."""
+    if raw.dtype != object:
+        return np.char.strip(raw, b" \t") == b""
+    return np.frompyfunc(lambda field: not field.strip(b" \t"), 1, 1)(raw).astype(bool)

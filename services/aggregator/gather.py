@@ -6,9 +6,9 @@ the server asks whether the request can be answered now (everyone asked has resp
 answered for the error.
 """
 
-from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError, UnavailableError, error_from_code
+from zmqflow.common.errors import DeadlineExceededError, UnavailableError, error_from_code
 from zmqflow.inputs.predictions import predicted
-from zmqflow.services.aggregator.combine import combine, same_shape
+from zmqflow.models.combine import combine_answers
 
 
 class Gather:
@@ -57,11 +57,7 @@ class Gather:
         """(probs, info) from the answers so far; too few answers raise, naming who answered."""
         info = self.info()
         if len(self.answers) >= self.min_members and self.answers:
-            answers = list(self.answers.values())
-            if same_shape(answers) is None:
-                raise InvalidArgumentError("members answered with different shapes: " + ", ".join(
-                    f"{a} {list(p.shape)}" for a, p in self.answers.items()))
-            combined = combine(self.combine, answers, [self.weights[a] for a in self.answers], self.custom)
+            combined = combine_answers(self.combine, self.answers, self.weights, self.custom)
             if self.labels is not None:
                 info["predicted"] = predicted(combined, self.labels.get("task"), self.labels.get("classes"),
                                               self.labels.get("columns"))

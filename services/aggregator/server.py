@@ -28,7 +28,7 @@ from zmqflow.common.rpc.service import PARKED, LoopClient, Service
 from zmqflow.common.rpc.probe import endpoint_of
 from zmqflow.common.rpc.resolver import default_resolver
 from zmqflow.services.aggregator.admission import Admission, QueueDelay
-from zmqflow.services.aggregator.combine import COMBINERS, CustomCombine, check_combine
+from zmqflow.models.combine import COMBINERS, CustomCombine, check_combine
 from zmqflow.services.aggregator.fanout import FanOut, Probe
 from zmqflow.services.aggregator.gather import Gather
 from zmqflow.services.aggregator.stats import AggregatorStats

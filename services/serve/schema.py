@@ -100,7 +100,7 @@ class RequestSchema:
         if feature.type == "categorical":
             return np.array([str(v).encode() for v in values], dtype=object)
         try:
-            return np.array([feature.default if v is None and feature.default is not None else v for v in values],
+            return np.array([feature.default if _blank(v) and feature.default is not None else v for v in values],
                             dtype=np.float32)
         except (TypeError, ValueError):
             bad = next(v for v in values if not _is_number(v))
@@ -116,6 +116,11 @@ class RequestSchema:
         (task, classes) so an aggregator can name the prediction of its combined answer."""
         return {"predicted": predicted(outputs, self.task, self.classes, self.labels["columns"]),
                 "labels": self.labels}
+
+
+def _blank(value):
+    """None, or text that is empty once spaces are stripped: a numeric feature's default stands in (as in a CSV)."""
+    return value is None or (isinstance(value, str) and not value.strip())
 
 
 def _is_number(value):

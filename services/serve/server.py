@@ -28,46 +28,22 @@ from zmqflow.common.wire.protocol import ServeOps
 log = logging.getLogger(__name__)
 
 
-class ModelServer(Service):
-    name = "serve"
-    protocol = ServeOps
+class Hosted:
+    """One model a server answers from: its checkpoint directory (or the live ps shards), its model, the
+    parameters and their version. A model server hosts one; an ensemble server (ensemble.py) several."""
 
-    def __init__(self, bind, spec, backend="numpy", max_batch=256, max_delay_ms=2.0, model_name="model",
-                 checkpoint_dir=None, ps_endpoints=(), placement_strategy="round_robin", max_shard_bytes=None,
-                 refresh_secs=None, data_config=None, **service_options):
-        super().__init__(bind, **service_options)
-        if not checkpoint_dir and not ps_endpoints:
-            raise InvalidArgumentError("a model server needs a checkpoint directory or ps endpoints to follow")
-        self.spec, self.backend, self.model_name = spec, backend, model_name
-        self.model = load_model(spec, backend=backend)
-        recorded = recorded_data(Checkpoint(find_checkpoint(checkpoint_dir))) if checkpoint_dir else None
-        self.schema = RequestSchema(self.model, data_config or recorded)
-        self.batcher = Batcher(max_batch, max_delay_ms / 1000.0)
-        self.checkpoint_dir, self.refresh_secs = checkpoint_dir, refresh_secs
-        self.ps = None
-        if ps_endpoints:
-            from zmqflow.common.cluster.placement import place
-            from zmqflow.common.clients.ps import PsClient
-            placement = place(model_variables(spec), len(ps_endpoints), placement_strategy, max_shard_bytes)
-            self.ps = PsClient(list(ps_endpoints), placement, name="serve")
-        self.params, self.version, self.source = None, None, None
-        self.stats.update(predictions=0, batches=0, batched_rows=0, largest_batch=0, reloads=0)
-        self._reload(force=True)
-        self.model.predict(self.params, zero_inputs(self.model, 1))  # compile kernels before serving
-        self._next_refresh = time.monotonic() + refresh_secs if refresh_secs else None
-        self._timer_at = None
-        self.serve({ServeOps.Predict: self._predict, ServeOps.ModelInfo: self._model_info})
+    def __init__(self, model, name, checkpoint_dir=None, ps=None):
+        self.model, self.name, self.checkpoint_dir, self.ps = model, name, checkpoint_dir, ps
+        self.params, self.version, self.source, self.reloads = None, None, None, 0
 
-    # ------------------------------------------------ parameters
-
-    def _reload(self, force=False):
+    def reload(self, force=False):
         """Load the newest parameters; keep the current ones (and say why) if that fails after start."""
         try:
             if self.ps is not None:
                 params = self.ps.pull(timeout=30.0) if force else self.ps.pull_if_newer(timeout=5.0)
                 if params is not None:
                     self.params, self.version, self.source = params, self.ps.versions[0], "ps"
-                    self.stats["reloads"] += 1
+                    self.reloads += 1
                 return
             path = find_checkpoint(self.checkpoint_dir)
             if path == self.source and not force:
@@ -75,17 +51,38 @@ class ModelServer(Service):
             ckpt = Checkpoint(path)
             self.params = read_params(self.model, ckpt)
             self.version, self.source = ckpt.step, path
-            self.stats["reloads"] += 1
-            log.info("serving %s step %d from %s", self.model_name, self.version, path)
+            self.reloads += 1
+            log.info("serving %s step %d from %s", self.name, self.version, path)
         except Exception as exc:
             if force:
                 raise
-            log.warning("refresh failed, still serving version %s: %s", self.version, exc)
+            log.warning("refresh of %s failed, still serving version %s: %s", self.name, self.version, exc)
 
-    # ------------------------------------------------ ops
+    def predict(self, inputs):
+        return np.asarray(self.model.predict(self.params, inputs), np.float32)
 
-    def _predict(self, call):
-        inputs = self.schema.inputs(call.tensors, call.args)
+    def close(self):
+        if self.ps is not None:
+            self.ps.close()
+
+
+class BatchingServer(Service):
+    """What a model server and an ensemble server share: requests parked in a batcher until their batch runs
+    (`_run_batch`, the subclass's), withdrawn at their deadline or cancel, and the hosted models reloaded
+    every `refresh_secs`."""
+
+    def _start(self, hosted, max_batch, max_delay_ms, refresh_secs):
+        self.hosted = list(hosted)
+        self.batcher = Batcher(max_batch, max_delay_ms / 1000.0)
+        self.refresh_secs = refresh_secs
+        self.stats.update(predictions=0, batches=0, batched_rows=0, largest_batch=0, reloads=0)
+        for model in self.hosted:
+            model.reload(force=True)
+        self.stats["reloads"] = sum(model.reloads for model in self.hosted)
+        self._next_refresh = time.monotonic() + refresh_secs if refresh_secs else None
+        self._timer_at = None
+
+    def _park(self, call, inputs):
         now = time.monotonic()
         if call.deadline is not None and call.deadline <= now:
             raise DeadlineExceededError("the request's deadline passed before it could be batched")
@@ -94,30 +91,11 @@ class ModelServer(Service):
         self._run_due(now)
         return PARKED
 
-    def _model_info(self, call):
-        first_shape = self.schema.describe()["inputs"][0]["shape"]
-        return {"model": self.model_name, "version": self.version, "spec": public_spec(self.spec),
-                "inputs": int(np.prod(first_shape)), "classes": self.schema.width, "schema": self.schema.describe(),
-                "backend": self.backend, "source": os.path.basename(self.source or ""),
-                "max_batch": self.batcher.max_batch, "max_delay_ms": self.batcher.max_delay * 1000.0,
-                "stats": dict(self.stats)}
-
-    def describe(self):
-        return {"model": self.model_name, "version": self.version, "queued": len(self.batcher)}
-
-    def metric_families(self):
-        """The server's counters for Prometheus, read at scrape time (common/processes/metrics.py)."""
-        from zmqflow.common.processes.metrics import counter_family, gauge_family
-        model, stats = (self.model_name,), self.stats
-        yield gauge_family("zmqflow_serve_model_version", "Version (step) of the parameters served.",
-                           {model: self.version}, ["model"])
-        yield gauge_family("zmqflow_serve_queued_rows", "Requests waiting to join a batch.",
-                           {model: len(self.batcher)}, ["model"])
-        for key, doc in (("predictions", "Requests answered by predict."), ("batches", "Batches run."),
-                         ("batched_rows", "Rows run in batches."), ("reloads", "Parameter reloads.")):
-            yield counter_family(f"zmqflow_serve_{key}", doc, {model: stats[key]}, ["model"])
-
-    # ------------------------------------------------ batches
+    def _count_batch(self, items, sizes):
+        self.stats["predictions"] += len(items)
+        self.stats["batches"] += 1
+        self.stats["batched_rows"] += sum(sizes)
+        self.stats["largest_batch"] = max(self.stats["largest_batch"], sum(sizes))
 
     def _run_due(self, now):
         while self.batcher.ready(now):
@@ -128,10 +106,94 @@ class ModelServer(Service):
             self._timer_at = due
             self.wake_at(due)
 
+    def _expire(self, now):
+        super()._expire(now)  # requests past their deadline leave the batcher first (on_deadline)
+        self._run_due(time.monotonic())
+        if self._next_refresh is not None and now >= self._next_refresh:
+            for model in self.hosted:
+                model.reload()
+            self.stats["reloads"] = sum(model.reloads for model in self.hosted)
+            self._next_refresh = time.monotonic() + self.refresh_secs
+
+    def metric_families(self):
+        """The server's counters for Prometheus, read at scrape time (common/processes/metrics.py); the version
+        of each hosted model under its name."""
+        from zmqflow.common.processes.metrics import counter_family, gauge_family
+        model, stats = (self.model_name,), self.stats
+        yield gauge_family("zmqflow_serve_model_version", "Version (step) of the parameters served.",
+                           {(hosted.name,): hosted.version for hosted in self.hosted}, ["model"])
+        yield gauge_family("zmqflow_serve_queued_rows", "Requests waiting to join a batch.",
+                           {model: len(self.batcher)}, ["model"])
+        for key, doc in (("predictions", "Requests answered by predict."), ("batches", "Batches run."),
+                         ("batched_rows", "Rows run in batches."), ("reloads", "Parameter reloads.")):
+            yield counter_family(f"zmqflow_serve_{key}", doc, {model: stats[key]}, ["model"])
+
+    def on_deadline(self, call):
+        self.batcher.remove(call)
+        self.fail(call, DeadlineExceededError(f"predict request {call.id}: its batch could not run before the deadline"))
+
+    def on_cancel(self, call, error):
+        self.batcher.remove(call)
+        self.fail(call, error)
+
+    def close(self):
+        for model in getattr(self, "hosted", ()):
+            model.close()
+        super().close()
+
+
+class ModelServer(BatchingServer):
+    name = "serve"
+    protocol = ServeOps
+
+    def __init__(self, bind, spec, backend="numpy", max_batch=256, max_delay_ms=2.0, model_name="model",
+                 checkpoint_dir=None, ps_endpoints=(), placement_strategy="round_robin", max_shard_bytes=None,
+                 refresh_secs=None, data_config=None, **service_options):
+        super().__init__(bind, **service_options)
+        self.hosted = []
+        if not checkpoint_dir and not ps_endpoints:
+            raise InvalidArgumentError("a model server needs a checkpoint directory or ps endpoints to follow")
+        self.spec, self.backend, self.model_name = spec, backend, model_name
+        model = load_model(spec, backend=backend)
+        recorded = recorded_data(Checkpoint(find_checkpoint(checkpoint_dir))) if checkpoint_dir else None
+        self.schema = RequestSchema(model, data_config or recorded)
+        ps = None
+        if ps_endpoints:
+            from zmqflow.common.cluster.placement import place
+            from zmqflow.common.clients.ps import PsClient
+            placement = place(model_variables(spec), len(ps_endpoints), placement_strategy, max_shard_bytes)
+            ps = PsClient(list(ps_endpoints), placement, name="serve")
+        self._start([Hosted(model, model_name, checkpoint_dir, ps)], max_batch, max_delay_ms, refresh_secs)
+        self.model = model
+        model.predict(self.hosted[0].params, zero_inputs(model, 1))  # compile kernels before serving
+        self.serve({ServeOps.Predict: self._predict, ServeOps.ModelInfo: self._model_info})
+
+    @property
+    def version(self):
+        return self.hosted[0].version
+
+    # ------------------------------------------------ ops
+
+    def _predict(self, call):
+        return self._park(call, self.schema.inputs(call.tensors, call.args))
+
+    def _model_info(self, call):
+        first_shape = self.schema.describe()["inputs"][0]["shape"]
+        return {"model": self.model_name, "version": self.version, "spec": public_spec(self.spec),
+                "inputs": int(np.prod(first_shape)), "classes": self.schema.width, "schema": self.schema.describe(),
+                "backend": self.backend, "source": os.path.basename(self.hosted[0].source or ""),
+                "max_batch": self.batcher.max_batch, "max_delay_ms": self.batcher.max_delay * 1000.0,
+                "stats": dict(self.stats)}
+
+    def describe(self):
+        return {"model": self.model_name, "version": self.version, "queued": len(self.batcher)}
+
+    # ------------------------------------------------ batches
+
     def _run_batch(self):
         items, sizes, inputs = self.batcher.take()
         try:
-            output = np.asarray(self.model.predict(self.params, self.schema.model_input(inputs)), np.float32)
+            output = self.hosted[0].predict(self.schema.model_input(inputs))
             parts = Batcher.split(output, sizes)
         except Exception as exc:  # a model error fails this batch, not the server
             log.exception("predict failed on a batch of %d rows", sum(sizes))
@@ -143,30 +205,7 @@ class ModelServer(Service):
         for call, rows in zip(items, parts):
             answer = {**result, **self.schema.answer(rows)} if call.args.records else result
             self.reply(call, answer, [rows])
-        self.stats["predictions"] += len(items)
-        self.stats["batches"] += 1
-        self.stats["batched_rows"] += sum(sizes)
-        self.stats["largest_batch"] = max(self.stats["largest_batch"], sum(sizes))
-
-    def _expire(self, now):
-        super()._expire(now)  # requests past their deadline leave the batcher first (on_deadline)
-        self._run_due(time.monotonic())
-        if self._next_refresh is not None and now >= self._next_refresh:
-            self._reload()
-            self._next_refresh = time.monotonic() + self.refresh_secs
-
-    def on_deadline(self, call):
-        self.batcher.remove(call)
-        self.fail(call, DeadlineExceededError(f"predict request {call.id}: its batch could not run before the deadline"))
-
-    def on_cancel(self, call, error):
-        self.batcher.remove(call)
-        self.fail(call, error)
-
-    def close(self):
-        if self.ps is not None:
-            self.ps.close()
-        super().close()
+        self._count_batch(items, sizes)
 
 
 def default_model_name(checkpoint_dir, ps_endpoints):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.services.aggregator.combine import CustomCombine, combine, same_shape
+from zmqflow.models.combine import CustomCombine, combine, same_shape
 
 pytestmark = pytest.mark.unit
 

@@ -10,10 +10,11 @@ import pytest
 
 from zmqflow.common.wire import protocol
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.common.wire.protocol import AggregatorOps, BrokerOps, Ops, PsOps, ServeOps, requests_of
+from zmqflow.common.wire.protocol import AggregatorOps, BrokerOps, EnsembleServeOps, Ops, PsOps, ServeOps, requests_of
 from zmqflow.services.aggregator.server import Aggregator
 from zmqflow.services.broker.server import BrokerService
 from zmqflow.services.ps.server import PsService
+from zmqflow.services.serve.ensemble import EnsembleServer
 from zmqflow.services.serve.server import ModelServer
 
 pytestmark = pytest.mark.unit
@@ -35,7 +36,7 @@ def handler_names(cls):
 
 
 @pytest.mark.parametrize("cls, ops", [(BrokerService, BrokerOps), (PsService, PsOps), (ModelServer, ServeOps),
-                                      (Aggregator, AggregatorOps)])
+                                      (Aggregator, AggregatorOps), (EnsembleServer, EnsembleServeOps)])
 def test_every_service_registers_exactly_its_ops(cls, ops):
     assert cls.protocol is ops
     assert handler_names(cls) == set(requests_of(ops))

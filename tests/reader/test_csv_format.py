@@ -1,6 +1,7 @@
 """CSV format: the shipped MNIST file, TF's record_defaults rules, malformed lines, gzip, flat memory."""
 
 import gzip
+import pathlib
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from tests.reader import data_path, mnist_csv, peak_bytes_while_reading, read_al
 pytestmark = pytest.mark.unit
 
 MNIST_DEFAULTS = [[0.0]] * 784 + [[0]]
+MY_TEST_CSV = str(pathlib.Path(__file__).resolve().parents[2] / "examples" / "data" / "my_test.csv")
 MNIST_COLUMNS = {"image": range(784), "label": 784}
 
 
@@ -147,3 +149,22 @@ def test_memory_stays_flat_on_a_large_file(tmp_path):
     peak = peak_bytes_while_reading(fmt, path)
     assert fmt.counters.records_read == 40_000
     assert peak < size / 10, (peak, size)
+
+
+def test_the_chapters_my_test_csv_reads_as_tensorflow_reads_it():
+    """Hands-On ML ch. 12: my_test.csv with skip_header_lines=1, record_defaults=[[-1.], [-1.], [-1]]. TensorFlow's
+    answers, written literally: x1=[1, 4, 7], x2=[-1, 5, -1], target=[0, 1, 0]. A field of spaces is empty."""
+    fmt = CsvFormat([[-1.], [-1.], [-1]], columns={"x1": 0, "x2": 1, "target": 2}, skip_header_lines=1)
+    features, _ = read_all(fmt, MY_TEST_CSV)
+    assert features["x1"].tolist() == [1., 4., 7.] and features["x1"].dtype == np.float32
+    assert features["x2"].tolist() == [-1., 5., -1.] and features["x2"].dtype == np.float32
+    assert features["target"].tolist() == [0, 1, 0] and features["target"].dtype == np.int32
+
+
+def test_a_field_of_spaces_without_a_default_is_required_but_missing(tmp_path):
+    """TF: record_defaults entry [] -> 'Field 1 is required but missing'; here the file, line and column."""
+    path = write(tmp_path, "x1, x2, target\n1. , 2. , 0\n4. ,  , 1\n")
+    with pytest.raises(InvalidArgumentError, match=rf"{path}:3: .*column 1 is empty and has no default"):
+        list(CsvFormat([[-1.], "float32", [-1]], skip_header_lines=1).read(path))
+    strings, _ = read_all(CsvFormat([["none"], [" kept "]]), write(tmp_path, "  , a b \n", "s.csv"))
+    assert list(strings["col0"]) == [b"none"] and list(strings["col1"]) == [b" a b "]  # text is kept as written

@@ -212,3 +212,19 @@ def test_predict_through_an_aggregator_dials_only_the_aggregator(served, module_
     with aggregator_clients.AggregatorClient(empty.endpoint, timeout=10) as client:
         with pytest.raises(UnavailableError, match="no healthy member to ask for its model"):
             client.model_info()
+
+
+@pytest.mark.unit
+def test_a_blank_record_value_takes_its_numeric_features_default_as_a_blank_csv_field_does(tmp_path):
+    from zmqflow.inputs.data_spec import to_config
+    from zmqflow.services.serve.schema import RequestSchema
+    write_csv(tmp_path / "t.csv", 60, seed=1)
+    raw = spec_dict(tmp_path / "t.csv")
+    raw["features"]["age"] = {"type": "numeric", "default": 40}
+    spec = load_spec(raw)
+    model, _ = checkpoint(tmp_path / "ckpt", spec, "mlp", seed=1)
+    schema = RequestSchema(model, to_config(spec))
+    row = {"size": [0.5], "city": ["rome"]}
+    for blank in (None, "", "   "):
+        np.testing.assert_array_equal(schema.from_records({**row, "age": [blank]})[0],
+                                      schema.from_records({**row, "age": [40]})[0])

@@ -1,7 +1,8 @@
 """Combining the members' answers into one: by the task, or by a function of the user's.
 
-Plain numpy, no sockets: the aggregator hands over whatever answers arrived in time. Every
-answer has the same shape [n, outputs]:
+Plain numpy, no sockets: the aggregator hands over whatever answers arrived in time, an ensemble
+server (services/serve/ensemble.py) those of the checkpoints it hosts; both combine here, so the
+two answer alike. Every answer has the same shape [n, outputs]:
   mean      class probabilities (classifiers, multi-label) or values (a regression) averaged
   weighted  the same with each member's weight
   median    per output: robust to one member far off (a regression's natural choice)
@@ -95,3 +96,13 @@ def same_shape(answers):
     """The shape every answer shares, or None when they disagree."""
     shapes = {np.shape(a) for a in answers}
     return shapes.pop() if len(shapes) == 1 else None
+
+
+def combine_answers(name, answers, weights=None, custom=None):
+    """One float32 [n, outputs] from {member: answer} (`weights` {member: weight}); answers of different
+    shapes are an error naming each member's."""
+    if same_shape(list(answers.values())) is None:
+        raise InvalidArgumentError("members answered with different shapes: " + ", ".join(
+            f"{who} {list(np.shape(answer))}" for who, answer in answers.items()))
+    return combine(name, list(answers.values()), None if weights is None else [weights[who] for who in answers],
+                   custom)
