@@ -320,3 +320,33 @@ def test_reader_preload_puts_a_data_set_on_the_ps(tmp_path):
     finally:
         for p in procs:
             p.stop()
+
+
+def test_elastic_join_admits_a_replica_at_the_same_step_on_every_shard_and_leave_releases_the_step(tmp_path, initial):
+    """Elastic sync over two shards: a replica joining mid-step is admitted from the next step on both (ps 0
+    picks it, ps 1 admits from it), its first push before that is dropped as not a member, and a member that
+    leaves lets the step it held back complete with the others."""
+    procs = shards(tmp_path, 2, "--mode", "sync", "--elastic", "--max-replicas", "3")
+    try:
+        replicas = [client(procs) for _ in range(3)]
+        replicas[0].initialize(initial)
+        grads = {k: np.ones_like(v) for k, v in initial.items()}
+        assert replicas[0].join(0) == {"step": 0, "version": 0, "elastic": True}
+        replicas[0].pull(min_version=0)
+        replicas[1].pull()
+        assert replicas[1].join(1)["step"] == 1                      # step 0 goes on without it
+        assert [r["reason"] for r in replicas[1].push(grads, 1)] == ["not_member", "not_member"]
+        assert all(r["applied"] for r in replicas[0].push(grads, 0))
+        replicas[1].pull(min_version=1)
+        replicas[0].pull(min_version=1)
+        assert [s["members"] for s in replicas[0].stats()] == [[0, 1], [0, 1]]
+        assert not any(r["applied"] for r in replicas[0].push(grads, 0))   # step 1 waits for replica 1 ...
+        replicas[1].worker_done(1)                                          # ... which leaves instead
+        stats = replicas[0].stats()
+        assert [s["version"] for s in stats] == [2, 2] and [s["members"] for s in stats] == [[0], [0]]
+        assert [s["steps_by_replicas"] for s in stats] == [{"1": 2}, {"1": 2}]
+        with pytest.raises(InvalidArgumentError, match=r"in \[0, 3\) \(max_replicas\)"):
+            replicas[2].join(3)
+    finally:
+        for p in procs:
+            p.stop()
