@@ -63,8 +63,8 @@ class PsService(Service):
         self.serve({PsOps.Init: self._init, PsOps.Restore: self._restore, PsOps.WaitReady: self._wait_ready,
                     PsOps.Pull: self._pull, PsOps.Push: self._push, PsOps.PushSparse: self._push_sparse,
                     PsOps.PullRows: self._pull_rows, PsOps.Assign: self._assign, PsOps.Save: self._save,
-                    PsOps.WorkerDone: self._worker_done, PsOps.Join: self._join, PsOps.Stats: self._stats, PsOps.Preload: self._preload,
-                    PsOps.TakeRows: self._take_rows, PsOps.Shutdown: self._shutdown})
+                    PsOps.WorkerDone: self._worker_done, PsOps.Join: self._join, PsOps.Stats: self._stats,
+                    PsOps.Preload: self._preload, PsOps.TakeRows: self._take_rows, PsOps.Shutdown: self._shutdown})
 
     # ------------------------------------------------ initialization
 

@@ -86,6 +86,7 @@ class Trainer:
         self.input = None   # the TrainingInput fit trains on (a hook that stops early ends it for every worker)
         self.elastic = False   # an elastic sync job: this worker joined at a step boundary and may leave
         self.leaving = False   # SIGTERM in an elastic job: leave after the step in hand
+        self._sigterm = None   # the SIGTERM handler before ours (elastic, not the chief), put back at the end
         # tables read by rows (sparse embeddings): left out of pulls, their rows pulled per batch
         self._row_tables = (sorted(model.sparse_rows(zero_inputs(model, 1))) if hasattr(model, "sparse_rows")
                             else [])
@@ -133,13 +134,22 @@ class Trainer:
 
     def _join(self):
         """Sync: become a member of the steps (elastic: from the next step boundary), then pull the parameters
-        of the first step this worker's gradients count in."""
-        answer = self.ps.join(self.replica)
-        if answer["elastic"] and not self.elastic:
-            self.elastic = True
-            self._leave_on_sigterm()
-        self.params = self.ps.pull(min_version=answer["step"] if self.elastic else None, timeout=self.end_timeout,
-                                   exclude=self._not_pulled)
+        of the first step this worker's gradients count in. A step that does not come within the sync timeout
+        (every member left before it) is asked for again: the shards then admit the worker at once."""
+        deadline = time.monotonic() + self.end_timeout
+        while True:
+            answer = self.ps.join(self.replica)
+            if answer["elastic"] and not self.elastic:
+                self.elastic = True
+                self._leave_on_sigterm()
+            try:
+                self.params = self.ps.pull(min_version=answer["step"] if self.elastic else None,
+                                           timeout=self.sync_timeout, exclude=self._not_pulled)
+                break
+            except DeadlineExceededError as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("worker %d: %s; joining again", self.replica, exc)
         if self.elastic:
             log.info("worker %d: member of the sync steps from global step %d", self.replica, answer["step"])
 
@@ -153,7 +163,7 @@ class Trainer:
             log.warning("worker %d: SIGTERM: leaving the job after this step", self.replica)
             self.leaving = True
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, leave)
+        self._sigterm = signal.signal(signal.SIGTERM, leave)
 
     def _warm_up(self):
         """A step on zeros compiles the kernels; a pipelined model's `warm_up` sends nothing to its stages."""
@@ -316,6 +326,8 @@ class Trainer:
         self.settle()
         self.elapsed = time.perf_counter() - self._started
         self.ps.worker_done(self.replica)
+        if self._sigterm is not None and not self.leaving:   # left: SIGTERM's own handler is back already
+            signal.signal(signal.SIGTERM, self._sigterm)
         if self.is_chief:
             self._wait_for_workers()
         self.global_step = self.ps.stats()[0]["version"]  # with prefetch, the last push is not in our pull
@@ -343,7 +355,8 @@ class Trainer:
             stats = self.ps.stats()[0]
             done, lost = set(stats["done_workers"]), set(stats.get("lost_workers", []))
             idle = {int(r): s for r, s in stats.get("replica_idle_s", {}).items()}
-            silent = [r for r in self._replicas(stats) if r not in done and idle.get(r, now - started) > silent_after]
+            silent = [r for r in self._replicas(stats)
+                      if r not in done and idle.get(r, now - started) > silent_after]
             if silent:
                 log.warning("chief: workers %s silent for %.0f s: counted as finished so no step waits for them",
                             silent, silent_after)

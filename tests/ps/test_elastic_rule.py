@@ -90,3 +90,13 @@ def test_bad_options_and_replicas_name_what_is_wrong():
         update_rule(VariableStore({"w": ((2,), "float32")}, {"kind": "sgd", "learning_rate": 1.0}), "async", elastic=True)
     with pytest.raises(InvalidArgumentError, match=r"in \[0, 2\) \(max_replicas\)"):
         elastic_rule(max_replicas=2).join(2)
+
+
+def test_a_replica_waiting_for_a_step_that_never_comes_joins_again_into_the_current_step():
+    rule = elastic_rule()
+    rule.join(0)
+    assert rule.join(1) == 1                      # admitted from step 1 ...
+    rule.worker_done(0)                           # ... but the only member leaves before step 0 completes
+    assert rule.members == set() and rule.store.version == 0
+    assert rule.join(1) == 0 and rule.members == {1} and rule.pending == {}   # asked again: in at once
+    assert push(rule, 1).applied and rule.store.version == 1

@@ -9,7 +9,7 @@ import socket
 import numpy as np
 import pytest
 
-from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError
+from zmqflow.common.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError
 from zmqflow.models.spec import MNIST_MLP
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.common.cluster.placement import place
@@ -17,6 +17,7 @@ from zmqflow.common.processes.children import start_service
 from zmqflow.common.clients.ps import PsClient, PsShardClient
 from zmqflow.common.rpc.client import RpcClient
 from zmqflow.common.variables import IndexedSlices
+from zmqflow.common.wire.protocol import PsOps
 
 pytestmark = pytest.mark.service
 
@@ -347,6 +348,14 @@ def test_elastic_join_admits_a_replica_at_the_same_step_on_every_shard_and_leave
         assert [s["steps_by_replicas"] for s in stats] == [{"1": 2}, {"1": 2}]
         with pytest.raises(InvalidArgumentError, match=r"in \[0, 3\) \(max_replicas\)"):
             replicas[2].join(3)
+        # a shard past the step ps 0 picked (here: re-initialized at step 9) refuses it; the replica leaves the
+        # shards that admitted it and asks again, then gives up naming the shard's step
+        late = replicas[2]
+        pieces = late._split(initial)
+        late.clients[1].call(PsOps.Init(late.shard_keys[1], 9, True), tensors=[pieces[k] for k in late.shard_keys[1]])
+        with pytest.raises(FailedPreconditionError, match="cannot join at step 3: this shard is at step 9 already"):
+            late.join(2)
+        assert [(s["members"], s["pending"]) for s in late.stats()] == [([0], {}), ([0], {})]
     finally:
         for p in procs:
             p.stop()
