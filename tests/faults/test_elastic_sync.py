@@ -107,6 +107,9 @@ def test_workers_join_and_leave_a_sync_job_while_it_trains(processes, tmp_path):
     by_replicas = {int(n): steps for n, steps in final["steps_by_replicas"].items()}
     assert final["version"] == final["updates"] == sum(by_replicas.values())
     assert final["pushes_applied"] == sum(n * steps for n, steps in by_replicas.items())
+    # and every other push is accounted for: dropped (stale, duplicate, not a member), none left pending
+    assert final["pushes_received"] == final["pushes_applied"] + sum(final["dropped"].values())
+    assert set(final["dropped"]) <= {"stale", "duplicate", "not_member"} and final["pushes_pending"] == 0
     assert by_replicas.get(3, 0) >= 5 and by_replicas.get(2, 0) >= 10 and by_replicas.get(1, 0) >= 5
     assert summary["global_step"] == final["version"] and accuracy >= MIN_ACCURACY
 
