@@ -56,7 +56,8 @@ from zmqflow.common.processes.task_options import model_options, parse_json_opti
 @click.option("--max-preload-bytes", type=click.IntRange(min=0), default=None, show_default="1 GiB",
               help="Bytes of preloaded data sets this shard holds in all; a preload past them is refused.")
 def command(task_index, num_ps, model_spec, placement_strategy, max_shard_bytes, optimizer, mode, replicas_to_aggregate,
-            total_num_replicas, elastic, min_replicas, max_replicas, staleness_bound, staleness_scaling, warmup_steps, nonfinite, lost_after, lost_policy,
+            total_num_replicas, elastic, min_replicas, max_replicas, staleness_bound, staleness_scaling, warmup_steps,
+            nonfinite, lost_after, lost_policy,
             restore_from, checkpoint_root, max_preload_bytes, **service):
     """Hold a share of the model's variables and apply the workers' gradients.
 

@@ -15,6 +15,9 @@ tests call it directly. As in TensorFlow 1.x's distributed training:
   replica the shard found silent (`lose_replica`) is lost: steps need one replica fewer until
   it is heard from again. When fewer replicas are left than a step needs (finished ones and
   lost ones apart), the step can never complete: every parked pull is released at once.
+- ElasticSyncRule (`elastic`, Horovod's elastic mode): sync whose replicas join (`join`, from the next step
+  boundary) and leave (done, or lost); a step aggregates exactly the replicas that were members when it began,
+  while `min_replicas` are; `max_replicas` bounds the replica indices.
 - non-finite gradients (NaN, Inf) never reach the variables: by `nonfinite` policy a push holding
   one is skipped and counted (reason 'nonfinite'; in sync it counts as its replica's contribution
   of nothing, so the step still completes) or refused with InvalidArgument naming the piece.

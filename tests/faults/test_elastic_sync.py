@@ -1,9 +1,10 @@
 """Issue 25 item 5, elastic sync training: workers join and leave a sync job while it trains (Horovod's elastic
-mode over a ps). Real broker, ps (--elastic) and workers (the input fed by the test): two start, a third joins mid-run (the ps
-aggregates 3 replicas from a step boundary on), one is SIGKILLed (found lost within seconds, steps go on with 2),
-one leaves on SIGTERM (exit 0, steps go on with the chief alone). At the end the chief's model reaches the sync
-accuracy bar, every applied step aggregated exactly the replicas that were members of it (no push counted twice,
-none from another step), the global step equals the updates applied, and the chief's last checkpoint restores."""
+mode over a ps). Real broker, ps (--elastic) and workers (the input fed by the test): two start, a third joins
+mid-run (the ps aggregates 3 replicas from a step boundary on), one is SIGKILLed (found lost within seconds,
+steps go on with 2), one leaves on SIGTERM (exit 0, steps go on with the chief alone). At the end the chief's
+model reaches the sync accuracy bar, every applied step aggregated exactly the replicas that were members of it
+(no push counted twice, none from another step), the global step equals the updates applied, and the chief's
+last checkpoint restores."""
 
 import json
 import threading
@@ -102,7 +103,8 @@ def test_workers_join_and_leave_a_sync_job_while_it_trains(processes, tmp_path):
     assert lost_in <= LOST_AFTER + 3
     # the membership went 2 -> 3 -> 2 -> 1 -> 0 (the chief done), each change at a step boundary the stats name
     counts = [c["replicas"] for c in final["membership"]]
-    assert [n for i, n in enumerate(counts) if i == 0 or n != counts[i - 1]][-5:] == [2, 3, 2, 1, 0], final["membership"]
+    changes = [n for i, n in enumerate(counts) if i == 0 or n != counts[i - 1]]
+    assert changes[-5:] == [2, 3, 2, 1, 0], final["membership"]
     # every step counted once: the global step is the number of updates, each aggregating whole replicas
     by_replicas = {int(n): steps for n, steps in final["steps_by_replicas"].items()}
     assert final["version"] == final["updates"] == sum(by_replicas.values())

@@ -10,9 +10,12 @@ from zmqflow.services.ps.store import VariableStore
 pytestmark = pytest.mark.unit
 
 
+def store():
+    return VariableStore({"w": ((2,), "float32")}, {"kind": "sgd", "learning_rate": 1.0})
+
+
 def elastic_rule(**options):
-    rule = update_rule(VariableStore({"w": ((2,), "float32")}, {"kind": "sgd", "learning_rate": 1.0}), "sync",
-                       elastic=True, **options)
+    rule = update_rule(store(), "sync", elastic=True, **options)
     rule.store.initialize({"w": np.zeros(2, np.float32)})
     return rule
 
@@ -85,9 +88,9 @@ def test_bad_options_and_replicas_name_what_is_wrong():
     with pytest.raises(InvalidArgumentError, match=r"max_replicas \(1\) must be >= min_replicas \(2\)"):
         elastic_rule(min_replicas=2, max_replicas=1)
     with pytest.raises(InvalidArgumentError, match="min_replicas applies to elastic sync mode"):
-        update_rule(VariableStore({"w": ((2,), "float32")}, {"kind": "sgd", "learning_rate": 1.0}), "sync", replicas_to_aggregate=1, min_replicas=2)
+        update_rule(store(), "sync", replicas_to_aggregate=1, min_replicas=2)
     with pytest.raises(InvalidArgumentError, match="elastic applies to sync mode only"):
-        update_rule(VariableStore({"w": ((2,), "float32")}, {"kind": "sgd", "learning_rate": 1.0}), "async", elastic=True)
+        update_rule(store(), "async", elastic=True)
     with pytest.raises(InvalidArgumentError, match=r"in \[0, 2\) \(max_replicas\)"):
         elastic_rule(max_replicas=2).join(2)
 
