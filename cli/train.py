@@ -23,6 +23,9 @@ DEFAULT = JobSpec()
 @click.option("--mode", default=DEFAULT.cluster.mode, type=click.Choice(MODES))
 @click.option("--spare-replicas", default=DEFAULT.cluster.spare_replicas,
               help="Sync: extra workers beyond replicas_to_aggregate.")
+@click.option("--elastic", is_flag=True,
+              help="Sync: workers may join and leave while the job trains (ps --elastic): each step aggregates the "
+                   "workers that are members then, and a lost worker does not fail the job.")
 @click.option("--epochs", default=DEFAULT.training.epochs)
 @click.option("--batch-size", default=None, type=click.IntRange(min=1),
               help="Rows a step. Default: 100, or a tenth of a train split under 1,000 rows (at least 10 steps an "
@@ -100,6 +103,8 @@ def command(optimizer_kind, learning_rate, model_spec, model_opts, data_spec, ti
         stages = stage_count(built)
     except OpError as exc:
         raise click.BadParameter(str(exc), param_hint="--model") from None
+    if options["elastic"] and options["mode"] != "sync":
+        raise click.BadParameter("elastic applies to sync training: add --mode sync", param_hint="--elastic")
     if stages > 1 and options["num_workers"] + options["spare_replicas"] != stages:
         raise click.BadParameter(f"the model's layers run on {stages} workers (a pipeline); pass --num-workers {stages}",
                                  param_hint="--num-workers")

@@ -302,11 +302,12 @@ class LocalCluster:
     def _raise_on_failure(self):
         """AbortedError naming the first task of the job that failed (exited non-zero), if one did. A task
         restarted since (a ps shard brought back) does not count, nor do as many lost non-chief workers
-        as the job has spare replicas."""
+        as the job has spare replicas (in an elastic job, every lost non-chief worker: the others go on)."""
         self.supervisor.exits()
         latest = {child.name: child for child in self.supervisor.children}   # a restart replaces its task
         failed = [c for c in latest.values() if self.supervisor.codes.get(c)]
-        spares_lost = [c for c in failed if c in self.workers[1:]][:self.spec.cluster.spare_replicas]
+        spares = len(self.workers) if self.spec.cluster.elastic else self.spec.cluster.spare_replicas
+        spares_lost = [c for c in failed if c in self.workers[1:]][:spares]
         failed = [c for c in failed if c not in spares_lost]
         if not failed:
             return

@@ -88,6 +88,7 @@ class ClusterConfig:
     spare_replicas: int = 0             # sync: workers beyond replicas_to_aggregate
     mode: str = "async"
     replicas_to_aggregate: int | None = None   # sync: default every worker (spares apart)
+    elastic: bool = False               # sync: workers join and leave while training (ps --elastic)
     readers: int = 1                    # reader processes (input "readers")
     max_shard_bytes: int | None = None  # variables larger than this split into row blocks over the ps shards
 
@@ -166,6 +167,9 @@ class JobSpec:
             raise InvalidArgumentError(f"input must be one of {', '.join(INPUTS)}, got {self.input.kind!r}")
         if c.mode not in MODES:
             raise InvalidArgumentError(f"mode must be async or sync, got {c.mode!r}")
+        if c.elastic and (c.mode != "sync" or c.replicas_to_aggregate is not None or c.spare_replicas):
+            raise InvalidArgumentError("elastic applies to sync mode, where each step aggregates every worker that is "
+                                       "a member then: no replicas_to_aggregate, no spare_replicas")
         for name, value, least in (("ps", c.ps, 1), ("workers", c.workers, 1), ("spare_replicas", c.spare_replicas, 0),
                                    ("readers", c.readers, 1), ("epochs", self.training.epochs, 1),
                                    ("batch_size", self.training.batch_size, 1)):
@@ -350,11 +354,12 @@ def _tf_config(placement, role, index):
 def _ps_task(spec, placement, index):
     sync = spec.cluster.mode == "sync"
     replicas = 1 if placement.stages > 1 else spec.total_workers
+    elastic = sync and spec.cluster.elastic
     options = {"model": f"{placement.prepared}/{MODEL_JSON}", "optimizer": json.dumps(spec.training.optimizer),
-               "mode": "sync" if sync else None,
+               "mode": "sync" if sync else None, "elastic": True if elastic else None,
                "replicas-to-aggregate": (spec.cluster.replicas_to_aggregate or min(replicas, spec.cluster.workers))
-               if sync else None,
-               "total-num-replicas": replicas if sync else None,
+               if sync and not elastic else None,
+               "total-num-replicas": replicas if sync and not elastic else None,
                "restore-from": spec.checkpoint.dir, "max-shard-bytes": spec.cluster.max_shard_bytes}
     if placement.cluster is None:
         return TaskSpec("ps", index, ["ps"], {"task-index": index, "num-ps": spec.cluster.ps, **options})

@@ -229,6 +229,29 @@ class PsClient:
     def stats(self):
         return self._on_shards(PsOps.Stats(), timeout=5.0)
 
+    def join(self, replica, attempts=3):
+        """Make `replica` a member of the sync steps on every shard; returns ps 0's answer: `step`, from which
+        its pushes count (the same on every shard: ps 0 picks it, the others admit from it), and whether the
+        job is `elastic`. Pull with min_version=step next. A shard already past that step (it completed a whole
+        step meanwhile) makes the replica leave every shard again and ask anew, at most `attempts` times."""
+        from zmqflow.common.errors import FailedPreconditionError
+        for attempt in range(attempts):
+            answer = self.clients[0].call(PsOps.Join(replica))[0]
+            calls = [c.submit(PsOps.Join(replica, answer["step"])) for c in self.clients[1:]]
+            try:
+                for call in calls:
+                    call.result()
+                return answer
+            except FailedPreconditionError:
+                for call in calls:      # every answer in before the leave, so none admits after it
+                    try:
+                        call.result()
+                    except FailedPreconditionError:
+                        pass
+                self.worker_done(replica)   # on no shard a member (nor waited for) unless on all
+                if attempt == attempts - 1:
+                    raise
+
     def worker_done(self, replica, lost=False):
         """`replica` finished its input; `lost=True` is the chief counting a silent worker as finished."""
         self._on_shards(PsOps.WorkerDone(replica, lost))

@@ -377,6 +377,12 @@ class PsOps:
         step: int | None = None
         metadata: dict[str, str] | None = None
 
+    class Join(Request, role=MEMBER, answer="step version elastic"):
+        """Replica `replica` counts in sync steps from `step` on (None: the shard picks the next step
+        boundary); answered with that step at once: the replica then pulls with min_version=step."""
+        replica: int = 0
+        step: int | None = None
+
     class WorkerDone(Request, role=MEMBER, answer="done lost"):
         """Replica `replica` finished (`lost`: the chief gave up on a silent one); parked sync waits go."""
         replica: int = 0

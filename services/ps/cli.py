@@ -26,6 +26,15 @@ from zmqflow.common.processes.task_options import model_options, parse_json_opti
 @click.option("--mode", default="async", type=click.Choice(["async", "sync"]))
 @click.option("--replicas-to-aggregate", default=None, type=int, help="Sync: gradients averaged per step.")
 @click.option("--total-num-replicas", default=None, type=int, help="Sync: workers in all (spares allowed).")
+@click.option("--elastic", is_flag=True,
+              help="Sync: workers join and leave while training (Horovod's elastic mode): each step aggregates "
+                   "the gradients of every member of that step; a worker joining is admitted at the next step, one "
+                   "leaving (done, or lost after --lost-after-secs) is no longer waited for. Not with "
+                   "--replicas-to-aggregate or --total-num-replicas.")
+@click.option("--min-replicas", default=1, type=click.IntRange(min=1),
+              help="Elastic: steps wait while fewer workers are members (Horovod's min_np).")
+@click.option("--max-replicas", default=None, type=click.IntRange(min=1), show_default="no limit",
+              help="Elastic: the replica indices that may join are 0..N-1 (Horovod's max_np).")
 @click.option("--staleness-bound", default=None, type=int, help="Async: drop pushes staler than this.")
 @click.option("--staleness-scaling", is_flag=True, help="Async: scale gradients by 1/(1+staleness).")
 @click.option("--warmup-steps", default=0, help="Async: accept pushes from one replica only for these steps.")
@@ -50,7 +59,8 @@ from zmqflow.common.processes.task_options import model_options, parse_json_opti
               help="Bytes of shared variables (clients' session.variable, in containers) this shard holds in all, "
                    "256 more per variable; a create past them is refused (RESOURCE_EXHAUSTED).")
 def command(task_index, num_ps, model_spec, placement_strategy, max_shard_bytes, optimizer, mode, replicas_to_aggregate,
-            total_num_replicas, staleness_bound, staleness_scaling, warmup_steps, nonfinite, lost_after, lost_policy,
+            total_num_replicas, elastic, min_replicas, max_replicas, staleness_bound, staleness_scaling, warmup_steps,
+            nonfinite, lost_after, lost_policy,
             restore_from, checkpoint_root, max_preload_bytes, max_shared_variable_bytes, **service):
     """Hold a share of the model's variables and apply the workers' gradients.
 
@@ -79,6 +89,10 @@ def command(task_index, num_ps, model_spec, placement_strategy, max_shard_bytes,
                      "replicas_to_aggregate": replicas_to_aggregate, "total_num_replicas": total_num_replicas,
                      "staleness_bound": staleness_bound, "staleness_scaling": staleness_scaling,
                      "warmup_steps": warmup_steps, "nonfinite": nonfinite}
+    if elastic:
+        state_options.update(elastic=True, min_replicas=min_replicas, max_replicas=max_replicas)
+    elif (min_replicas, max_replicas) != (1, None):
+        raise click.UsageError("--min-replicas and --max-replicas apply to an elastic sync job: add --elastic")
 
     def start_shard(*args, **options):
         shard = PsService(*args, **options)

@@ -15,6 +15,9 @@ tests call it directly. As in TensorFlow 1.x's distributed training:
   replica the shard found silent (`lose_replica`) is lost: steps need one replica fewer until
   it is heard from again. When fewer replicas are left than a step needs (finished ones and
   lost ones apart), the step can never complete: every parked pull is released at once.
+- ElasticSyncRule (`elastic`, Horovod's elastic mode): sync whose replicas join (`join`, from the next step
+  boundary) and leave (done, or lost); a step aggregates exactly the replicas that were members when it began,
+  while `min_replicas` are; `max_replicas` bounds the replica indices.
 - non-finite gradients (NaN, Inf) never reach the variables: by `nonfinite` policy a push holding
   one is skipped and counted (reason 'nonfinite'; in sync it counts as its replica's contribution
   of nothing, so the step still completes) or refused with InvalidArgument naming the piece.
@@ -40,7 +43,7 @@ import dataclasses
 
 import numpy as np
 
-from zmqflow.common.errors import InvalidArgumentError, check_int
+from zmqflow.common.errors import FailedPreconditionError, InvalidArgumentError, check_int
 from zmqflow.services.ps.store import is_int
 
 NONFINITE_POLICIES = ("skip", "refuse")
@@ -48,6 +51,8 @@ NONFINITE_POLICIES = ("skip", "refuse")
 ANSWER, PARK, RELEASE = "answer", "park", "release"
 ASYNC_OPTIONS = {"staleness_bound": None, "staleness_scaling": False, "warmup_steps": 0, "warmup_replica": 0}
 SYNC_OPTIONS = {"replicas_to_aggregate": None}
+ELASTIC_OPTIONS = {"min_replicas": 1, "max_replicas": None}
+"""Elastic sync's own options (Horovod's min_np and max_np): replicas_to_aggregate follows the members."""
 
 
 @dataclasses.dataclass
@@ -63,21 +68,26 @@ class PushResult:
     version: int
 
 
-def update_rule(store, mode="async", **options):
-    """The rule of `mode` over `store`; an option of the other mode (unless left at its default) is
-    InvalidArgument naming it."""
+def update_rule(store, mode="async", elastic=False, **options):
+    """The rule of `mode` over `store` (`elastic`: sync whose members come and go); an option of another
+    rule (unless left at its default) is InvalidArgument naming it."""
     rules = {"async": AsyncRule, "sync": SyncRule}
     if mode not in rules:
         raise InvalidArgumentError(f"mode must be one of {', '.join(rules)}, got {mode!r}")
-    other = rules["sync" if mode == "async" else "async"]
-    for option, default in other.OPTIONS.items():
-        if options.pop(option, default) != default:
-            raise InvalidArgumentError(f"{option} applies to {other.mode} mode only")
-    return rules[mode](store, **options)
+    if elastic and mode != "sync":
+        raise InvalidArgumentError("elastic applies to sync mode only (async workers come and go freely)")
+    rule = ElasticSyncRule if elastic else rules[mode]
+    for other in {AsyncRule, SyncRule, ElasticSyncRule} - {rule}:
+        for option, default in other.OPTIONS.items():
+            if option not in rule.OPTIONS and options.pop(option, default) != default:
+                raise InvalidArgumentError(f"{option} applies to {other.describe}, not to {rule.describe}")
+    return rule(store, **options)
 
 
 class UpdateRule:
     mode, OPTIONS = None, {}   # OPTIONS: the rule's own, with their defaults
+    describe = None            # the rule in an error message
+    elastic = False            # sync whose replicas join and leave (ElasticSyncRule)
 
     def __init__(self, store, total_num_replicas=None, nonfinite="skip", live=lambda waiter: True):
         if nonfinite not in NONFINITE_POLICIES:
@@ -180,6 +190,11 @@ class UpdateRule:
 
     # ------------------------------------------------ replicas
 
+    def join(self, replica, step=None):
+        """The step from which `replica`'s pushes count: here at once (elastic sync overrides it)."""
+        self.store.require_initialized()
+        return self.store.version
+
     def heard_from(self, replica, now):
         """A push from `replica` at `now`; True when it had been lost and steps wait for it again."""
         self.last_push[replica] = now
@@ -223,7 +238,7 @@ class UpdateRule:
 
 
 class AsyncRule(UpdateRule):
-    mode, OPTIONS = "async", ASYNC_OPTIONS
+    mode, OPTIONS, describe = "async", ASYNC_OPTIONS, "async mode"
 
     def __init__(self, store, staleness_bound=None, staleness_scaling=False, warmup_steps=0, warmup_replica=0,
                  **options):
@@ -247,7 +262,7 @@ class AsyncRule(UpdateRule):
 
 
 class SyncRule(UpdateRule):
-    mode, OPTIONS = "sync", SYNC_OPTIONS
+    mode, OPTIONS, describe = "sync", SYNC_OPTIONS, "sync mode"
 
     def __init__(self, store, replicas_to_aggregate=None, total_num_replicas=None, **options):
         if not is_int(replicas_to_aggregate, 1):
@@ -295,7 +310,7 @@ class SyncRule(UpdateRule):
     def _accumulated(self, staleness, counted=True):
         """A push was added to the step; apply the step when enough replicas are in."""
         self._pending += 1 if counted else 0
-        if len(self._complete) < self.needed():
+        if not self._step_complete():
             return PushResult(False, False, None, staleness, self.store.version)
         self.store.apply_mean({name: len(c) for name, c in self._contributors.items()})
         applied = self._pending
@@ -321,9 +336,12 @@ class SyncRule(UpdateRule):
         """Go on without a replica found dead. Returns a PushResult when the step it held back
         now has enough replicas and was applied, else None."""
         self.lost.add(replica)
-        if self._complete and len(self._complete) >= self.needed():
+        if self._complete and self._step_complete():
             return self._accumulated(0, counted=False)
         return None
+
+    def _step_complete(self):
+        return len(self._complete) >= self.needed()
 
     def heard_from(self, replica, now):
         super().heard_from(replica, now)
@@ -355,6 +373,146 @@ class SyncRule(UpdateRule):
         return {"mode": "sync", "step": self.store.version, "needed": self.needed(), "lost": sorted(self.lost),
                 "contributed": sorted(self._complete), "partial": sorted(partial),
                 "missing": [r for r in range(self.total_num_replicas) if r not in self._complete]}
+
+
+class ElasticSyncRule(SyncRule):
+    """Sync whose replicas come and go, as Horovod's elastic mode (and Ray Train's (min, max) workers): a step
+    aggregates exactly the replicas that were members when it began. A replica joins (`join`) at the next step
+    boundary, or into the current step when that step cannot complete without it (fewer members than
+    `min_replicas`): its gradients then come from the step's own parameters, never from an older step. It leaves
+    by `worker_done` or by being found silent (`lose_replica`): the step in progress then needs one replica fewer
+    (a contribution it already made stays in). A push from a replica that is no member of the step is dropped
+    ('not_member'): a lost replica heard from again joins anew. Steps wait while fewer than `min_replicas` are
+    members; `max_replicas` bounds the replica indices."""
+
+    OPTIONS, describe = ELASTIC_OPTIONS, "elastic sync mode (each step aggregates every member)"
+    elastic = True
+    HISTORY = 1000   # membership changes kept for stats
+
+    def __init__(self, store, min_replicas=1, max_replicas=None, total_num_replicas=None, **options):
+        check_int("min_replicas", min_replicas, 1)
+        check_int("max_replicas", max_replicas, 1, optional=True)
+        if total_num_replicas is not None:
+            raise InvalidArgumentError("elastic sync takes max_replicas, not total_num_replicas: members come and go")
+        if max_replicas is not None and max_replicas < min_replicas:
+            raise InvalidArgumentError(f"max_replicas ({max_replicas}) must be >= min_replicas ({min_replicas})")
+        super().__init__(store, replicas_to_aggregate=1, total_num_replicas=max_replicas, **options)
+        self.total_num_replicas = max_replicas   # the bound of replica indices (None: none)
+        self.min_replicas, self.max_replicas = min_replicas, max_replicas
+        self.members = set()   # the replicas the current step aggregates
+        self.pending = {}      # replica -> the step from which it is a member
+        self.history = collections.deque(maxlen=self.HISTORY)  # {step, replicas, joined, left} per change
+        self.aggregated = collections.Counter()  # replicas aggregated -> steps applied with that many
+
+    def needed(self):
+        return max(self.min_replicas, len(self.members))
+
+    def _step_complete(self):
+        return len(self.members) >= self.min_replicas and self.members <= self._complete
+
+    def _update(self, grads, sparse, staleness, replica, pieces):
+        if not staleness and replica not in self.members:
+            return self._drop("not_member", staleness)
+        return super()._update(grads, sparse, staleness, replica, pieces)
+
+    def _skip_nonfinite(self, staleness, replica, pieces):
+        if not staleness and replica not in self.members:
+            return self._drop("not_member", staleness)
+        return super()._skip_nonfinite(staleness, replica, pieces)
+
+    def _accumulated(self, staleness, counted=True):
+        complete = len(self._complete)
+        result = super()._accumulated(staleness, counted)
+        if result.applied:
+            self.aggregated[complete] += 1
+            due = sorted(r for r, step in self.pending.items() if step <= self.store.version)
+            for replica in due:
+                del self.pending[replica]
+            self._change(joined=due)
+        return result
+
+    def join(self, replica, step=None):
+        """Admit `replica` from step `step` (None: the next step boundary, or the current step when it cannot
+        complete without a new member); returns that step. A step already begun here is too late only when
+        it is over: FailedPrecondition, and the caller asks again for a later one."""
+        self.store.require_initialized()
+        if not is_int(replica, 0) or (self.max_replicas is not None and replica >= self.max_replicas):
+            bound = "" if self.max_replicas is None else f" in [0, {self.max_replicas}) (max_replicas)"
+            raise InvalidArgumentError(f"replica {replica!r} cannot join this elastic sync job: a replica is an "
+                                       f"int{bound}")
+        version = self.store.version
+        if step is not None:
+            check_int("step", step)
+            if step < version:
+                raise FailedPreconditionError(f"replica {replica} cannot join at step {step}: this shard is at "
+                                              f"step {version} already")
+        self.done.pop(replica, None)
+        self.lost.discard(replica)
+        if replica in self.members:        # a restarted replica rejoining before it was found lost
+            return version + 1 if replica in self._complete else version
+        if step is None:
+            step = version if len(self.members) < self.min_replicas else version + 1
+        if step == version:
+            self.pending.pop(replica, None)
+            self._change(joined=[replica])
+        else:
+            self.pending[replica] = step
+        return step
+
+    def _leave(self, replica):
+        """`replica` is no member any more; the step in progress may now be complete."""
+        was = self.pending.pop(replica, None) is not None
+        if replica in self.members:
+            self._change(left=[replica])
+            if self._complete and self._step_complete():
+                self._accumulated(0, counted=False)
+            return True
+        return was
+
+    def worker_done(self, replica, lost=False):
+        released = super().worker_done(replica, lost)
+        self._leave(replica)
+        return released
+
+    def lose_replica(self, replica):
+        self.lost.add(replica)
+        applied = self.store.version
+        self._leave(replica)
+        return True if self.store.version > applied else None
+
+    def heard_from(self, replica, now):
+        """A lost replica heard from again is no member: it joins anew (its pushes say 'not_member')."""
+        self.last_push[replica] = now
+        return False
+
+    def step_cannot_complete(self):
+        """Never: while fewer than min_replicas are members, steps wait for one to join (Horovod waits for
+        min_np); the members left are alive (the silent ones were lost, the finished ones left)."""
+        return False
+
+    def _change(self, joined=(), left=()):
+        self.members.update(joined)
+        self.members.difference_update(left)
+        if joined or left:
+            self.history.append({"step": self.store.version, "replicas": len(self.members),
+                                 "joined": sorted(joined), "left": sorted(left)})
+
+    def waiting_for(self):
+        partial = set().union(*self._contributors.values()) - self._complete
+        return {"mode": "sync", "elastic": True, "step": self.store.version, "needed": self.needed(),
+                "lost": sorted(self.lost), "contributed": sorted(self._complete), "partial": sorted(partial),
+                "missing": sorted(self.members - self._complete)}
+
+    def config(self):
+        return {**super().config(), "elastic": True}
+
+    def stats(self):
+        """Besides the counters: the members of the current step, the replicas admitted from a later step
+        (`pending`: replica -> step), the membership changes and how many replicas each applied step had."""
+        return {**super().stats(), "elastic": True, "replicas_to_aggregate": self.needed(),
+                "members": sorted(self.members), "pending": {str(r): s for r, s in sorted(self.pending.items())},
+                "membership": list(self.history),
+                "steps_by_replicas": {str(n): k for n, k in sorted(self.aggregated.items())}}
 
 
 def _nonfinite_piece(arrays):

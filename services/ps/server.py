@@ -78,7 +78,7 @@ class PsService(Service):
         self.serve({PsOps.Init: self._init, PsOps.Restore: self._restore, PsOps.WaitReady: self._wait_ready,
                     PsOps.Pull: self._pull, PsOps.Push: self._push, PsOps.PushSparse: self._push_sparse,
                     PsOps.PullRows: self._pull_rows, PsOps.Assign: self._assign, PsOps.Save: self._save,
-                    PsOps.WorkerDone: self._worker_done, PsOps.Stats: self._stats, PsOps.Preload: self._preload,
+                    PsOps.WorkerDone: self._worker_done, PsOps.Join: self._join, PsOps.Stats: self._stats, PsOps.Preload: self._preload,
                     PsOps.TakeRows: self._take_rows, PsOps.Shutdown: self._shutdown,
                     PsOps.CreateVariable: self._create_variable, PsOps.ReadVariable: self._read_variable,
                     PsOps.AssignVariable: self._assign_variable, PsOps.AssignAddVariable: self._assign_add_variable,
@@ -403,8 +403,19 @@ class PsService(Service):
                 raise PermissionDeniedError(f"{where}, never through a symbolic link: {current!r:.200} is one")
         return path
 
+    def _join(self, call):
+        """A replica (a worker joining mid-training, or starting) asks from which step its pushes count."""
+        self._require_ready()
+        step = self.rule.join(call.args.replica, call.args.step)
+        self._heard_from(call.args.replica, call.identity)   # silent from now on: lost like any member
+        if self.rule.elastic:
+            log.info("ps:%d: replica %d joins at step %d (now at %d, members %s)", self.shard_index,
+                     call.args.replica, step, self.store.version, sorted(self.rule.members))
+        return {"step": step, "version": self.store.version, "elastic": self.rule.elastic}
+
     def _worker_done(self, call):
         self._release(self.rule.worker_done(call.args.replica, lost=call.args.lost))
+        self._wake_versions()   # elastic sync: the step may have been waiting only for the replica that left
         return {"done": sorted(self.rule.done), "lost": self.rule.given_up()}
 
     def _release(self, waiters):

@@ -15,6 +15,8 @@ import dataclasses
 import functools
 import logging
 import math
+import signal
+import threading
 import time
 from collections import deque
 
@@ -82,6 +84,9 @@ class Trainer:
         # gradients are on the ps (fit uses its input's)
         self.leases = LeasedBatches()
         self.input = None   # the TrainingInput fit trains on (a hook that stops early ends it for every worker)
+        self.elastic = False   # an elastic sync job: this worker joined at a step boundary and may leave
+        self.leaving = False   # SIGTERM in an elastic job: leave after the step in hand
+        self._sigterm = None   # the SIGTERM handler before ours (elastic, not the chief), put back at the end
         # tables read by rows (sparse embeddings): left out of pulls, their rows pulled per batch
         self._row_tables = (sorted(model.sparse_rows(zero_inputs(model, 1))) if hasattr(model, "sparse_rows")
                             else [])
@@ -121,8 +126,44 @@ class Trainer:
         for hook in self.hooks:
             hook.begin(self)
         self._started = time.perf_counter()
-        self.params = self.ps.pull(exclude=self._not_pulled)
+        if self.mode == "sync":
+            self._join()
+        else:
+            self.params = self.ps.pull(exclude=self._not_pulled)
         self.global_step = self.ps.versions[0]
+
+    def _join(self):
+        """Sync: become a member of the steps (elastic: from the next step boundary), then pull the parameters
+        of the first step this worker's gradients count in. A step that does not come within the sync timeout
+        (every member left before it) is asked for again: the shards then admit the worker at once."""
+        deadline = time.monotonic() + self.end_timeout
+        while True:
+            answer = self.ps.join(self.replica)
+            if answer["elastic"] and not self.elastic:
+                self.elastic = True
+                self._leave_on_sigterm()
+            try:
+                self.params = self.ps.pull(min_version=answer["step"] if self.elastic else None,
+                                           timeout=self.sync_timeout, exclude=self._not_pulled)
+                break
+            except DeadlineExceededError as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("worker %d: %s; joining again", self.replica, exc)
+        if self.elastic:
+            log.info("worker %d: member of the sync steps from global step %d", self.replica, answer["step"])
+
+    def _leave_on_sigterm(self):
+        """Elastic, not the chief: SIGTERM (a scale-down, `kill`) makes the worker finish the step in hand, leave
+        the job (the steps after it no longer wait for it) and exit 0; a second SIGTERM ends it at once."""
+        if self.is_chief or threading.current_thread() is not threading.main_thread():
+            return
+
+        def leave(signum, frame):
+            log.warning("worker %d: SIGTERM: leaving the job after this step", self.replica)
+            self.leaving = True
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        self._sigterm = signal.signal(signal.SIGTERM, leave)
 
     def _warm_up(self):
         """A step on zeros compiles the kernels; a pipelined model's `warm_up` sends nothing to its stages."""
@@ -147,7 +188,7 @@ class Trainer:
     def _train(self, input):
         """The plain loop: a step per batch, hooks after each."""
         while (batch := input.next(before_waiting=self.settle)) is not None:
-            if self.after_step(self.step(batch)):
+            if self.after_step(self.step(batch)) or self.leaving:
                 input.cancel()
                 return
 
@@ -238,8 +279,16 @@ class Trainer:
     def _sync_exchange(self, grads):
         """Push this step's gradients, then wait until every shard applied the step."""
         versions = list(self.ps.versions)
-        self.ps.push(grads, self.replica)
+        results = self.ps.push(grads, self.replica)
         self.leases.received()   # the ps holds the gradient for the step: acked before the wait for the others
+        if any(r.get("reason") == "not_member" for r in results):
+            # elastic: found silent and left out of the steps (a long pause); this batch's gradients are
+            # dropped, and the worker joins again at the next step boundary
+            log.warning("worker %d: no member of step %s any more (found lost): joining again", self.replica,
+                        versions[0])
+            self._join()
+            self.global_step = self.ps.versions[0]
+            return self.params
         try:
             params = self.ps.pull(min_version=[v + 1 for v in versions], timeout=self.sync_timeout,
                                   exclude=self._not_pulled)
@@ -277,6 +326,8 @@ class Trainer:
         self.settle()
         self.elapsed = time.perf_counter() - self._started
         self.ps.worker_done(self.replica)
+        if self._sigterm is not None and not self.leaving:   # left: SIGTERM's own handler is back already
+            signal.signal(signal.SIGTERM, self._sigterm)
         if self.is_chief:
             self._wait_for_workers()
         self.global_step = self.ps.stats()[0]["version"]  # with prefetch, the last push is not in our pull
@@ -304,7 +355,7 @@ class Trainer:
             stats = self.ps.stats()[0]
             done, lost = set(stats["done_workers"]), set(stats.get("lost_workers", []))
             idle = {int(r): s for r, s in stats.get("replica_idle_s", {}).items()}
-            silent = [r for r in range(self.num_workers)
+            silent = [r for r in self._replicas(stats)
                       if r not in done and idle.get(r, now - started) > silent_after]
             if silent:
                 log.warning("chief: workers %s silent for %.0f s: counted as finished so no step waits for them",
@@ -313,7 +364,7 @@ class Trainer:
                     self.ps.worker_done(r, lost=True)
                     declared[r] = now
                 continue
-            missing = [r for r in range(self.num_workers) if r not in done]
+            missing = [r for r in self._replicas(stats) if r not in done]
             still_possible = [r for r in lost if now - declared.get(r, now) < grace or idle.get(r, grace) < grace]
             if not missing and not still_possible:
                 if lost:
@@ -321,6 +372,12 @@ class Trainer:
                 return
             time.sleep(0.05)
         log.warning("chief: workers %s did not finish within %.0f s", missing, self.end_timeout)
+
+    def _replicas(self, stats):
+        """The workers the chief waits for: every task of the job, or in an elastic job its members now."""
+        if not stats.get("elastic"):
+            return range(self.num_workers)
+        return sorted(set(stats["members"]) | {int(r) for r in stats["pending"]})
 
     def evaluate(self, x, y):
         """Accuracy of the current parameters on (x, y)."""

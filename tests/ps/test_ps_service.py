@@ -9,7 +9,7 @@ import socket
 import numpy as np
 import pytest
 
-from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError
+from zmqflow.common.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError
 from zmqflow.models.spec import MNIST_MLP
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.common.cluster.placement import place
@@ -17,6 +17,7 @@ from zmqflow.common.processes.children import start_service
 from zmqflow.common.clients.ps import PsClient, PsShardClient
 from zmqflow.common.rpc.client import RpcClient
 from zmqflow.common.variables import IndexedSlices
+from zmqflow.common.wire.protocol import PsOps
 
 pytestmark = pytest.mark.service
 
@@ -317,6 +318,44 @@ def test_reader_preload_puts_a_data_set_on_the_ps(tmp_path):
         data = PreloadedData({"x": np.ones((4, 3), np.float32), "y": np.arange(4, dtype=np.int32)})
         assert preload_to_ps(data, procs[0].endpoint, "small")["rows"] == 4
         assert client(procs).take_rows_async("small", [3]).result()["y"].tolist() == [3]
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_elastic_join_admits_a_replica_at_the_same_step_on_every_shard_and_leave_releases_the_step(tmp_path, initial):
+    """Elastic sync over two shards: a replica joining mid-step is admitted from the next step on both (ps 0
+    picks it, ps 1 admits from it), its first push before that is dropped as not a member, and a member that
+    leaves lets the step it held back complete with the others."""
+    procs = shards(tmp_path, 2, "--mode", "sync", "--elastic", "--max-replicas", "3")
+    try:
+        replicas = [client(procs) for _ in range(3)]
+        replicas[0].initialize(initial)
+        grads = {k: np.ones_like(v) for k, v in initial.items()}
+        assert replicas[0].join(0) == {"step": 0, "version": 0, "elastic": True}
+        replicas[0].pull(min_version=0)
+        replicas[1].pull()
+        assert replicas[1].join(1)["step"] == 1                      # step 0 goes on without it
+        assert [r["reason"] for r in replicas[1].push(grads, 1)] == ["not_member", "not_member"]
+        assert all(r["applied"] for r in replicas[0].push(grads, 0))
+        replicas[1].pull(min_version=1)
+        replicas[0].pull(min_version=1)
+        assert [s["members"] for s in replicas[0].stats()] == [[0, 1], [0, 1]]
+        assert not any(r["applied"] for r in replicas[0].push(grads, 0))   # step 1 waits for replica 1 ...
+        replicas[1].worker_done(1)                                          # ... which leaves instead
+        stats = replicas[0].stats()
+        assert [s["version"] for s in stats] == [2, 2] and [s["members"] for s in stats] == [[0], [0]]
+        assert [s["steps_by_replicas"] for s in stats] == [{"1": 2}, {"1": 2}]
+        with pytest.raises(InvalidArgumentError, match=r"in \[0, 3\) \(max_replicas\)"):
+            replicas[2].join(3)
+        # a shard past the step ps 0 picked (here: re-initialized at step 9) refuses it; the replica leaves the
+        # shards that admitted it and asks again, then gives up naming the shard's step
+        late = replicas[2]
+        pieces = late._split(initial)
+        late.clients[1].call(PsOps.Init(late.shard_keys[1], 9, True), tensors=[pieces[k] for k in late.shard_keys[1]])
+        with pytest.raises(FailedPreconditionError, match="cannot join at step 3: this shard is at step 9 already"):
+            late.join(2)
+        assert [(s["members"], s["pending"]) for s in late.stats()] == [([0], {}), ([0], {})]
     finally:
         for p in procs:
             p.stop()
