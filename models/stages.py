@@ -102,15 +102,16 @@ def split_stages(model):
     return stages
 
 
-def start_order(stages):
-    """Stage indices with every stage after all the stages it sends to: the order to start them in, each
-    listening before the stages that connect to it."""
-    order, done = [], set()
-    while len(order) < len(stages):
-        for stage in stages:
-            if stage.index not in done and all(d in done for d in stage.downstream):
-                order.append(stage.index)
-                done.add(stage.index)
+def start_order(links):
+    """Stages of `links` ({stage: [the stages it sends to]}, as `stage_links` gives) with every stage after
+    all the stages it sends to: the order to start them in, each listening before the stages that connect
+    to it."""
+    order = []
+    while len(order) < len(links):
+        ready = [k for k in sorted(links) if k not in order and all(d in order for d in links[k])]
+        if not ready:
+            raise InvalidArgumentError(f"the stages {sorted(set(links) - set(order))} send to each other in a cycle")
+        order.append(ready[0])
     return order
 
 

@@ -67,7 +67,7 @@ def test_a_branching_model_splits_into_a_dag_of_stages():
     assert stages[0].output_names(1) == ["dense"] and stages[3].input_names(1) == ["dense_2"]
     assert [s.last for s in stages] == [False, False, False, True]
     assert [s.parent for s in stages] == [None, 0, 0, 0] and stages[0].children == [1, 2, 3]
-    assert start_order(stages) == [3, 1, 2, 0]
+    assert start_order({s.index: s.downstream for s in stages}) == [3, 1, 2, 0]
     assert stage_links(branching_model()) == {0: [1, 2, 3], 1: [3], 2: [3], 3: []}
 
 
@@ -103,7 +103,7 @@ def run_stages(stages, params, x, y, micro_batches):
     """Every stage in-process, micro-batch by micro-batch, as the workers do: forward in start order's
     reverse, backward with each stage's answers summed per tensor. Returns (loss, grads, updates)."""
     grads, loss, updates = {}, 0.0, {}
-    order = list(reversed(start_order(stages)))
+    order = list(reversed(start_order({s.index: s.downstream for s in stages})))
     for rows in np.array_split(np.arange(len(y)), micro_batches):
         tapes, inbox = {}, {s.index: {} for s in stages}
         for k in order:                                       # forward, each stage once its inputs are in

@@ -51,7 +51,7 @@ def start_stages(net, ps, timeout=10.0):
     """Stages 1..n-1 in threads, each listening before the stages that send to it; returns the stages,
     stage 0's link, the threads and their results."""
     stages, threads, results, endpoints = split_stages(net), [], {}, {}
-    for k in start_order(stages)[:-1]:
+    for k in start_order({s.index: s.downstream for s in stages})[:-1]:
         link = StageLink(index=k, bind="tcp://127.0.0.1:*", timeout=timeout,
                          downstream={d: endpoints[d] for d in stages[k].downstream})
         endpoints[k] = link.endpoint
