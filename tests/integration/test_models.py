@@ -245,6 +245,7 @@ def replica_results(summary, stages):
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, epochs", [("sync", 2), ("async", 1)])
 def test_two_copies_of_a_two_stage_pipeline_train_on_four_workers(mode, epochs):
     """Workers 0-1 and 2-3 are two copies of the pipeline, each reading its own batches and pushing as one
@@ -268,6 +269,7 @@ def test_two_copies_of_a_two_stage_pipeline_train_on_four_workers(mode, epochs):
 BRANCHING_MODEL = os.path.join(EXAMPLES, "branching_model.py")
 
 
+@pytest.mark.slow
 def test_a_branching_model_trains_on_four_workers():
     """An input stage, two parallel branches and a join, each on its own worker process."""
     code, out, err = train("--model", f"{BRANCHING_MODEL}:build", "--num-workers", "4", "--epochs", "1")

@@ -118,6 +118,21 @@ def test_a_failing_stage_names_itself_to_stage_zero():
     assert "label value of 9 which is outside the valid range" in str(results[1])
 
 
+def test_a_failing_join_stage_reaches_stage_zero_through_both_branches_and_every_stage_stops():
+    net = branching(Add)
+    params = net.initial_values()
+    stages, link, threads, results = start_stages(net, FixedParameters(params))
+    pipeline = PipelineModel(net, stages, link, 2, versions=lambda: [0])
+    local = {k: v for k, v in params.items() if k not in pipeline.remote_variables()}
+    with pytest.raises(AbortedError, match=r"stage 3 failed: InvalidArgumentError: Received a label value of 9 "):
+        pipeline.step(local, (np.zeros((4, 3)), np.array([0, 1, 9, 2])))
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive()
+    assert "label value of 9" in str(results[3]) and all(isinstance(results[k], AbortedError) for k in (1, 2))
+    pipeline.finish(RuntimeError("test over"))
+
+
 def test_a_silent_stage_ends_the_wait_within_the_links_timeout():
     net = model(2)
     silent = StageLink(index=1, bind="tcp://127.0.0.1:*", timeout=5.0)   # bound, never answers
