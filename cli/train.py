@@ -96,8 +96,8 @@ def command(optimizer_kind, learning_rate, model_spec, model_opts, data_spec, ti
     except OpError as exc:
         raise click.BadParameter(str(exc), param_hint="--model") from None
     if stages > 1 and (options["num_workers"] + options["spare_replicas"]) % stages:
-        raise click.BadParameter(f"the model's layers run on {stages} workers (a pipeline); pass --num-workers {stages}, "
-                                 f"or a multiple of it for data-parallel copies of the pipeline",
+        raise click.BadParameter(f"the model's layers run on {stages} workers (a pipeline); pass --num-workers "
+                                 f"{stages}, or a multiple of it for data-parallel copies of the pipeline",
                                  param_hint="--num-workers")
     try:
         spec = job_spec(**options, optimizer=optimizer_config(optimizer_kind, learning_rate), model=model, data=data)

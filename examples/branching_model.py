@@ -16,8 +16,6 @@ both. Prints the test accuracy of the DAG on 4 workers and of the same model on 
 import json
 import sys
 
-from zmqflow.jobs.local_cluster import run_training
-
 INPUT, LEFT, RIGHT, JOIN = (f"/job:worker/task:{k}" for k in range(4))
 
 
@@ -35,16 +33,10 @@ def build(input_signature, width=128, branch=64, join="concatenate", pipelined=T
     return keras.LayerModel(keras.Model(x, layers.Dense(10)(joined)), seed=0)
 
 
-def train(pipelined, workers, epochs):
-    """One compute thread per worker."""
-    model = {"type": f"{__file__}:build", "pipelined": pipelined}
-    return run_training(progress=False, num_workers=workers, epochs=epochs, model=model, input="preloaded",
-                        optimizer={"kind": "adam", "learning_rate": 0.001}, threads_per_worker=1)
-
-
 def main(epochs=3):
-    dag = train(True, 4, epochs)
-    single = train(False, 1, epochs)
+    from pipeline_model import train      # its neighbour in examples/: one compute thread per worker
+    dag = train(True, 4, epochs, build=f"{__file__}:build")
+    single = train(False, 1, epochs, build=f"{__file__}:build")
     print(json.dumps({"dag": {k: dag[k] for k in ("test_accuracy", "examples_per_s", "global_step")},
                       "one_worker": {k: single[k] for k in ("test_accuracy", "examples_per_s", "global_step")}}))
     print(f"branching_model: test accuracy {dag['test_accuracy']:.3f} with the branches on 4 workers (one worker: "

@@ -217,9 +217,9 @@ class LocalCluster:
         self._stage_links = stage_links(model)
         stages = max(1, len(self._stage_links))
         if stages > 1 and self.spec.total_workers % stages:
-            raise InvalidArgumentError(f"the model's layers run on {stages} workers (/job:worker/task:0..{stages - 1}); "
-                                       f"train it with --num-workers {stages} or a multiple of it (got "
-                                       f"{self.spec.total_workers})")
+            raise InvalidArgumentError(f"the model's layers run on {stages} workers (/job:worker/task:0.."
+                                       f"{stages - 1}); train it with --num-workers {stages} or a multiple of it "
+                                       f"(got {self.spec.total_workers})")
         return stages
 
     def _start_pipeline(self, workers, env):

@@ -285,8 +285,8 @@ def test_a_branching_model_on_four_worker_processes_steps_as_on_one_worker(proce
     spec = {"type": f"{BRANCHING_MODEL}:build", "width": 16, "branch": 8}
     model, learning_rate = json.dumps(spec), 0.5
     broker = processes.service("zmqflow.services.broker").endpoint
-    ps = processes.service("zmqflow.services.ps", ["--model", model, "--optimizer",
-                                                   json.dumps({"kind": "sgd", "learning_rate": learning_rate})]).endpoint
+    sgd = json.dumps({"kind": "sgd", "learning_rate": learning_rate})
+    ps = processes.service("zmqflow.services.ps", ["--model", model, "--optimizer", sgd]).endpoint
     common = ["--broker", broker, "--ps", ps, "--num-workers", "4", "--model", model, "--batch-size", "8",
               "--pipeline-timeout-secs", "30"]
     endpoints = {3: processes.service("zmqflow.services.worker", ["--task-index", "3", *common]).endpoint}

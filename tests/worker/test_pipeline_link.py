@@ -106,30 +106,22 @@ def test_a_pipelined_step_over_three_or_four_workers_equals_the_whole_models(mic
         assert ([7], sorted(n for n in params if n not in stages[k].variable_names)) in ps.pulls
 
 
-def test_a_failing_stage_names_itself_to_stage_zero():
-    net = model(2)
+@pytest.mark.parametrize("build, failing", [(lambda: model(2), 1), (lambda: branching(Add), 3)])
+def test_a_failing_stage_names_itself_to_stage_zero_and_every_stage_stops(build, failing):
+    """In a chain, and at the join of a DAG, whose failure reaches stage 0 through both branches."""
+    net = build()
     params = net.initial_values()
     stages, link, threads, results = start_stages(net, FixedParameters(params))
     pipeline = PipelineModel(net, stages, link, 2, versions=lambda: [0])
     local = {k: v for k, v in params.items() if k not in pipeline.remote_variables()}
-    with pytest.raises(AbortedError, match=r"stage 1 failed: InvalidArgumentError: Received a label value of 9 "):
-        pipeline.step(local, (np.zeros((4, 3)), np.array([0, 1, 9, 2])))
-    threads[0].join(10)
-    assert "label value of 9 which is outside the valid range" in str(results[1])
-
-
-def test_a_failing_join_stage_reaches_stage_zero_through_both_branches_and_every_stage_stops():
-    net = branching(Add)
-    params = net.initial_values()
-    stages, link, threads, results = start_stages(net, FixedParameters(params))
-    pipeline = PipelineModel(net, stages, link, 2, versions=lambda: [0])
-    local = {k: v for k, v in params.items() if k not in pipeline.remote_variables()}
-    with pytest.raises(AbortedError, match=r"stage 3 failed: InvalidArgumentError: Received a label value of 9 "):
+    with pytest.raises(AbortedError, match=rf"stage {failing} failed: InvalidArgumentError: Received a label value "
+                                           "of 9 "):
         pipeline.step(local, (np.zeros((4, 3)), np.array([0, 1, 9, 2])))
     for thread in threads:
         thread.join(10)
         assert not thread.is_alive()
-    assert "label value of 9" in str(results[3]) and all(isinstance(results[k], AbortedError) for k in (1, 2))
+    assert "label value of 9 which is outside the valid range" in str(results.pop(failing))
+    assert all(isinstance(result, AbortedError) for result in results.values())
     pipeline.finish(RuntimeError("test over"))
 
 

@@ -37,8 +37,8 @@ def place(task_index, num_workers, *pipeline_next, model=branching):
 def test_each_worker_finds_its_stage_its_copy_and_the_stages_it_sends_to():
     chief = place(0, 4, "1=tcp://a:1", "2=tcp://a:2")
     assert (chief.stage, chief.replica, chief.replicas, chief.downstream) == (0, 0, 1, {1: "tcp://a:1", 2: "tcp://a:2"})
-    second_copy = place(5, 8, "3=tcp://b:3")                      # workers 4..7 are the second copy
-    assert (second_copy.stage, second_copy.replica, second_copy.replicas, second_copy.downstream) == (1, 1, 2, {3: "tcp://b:3"})
+    second = place(5, 8, "3=tcp://b:3")                           # workers 4..7 are the second copy
+    assert (second.stage, second.replica, second.replicas, second.downstream) == (1, 1, 2, {3: "tcp://b:3"})
     assert place(3, 4).downstream == {}                           # the output stage sends nowhere
     chain = lambda: LayerModel(Sequential([Dense(4), Dense(2, device="/job:worker/task:1")], input_shape=(3,)))
     assert place(0, 2, "tcp://c:1", model=chain).downstream == {1: "tcp://c:1"}   # a plain ENDPOINT: the next stage
