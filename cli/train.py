@@ -50,7 +50,9 @@ DEFAULT = JobSpec()
                    "file (.json/.yaml) or inline JSON. With --data, a built-in is fitted to the data's inputs and "
                    "task (mlp and cnn also regress). Default: the MNIST MLP 784-100-10.")
 @click.option("--model-opt", "model_opts", multiple=True, metavar="KEY=VALUE",
-              help="A model option (repeatable), e.g. --model cnn --model-opt filters=[8,16] --model-opt dense=128.")
+              help="A model option (repeatable), e.g. --model cnn --model-opt filters=[8,16] --model-opt dense=128. "
+                   "pipeline={LAYER: TASK, ...} splits a model of zmqflow's layers over workers: each named layer "
+                   "(and those after it that read it) on worker TASK (see docs/models.md, Pipelines).")
 @click.option("--data", "data_spec", default=None, metavar="SPEC",
               help="Train on your data: a data spec (YAML: files, features, label; see `zmqflow data inspect`) or "
                    "`mnist`. The model is fitted to its inputs and classes, and the final checkpoint is scored on "

@@ -16,6 +16,7 @@ the activations and gradients between workers.
 """
 
 import dataclasses
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -34,6 +35,25 @@ def is_pipelined(model):
 def stage_count(model):
     """How many workers a model's layers run on: 1 without a pipeline."""
     return len(split_stages(model)) if is_pipelined(model) else 1
+
+
+def split_at(model, stages):
+    """`model` with the layers named in `stages` ({layer name: worker task}) on those tasks, as if each was
+    built with `device="/job:worker/task:N"`; the layers not named follow the layer they read. A model
+    spec's `pipeline` field (`--model-opt "pipeline={hidden2: 1}"`) splits this way a model built without
+    device strings: a built-in, or a file's."""
+    if not stages:
+        return model
+    if not isinstance(stages, Mapping) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                  for t in stages.values()):
+        raise InvalidArgumentError(f"model spec field 'pipeline' maps layer names to worker tasks (0, 1, ...), "
+                                   f"{{LAYER: TASK, ...}}; got {stages!r}")
+    if not callable(getattr(model, "assign_devices", None)):
+        raise InvalidArgumentError(f"model spec field 'pipeline': a {type(model).__name__} has no layers to split "
+                                   "over workers (a model of zmqflow's layers has)")
+    model.assign_devices({name: f"/job:worker/task:{task}" for name, task in stages.items()})
+    split_stages(model)     # the split is checked here, naming the layer, before anything starts
+    return model
 
 
 def stage_links(model):

@@ -246,12 +246,14 @@ def replica_results(summary, stages):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, epochs", [("sync", 2), ("async", 1)])
-def test_two_copies_of_a_two_stage_pipeline_train_on_four_workers(mode, epochs):
+@pytest.mark.parametrize("mode, epochs, model", [
+    ("sync", 2, ["--model", f"{PIPELINE_MODEL}:build", "--model-opt", "width=64"]),   # split by device strings
+    ("async", 1, ["--model-opt", "pipeline={softmax: 1}"]),                            # the built-in MLP split here
+])
+def test_two_copies_of_a_two_stage_pipeline_train_on_four_workers(mode, epochs, model):
     """Workers 0-1 and 2-3 are two copies of the pipeline, each reading its own batches and pushing as one
     replica: in sync the ps aggregates both copies' gradients into each step, in async each push is one."""
-    code, out, err = train("--model", f"{PIPELINE_MODEL}:build", "--model-opt", "width=64", "--num-workers", "4",
-                           "--epochs", str(epochs), "--mode", mode)
+    code, out, err = train(*model, "--num-workers", "4", "--epochs", str(epochs), "--mode", mode)
     assert code == 0, err[-3000:]
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["worker_exit_codes"] == [0, 0, 0, 0], summary

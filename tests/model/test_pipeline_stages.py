@@ -2,6 +2,8 @@
 joins): the splits it refuses, and micro-batches run stage by stage giving the whole batch's loss and
 gradients."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -9,11 +11,13 @@ from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.models.layer_model import LayerModel
 from zmqflow.models.layers import Add, BatchNorm, Concatenate, Dense, Dropout, Input
 from zmqflow.models.network import Network, Sequential
+from zmqflow.models.registry import load_model
 from zmqflow.models.stages import is_pipelined, split_stages, stage_count, stage_links, start_order
 
 pytestmark = pytest.mark.unit
 
 T0, T1, T2, T3 = (f"/job:worker/task:{k}" for k in range(4))
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
 
 
 def three_stage_model(dtype="float64", batch_norm=True):
@@ -69,6 +73,53 @@ def test_a_branching_model_splits_into_a_dag_of_stages():
     assert [s.parent for s in stages] == [None, 0, 0, 0] and stages[0].children == [1, 2, 3]
     assert start_order({s.index: s.downstream for s in stages}) == [3, 1, 2, 0]
     assert stage_links(branching_model()) == {0: [1, 2, 3], 1: [3], 2: [3], 3: []}
+
+
+def test_a_model_specs_pipeline_field_splits_a_model_built_without_device_strings():
+    spec = {"type": "mlp", "layers": [4, 8, 6, 3], "dtype": "float64"}
+    model = load_model({**spec, "pipeline": {"hidden2": 1, "softmax": 2}})
+    assert [[layer.name for layer in s.layers] for s in split_stages(model)] == [["hidden1"], ["hidden2"], ["softmax"]]
+    assert [v.device for v in model.variables()] == [None, None, T1, T1, T2, T2]
+    plain = load_model(spec)                                     # the same model, on one worker
+    x, y = np.random.default_rng(2).standard_normal((5, 4)), np.array([0, 1, 2, 1, 0])
+    loss, grads, _ = run_stages(split_stages(model), plain.initial_values(), x, y, 2)
+    want_loss, want, _ = plain.step(plain.initial_values(), (x, y))
+    assert loss == pytest.approx(want_loss, rel=1e-10) and set(grads) == set(want)
+    branches = load_model({"type": f"{EXAMPLES}/branching_model.py:build", "width": 8, "branch": 4, "pipelined": False,
+                           "pipeline": {"dense_1": 1, "dense_2": 2, "concatenate": 3}})   # a file's functional model
+    assert stage_links(branches) == {0: [1, 2], 1: [3], 2: [3], 3: []}
+
+
+class NoLayers:
+    """A model of the protocol without zmqflow's layers (as a JAX or PyTorch model is)."""
+
+    def __init__(self, spec):
+        pass
+
+    def variables(self):
+        return []
+
+    def initial_values(self, seed=None):
+        return {}
+
+    def step(self, params, batch):
+        return 0.0, {}, {}
+
+    def predict(self, params, x):
+        return x
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"type": "mlp", "layers": [4, 3], "pipeline": {"nope": 1}}, r"no layers \['nope'\] in the model \(its layers: "
+                                                                 r"softmax\)"),
+    ({"type": "mlp", "layers": [4, 3], "pipeline": [1]}, r"field 'pipeline' maps layer names to worker tasks"),
+    ({"type": "mlp", "layers": [4, 5, 3], "pipeline": {"softmax": -1}}, r"maps layer names to worker tasks"),
+    ({"type": "mlp", "layers": [4, 5, 3], "pipeline": {"softmax": 2}}, r"worker tasks \[0, 2\]: they must be 0, 1"),
+    ({"type": "tests.model.test_pipeline_stages:NoLayers", "pipeline": {"a": 1}}, "a NoLayers has no layers to split"),
+])
+def test_a_bad_pipeline_field_is_named(spec, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        load_model(spec)
 
 
 def test_a_later_stage_may_not_read_the_models_input():
