@@ -58,7 +58,9 @@ DEFAULT = JobSpec()
                    "file (.json/.yaml) or inline JSON. With --data, a built-in is fitted to the data's inputs and "
                    "task (mlp and cnn also regress). Default: the MNIST MLP 784-100-10.")
 @click.option("--model-opt", "model_opts", multiple=True, metavar="KEY=VALUE",
-              help="A model option (repeatable), e.g. --model cnn --model-opt filters=[8,16] --model-opt dense=128.")
+              help="A model option (repeatable), e.g. --model cnn --model-opt filters=[8,16] --model-opt dense=128. "
+                   "pipeline={LAYER: TASK, ...} splits a model of zmqflow's layers over workers: each named layer "
+                   "(and those after it that read it) on worker TASK (see docs/models.md, Pipelines).")
 @click.option("--data", "data_spec", default=None, metavar="SPEC",
               help="Train on your data: a data spec (YAML: files, features, label; see `zmqflow data inspect`) or "
                    "`mnist`. The model is fitted to its inputs and classes, and the final checkpoint is scored on "
@@ -105,8 +107,9 @@ def command(optimizer_kind, learning_rate, model_spec, model_opts, data_spec, ti
         raise click.BadParameter(str(exc), param_hint="--model") from None
     if options["elastic"] and options["mode"] != "sync":
         raise click.BadParameter("elastic applies to sync training: add --mode sync", param_hint="--elastic")
-    if stages > 1 and options["num_workers"] + options["spare_replicas"] != stages:
-        raise click.BadParameter(f"the model's layers run on {stages} workers (a pipeline); pass --num-workers {stages}",
+    if stages > 1 and (options["num_workers"] + options["spare_replicas"]) % stages:
+        raise click.BadParameter(f"the model's layers run on {stages} workers (a pipeline); pass --num-workers "
+                                 f"{stages}, or a multiple of it for data-parallel copies of the pipeline",
                                  param_hint="--num-workers")
     try:
         spec = job_spec(**options, optimizer=optimizer_config(optimizer_kind, learning_rate), model=model, data=data)

@@ -38,9 +38,10 @@ def build(input_signature, width=512, pipelined=True):
     return LayerModel(Sequential(layers, input_shape=shape), seed=0)
 
 
-def train(pipelined, workers, epochs):
-    """One compute thread per worker: the pipeline's two workers get two cores, the one worker one."""
-    model = {"type": f"{__file__}:build", "pipelined": pipelined}
+def train(pipelined, workers, epochs, build=f"{__file__}:build"):
+    """One compute thread per worker: the pipeline's two workers get two cores, the one worker one.
+    `build`: the model's function (examples/branching_model.py trains its own with this)."""
+    model = {"type": build, "pipelined": pipelined}
     return run_training(progress=False, num_workers=workers, epochs=epochs, model=model, input="preloaded",
                         optimizer={"kind": "adam", "learning_rate": 0.001}, threads_per_worker=1)
 

@@ -159,6 +159,7 @@ class LocalCluster:
         self.summaries_files = [os.path.join(self.log_dir, f"worker{i}-summaries.jsonl") for i in workers]
         self.supervisor = supervisor or Supervisor(log_dir=self.log_dir)   # owns every process of the job
         self.prepared, self.shards, self.workers = {}, [], []
+        self._stage_links = {}    # a pipelined model's {stage: the stages it sends to}
         self._stop = threading.Event()
 
     def __enter__(self):
@@ -169,7 +170,7 @@ class LocalCluster:
 
     def start(self):
         self.spec, self.data, self.prepared = prepare_data(self.spec, self.prepared_dir)
-        stages = self._check_model()   # a pipelined model is one replica over all the workers
+        stages = self._check_model()   # a pipelined model: each copy of its stages is one replica
         self.broker = self.supervisor.start_service("zmqflow.services.broker", name="broker")
         return self.launch(Placement(self.broker.endpoint, prepared=self.prepared_dir, log_dir=self.log_dir,
                                      splits=tuple(self.prepared), train_rows=self.prepared["train"].rows,
@@ -211,26 +212,36 @@ class LocalCluster:
         return start(f"zmqflow.services.{task.role}", task.config_args(self.log_dir), name=task.name, **kwargs)
 
     def _check_model(self):
-        """How many workers the model's layers name (1: no pipeline), once its output is known to fit the data."""
-        from zmqflow.models.stages import stage_count
+        """How many workers the model's layers name (1: no pipeline), once its output is known to fit the data;
+        the job's workers must be that many, or a multiple (data-parallel copies of the pipeline)."""
+        from zmqflow.models.stages import stage_links
         from zmqflow.models.registry import load_model
         from zmqflow.models.spec import resolve_model
         model = load_model(resolve_model(os.path.join(self.prepared_dir, "model.json")))
         check_output_width(model, self.data)
-        stages = stage_count(model)
-        if stages > 1 and stages != self.spec.total_workers:
-            raise InvalidArgumentError(f"the model's layers run on {stages} workers (/job:worker/task:0..{stages - 1}); "
-                                       f"train it with --num-workers {stages} (got {self.spec.total_workers})")
+        self._stage_links = stage_links(model)
+        stages = max(1, len(self._stage_links))
+        if stages > 1 and self.spec.total_workers % stages:
+            raise InvalidArgumentError(f"the model's layers run on {stages} workers (/job:worker/task:0.."
+                                       f"{stages - 1}); train it with --num-workers {stages} or a multiple of it "
+                                       f"(got {self.spec.total_workers})")
         return stages
 
     def _start_pipeline(self, workers, env):
-        """A pipelined model: the last stage first, each listening for the one before it."""
-        started, next_endpoint = [], None
-        for task in reversed(workers):
-            task.options["pipeline-next"] = next_endpoint
-            worker = self._start(task, service=task.index > 0, env=env)
-            next_endpoint = worker.endpoint if task.index else None
-            started.insert(0, worker)
+        """A pipelined model, one copy per `stages` workers: in each copy, every stage after the stages it
+        sends to, each listening for the stages that send to it."""
+        from zmqflow.models.stages import start_order
+        if not self._stage_links:     # launched without start(): a sweep's run
+            self._check_model()
+        stages = self.stages
+        started = [None] * len(workers)
+        for first in range(0, len(workers), stages):
+            endpoints = {}
+            for k in start_order(self._stage_links):
+                task = workers[first + k]
+                task.options["pipeline-next"] = [f"{d}={endpoints[d]}" for d in self._stage_links[k]] or None
+                started[first + k] = self._start(task, service=k > 0, env=env)
+                endpoints[k] = started[first + k].endpoint
         self.workers = started
 
     def _score_test_split(self, summary):

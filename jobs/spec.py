@@ -265,7 +265,7 @@ class Placement:
     container: str | None = None       # a resource container of the broker's queues (a sweep's run)
     hooks: tuple = ()                  # the workers' user hooks (module:Class)
     evaluate: bool = False             # the chief scores the test split at the end (no launcher does)
-    stages: int = 1                    # a model split over the workers by its layers: one replica of them all
+    stages: int = 1                    # a model split over workers by its layers: each copy of its stages one replica
 
 
 def deployment(spec, host=lambda role, index: f"{role}{index}", prepared=PREPARED):
@@ -353,11 +353,12 @@ def _tf_config(placement, role, index):
 
 def _ps_task(spec, placement, index):
     sync = spec.cluster.mode == "sync"
-    replicas = 1 if placement.stages > 1 else spec.total_workers
+    replicas = spec.total_workers // placement.stages     # a pipeline's copy of its stages pushes as one worker
     elastic = sync and spec.cluster.elastic
     options = {"model": f"{placement.prepared}/{MODEL_JSON}", "optimizer": json.dumps(spec.training.optimizer),
                "mode": "sync" if sync else None, "elastic": True if elastic else None,
-               "replicas-to-aggregate": (spec.cluster.replicas_to_aggregate or min(replicas, spec.cluster.workers))
+               "replicas-to-aggregate": (spec.cluster.replicas_to_aggregate
+                                         or min(replicas, max(1, spec.cluster.workers // placement.stages)))
                if sync and not elastic else None,
                "total-num-replicas": replicas if sync and not elastic else None,
                "restore-from": spec.checkpoint.dir, "max-shard-bytes": spec.cluster.max_shard_bytes}

@@ -63,20 +63,37 @@ class Tensor:
             value = self.value
             grad = np.ones(value.shape, value.dtype) if value.shape else np.array(1, value.dtype)   # np.ones is slow
         self.grad = grad
-        if not self.requires_grad or self.backward_fn is None:
-            return
-        found, stack = {}, [self]
-        while stack:                       # no recursion: deep networks do not hit the recursion limit
-            node = stack.pop()
-            if node.order not in found:
-                found[node.order] = node
-                for parent in node.parents:   # only ops are visited: variables just collect their gradient
-                    if parent.backward_fn is not None and parent.requires_grad:
-                        stack.append(parent)
-        for key in sorted(found, reverse=True):
-            node = found[key]
-            if node.grad is not None:
-                node.backward_fn(node.grad)
+        if self.requires_grad and self.backward_fn is not None:
+            _propagate([self])
+
+
+def backward_all(roots):
+    """Backward from several tensors at once, `roots` [(tensor, d loss / d tensor)]: as if from one loss
+    that reads them all, so a tensor reached from several roots (or itself a root that feeds another)
+    gets the sum of their gradients. A pipeline stage whose outputs go to several stages runs this."""
+    start = []
+    for tensor, grad in roots:
+        if tensor.requires_grad:
+            tensor.grad = grad if tensor.grad is None else tensor.grad + grad
+            if tensor.backward_fn is not None:
+                start.append(tensor)
+    _propagate(start)
+
+
+def _propagate(roots):
+    """Run the backward closures of every op the roots depend on, latest made first (their grads set)."""
+    found, stack = {}, list(roots)
+    while stack:                       # no recursion: deep networks do not hit the recursion limit
+        node = stack.pop()
+        if node.order not in found:
+            found[node.order] = node
+            for parent in node.parents:   # only ops are visited: variables just collect their gradient
+                if parent.backward_fn is not None and parent.requires_grad:
+                    stack.append(parent)
+    for key in sorted(found, reverse=True):
+        node = found[key]
+        if node.grad is not None:
+            node.backward_fn(node.grad)
 
 
 def constant(value, name=None):

@@ -215,6 +215,23 @@ class LayerModel:
 
     # ------------------------------------------------ parts, for pipeline stages (models/stages.py)
 
+    def assign_devices(self, devices):
+        """Put the layers named in `devices` ({layer name: device string}) on those devices, as if built with
+        `device=`: how a model spec's `pipeline` field splits a model built without device strings."""
+        layers = {layer.name: layer for layer in self.network.layers}
+        unknown = sorted(set(devices) - set(layers))
+        if unknown:
+            raise InvalidArgumentError(f"no layers {unknown} in the model (its layers: {', '.join(layers)})")
+        for name, device in devices.items():
+            try:
+                DeviceSpec.from_string(device)
+            except InvalidArgumentError as exc:
+                raise InvalidArgumentError(f"layer {name}: {exc}") from None
+            layers[name].device = device
+        self._variables = [dataclasses.replace(v, device=layers[self._layer_of[v.name]].device)
+                           for v in self._variables]
+        self._trainable = [v for v in self._variables if v.trainable]
+
     def param(self, params, v):
         """params[v.name] checked against `v` and cast to the model's dtype."""
         return self._param(params, v)

@@ -378,6 +378,27 @@ class Concatenate(Layer):
         return ops.concat(list(xs), axis=-1)
 
 
+class Add(Layer):
+    """Sums several inputs of one shape (functional networks only): Keras' `layers.Add`, the join of
+    parallel branches."""
+
+    kind = "add"
+
+    def build(self, input_shapes):
+        shapes = [tuple(s) for s in input_shapes] if input_shapes and isinstance(input_shapes[0], (list, tuple)) \
+            else [tuple(input_shapes)]
+        if len(shapes) < 2 or len(set(shapes)) != 1:
+            raise ValueError(f"Add needs two or more inputs of one shape, got {shapes}")
+        self.input_shape, self.output_shape = shapes, shapes[0]
+        return self.output_shape
+
+    def forward(self, params, xs, ctx):
+        total = xs[0]
+        for x in xs[1:]:
+            total = ops.add(total, x)
+        return total
+
+
 # ------------------------------------------------ initializers
 
 

@@ -280,11 +280,16 @@ def _concatenate(graph, layer, w, xs):
     return Value(graph.op("Concat", parts, f"{layer.name}/concat", axis=-1))
 
 
+def _add(graph, layer, w, xs):
+    parts = [graph.channels_last(graph.floating(x)).name for x in xs]
+    return Value(graph.op("Sum", parts, f"{layer.name}/sum"))
+
+
 EMITTERS = {layers.Dense: _dense, layers.Conv2D: _conv2d, layers.MaxPool2D: _pool("MaxPool"),
             layers.AvgPool2D: _pool("AveragePool", count_include_pad=0), layers.Flatten: _reshape,
             layers.Reshape: _reshape, layers.Embedding: _embedding, layers.Dropout: _dropout,
             layers.Activation: _activation_layer, layers.LayerNorm: _layer_norm, layers.BatchNorm: _batch_norm,
-            layers.Concatenate: _concatenate}
+            layers.Concatenate: _concatenate, layers.Add: _add}
 """Layer class -> emitter(graph, layer, {weight: array}, input Value(s)) -> output Value."""
 
 

@@ -7,31 +7,37 @@ from collections.abc import Mapping
 
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.models.builtin import BUILDERS, build
-from zmqflow.models.spec import REGRESSION_LOSSES, Model, is_model_file, split_head, validate_spec
+from zmqflow.models.spec import PIPELINE_FIELD, REGRESSION_LOSSES, Model, is_model_file, split_head, validate_spec
+from zmqflow.models.stages import split_at
 from zmqflow.models.user_file import build_from_file, build_with, load_module_attribute
 
 
 def load_model(spec, backend="numpy"):
     """The model object for a spec: a built-in on the ops backend `backend`, a function of a file
     (`path/model.py:build`) or module (`my_module:build`), or a class called with the spec
-    (`module:Class`); with `output_bias` and `target_scale` applied where the model takes them."""
+    (`module:Class`); with `output_bias` and `target_scale` applied where the model takes them, and split
+    over workers by its `pipeline` field ({layer name: worker task}, models/stages.py's `split_at`)."""
     spec, head = split_head(spec) if isinstance(spec, Mapping) else (spec, {})
-    spec = validate_spec(spec)
+    stages = spec.pop(PIPELINE_FIELD, None) if isinstance(spec, Mapping) else None
+    return split_at(fit_head(_build(validate_spec(spec), backend, head), head), stages)
+
+
+def _build(spec, backend, head):
     if spec["type"] in BUILDERS:
-        return fit_head(build(spec, backend), head)
+        return build(spec, backend)
     if is_model_file(spec["type"]):
-        return fit_head(build_from_file(spec), head)
+        return build_from_file(spec)
     found = load_module_attribute(spec["type"])
     if not inspect.isclass(found):
         if not callable(found):
             raise InvalidArgumentError(f"model {spec['type']!r} is a {type(found).__name__}, not a function "
                                        "build(input_signature, **options) or a model class")
-        return fit_head(build_with(found, spec), head)
+        return build_with(found, spec)
     model = found({**spec, **head})     # a class gets the whole spec
     if not isinstance(model, Model):
         raise InvalidArgumentError(
             f"model class {spec['type']!r} does not implement variables, initial_values, step and predict")
-    return fit_head(model, head)
+    return model
 
 
 def fit_head(model, head):

@@ -47,6 +47,7 @@ MODEL_DTYPES = ("float32", "float64")
 LOSSES = ("softmax_cross_entropy", "sigmoid_cross_entropy", "mse", "huber")   # layer_model.HEADS
 REGRESSION_LOSSES = ("mse", "huber")
 HEAD_FIELDS = ("output_bias", "target_scale")   # from the train split; models/registry.py applies them
+PIPELINE_FIELD = "pipeline"    # {layer name: worker task}: the model split over workers (models/stages.py split_at)
 _MODULE_FUNCTION = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")   # my_module:build, pkg.mod:Cls
 _MLP_KEYS = {"type", "layers", "activation", "init", "seed", "dtype", "loss"}
 

@@ -6,9 +6,11 @@ training the chief evaluates, shuts the ps shards and broker down when asked, an
 the summary file that launchers read.
 """
 
+import dataclasses
 import json
 import logging
 import os
+import re
 
 from zmqflow.common.errors import AbortedError, InvalidArgumentError, NotFoundError, OpError, UnavailableError
 from zmqflow.common.cluster.placement import place
@@ -52,15 +54,17 @@ def ps_client(config, spec):
     return PsClient(config.ps_endpoints, placement, bf16=config.bf16, name=f"worker{config.task_index}")
 
 
-def training_input(config, ps):
-    """Where mini-batches come from: a data set preloaded on ps 0, or the broker's instance queue."""
+def training_input(config, ps, replica=None, replicas=None):
+    """Where mini-batches come from: a data set preloaded on ps 0 (replica `replica` of `replicas` takes its
+    share; default: the worker's index of the job's workers), or the broker's instance queue."""
     if config.preloaded and config.at_least_once:
         raise UsageError("--at-least-once leases batches of a broker queue; --preloaded input is sliced by row on "
                          "the ps (nothing to lease): drop one of them")
     if config.preloaded:
         from zmqflow.services.worker.preloaded_input import PreloadedInput
         queue = PreloadedInput(ps, config.preloaded, ps.preloaded_rows(config.preloaded), config.epochs,
-                               config.batch_size, config.task_index, config.num_workers)
+                               config.batch_size, config.task_index if replica is None else replica,
+                               replicas or config.num_workers)
     elif config.broker:
         from zmqflow.common.clients import queues
         try:
@@ -107,23 +111,48 @@ def training_hooks(config):
     return hooks, tensorboard
 
 
-def pipeline_stages(config, model):
-    """The model's pipeline stages when its layers name worker tasks (models/stages.py), else [];
-    UsageError when the job lacks a worker for a stage or the links are not given."""
+@dataclasses.dataclass
+class PipelineTask:
+    """Where a worker of a pipelined job stands: the model's `stages`, the one it runs (`stage`), which copy
+    of the pipeline it is in (`replica` of `replicas`: workers r*S..r*S+S-1 are copy r), and the endpoints of
+    the stages it sends to ({stage: endpoint})."""
+
+    stages: list
+    stage: int
+    replica: int
+    replicas: int
+    downstream: dict
+
+
+def pipeline_task(config, model):
+    """The worker's PipelineTask when the model's layers name worker tasks (models/stages.py), else None;
+    UsageError when the workers are not a whole number of pipelines or a link is not given."""
     from zmqflow.models.stages import is_pipelined, split_stages
     if not is_pipelined(model):
-        return []
+        return None
     stages = split_stages(model)
-    if len(stages) > config.num_workers:
-        raise UsageError(f"the model's layers run on {len(stages)} workers (/job:worker/task:0..{len(stages) - 1}), "
-                         f"the job has {config.num_workers} (--num-workers)")
-    if config.num_workers > len(stages):
-        raise UsageError(f"a pipelined model of {len(stages)} stages trains on exactly {len(stages)} workers, "
-                         f"not {config.num_workers}: data-parallel replicas of a pipeline are not supported")
-    if config.task_index < len(stages) - 1 and not config.pipeline_next:
-        raise UsageError(f"worker {config.task_index} runs pipeline stage {config.task_index} of {len(stages)}: "
-                         "pass --pipeline-next, the endpoint the next stage listens on (its --bind)")
-    return stages
+    if config.num_workers % len(stages):
+        raise UsageError(f"the model's layers run on {len(stages)} workers (/job:worker/task:0..{len(stages) - 1}): "
+                         f"the job has {config.num_workers} (--num-workers); it must be {len(stages)}, or a multiple "
+                         f"of it for data-parallel copies of the pipeline")
+    replica, index = divmod(config.task_index, len(stages))
+    stage, downstream = stages[index], {}
+    for entry in (config.pipeline_next,) if isinstance(config.pipeline_next, str) else config.pipeline_next or ():
+        named = re.fullmatch(r"(\d+)=(.+)", entry)
+        if named is None and len(stage.downstream) != 1:
+            raise UsageError(f"--pipeline-next {entry}: stage {index} sends to stages {stage.downstream}; give each "
+                             "as STAGE=ENDPOINT")
+        target, endpoint = (int(named[1]), named[2]) if named else (stage.downstream[0], entry)
+        if target not in stage.downstream:
+            raise UsageError(f"--pipeline-next {entry}: stage {index} does not send to stage {target} (it sends to "
+                             f"{stage.downstream or 'none: it is the output stage'})")
+        downstream[target] = endpoint
+    missing = [k for k in stage.downstream if k not in downstream]
+    if missing:
+        raise UsageError(f"worker {config.task_index} runs pipeline stage {index} of {len(stages)}: pass "
+                         f"--pipeline-next for stage {', '.join(map(str, missing))}: STAGE=ENDPOINT, the endpoint that "
+                         "stage listens on (its --bind)")
+    return PipelineTask(stages, index, replica, config.num_workers // len(stages), downstream)
 
 
 def stage_token(config):
@@ -132,19 +161,21 @@ def stage_token(config):
     return admin_token.for_client(config.ps_endpoints[0], admin_token.JOB_TOKEN) if config.ps_endpoints else None
 
 
-def run_stage(config, model, stages, ps):
-    """Worker k > 0 of a pipelined model: serve stage k until worker 0 says the training ended."""
+def run_stage(config, model, pipeline, ps):
+    """A worker of a pipelined model whose stage is not 0: serve it until the stages before it say the
+    training ended."""
     from zmqflow.services.worker.stage_link import StageLink, serve_stage
-    link = StageLink(bind=config.bind, next_endpoint=config.pipeline_next, timeout=config.pipeline_timeout,
-                     job_token=stage_token(config))
+    stage = pipeline.stages[pipeline.stage]
+    link = StageLink(index=pipeline.stage, bind=config.bind, downstream=pipeline.downstream,
+                     timeout=config.pipeline_timeout, job_token=stage_token(config))
     if config.ready_file:
         from zmqflow.common.processes.service_cli import write_ready_file
         write_ready_file(config.ready_file, link.endpoint)
-    log.info("worker %d: pipeline stage %d of %d (%s) listening on %s", config.task_index, config.task_index,
-             len(stages), ", ".join(layer.name for layer in stages[config.task_index].layers), link.endpoint)
+    log.info("worker %d: pipeline stage %d of %d (%s) of copy %d, listening on %s", config.task_index, stage.index,
+             len(pipeline.stages), ", ".join(layer.name for layer in stage.layers), pipeline.replica, link.endpoint)
     try:
         ps.wait_ready(timeout=600.0)
-        summary = serve_stage(stages[config.task_index], ps, link, model)
+        summary = serve_stage(stage, ps, link, model)
     except OpError as exc:
         stop_on_error(config, exc)
     finally:
@@ -160,17 +191,19 @@ def run(config):
     spec = resolve_model(config.model_spec)
     model = placed_model(config, spec)
     ps = ps_client(config, spec)
-    stages = pipeline_stages(config, model)
-    if stages and config.task_index > 0:
-        return run_stage(config, model, stages, ps)
-    if stages:
+    pipeline = pipeline_task(config, model)
+    if pipeline and pipeline.stage > 0:
+        return run_stage(config, model, pipeline, ps)
+    replica, replicas = (pipeline.replica, pipeline.replicas) if pipeline else (config.task_index, config.num_workers)
+    if pipeline:      # stage 0 of a copy of the pipeline: one replica to the ps and to the input
         from zmqflow.services.worker.stage_link import PipelineModel, StageLink
-        model = PipelineModel(model, stages, StageLink(next_endpoint=config.pipeline_next,
-                                                       timeout=config.pipeline_timeout, job_token=stage_token(config)),
+        model = PipelineModel(model, pipeline.stages,
+                              StageLink(downstream=pipeline.downstream, timeout=config.pipeline_timeout,
+                                        job_token=stage_token(config)),
                               config.micro_batches, versions=lambda: list(ps.versions))
-    batches = training_input(config, ps)
+    batches = training_input(config, ps, replica, replicas)
     hooks, tensorboard = training_hooks(config)
-    trainer = Trainer(model, ps, replica=config.task_index, num_workers=1 if stages else config.num_workers,
+    trainer = Trainer(model, ps, replica=replica, num_workers=replicas,
                       is_chief=config.is_chief, batch_size=config.batch_size, mode=config.mode,
                       checkpoint_dir=config.checkpoint_dir,
                       examples_per_epoch=config.examples_per_epoch or recorded(config).get("train_rows"),
@@ -178,14 +211,14 @@ def run(config):
     try:
         summary = trainer.fit(batches, hooks)
     except OpError as exc:  # a peer we cannot do without is gone: say which, exit non-zero
-        if stages:
+        if pipeline:
             model.finish(exc)
         stop_on_error(config, exc)
     except BaseException as exc:
-        if stages:
+        if pipeline:
             model.finish(exc)
         raise
-    if stages:
+    if pipeline:
         model.finish()
     if config.is_chief and config.evaluate:
         summary.update(evaluate_on_data(trainer, recorded(config), tensorboard, summary["global_step"]))

@@ -77,9 +77,11 @@ from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
 @click.option("--serve", "serve_checkpoint", default=None, type=click.Path(file_okay=False),
               help="Serve mode: answer predict requests from the latest checkpoint in this directory instead of "
                    "training (the same as `zmqflow serve --checkpoint DIR`).")
-@click.option("--pipeline-next", default=None,
-              help="A model whose layers run on several workers (/job:worker/task:N): the endpoint the next "
-                   "stage (worker task+1) listens on; every stage but the last needs it.")
+@click.option("--pipeline-next", multiple=True, metavar="[STAGE=]ENDPOINT",
+              help="A model whose layers run on several workers (/job:worker/task:N): the endpoint a stage this "
+                   "worker's stage sends to listens on (its --bind), as STAGE=ENDPOINT, once for each (a branching "
+                   "model's stage feeds several); a plain ENDPOINT is the next stage of a chain. Every stage but "
+                   "the output stage needs it.")
 @option("--pipeline-timeout-secs", "pipeline_timeout", old_names=["--pipeline-timeout"],
         default=120.0, type=click.FloatRange(min=0, min_open=True),
         help="Pipelined model: seconds to wait for a neighbouring stage before giving up.")

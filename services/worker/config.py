@@ -65,7 +65,7 @@ class WorkerConfig:
     log_device_placement: bool = False
     gpu_memory_fraction: float = None
     towers: int = 1
-    pipeline_next: str = None       # a pipelined model: the endpoint of the next stage
+    pipeline_next: tuple = ()       # a pipelined model: [STAGE=]ENDPOINT of each stage this one sends to
     micro_batches: int = 2
     pipeline_timeout: float = 120.0
     bind: str = None                # a later pipeline stage listens here (and a model server)

@@ -1,27 +1,31 @@
-"""Pipeline parallelism over ZeroMQ: a model's stages (models/stages.py) on consecutive workers.
+"""Pipeline parallelism over ZeroMQ: a model's stages (models/stages.py) on workers, a chain or a DAG.
 
-Worker 0 runs the training loop (`PipelineModel.step`, called by the Trainer like any model's
-step); workers 1..S-1 serve their stage (`serve_stage`). Each batch is cut into micro-batches
-(GPipe): stage 0 sends every micro-batch's activations forward as soon as it has them, the last
-stage computes the loss and sends the gradient of its input back, and every stage runs its
-backward pass as that gradient arrives, so the stages work on different micro-batches at once.
-At the end of a batch the later stages send their variables' summed gradients back up the chain
-and worker 0 makes the step's one push, so the ps sees one replica and sync, async, staleness
-and checkpoints work as for any model. Each stage pulls its own variables itself, at least at
-the versions stage 0 trained the batch with.
+Worker 0 of a pipeline runs the training loop (`PipelineModel.step`, called by the Trainer like any
+model's step); the workers of the other stages serve their stage (`serve_stage`). Each batch is cut
+into micro-batches (GPipe): stage 0 sends every micro-batch's activations to the stages it feeds as
+soon as it has them; a stage computes a micro-batch once every stage it reads from has sent its part
+(a join), sends its outputs on along every edge, and the output stage computes the loss and sends the
+gradients of what it read back along every edge. A stage runs its backward pass once every stage it
+fed has answered, their gradients of a tensor that went to several stages summed. At the end of a
+batch each stage sends its variables' summed gradients to its first upstream stage (a tree to stage
+0), and stage 0 makes the step's one push, so the ps sees one replica per pipeline and sync, async,
+staleness and checkpoints work as for any model. Several copies of a pipeline on more workers are
+data-parallel replicas: each reads its own batches and pushes as one worker. Each stage pulls its own
+variables itself, at least at the versions stage 0 trained the batch with.
 
-Links are PAIR sockets (one per neighbour: a stage binds for the stage before it and connects
-to the one after it); messages are the wire format's request frames (op = message kind). A PAIR
-takes one peer, so the bound side lets only the stage before it in (common/rpc/encryption.py's
-`guard_stage_link`): with CURVE (ZMQFLOW_CURVE_DIR) a client key granted the member role, without it
-the job's token (ZMQFLOW_JOB_TOKEN, else the one the ps gave this worker) over ZAP PLAIN; a stranger,
-or an HTTP POST, is refused in the handshake and never takes the stage's place. Messages are held to
-the services' size limit (common/wire/limits.py). Every
-wait is bounded; a stage that fails sends `failed` with its error up and down the chain, and a
-lost stage is AbortedError (the worker's peer-lost exit code, 3), never a ps outage to wait out.
+Links: a stage after the first binds one ROUTER for every stage that sends to it; a stage connects one
+DEALER (named `stage-N`) to each stage it sends to, and the answers come back on it. Messages are
+the wire format's request frames (op = message kind). The bound side lets only the job's stages in
+(common/rpc/encryption.py's `guard_stage_link`): with CURVE (ZMQFLOW_CURVE_DIR) a client key granted
+the member role, without it the job's token (ZMQFLOW_JOB_TOKEN, else the one the ps gave this worker)
+over ZAP PLAIN; a stranger, or an HTTP POST, is refused in the handshake. Messages are held to the
+services' size limit (common/wire/limits.py). Every wait is bounded; a stage that fails sends `failed`
+with its error to every neighbour (who pass it on), and a lost stage is AbortedError (the worker's
+peer-lost exit code, 3), never a ps outage to wait out.
 """
 
 import logging
+import time
 
 import numpy as np
 import zmq
@@ -36,76 +40,112 @@ log = logging.getLogger("pipeline")
 FORWARD, BACKWARD, GRADIENTS, END, FAILED = "forward", "backward", "gradients", "end", "failed"
 
 
-class StageLink:
-    """The sockets of one stage: `up` (bound, for the previous stage) and `down` (to the next)."""
+def _identity(stage):
+    return f"stage-{stage}".encode()
 
-    def __init__(self, bind=None, next_endpoint=None, timeout=60.0, context=None, job_token=None, curve_dir=None,
-                 limits=DEFAULT_LIMITS):
+
+class StageLink:
+    """The sockets of stage `index`: `listen` (bound ROUTER, for the stages that send to it) and one DEALER
+    per stage it sends to (`downstream` {stage: endpoint}; `next_endpoint`: a chain's next stage)."""
+
+    def __init__(self, index=0, bind=None, downstream=None, next_endpoint=None, timeout=60.0, context=None,
+                 job_token=None, curve_dir=None, limits=DEFAULT_LIMITS):
         """`job_token`: default ZMQFLOW_JOB_TOKEN; `curve_dir`: default ZMQFLOW_CURVE_DIR."""
+        self.index = index
         self.context = context or zmq.Context()
         self.timeout, self.limits = timeout, limits
         curve_dir = curve_dir or curve.curve_dir_from_env()
         job_token = job_token or admin_token.from_environment(admin_token.JOB_TOKEN)
-        self.up = self.down = None
-        self.endpoint = None
-        if bind:
-            self.up = self._socket()
-            curve.guard_stage_link(self.up, bind, curve.ServerKeys(curve_dir) if curve_dir else None, job_token)
-            self.up.bind(bind)
-            self.endpoint = self.up.getsockopt_string(zmq.LAST_ENDPOINT)
+        downstream = dict(downstream or {})
         if next_endpoint:
-            self.down = self._socket()
-            curve.stage_client(self.down, curve.ClientKeys(curve_dir) if curve_dir else None, job_token)
-            self.down.connect(next_endpoint)
-        self.next_endpoint = next_endpoint
+            downstream[index + 1] = next_endpoint
+        self.listen, self.endpoint, self.peers, self.upstream = None, None, {}, set()
+        if bind:
+            self.listen = self._socket(zmq.ROUTER)
+            self.listen.setsockopt(zmq.ROUTER_MANDATORY, 1)     # an answer to a stage that is gone raises
+            curve.guard_stage_link(self.listen, bind, curve.ServerKeys(curve_dir) if curve_dir else None, job_token)
+            self.listen.bind(bind)
+            self.endpoint = self.listen.getsockopt_string(zmq.LAST_ENDPOINT)
+        for stage, endpoint in sorted(downstream.items()):
+            sock = self._socket(zmq.DEALER)
+            sock.setsockopt(zmq.ROUTING_ID, _identity(index))
+            curve.stage_client(sock, curve.ClientKeys(curve_dir) if curve_dir else None, job_token)
+            sock.connect(endpoint)
+            self.peers[stage] = sock
+        self._stage_of = {sock: stage for stage, sock in self.peers.items()}
+        self._poller = zmq.Poller()
+        for sock in [self.listen, *self.peers.values()]:
+            if sock is not None:
+                self._poller.register(sock, zmq.POLLIN)
 
-    def _socket(self):
-        sock = self.context.socket(zmq.PAIR)
+    def _socket(self, kind):
+        sock = self.context.socket(kind)
         sock.setsockopt(zmq.LINGER, 1000)
-        sock.setsockopt(zmq.SNDTIMEO, int(self.timeout * 1000))   # a PAIR send waits while no peer is there
+        sock.setsockopt(zmq.SNDTIMEO, int(self.timeout * 1000))   # a DEALER send waits while no peer is there
         sock.setsockopt(zmq.MAXMSGSIZE, self.limits.socket_max_frame_bytes)
         return sock
 
-    def send(self, sock, kind, args=None, tensors=()):
+    def send(self, stage, kind, args=None, tensors=()):
+        """Send to `stage`: one this stage sends to, or one that sent to it."""
+        frames = wire.request_frames(kind, 0, args or {}, tensors)
         try:
-            wire.send_message(sock, wire.request_frames(kind, 0, args or {}, tensors))
-        except zmq.Again:
-            raise AbortedError(f"pipeline: could not send {kind!r} within {self.timeout:.0f} s: the neighbouring "
-                               "stage is gone or stuck") from None
+            if stage in self.peers:
+                wire.send_message(self.peers[stage], frames)
+            elif self.listen is not None:
+                wire.send_message(self.listen, frames, identity=_identity(stage))
+            else:
+                raise InvalidArgumentError(f"pipeline stage {self.index}: no link to stage {stage}")
+        except zmq.ZMQError:
+            raise AbortedError(f"pipeline: could not send {kind!r} to stage {stage} within {self.timeout:.0f} s: "
+                               "it is gone or stuck") from None
+
+    def readable(self):
+        """True when a message waits on any link."""
+        return any(wire.readable(sock) for sock in (self.listen, *self.peers.values()) if sock is not None)
 
     def recv(self, what):
-        """(socket it came on, kind, args, tensors); bounded by `timeout`, naming what was awaited."""
-        poller = zmq.Poller()
-        for sock in (self.up, self.down):
-            if sock is not None:
-                poller.register(sock, zmq.POLLIN)
-        ready = dict(poller.poll(self.timeout * 1000))
-        if not ready:
-            raise AbortedError(f"pipeline: no {what} within {self.timeout:.0f} s: the neighbouring stage "
-                               "is gone or stuck")
-        sock = self.down if self.down is not None and self.down in ready else self.up
-        _, header, frames, error = wire.recv_message(sock, False, self.limits)
-        if error is not None:
-            raise error
-        tensors = wire.decode_tensors(header.get("tensors"), frames, self.limits)
-        kind, args = header.get("op"), header.get("args") or {}
-        if kind == FAILED:
-            raise AbortedError(f"pipeline stage {args.get('stage')} failed: {args.get('error')}")
-        return sock, kind, args, tensors
+        """(stage it came from, kind, args, tensors); bounded by `timeout`, naming what was awaited."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            ready = dict(self._poller.poll(max(0.0, deadline - time.monotonic()) * 1000))
+            if not ready:
+                raise AbortedError(f"pipeline: no {what} within {self.timeout:.0f} s: the neighbouring stage "
+                                   "is gone or stuck")
+            sock = next((s for s in ready if s is not self.listen), self.listen)   # answers first
+            identity, header, frames, error = wire.recv_message(sock, sock is self.listen, self.limits)
+            if error is not None:
+                raise error
+            stage = self._stage_of.get(sock)
+            if stage is None:
+                name = bytes(identity)
+                if not name.startswith(b"stage-") or not name[6:].isdigit():
+                    log.warning("pipeline stage %d: a message from %r, not a stage: dropped", self.index, name)
+                    continue
+                stage = int(name[6:])
+                self.upstream.add(stage)
+            tensors = wire.decode_tensors(header.get("tensors"), frames, self.limits)
+            kind, args = header.get("op"), header.get("args") or {}
+            if kind == FAILED:
+                raise AbortedError(f"pipeline stage {args.get('stage')} failed: {args.get('error')}")
+            return stage, kind, args, tensors
 
     def fail(self, stage, error):
-        """Tell both neighbours (without blocking) that this stage failed."""
-        for sock in (self.up, self.down):
-            if sock is not None:
-                try:
-                    sock.send_multipart(wire.request_frames(FAILED, 0, {"stage": stage, "error": str(error)}),
-                                        zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    pass
+        """Tell every neighbour (without blocking) that stage `stage` failed; they pass it on."""
+        frames = wire.request_frames(FAILED, 0, {"stage": stage, "error": str(error)})
+        for sock in self.peers.values():
+            try:
+                sock.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        for upstream in self.upstream:
+            try:
+                self.listen.send_multipart([_identity(upstream), *frames], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
 
     def close(self):
         """Close the sockets (what is queued gets a second to leave), the link's ZAP handler and the context."""
-        for sock in (self.up, self.down):
+        for sock in (self.listen, *self.peers.values()):
             if sock is not None:
                 sock.close(linger=1000)
         curve.stop_authenticator(self.context)
@@ -152,7 +192,7 @@ class PipelineModel:
         return self.model.step(params, batch)
 
     def remote_variables(self):
-        """The later stages' variables: they pull these themselves, so worker 0 leaves them out."""
+        """The other stages' variables: they pull these themselves, so worker 0 leaves them out."""
         return [name for stage in self.stages[1:] for name in stage.variable_names]
 
     def step(self, params, batch):
@@ -160,44 +200,37 @@ class PipelineModel:
         y = np.asarray(y)
         self._steps += 1
         slices = micro_slices(len(y), self.micro_batches)
-        tapes, grads = {}, {}
-        pending = set(range(len(slices)))
+        work = _Batch(self.stage, self.link, len(slices))
         versions = self.versions()
         for m, s in enumerate(slices):
-            out, tapes[m] = self.stage.forward(params, _rows(x, s), seed=(self.model.seed, self._steps, m, 0))
-            self.link.send(self.link.down, FORWARD, {"micro": m, "micro_batches": len(slices), "rows": len(y),
-                                                     "versions": versions, "step": self._steps}, [out, y[s]])
-            while pending and wire.readable(self.link.down):   # a gradient already back: its backward now
-                self._backward(tapes, grads, pending)
-        while pending:
-            self._backward(tapes, grads, pending)
-        _, kind, args, tensors = self.link.recv("gradients from the later stages")
-        if kind != GRADIENTS:
-            raise InvalidArgumentError(f"pipeline: expected the later stages' gradients, got {kind!r}")
-        names = args["names"]
-        for name, g in zip(names[:len(args["trainable"])], tensors):
-            grads[name] = g
-        metrics = {"loss": args["loss"]}
-        updates = {**{n: v for n, v in zip(names[len(args["trainable"]):], tensors[len(args["trainable"]):])},
-                   **{k: v for t in tapes.values() for k, v in t.updates.items()}}
-        if updates:
-            metrics["updates"] = updates
-        return float(args["loss"]), grads, metrics
+            out, tape = self.stage.forward(params, _rows(x, s), seed=(self.model.seed, self._steps, m, 0))
+            work.forwarded(m, tape, out, {"micro": m, "micro_batches": len(slices), "rows": len(y),
+                                          "versions": versions, "step": self._steps}, y[s])
+            while not work.complete and self.link.readable():   # a gradient already back: its backward now
+                self._receive(work)
+        while not work.complete:
+            self._receive(work)
+        metrics = {"loss": work.loss}
+        if work.updates:
+            metrics["updates"] = work.updates
+        return float(work.loss), work.grads, metrics
 
-    def _backward(self, tapes, grads, pending):
-        _, kind, args, tensors = self.link.recv("gradient from stage 1")
-        if kind != BACKWARD:
-            raise InvalidArgumentError(f"pipeline: expected a micro-batch's gradient, got {kind!r}")
-        m = args["micro"]
-        tape = tapes.pop(m)
-        self.stage.backward(tape, tensors[0])
-        _accumulate(grads, self.stage.gradients(tape)[0])
-        pending.discard(m)
+    def _receive(self, work):
+        source, kind, args, tensors = self.link.recv(
+            f"gradient from stage {', '.join(str(d) for d in self.stage.downstream)}" if work.done < work.micro_batches
+            else f"gradients from stage {', '.join(str(c) for c in sorted(work.children))}")
+        if kind == BACKWARD:
+            work.answer(source, args, tensors)
+        elif kind == GRADIENTS:
+            work.gathered(source, args, tensors)
+        else:
+            raise InvalidArgumentError(f"pipeline: stage 0 expected gradients, got {kind!r} from stage {source}")
 
     def finish(self, error=None):
-        """The end of training (or its failure): the later stages exit, the link closes."""
+        """The end of training (or its failure): the other stages exit, the link closes."""
         if error is None:
-            self.link.send(self.link.down, END)
+            for target in self.stage.downstream:
+                self.link.send(target, END)
         else:
             self.link.fail(0, error)
         self.link.close()
@@ -208,67 +241,130 @@ def _accumulate(total, grads):
         total[name] = g.copy() if name not in total else total[name] + g
 
 
+class _Batch:
+    """One batch's work at one stage: its micro-batches' tapes, the gradients the stages it fed send back
+    (summed per tensor), its variables' gradients summed over micro-batches, and those of the stages
+    below it in the gradient tree (models/stages.py: each stage reports to its first upstream stage)."""
+
+    def __init__(self, stage, link, micro_batches):
+        self.stage, self.link, self.micro_batches = stage, link, micro_batches
+        self.tapes, self.answers, self.answered = {}, {}, {}
+        self.grads, self.updates, self.loss = {}, {}, 0.0
+        self.trainable = [v.name for v in stage.variables if v.trainable]   # this stage's, then its subtree's
+        self.done, self.children = 0, set(stage.children)
+
+    @property
+    def complete(self):
+        """Every micro-batch's backward pass done here and every stage below in the tree reported."""
+        return self.done == self.micro_batches and not self.children
+
+    def forwarded(self, m, tape, outputs, args, y):
+        """Micro-batch m computed: its outputs go along every edge (with its labels, for the output stage)."""
+        self.updates.update(tape.updates)
+        self.tapes[m] = tape
+        for target in self.stage.downstream:
+            names = self.stage.output_names(target)
+            self.link.send(target, FORWARD, {**args, "names": names}, [*(outputs[n] for n in names), y])
+
+    def lost(self, m, tape, y, weight):
+        """The output stage: micro-batch m's loss and backward pass."""
+        self.updates.update(tape.updates)
+        self.loss += self.stage.loss(tape, y, weight)
+        self._backed(m, tape)
+
+    def answer(self, source, args, tensors):
+        """Gradients of micro-batch m's outputs from stage `source`: once every stage it fed answered, the
+        backward pass."""
+        m = args["micro"]
+        got = self.answers.setdefault(m, {})
+        for name, g in zip(args["names"], tensors):
+            got[name] = g if name not in got else got[name] + g
+        self.answered.setdefault(m, set()).add(source)
+        if self.answered[m] == set(self.stage.downstream):
+            del self.answered[m]
+            tape = self.tapes.pop(m)
+            self.stage.backward(tape, self.answers.pop(m))
+            self._backed(m, tape)
+
+    def _backed(self, m, tape):
+        own, upstream = self.stage.gradients(tape)
+        _accumulate(self.grads, own)
+        for source in self.stage.upstream:
+            names = self.stage.input_names(source)
+            self.link.send(source, BACKWARD, {"micro": m, "names": names}, [upstream[n] for n in names])
+        self.done += 1
+
+    def gathered(self, source, args, tensors):
+        """A stage below in the tree reported its (and its subtree's) gradients, updates and loss."""
+        n = len(args["trainable"])
+        self.grads.update(zip(args["names"][:n], tensors[:n]))
+        self.trainable += args["names"][:n]
+        self.updates.update(zip(args["names"][n:], tensors[n:]))
+        self.loss += args["loss"]
+        self.children.discard(source)
+
+    def send_up(self):
+        """The batch's gradients, updates and loss to the stage above in the tree."""
+        names = [n for n in self.trainable if n in self.grads]
+        self.link.send(self.stage.parent, GRADIENTS, {"names": names + list(self.updates), "trainable": names,
+                                                      "loss": self.loss},
+                       [*(self.grads[n] for n in names), *self.updates.values()])
+
+
 def serve_stage(stage, ps, link, model, pull_timeout=30.0):
-    """Stage k > 0: answer forward and backward messages until the stage before says `end`.
+    """Stage k > 0: answer forward and backward messages until every stage before it says `end`.
     Returns {"batches": ..., "micro_batches": ...}; raises (after telling the neighbours) on failure."""
     others = [v.name for v in model.variables() if v.name not in set(stage.variable_names)]
-    tapes, grads, updates = {}, {}, {}
-    params, loss, batches, micros = None, 0.0, 0, 0
+    work, params, versions, inbox, arrived, ends = None, None, None, {}, {}, set()
+    batches, micros = 0, 0
     prefetch = None   # the next batch's parameters, asked for as soon as this batch's gradients left
     try:
         while True:
-            sock, kind, args, tensors = link.recv("message from the stage before" if link.down is None
-                                                  else "message from a neighbouring stage")
+            source, kind, args, tensors = link.recv("message from a neighbouring stage")
             if kind == END:
-                if link.down is not None:
-                    link.send(link.down, END)
-                return {"batches": batches, "micro_batches": micros}
+                ends.add(source)
+                if ends >= set(stage.upstream):
+                    for target in stage.downstream:
+                        link.send(target, END)
+                    return {"batches": batches, "micro_batches": micros}
+                continue
             if kind == FORWARD:
-                m, last_versions = args["micro"], args["versions"]
-                if m == 0:
-                    params = _parameters(ps, prefetch, args["versions"], others, pull_timeout)
-                    prefetch, tapes, grads, updates, loss = None, {}, {}, {}, 0.0
-                activations, y = tensors
-                out, tape = stage.forward(params, activations, seed=(model.seed, args["step"], m, stage.index))
-                updates.update(tape.updates)
+                m = args["micro"]
+                inbox.setdefault(m, {}).update(zip(args["names"], tensors[:-1]))
+                arrived.setdefault(m, set()).add(source)
+                if arrived[m] != set(stage.upstream):
+                    continue                             # a join: wait for the other stages' parts
+                del arrived[m]
+                if work is None:
+                    versions = args["versions"]
+                    params = _parameters(ps, prefetch, versions, others, pull_timeout)
+                    prefetch, work = None, _Batch(stage, link, args["micro_batches"])
+                y = tensors[-1]
+                out, tape = stage.forward(params, inbox.pop(m), seed=(model.seed, args["step"], m, stage.index))
                 micros += 1
-                if not stage.last:
-                    tapes[m] = tape
-                    link.send(link.down, FORWARD, args, [out, y])
-                    continue
-                loss += stage.loss(tape, y, len(y) / args["rows"])
-                own, upstream = stage.gradients(tape)
-                _accumulate(grads, own)
-                link.send(link.up, BACKWARD, {"micro": m}, [upstream])
-                if m == args["micro_batches"] - 1:
-                    batches += 1
-                    _send_gradients(link, stage, grads, updates, loss)
-                    prefetch = _prefetch(ps, args["versions"], others, pull_timeout)
-            elif kind == BACKWARD:                       # a middle stage: from the stage after it
-                tape = tapes.pop(args["micro"])
-                stage.backward(tape, tensors[0])
-                own, upstream = stage.gradients(tape)
-                _accumulate(grads, own)
-                link.send(link.up, BACKWARD, args, [upstream])
-            elif kind == GRADIENTS:                      # a middle stage: the later stages' share
-                batches += 1
-                n = len(args["trainable"])
-                later = dict(zip(args["names"], tensors))
-                _send_gradients(link, stage, {**grads, **{k: later[k] for k in args["names"][:n]}},
-                                {**updates, **{k: later[k] for k in args["names"][n:]}}, args["loss"],
-                                trainable=[*stage.variable_names, *args["names"][:n]])
-                prefetch = _prefetch(ps, last_versions, others, pull_timeout)
+                if stage.last:
+                    work.lost(m, tape, y, len(y) / args["rows"])
+                else:
+                    work.forwarded(m, tape, out, {k: v for k, v in args.items() if k != "names"}, y)
+            elif kind == BACKWARD and work is not None:
+                work.answer(source, args, tensors)
+            elif kind == GRADIENTS and work is not None:
+                work.gathered(source, args, tensors)
             else:
-                raise InvalidArgumentError(f"pipeline stage {stage.index}: unexpected message {kind!r}")
+                raise InvalidArgumentError(f"pipeline stage {stage.index}: unexpected message {kind!r} from stage "
+                                           f"{source}")
+            if work.complete:
+                work.send_up()
+                batches, work = batches + 1, None
+                prefetch = _prefetch(ps, versions, others, pull_timeout)
     except Exception as exc:
         link.fail(stage.index, f"{type(exc).__name__}: {exc}")
         raise
 
 
 def _prefetch(ps, versions, others, timeout):
-    """This stage's parameters once the step just sent up is applied (the pipeline is the only
-    replica, so every shard then stands one version higher): they arrive while the stage waits
-    for the next batch instead of after it."""
+    """This stage's parameters once the step just sent up is applied (its push moves every shard at least
+    one version on): they arrive while the stage waits for the next batch instead of after it."""
     if versions is None:
         return None
     return versions, ps.pull_async(min_version=[v + 1 for v in versions], timeout=timeout, exclude=others)
@@ -284,9 +380,3 @@ def _parameters(ps, prefetch, versions, others, timeout):
         except DeadlineExceededError:
             pass    # the step was not applied (a dropped push): pull what there is
     return ps.pull(min_version=versions, timeout=timeout, exclude=others)
-
-
-def _send_gradients(link, stage, grads, updates, loss, trainable=None):
-    names = [n for n in (trainable or grads) if n in grads] + list(updates)
-    link.send(link.up, GRADIENTS, {"names": names, "trainable": [n for n in names if n in grads],
-                                   "loss": loss}, [grads[n] if n in grads else updates[n] for n in names])

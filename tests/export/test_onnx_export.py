@@ -1,6 +1,6 @@
 """ONNX export: each exported graph run by onnxruntime answers what zmqflow's own predict answers
 (max abs difference <= 1e-5, float32), for the built-in MLP, a trained CNN, an image stack of every
-padding, pooling and normalization, and a functional model of two inputs; models and layers
+padding, pooling and normalization, a functional model of two inputs, and branches joined by Add; models and layers
 without a mapping are refused by name."""
 
 import numpy as np
@@ -8,7 +8,7 @@ import pytest
 
 from zmqflow.common.errors import FailedPreconditionError, UnimplementedError
 from zmqflow.models.layer_model import LayerModel
-from zmqflow.models.layers import (Activation, AvgPool2D, BatchNorm, Concatenate, Conv2D, Dense, Dropout, Embedding,
+from zmqflow.models.layers import (Activation, Add, AvgPool2D, BatchNorm, Concatenate, Conv2D, Dense, Dropout, Embedding,
                                    Flatten, Input, Layer, LayerNorm, MaxPool2D, Reshape)
 from zmqflow.models.network import Network, Sequential
 from zmqflow.models.onnx_export import to_onnx
@@ -102,6 +102,16 @@ def test_a_functional_model_of_two_inputs_matches(loss, output):
     assert [o.name for o in graph.output] == [output]
     assert {"Gather", "LayerNormalization", "Concat"} <= {n.op_type for n in graph.node}
     assert "Dropout" not in {n.op_type for n in graph.node}
+
+
+def test_branches_joined_by_add_match():
+    x = Input((5,), name="x")
+    trunk = Dense(6, activation="relu")(x)
+    joined = Add()([Dense(4, activation="tanh")(trunk), Dense(4, activation="relu")(trunk), Dense(4)(trunk)])
+    model = LayerModel(Network(x, Dense(3)(joined)), seed=3)
+    x = np.random.default_rng(4).normal(size=(7, 5)).astype(np.float32)
+    proto = assert_matches(model, randomized(model, 3), {"x": x}, "branches-added")
+    assert "Sum" in {n.op_type for n in proto.graph.node}
 
 
 def test_metadata_names_the_model_the_version_and_the_step():

@@ -8,12 +8,15 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from tests.support.waiting import wait_for
-from zmqflow.common.clients.ps import PsShardClient
+from zmqflow.common.cluster.placement import place
+from zmqflow.common.clients.ps import PsClient, PsShardClient
 from zmqflow.common.clients.queues import FIFOQueue
 from zmqflow.inputs.datasets import mnist_split
+from zmqflow.models.registry import load_model, model_variables
 
 pytestmark = pytest.mark.integration
 
@@ -231,6 +234,88 @@ def test_a_model_split_over_two_workers_trains_as_a_pipeline(mode):
     assert summary["global_step"] == 3 * 4500 // 100       # one replica: one step per batch
     code, _, err = train("--model", f"{PIPELINE_MODEL}:build", "--num-workers", "3", timeout=60)
     assert code == 2 and "run on 2 workers (a pipeline); pass --num-workers 2" in err
+
+
+def replica_results(summary, stages):
+    """Each copy of the pipeline's stage-0 result ({"replica", "steps", ...}), from the job's log directory."""
+    results = []
+    for worker in range(0, summary["num_workers"], stages):
+        with open(os.path.join(summary["log_dir"], f"worker{worker}-result.json")) as f:
+            results.append(json.load(f))
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, epochs, model", [
+    ("sync", 2, ["--model", f"{PIPELINE_MODEL}:build", "--model-opt", "width=64"]),   # split by device strings
+    ("async", 1, ["--model-opt", "pipeline={softmax: 1}"]),                            # the built-in MLP split here
+])
+def test_two_copies_of_a_two_stage_pipeline_train_on_four_workers(mode, epochs, model):
+    """Workers 0-1 and 2-3 are two copies of the pipeline, each reading its own batches and pushing as one
+    replica: in sync the ps aggregates both copies' gradients into each step, in async each push is one."""
+    code, out, err = train(*model, "--num-workers", "4", "--epochs", str(epochs), "--mode", mode)
+    assert code == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["worker_exit_codes"] == [0, 0, 0, 0], summary
+    replicas = replica_results(summary, 2)
+    steps = [r["steps"] for r in replicas]
+    assert [r["replica"] for r in replicas] == [0, 1] and min(steps) >= 10, replicas   # both copies trained
+    assert sum(r["examples"] for r in replicas) == epochs * 4500
+    if mode == "sync":            # every global step waited for both copies' gradients
+        assert max(steps) <= summary["global_step"] < sum(steps), (summary["global_step"], steps)
+        assert summary["test_accuracy"] > 0.8, summary
+    else:                         # every push of both copies applied
+        assert summary["global_step"] == sum(steps), (summary["global_step"], steps)
+
+
+BRANCHING_MODEL = os.path.join(EXAMPLES, "branching_model.py")
+
+
+@pytest.mark.slow
+def test_a_branching_model_trains_on_four_workers():
+    """An input stage, two parallel branches and a join, each on its own worker process."""
+    code, out, err = train("--model", f"{BRANCHING_MODEL}:build", "--num-workers", "4", "--epochs", "1")
+    assert code == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["worker_exit_codes"] == [0, 0, 0, 0] and summary["test_accuracy"] > 0.8, summary
+    assert summary["global_step"] == 4500 // 100           # one copy of the pipeline: one step per batch
+
+
+def test_a_branching_model_on_four_worker_processes_steps_as_on_one_worker(processes, tmp_path):
+    """One batch through the DAG (stage 0 feeds stages 1 and 2, stage 3 joins them) with SGD: the ps's
+    variables move by exactly the learning rate times the one-worker gradients, and the loss is the same."""
+    spec = {"type": f"{BRANCHING_MODEL}:build", "width": 16, "branch": 8}
+    model, learning_rate = json.dumps(spec), 0.5
+    broker = processes.service("zmqflow.services.broker").endpoint
+    sgd = json.dumps({"kind": "sgd", "learning_rate": learning_rate})
+    ps = processes.service("zmqflow.services.ps", ["--model", model, "--optimizer", sgd]).endpoint
+    common = ["--broker", broker, "--ps", ps, "--num-workers", "4", "--model", model, "--batch-size", "8",
+              "--pipeline-timeout-secs", "30"]
+    endpoints = {3: processes.service("zmqflow.services.worker", ["--task-index", "3", *common]).endpoint}
+    for k in (1, 2):
+        endpoints[k] = processes.service("zmqflow.services.worker", ["--task-index", str(k), *common,
+                                                                     "--pipeline-next", f"3={endpoints[3]}"]).endpoint
+    result = tmp_path / "worker0.json"
+    links = [arg for k in (1, 2) for arg in ("--pipeline-next", f"{k}={endpoints[k]}")]
+    stage0 = processes.process("zmqflow.services.worker", ["--task-index", "0", *common, *links,
+                                                           "--json-out", str(result), "--dequeue-timeout-secs", "30"])
+    (x, y), _ = mnist_split()
+    queue = FIFOQueue(100, ["float32", "int32"], [[784], []], names=["image", "label"], shared_name="train",
+                      broker=broker)
+    queue.enqueue_many({"image": x[:8], "label": y[:8]})
+    queue.close()
+    assert stage0.proc.wait(timeout=60) == 0, stage0.log()[-3000:]
+    net = load_model(spec)
+    first = net.initial_values()
+    want_loss, want, _ = net.step(first, (x[:8], y[:8]))
+    client = PsClient([ps], place(model_variables(spec), 1))
+    after = client.pull()
+    client.close()
+    assert set(want) == set(after)
+    for name, g in want.items():
+        np.testing.assert_allclose((first[name] - after[name]) / learning_rate, g, rtol=1e-3, atol=2e-6,
+                                   err_msg=name)
+    assert json.loads(result.read_text())["final_loss"] == pytest.approx(want_loss, rel=1e-5)
 
 
 @pytest.mark.faults

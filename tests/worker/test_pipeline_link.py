@@ -1,5 +1,6 @@
 """Pipeline stages talking over real ZeroMQ sockets (stage 0 here, the later stages in threads, a ps
-stand-in that hands out fixed parameters): a pipelined step equals the whole model's, a failing
+stand-in that hands out fixed parameters): a pipelined step, through a chain or a DAG of stages,
+equals the whole model's, a failing
 stage's error reaches stage 0, and a silent stage ends the wait within the link's timeout."""
 
 import threading
@@ -10,9 +11,9 @@ import pytest
 
 from zmqflow.common.errors import AbortedError
 from zmqflow.models.layer_model import LayerModel
-from zmqflow.models.layers import Dense
-from zmqflow.models.network import Sequential
-from zmqflow.models.stages import split_stages
+from zmqflow.models.layers import Add, Concatenate, Dense, Input
+from zmqflow.models.network import Network, Sequential
+from zmqflow.models.stages import split_stages, start_order
 from zmqflow.services.worker.stage_link import PipelineModel, StageLink, micro_slices, serve_stage
 
 pytestmark = pytest.mark.service
@@ -46,12 +47,14 @@ def model(stages=3):
     return LayerModel(Sequential(layers, input_shape=(3,)), dtype="float64", seed=2)
 
 
-def start_chain(net, ps, timeout=10.0):
-    """Stages 1..n-1 in threads, each listening for the one before; returns stage 0's link and the threads."""
-    stages, threads, results, next_endpoint = split_stages(net), [], {}, None
-    for k in reversed(range(1, len(stages))):
-        link = StageLink(bind="tcp://127.0.0.1:*", next_endpoint=next_endpoint, timeout=timeout)
-        next_endpoint = link.endpoint
+def start_stages(net, ps, timeout=10.0):
+    """Stages 1..n-1 in threads, each listening before the stages that send to it; returns the stages,
+    stage 0's link, the threads and their results."""
+    stages, threads, results, endpoints = split_stages(net), [], {}, {}
+    for k in start_order({s.index: s.downstream for s in stages})[:-1]:
+        link = StageLink(index=k, bind="tcp://127.0.0.1:*", timeout=timeout,
+                         downstream={d: endpoints[d] for d in stages[k].downstream})
+        endpoints[k] = link.endpoint
 
         def serve(k=k, link=link):
             try:
@@ -62,15 +65,28 @@ def start_chain(net, ps, timeout=10.0):
                 link.close()
         threads.append(threading.Thread(target=serve, daemon=True))
         threads[-1].start()
-    return stages, StageLink(next_endpoint=next_endpoint, timeout=timeout), threads, results
+    return stages, StageLink(downstream={d: endpoints[d] for d in stages[0].downstream}, timeout=timeout), \
+        threads, results
 
 
-@pytest.mark.parametrize("micro_batches", [1, 4])
-def test_a_pipelined_step_over_three_workers_equals_the_whole_models(micro_batches):
-    net = model()
+def branching(join):
+    """Stage 0 feeds two branches (stages 1 and 2) that stage 3 joins; stage 0's output also skips to it."""
+    x = Input((3,), name="x")
+    trunk = Dense(6, activation="tanh", device="/job:worker/task:0")(x)
+    left = Dense(5, activation="relu", device="/job:worker/task:1")(trunk)
+    right = Dense(5, activation="tanh", device="/job:worker/task:2")(trunk)
+    joined = join(device="/job:worker/task:3")([left, right])
+    return LayerModel(Network(x, Dense(4)(Concatenate()([joined, trunk]))), dtype="float64", seed=4)
+
+
+@pytest.mark.parametrize("micro_batches, build", [(1, model), (4, model), (3, lambda: branching(Add)),
+                                                  (2, lambda: branching(Concatenate))])
+def test_a_pipelined_step_over_three_or_four_workers_equals_the_whole_models(micro_batches, build):
+    """A chain of three stages, and a DAG of four (two branches and a join)."""
+    net = build()
     params = net.initial_values()
     ps = FixedParameters(params)
-    stages, link, threads, results = start_chain(net, ps)
+    stages, link, threads, results = start_stages(net, ps)
     pipeline = PipelineModel(net, stages, link, micro_batches, versions=lambda: list(ps.versions))
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((10, 3)), rng.integers(0, 4, 10)
@@ -85,26 +101,33 @@ def test_a_pipelined_step_over_three_workers_equals_the_whole_models(micro_batch
     pipeline.finish()
     for thread in threads:
         thread.join(10)
-    assert results == {1: {"batches": 2, "micro_batches": 2 * micro_batches},
-                       2: {"batches": 2, "micro_batches": 2 * micro_batches}}
-    assert ps.pulls[0] == ([7], sorted(n for n in params if not n.startswith("dense_1/")))  # each stage its own
+    assert results == {k: {"batches": 2, "micro_batches": 2 * micro_batches} for k in range(1, len(stages))}
+    for k in range(1, len(stages)):                                                          # each stage its own
+        assert ([7], sorted(n for n in params if n not in stages[k].variable_names)) in ps.pulls
 
 
-def test_a_failing_stage_names_itself_to_stage_zero():
-    net = model(2)
+@pytest.mark.parametrize("build, failing", [(lambda: model(2), 1), (lambda: branching(Add), 3)])
+def test_a_failing_stage_names_itself_to_stage_zero_and_every_stage_stops(build, failing):
+    """In a chain, and at the join of a DAG, whose failure reaches stage 0 through both branches."""
+    net = build()
     params = net.initial_values()
-    stages, link, threads, results = start_chain(net, FixedParameters(params))
+    stages, link, threads, results = start_stages(net, FixedParameters(params))
     pipeline = PipelineModel(net, stages, link, 2, versions=lambda: [0])
     local = {k: v for k, v in params.items() if k not in pipeline.remote_variables()}
-    with pytest.raises(AbortedError, match=r"stage 1 failed: InvalidArgumentError: Received a label value of 9 "):
+    with pytest.raises(AbortedError, match=rf"stage {failing} failed: InvalidArgumentError: Received a label value "
+                                           "of 9 "):
         pipeline.step(local, (np.zeros((4, 3)), np.array([0, 1, 9, 2])))
-    threads[0].join(10)
-    assert "label value of 9 which is outside the valid range" in str(results[1])
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive()
+    assert "label value of 9 which is outside the valid range" in str(results.pop(failing))
+    assert all(isinstance(result, AbortedError) for result in results.values())
+    pipeline.finish(RuntimeError("test over"))
 
 
 def test_a_silent_stage_ends_the_wait_within_the_links_timeout():
     net = model(2)
-    silent = StageLink(bind="tcp://127.0.0.1:*", timeout=5.0)   # bound, never answers
+    silent = StageLink(index=1, bind="tcp://127.0.0.1:*", timeout=5.0)   # bound, never answers
     stages = split_stages(net)
     pipeline = PipelineModel(net, stages, StageLink(next_endpoint=silent.endpoint, timeout=1.0), 2,
                              versions=lambda: [0])
