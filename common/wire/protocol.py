@@ -426,8 +426,9 @@ class ReplicaOps:
         """Async: one step of the replica's own (pull, compute on its next batch, push its gradients);
         OUT_OF_RANGE when its input has ended."""
 
-    class Finish(Request, role=MEMBER, answer="steps examples seconds"):
-        """The end: the replica settles its last push, says it is done to the ps and exits 0."""
+    class Finish(Request, role=ADMIN, answer="steps examples seconds"):
+        """The end (the client's, as the chief's): the replica settles its last push, says it is done to the ps
+        and exits 0."""
 
 
 AGGREGATOR_MODES = ("ensemble", "replica")

@@ -180,7 +180,7 @@ def run_replica(config, model, spec, ps):
         trainer.begin()
         return trainer, batches
 
-    service = ReplicaService(config.bind, name, start)
+    service = ReplicaService(config.bind, name, len(config.ps_endpoints), start)
     if config.ready_file:
         write_ready_file(config.ready_file, service.endpoint)
     log.info("%s: an in-graph replica listening on %s", name, service.endpoint)

@@ -20,7 +20,8 @@ import threading
 
 import zmq
 
-from zmqflow.common.errors import InternalError, OpError, OutOfRangeError
+from zmqflow.common.errors import (InternalError, InvalidArgumentError, OpError, OutOfRangeError,
+                                   UnavailableError)
 from zmqflow.common.rpc.service import Service
 from zmqflow.common.wire.protocol import ReplicaOps
 
@@ -31,10 +32,10 @@ class ReplicaService(Service):
     name = "replica"
     protocol = ReplicaOps
 
-    def __init__(self, bind, replica_name, start, **service_options):
+    def __init__(self, bind, replica_name, num_shards, start, **service_options):
         """`start()`, on the compute thread: (trainer, input) begun and ready to step."""
         super().__init__(bind, **service_options)
-        self.replica_name = replica_name
+        self.replica_name, self.num_shards = replica_name, num_shards
         self.client_lost = False     # its client went away before `finish` (build.py exits PEER_LOST)
         self.summary = None
         self._driver = None            # the identity of the client that drives this replica
@@ -58,6 +59,9 @@ class ReplicaService(Service):
 
     def _compute_gradients(self, call):
         min_version = call.args.min_version
+        if min_version is not None and len(min_version) != self.num_shards:
+            raise InvalidArgumentError(f"compute_gradients' min_version must hold one version per ps shard "
+                                       f"({self.num_shards}), got {len(min_version)}")
         return self._queue(call, lambda trainer, input: self._gradients(trainer, input, min_version))
 
     def _run_step(self, call):
@@ -100,9 +104,10 @@ class ReplicaService(Service):
     def _compute(self, start):
         try:
             trainer, input = start()
-        except Exception as exc:     # every request then fails with why it could not start
-            log.exception("%s could not start", self.replica_name)
-            error = exc if isinstance(exc, OpError) else InternalError(f"{self.replica_name} could not start: {exc}")
+        except BaseException as exc:     # every request then fails with why it could not start (a lost peer's
+            log.exception("%s could not start", self.replica_name)    # exit is a SystemExit: its log says why)
+            error = exc if isinstance(exc, OpError) else UnavailableError(
+                f"{self.replica_name} could not start: {type(exc).__name__} {exc} (its log says more)")
             trainer = input = None
         while True:
             call, work = self._work.get()
