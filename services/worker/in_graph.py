@@ -41,6 +41,7 @@ class InGraphTrainer(Trainer):
         self.replicas, self.step_timeout = list(replicas), step_timeout
         self.active = list(self.replicas)   # the replicas whose input has not ended
         self._running = {}                  # async: replica -> its step in flight
+        self._pumped = {}                   # async: replica -> when its client last read its socket
         self.replica_summaries = []
 
     def resolved_config(self):
@@ -102,7 +103,7 @@ class InGraphTrainer(Trainer):
                     self._running[replica] = replica.run_step_async(timeout=self.step_timeout)
             if not self._running:
                 return None
-            replica = _first_done(self._running)
+            replica = _first_done(self._running, self._pumped)
             answer = self._answer(replica, self._running.pop(replica))
             if answer is not None:
                 result, _ = answer
@@ -135,10 +136,11 @@ class InGraphTrainer(Trainer):
         self._running = {}
 
 
-def _first_done(running):
-    """The replica whose call in `running` ({replica: pending call}) is answered first. Each client's
-    socket is read as soon as it has something; every client is pumped at least every 50 ms so its
-    heartbeats go out and a lost replica is noticed."""
+def _first_done(running, pumped):
+    """The replica whose call in `running` ({replica: pending call}) is answered first. A client whose socket
+    has something is read at once; every other one waits a moment at least every 100 ms (`pumped`: replica ->
+    when it last did), so its heartbeats go out and a lost replica is noticed while another answers step
+    after step."""
     while True:
         for replica, call in running.items():
             if call.done:
@@ -147,6 +149,8 @@ def _first_done(running):
         for replica in running:
             poller.register(replica.rpc.socket, zmq.POLLIN)
         ready = {socket for socket, _ in poller.poll(50)}
+        now = time.monotonic()
         for replica, call in running.items():
-            if not ready or replica.rpc.socket in ready:
+            if replica.rpc.socket in ready or now - pumped.get(replica, 0.0) >= 0.1:
+                pumped[replica] = now
                 call.wait(0.001)

@@ -1,0 +1,60 @@
+"""In-graph replication with real processes: one client drives two worker tasks as replicas, each reading
+its own share of the input; sync averages their gradients into one update a step, async pushes each
+replica's as it finishes. The targets are test_training.py's for between-graph on the same data."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+import zmqflow
+from zmqflow.cli.main import main
+from zmqflow.common.errors import InvalidArgumentError
+from tests.integration.test_training import ASYNC_TARGET, SEED, TARGET
+
+pytestmark = pytest.mark.integration
+
+DEVICES = ["/job:worker/task:0", "/job:worker/task:1"]
+
+
+def test_sync_two_replicas_reach_the_target_with_one_update_a_step():
+    summary = zmqflow.replicate(DEVICES, mode="sync", epochs=10, seed=SEED).run(timeout=300)
+    assert summary["worker_exit_codes"] == [0, 0, 0]          # the client, then the two replicas
+    assert summary["test_accuracy"] >= TARGET, summary
+    assert summary["examples"] == 10 * 4500                  # every row trained on once an epoch, by one replica
+    assert summary["steps"] == summary["global_step"]         # one update a step, not one per replica
+    assert summary["global_step"] <= 10 * 4500 // 200 + 2     # each step two batches (the last may be one)
+    assert [r["replica"] for r in summary["replicas"]] == DEVICES
+    assert sum(r["examples"] for r in summary["replicas"]) == 10 * 4500
+
+
+def test_async_from_the_command_line_pushes_one_update_a_replica_step(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "zmqflow", "train", "--replication", "in-graph", "--mode",
+                          "async", "--num-workers", "2", "--epochs", "10", "--input", "ps", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["replication"] == "in-graph" and summary["mode"] == "async"
+    assert summary["test_accuracy"] >= ASYNC_TARGET, summary
+    replica_steps = [r["steps"] for r in summary["replicas"]]
+    assert min(replica_steps) > 0 and sum(replica_steps) == summary["steps"] == summary["global_step"], summary
+    assert summary["examples"] == 10 * 4500
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--replication", "in-graph", "--spare-replicas", "1"], "spare replicas are between-graph sync's"),
+    (["--replication", "in-graph", "--num-workers", "2", "--device", "/gpu:0"], "names 1 devices for 2 workers"),
+    (["--replication", "in-graph", "--num-workers", "2", "--device", "/gpu:0", "--device", "/job:worker/task:0"],
+     "replica 1's device '/job:worker/task:0': replica 1 runs as /job:worker/task:1"),
+    (["--device", "/gpu:0"], "places the replicas of --replication in-graph"),
+])
+def test_in_graph_options_that_make_no_job_are_usage_errors_naming_why(args, says):
+    result = CliRunner().invoke(main, ["train", *args])
+    assert result.exit_code == 2 and says in result.output, result.output
+
+
+def test_replicate_refuses_a_device_of_another_task_before_starting_anything():
+    with pytest.raises(InvalidArgumentError, match="replica 0 runs as /job:worker/task:0"):
+        zmqflow.replicate(["/job:worker/task:1"])
