@@ -272,6 +272,8 @@ class LocalCluster:
         its last log lines."""
         started, training = time.perf_counter(), self.spec.training
         steps = training.epochs * self.examples_per_epoch // training.batch_size
+        if self.in_graph and self.spec.cluster.mode == "sync":   # a step takes a batch from every replica
+            steps = -(-steps // self.spec.cluster.workers)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             with tqdm(total=steps, desc="training", unit="step", disable=not progress) as bar:

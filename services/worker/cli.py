@@ -80,8 +80,8 @@ from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
               help="Be the client of in-graph replication: drive the replica listening at ADDRESS (repeat, one per "
                    "replica; started with --in-graph). --mode sync averages their gradients into one push a step, "
                    "async lets each replica push its own.")
-@option("--replica-timeout-secs", "replica_timeout", default=60.0, type=click.FloatRange(min=0, min_open=True),
-        help="In-graph client: seconds to wait for one replica's step before it is taken for lost.")
+@click.option("--replica-timeout-secs", "replica_timeout", default=60.0, type=click.FloatRange(min=0, min_open=True),
+              help="In-graph client: seconds to wait for one replica's step before it is taken for lost.")
 @click.option("--serve", "serve_checkpoint", default=None, type=click.Path(file_okay=False),
               help="Serve mode: answer predict requests from the latest checkpoint in this directory instead of "
                    "training (the same as `zmqflow serve --checkpoint DIR`).")
