@@ -48,7 +48,13 @@ class InGraphTrainer(Trainer):
         return {**super().resolved_config(), "replication": "in-graph", "num_replicas": len(self.replicas)}
 
     def _warm_up(self):
-        """The client computes nothing: its replicas compile their own kernels."""
+        """The client computes nothing: its replicas compile their own kernels. The shards must apply every
+        push on arrival: the client (sync) or each replica (async) is the pusher, never a sync aggregate."""
+        synced = [s["shard"] for s in self.ps.stats() if s.get("mode") == "sync"]
+        if synced:
+            raise InvalidArgumentError(f"ps shards {synced} run the sync rule (SyncReplicasOptimizer), which waits for "
+                                       "several workers' pushes; in-graph replication averages in its client (sync) "
+                                       "or lets each replica push (async): start the shards with --mode async")
 
     def fit(self, input=None, hooks=()):
         """Drive the replicas until their input ends or a hook stops; the summary, with each replica's."""

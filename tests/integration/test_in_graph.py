@@ -6,13 +6,17 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
 import zmqflow
 from zmqflow.cli.main import main
+from zmqflow.common.clients.ps import PsShardClient
 from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.models.spec import MNIST_MLP
 from tests.integration.test_training import ASYNC_TARGET, SEED, TARGET
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -58,3 +62,19 @@ def test_in_graph_options_that_make_no_job_are_usage_errors_naming_why(args, say
 def test_replicate_refuses_a_device_of_another_task_before_starting_anything():
     with pytest.raises(InvalidArgumentError, match="replica 0 runs as /job:worker/task:0"):
         zmqflow.replicate(["/job:worker/task:1"])
+
+
+def test_a_client_refuses_ps_shards_that_aggregate_sync_pushes_themselves(processes):
+    """Between-graph sync's ps waits for several workers' pushes a step; an in-graph client pushes once a step
+    (or lets each replica push), so it says what to change instead of waiting out a timeout."""
+    ps = processes.service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP), "--mode", "sync",
+                                                  "--replicas-to-aggregate", "2"])
+    with PsShardClient(ps.endpoint) as shard:
+        shard.preload("train", {"image": np.zeros((200, 784), np.float32), "label": np.zeros(200, np.int64)})
+    replica = processes.service("zmqflow.services.worker", ["--in-graph", "--ps", ps.endpoint, "--preloaded", "train",
+                                                           "--backend", "numpy"])
+    client = processes.process("zmqflow.services.worker", ["--ps", ps.endpoint, "--mode", "sync", "--replica",
+                                                          replica.endpoint, "--backend", "numpy"])
+    wait_for(lambda: not client.alive(), 30, "the client to end")
+    assert client.returncode == 1 and "ps shards [0] run the sync rule" in client.log(), client.log()[-2000:]
+    assert "start the shards with --mode async" in client.log()
