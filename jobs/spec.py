@@ -320,7 +320,8 @@ def tasks(spec, placement):
         if deployed:
             raise InvalidArgumentError("in-graph replication runs as local processes (zmqflow train, "
                                        "zmqflow.replicate); a deployment's workers train between-graph")
-        out += [_replica_task(spec, placement, i) for i in range(spec.cluster.workers)] + [_client_task(spec, placement)]
+        out += [_replica_task(spec, placement, i) for i in range(spec.cluster.workers)]
+        out.append(_client_task(spec, placement))
     else:
         out += [_worker_task(spec, placement, i) for i in range(spec.total_workers)]
     if deployed and spec.serving.replicas:
@@ -412,7 +413,8 @@ def _chief_options(spec, placement):
     """What the chief (between-graph worker 0, or the in-graph client) does besides training: evaluate,
     validate, checkpoint, and end the job."""
     deployed, recorded, v = placement.cluster is not None, spec.data is not None, spec.validation
-    options = {"evaluate": placement.evaluate, "data-config": f"{placement.prepared}/{DATA_CONFIG}" if recorded else None,
+    options = {"evaluate": placement.evaluate,
+               "data-config": f"{placement.prepared}/{DATA_CONFIG}" if recorded else None,
                "shutdown-ps": True, "shutdown-broker": deployed,
                "checkpoint-dir": spec.checkpoint.dir, "checkpoint-every-steps": spec.checkpoint.every_steps,
                "keep-checkpoints": spec.checkpoint.keep}
@@ -426,7 +428,8 @@ def _replica_task(spec, placement, index):
     """In-graph: worker `index` as a replica, reading its own share of the input on its device; its client
     learns its endpoint once it listens."""
     options = _worker_task(spec, placement, index).options
-    for key in ("json-out", "summaries", "summary-every-steps", "mode", "hook", "log-every", *_chief_options(spec, placement)):
+    chief = _chief_options(spec, placement)
+    for key in ("json-out", "summaries", "summary-every-steps", "mode", "hook", "log-every", *chief):
         options.pop(key, None)
     devices = spec.cluster.replica_devices
     return TaskSpec("worker", index, ["worker"], {**options, "in-graph": True,

@@ -231,11 +231,11 @@ def run(config):
                               config.micro_batches, versions=lambda: list(ps.versions))
     batches = None if config.replicas else training_input(config, ps)
     hooks, tensorboard = training_hooks(config)
-    trainer = in_graph_client(config, model, spec, ps) if config.replicas else Trainer(model, ps, replica=config.task_index, num_workers=1 if stages else config.num_workers,
-                      is_chief=config.is_chief, batch_size=config.batch_size, mode=config.mode,
-                      checkpoint_dir=config.checkpoint_dir,
-                      examples_per_epoch=config.examples_per_epoch or recorded(config).get("train_rows"),
-                      config={"model": spec, "backend": config.backend, **data_config(config)})
+    trainer = in_graph_client(config, model, spec, ps) if config.replicas else Trainer(
+        model, ps, replica=config.task_index, num_workers=1 if stages else config.num_workers,
+        is_chief=config.is_chief, batch_size=config.batch_size, mode=config.mode, checkpoint_dir=config.checkpoint_dir,
+        examples_per_epoch=config.examples_per_epoch or recorded(config).get("train_rows"),
+        config={"model": spec, "backend": config.backend, **data_config(config)})
     try:
         summary = trainer.fit(batches, hooks)
     except OpError as exc:  # a peer we cannot do without is gone: say which, exit non-zero
