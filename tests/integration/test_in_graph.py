@@ -24,7 +24,8 @@ DEVICES = ["/job:worker/task:0", "/job:worker/task:1"]
 
 
 def test_sync_two_replicas_reach_the_target_with_one_update_a_step():
-    summary = zmqflow.replicate(DEVICES, mode="sync", epochs=10, seed=SEED).run(timeout=300)
+    # two ps shards, as test_training's sync test: the replicas pull at each shard's version
+    summary = zmqflow.replicate(DEVICES, mode="sync", num_ps=2, epochs=10, seed=SEED).run(timeout=300)
     assert summary["worker_exit_codes"] == [0, 0, 0]          # the client, then the two replicas
     assert summary["test_accuracy"] >= TARGET, summary
     assert summary["examples"] == 10 * 4500                  # every row trained on once an epoch, by one replica
