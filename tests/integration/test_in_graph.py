@@ -79,3 +79,20 @@ def test_a_client_refuses_ps_shards_that_aggregate_sync_pushes_themselves(proces
     wait_for(lambda: not client.alive(), 30, "the client to end")
     assert client.returncode == 1 and "ps shards [0] run the sync rule" in client.log(), client.log()[-2000:]
     assert "start the shards with --mode async" in client.log()
+
+
+def test_an_in_graph_job_renders_replicas_a_client_chief_and_shards_that_apply_each_push():
+    """What LocalCluster starts: the shards without the sync rule (the client pushes once a step), the workers as
+    replicas on their devices with nothing of the chief, and the client with the chief's part."""
+    from zmqflow.jobs.spec import Placement, job_spec, tasks
+    spec = job_spec(num_ps=2, num_workers=2, mode="sync", replication="in-graph", devices=("/cpu:0", "/gpu:1"))
+    rendered = tasks(spec, Placement("tcp://127.0.0.1:5555", ps=("tcp://a:1", "tcp://b:2"), log_dir="/tmp/j"))
+    ps = [t for t in rendered if t.role == "ps"]
+    replicas = [t for t in rendered if t.role == "worker"]
+    (client,) = [t for t in rendered if t.role == "client"]
+    assert len(ps) == 2 and all(t.options["mode"] is None and t.options["replicas-to-aggregate"] is None for t in ps)
+    assert [t.options["device"] for t in replicas] == ["/cpu:0", "/gpu:1"]
+    assert all(t.options["in-graph"] and "checkpoint-dir" not in t.options and "json-out" not in t.options
+               for t in replicas)
+    assert client.command == ["worker"] and client.options["mode"] == "sync" and client.options["shutdown-ps"]
+    assert client.options["json-out"] == "/tmp/j/client-result.json" and "checkpoint-dir" in client.options
