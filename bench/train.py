@@ -3,7 +3,8 @@
 - examples/s of 1 ps + 1 worker async, 1 ps + 2 workers async (with test accuracy
   after 10 epochs), 1 ps + 2 workers sync, all through real processes with preloaded
   input (TF's example fed from memory too), and 1 ps + 2 workers fed by a reader process
-  that parses record files every epoch;
+  that parses record files every epoch; in-graph replication, sync and async, of 2 replicas
+  (one client driving the two workers) beside them; the test accuracy of each run;
 - the same model and kernels in one process with no services (the ceiling);
 - one forward+backward step on the numba vs the numpy backend;
 - pulls/pushes of the MLP's variables against a plain pyzmq round trip of the same bytes;
@@ -156,10 +157,15 @@ def run(epochs=10, progress=None):
     result["big_vs_raw"] = round(result["ps_roundtrip_mb_per_s_64mb"] / raw_mb, 3)
     say(f"64 MB: ps {result['ps_roundtrip_mb_per_s_64mb']} MB/s, raw {result['raw_roundtrip_mb_per_s_64mb']} MB/s")
     runs = {"1ps_1w_async": (1, 1, "async", 3, "preloaded"), "1ps_2w_async": (1, 2, "async", epochs, "preloaded"),
-            "1ps_2w_sync": (1, 2, "sync", 3, "preloaded"), "1ps_2w_async_readers": (1, 2, "async", 3, "readers")}
+            "1ps_2w_sync": (1, 2, "sync", 3, "preloaded"), "1ps_2w_async_readers": (1, 2, "async", 3, "readers"),
+            "1ps_2w_in_graph_sync": (1, 2, "in-graph sync", 3, "preloaded"),
+            "1ps_2w_in_graph_async": (1, 2, "in-graph async", 3, "preloaded")}
     for key, (ps, workers, mode, ep, feed) in runs.items():
-        summary = run_training(progress=False, num_ps=ps, num_workers=workers, mode=mode, epochs=ep, input=feed)
+        *replication, mode = mode.split()   # "in-graph sync": one client drives the workers as replicas
+        summary = run_training(progress=False, num_ps=ps, num_workers=workers, mode=mode, epochs=ep, input=feed,
+                               replication=replication[0] if replication else None)
         result[f"examples_per_s_{key}"] = summary["examples_per_s"]
+        result[f"test_accuracy_{key}"] = summary["test_accuracy"]
         if key == "1ps_2w_async":
             result["test_accuracy"] = summary["test_accuracy"]
         say(f"{key}: {summary['examples_per_s']} examples/s, test accuracy {summary['test_accuracy']}")

@@ -7,7 +7,7 @@ import click
 from zmqflow.common.processes.service_cli import launcher_curve_option, option
 from zmqflow.common.errors import OpError
 from zmqflow.jobs.local_cluster import check_output_width, run_training
-from zmqflow.jobs.spec import DEFAULT_OPTIMIZER, INPUTS, MODES, JobSpec, job_spec, optimizer_config
+from zmqflow.jobs.spec import DEFAULT_OPTIMIZER, INPUTS, MODES, REPLICATIONS, JobSpec, job_spec, optimizer_config
 from zmqflow.models.kernels import BACKENDS
 from zmqflow.models.registry import load_model
 from zmqflow.models.spec import BUILTIN_TYPES, resolve_model, with_options
@@ -21,6 +21,13 @@ DEFAULT = JobSpec()
 @click.option("--num-ps", default=DEFAULT.cluster.ps)
 @click.option("--num-workers", default=DEFAULT.cluster.workers)
 @click.option("--mode", default=DEFAULT.cluster.mode, type=click.Choice(MODES))
+@click.option("--replication", default=DEFAULT.cluster.replication, type=click.Choice(REPLICATIONS),
+              help="between-graph: every worker runs its own training loop. in-graph: one client drives the "
+                   "workers as replicas, each on its own share of the input (--mode sync: their gradients averaged "
+                   "into one update a step; async: each replica's pushed as it finishes).")
+@click.option("--device", "devices", multiple=True, metavar="DEVICE",
+              help="With --replication in-graph: replica i's device, once per worker in order (/gpu:1, "
+                   "/job:worker/task:1/cpu:0). Default: each worker's default device.")
 @click.option("--spare-replicas", default=DEFAULT.cluster.spare_replicas,
               help="Sync: extra workers beyond replicas_to_aggregate.")
 @click.option("--elastic", is_flag=True,
@@ -111,8 +118,15 @@ def command(optimizer_kind, learning_rate, model_spec, model_opts, data_spec, ti
         raise click.BadParameter(f"the model's layers run on {stages} workers (a pipeline); pass --num-workers "
                                  f"{stages}, or a multiple of it for data-parallel copies of the pipeline",
                                  param_hint="--num-workers")
+    if options["devices"] and options["replication"] != "in-graph":
+        raise click.BadParameter("places the replicas of --replication in-graph; between-graph workers take "
+                                 "their devices from the model's layers", param_hint="--device")
+    options["devices"] = tuple(options["devices"]) or None
     try:
         spec = job_spec(**options, optimizer=optimizer_config(optimizer_kind, learning_rate), model=model, data=data)
+    except OpError as exc:    # options that make no job together: bad usage (V6)
+        raise click.UsageError(str(exc)) from None
+    try:
         summary = run_training(spec, progress=not as_json, timeout=timeout_secs)
     except OpError as exc:
         raise click.ClickException(str(exc)) from None

@@ -163,3 +163,24 @@ def local_cluster(num_ps=None, num_workers=None, data=None, model=None, model_op
     validate_every_steps, ...)."""
     return Job(num_ps=num_ps, num_workers=num_workers, data=data, model=model, model_options=model_options, spec=spec,
                **options)
+
+
+def replicate(devices=2, mode="sync", num_ps=None, data=None, model=None, model_options=None, spec=None, **options):
+    """In-graph replication as a job of real processes (a `zmqflow.Job`): one client drives a replica per device,
+    each a worker task computing on its own share of the input, as TensorFlow's in-graph client puts a tower on
+    each of `/job:worker/task:0`, `/job:worker/task:1`, ... and runs them from one session:
+
+        with zmqflow.replicate(["/job:worker/task:0", "/job:worker/task:1"], mode="sync", epochs=3) as job:
+            summary = job.wait()     # sync: summary["steps"] == summary["global_step"], one update a step
+
+    `devices`: the replicas' devices, replica i on worker task i (`/gpu:1`, `/job:worker/task:1/cpu:0`), or a
+    count of replicas on their tasks' default devices. `mode`: sync (the replicas' gradients averaged into one
+    update a step) or async (each replica's gradients pushed as it finishes). Other arguments as
+    `local_cluster` takes them."""
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        count, devices = devices, None
+    else:
+        devices = tuple(devices)
+        count = len(devices)
+    return Job(num_ps=num_ps, num_workers=count, data=data, model=model, model_options=model_options, spec=spec,
+               mode=mode, replication="in-graph", devices=devices or None, **options)

@@ -153,14 +153,19 @@ class LocalCluster:
             self.spec = job_spec(self.spec, checkpoint_dir=os.path.join(self.log_dir, "checkpoint"))
         self.threads_per_worker = threads_per_worker   # default: the machine's cores shared out
         self.prepared_dir = os.path.join(self.log_dir, "prepared")
-        workers = range(self.spec.total_workers)
-        self.result_files = [os.path.join(self.log_dir, f"worker{i}-result.json") for i in workers]
+        # in-graph, the client is the one that trains (and the chief): its files are the job's
+        trainers = ["client"] if self.in_graph else [f"worker{i}" for i in range(self.spec.total_workers)]
+        self.result_files = [os.path.join(self.log_dir, f"{name}-result.json") for name in trainers]
         # each worker's steps and losses, and the chief's validations, as JSON lines: what Job.metrics() streams
-        self.summaries_files = [os.path.join(self.log_dir, f"worker{i}-summaries.jsonl") for i in workers]
+        self.summaries_files = [os.path.join(self.log_dir, f"{name}-summaries.jsonl") for name in trainers]
         self.supervisor = supervisor or Supervisor(log_dir=self.log_dir)   # owns every process of the job
         self.prepared, self.shards, self.workers = {}, [], []
         self._stage_links = {}    # a pipelined model's {stage: the stages it sends to}
         self._stop = threading.Event()
+
+    @property
+    def in_graph(self):
+        return self.spec.cluster.replication == "in-graph"
 
     def __enter__(self):
         return self
@@ -197,10 +202,13 @@ class LocalCluster:
             if task.role == "reader":
                 self._start(task, env=compute_thread_env(1))
         self.placement = dataclasses.replace(self.placement, ps=tuple(shard.endpoint for shard in self.shards))
-        workers = [t for t in tasks(spec, self.placement) if t.role == "worker"]
+        planned = tasks(spec, self.placement)
+        workers = [t for t in planned if t.role == "worker"]
         threads = self.threads_per_worker or max(1, (os.cpu_count() or 2) // max(1, spec.total_workers))
         env = {**compute_thread_env(threads), **(worker_env or {})}
-        if self.stages > 1:
+        if self.in_graph:
+            self._start_in_graph(workers, next(t for t in planned if t.role == "client"), env)
+        elif self.stages > 1:
             self._start_pipeline(workers, env)
         else:
             self.workers = [self._start(task, env=env) for task in workers]
@@ -226,6 +234,14 @@ class LocalCluster:
                                        f"{stages - 1}); train it with --num-workers {stages} or a multiple of it "
                                        f"(got {self.spec.total_workers})")
         return stages
+
+    def _start_in_graph(self, replicas, client, env):
+        """In-graph: the replicas first, each listening; then the client that drives them (computing nothing,
+        it gets one thread). `workers` is the client, then the replicas: the job ends when they have exited."""
+        started = [self._start(task, service=True, env=env) for task in replicas]
+        client.options["replica"] = [replica.endpoint for replica in started]
+        self.workers = [self.supervisor.start_process("zmqflow.services.worker", client.config_args(self.log_dir),
+                                                      name=client.name, env=compute_thread_env(1))] + started
 
     def _start_pipeline(self, workers, env):
         """A pipelined model, one copy per `stages` workers: in each copy, every stage after the stages it
@@ -272,6 +288,8 @@ class LocalCluster:
         its last log lines."""
         started, training = time.perf_counter(), self.spec.training
         steps = training.epochs * self.examples_per_epoch // training.batch_size
+        if self.in_graph and self.spec.cluster.mode == "sync":   # a step takes a batch from every replica
+            steps = -(-steps // self.spec.cluster.workers)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             with tqdm(total=steps, desc="training", unit="step", disable=not progress) as bar:
@@ -299,6 +317,9 @@ class LocalCluster:
                 "training_seconds": round(training_seconds, 3), "wall_seconds": round(elapsed, 2),
                 "worker_exit_codes": codes, "num_ps": self.spec.cluster.ps, "num_workers": self.spec.cluster.workers,
                 "mode": self.spec.cluster.mode, "optimizer": training.optimizer, "log_dir": self.log_dir}
+        summary["replication"] = self.spec.cluster.replication
+        if self.in_graph:   # the client's steps are the updates (sync) or every replica's step (async)
+            summary.update(steps=results[0]["steps"], replicas=results[0]["replicas"])
         if self.spec.input.at_least_once:   # rows acked once trained: a worker that died mid-job left none unacked
             summary["input_acked"] = sum(r.get("leased_acked", 0) for r in done)
         summary.update({k: results[0][k] for k in ("validation", "best_validation", "validation_metric",

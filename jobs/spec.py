@@ -29,6 +29,9 @@ from zmqflow.services.ps import DEFAULT_OPTIMIZER   # the one default (services/
 
 INPUTS = ("readers", "preloaded", "ps")
 MODES = ("async", "sync")
+REPLICATIONS = ("between-graph", "in-graph")
+"""between-graph: every worker runs its own loop (the default); in-graph: one client drives the workers as
+replicas (services/worker/in_graph.py)."""
 
 
 def optimizer_config(kind, learning_rate):
@@ -91,6 +94,8 @@ class ClusterConfig:
     elastic: bool = False               # sync: workers join and leave while training (ps --elastic)
     readers: int = 1                    # reader processes (input "readers")
     max_shard_bytes: int | None = None  # variables larger than this split into row blocks over the ps shards
+    replication: str = "between-graph"  # or in-graph: one client drives the workers as its replicas
+    replica_devices: tuple = ()         # in-graph: worker i's device (/gpu:1, /job:worker/task:1/cpu:0)
 
 
 @dataclass(frozen=True)
@@ -170,6 +175,10 @@ class JobSpec:
         if c.elastic and (c.mode != "sync" or c.replicas_to_aggregate is not None or c.spare_replicas):
             raise InvalidArgumentError("elastic applies to sync mode, where each step aggregates every worker that is "
                                        "a member then: no replicas_to_aggregate, no spare_replicas")
+        if c.replication not in REPLICATIONS:
+            raise InvalidArgumentError(f"replication must be between-graph or in-graph, got {c.replication!r}")
+        if c.replication == "in-graph":
+            _check_in_graph(self)
         for name, value, least in (("ps", c.ps, 1), ("workers", c.workers, 1), ("spare_replicas", c.spare_replicas, 0),
                                    ("readers", c.readers, 1), ("epochs", self.training.epochs, 1),
                                    ("batch_size", self.training.batch_size, 1)):
@@ -193,10 +202,31 @@ class JobSpec:
         return self.cluster.workers + self.cluster.spare_replicas
 
 
+def _check_in_graph(spec):
+    """What in-graph replication cannot be asked for, named; its replica devices each on its own worker task."""
+    c = spec.cluster
+    if c.spare_replicas:
+        raise InvalidArgumentError("spare replicas are between-graph sync's (the ps drops the slowest); an in-graph "
+                                   "client waits for every replica: drop spare_replicas or use between-graph")
+    if spec.input.at_least_once:
+        raise InvalidArgumentError("at-least-once input acks a batch once its worker's push is on the ps; in-graph "
+                                   "replicas' gradients reach the ps through the client: use between-graph")
+    if c.replica_devices and len(c.replica_devices) != c.workers:
+        raise InvalidArgumentError(f"replica_devices names {len(c.replica_devices)} devices for {c.workers} "
+                                   "workers: one device per replica")
+    from zmqflow.common.cluster.device import DeviceSpec
+    for i, device in enumerate(c.replica_devices):
+        named = DeviceSpec.from_string(device)
+        if named.job not in (None, "worker") or named.task not in (None, i):
+            raise InvalidArgumentError(f"replica {i}'s device {device!r}: replica {i} runs as /job:worker/task:{i}; "
+                                       f"name that task or none (/job:worker/task:{i}/gpu:0, /gpu:0)")
+
+
 ALIASES = {"num_ps": ("cluster", "ps"), "num_workers": ("cluster", "workers"), "ps": ("cluster", "ps"),
            "workers": ("cluster", "workers"), "input": ("input", "kind"), "checkpoint_dir": ("checkpoint", "dir"),
            "checkpoint_every_steps": ("checkpoint", "every_steps"), "keep_checkpoints": ("checkpoint", "keep"),
-           "validate_every_steps": ("validation", "every_steps"), "validate_every_secs": ("validation", "every_secs")}
+           "validate_every_steps": ("validation", "every_steps"), "validate_every_secs": ("validation", "every_secs"),
+           "devices": ("cluster", "replica_devices")}
 """The flat names of `zmqflow train`'s flags and of LocalCluster's keywords, where they are not a group's own."""
 
 
@@ -326,7 +356,14 @@ def tasks(spec, placement):
         out.append(_ps_task(spec, placement, i))
     if spec.input.kind == "readers":
         out += [_reader_task(spec, placement, i) for i in range(spec.cluster.readers)]
-    out += [_worker_task(spec, placement, i) for i in range(spec.total_workers)]
+    if spec.cluster.replication == "in-graph":
+        if deployed:
+            raise InvalidArgumentError("in-graph replication runs as local processes (zmqflow train, "
+                                       "zmqflow.replicate); a deployment's workers train between-graph")
+        out += [_replica_task(spec, placement, i) for i in range(spec.cluster.workers)]
+        out.append(_client_task(spec, placement))
+    else:
+        out += [_worker_task(spec, placement, i) for i in range(spec.total_workers)]
     if deployed and spec.serving.replicas:
         out += _serving_tasks(spec, placement)
     if deployed:
@@ -352,7 +389,7 @@ def _tf_config(placement, role, index):
 
 
 def _ps_task(spec, placement, index):
-    sync = spec.cluster.mode == "sync"
+    sync = spec.cluster.mode == "sync" and spec.cluster.replication == "between-graph"   # in-graph: one pusher
     replicas = spec.total_workers // placement.stages     # a pipeline's copy of its stages pushes as one worker
     elastic = sync and spec.cluster.elastic
     options = {"model": f"{placement.prepared}/{MODEL_JSON}", "optimizer": json.dumps(spec.training.optimizer),
@@ -405,21 +442,54 @@ def _worker_task(spec, placement, index):
                    "summary-every-steps": spec.training.summary_every_steps,
                    "examples-per-epoch": None if recorded else placement.train_rows}
     if index == 0 or deployed:      # a deployment's pods share one command: TF_CONFIG makes one the chief
-        validate = "validation" in placement.splits and recorded
-        v = spec.validation
-        options.update({"evaluate": placement.evaluate, "data-config": f"{placement.prepared}/{DATA_CONFIG}" if recorded else None,
-                        "shutdown-ps": True, "shutdown-broker": deployed,
-                        "checkpoint-dir": spec.checkpoint.dir, "checkpoint-every-steps": spec.checkpoint.every_steps,
-                        "keep-checkpoints": spec.checkpoint.keep})
-        if validate and (v.every_steps or v.every_secs):
-            options.update({"validate-every-steps": v.every_steps or None, "validate-every-secs": v.every_secs,
-                            "early-stop-patience": v.early_stop_patience, "early-stop-metric": v.early_stop_metric})
+        options.update(_chief_options(spec, placement))
     if not deployed:
         return TaskSpec("worker", index, ["worker"], options)
     metrics = WORKER_PORT + index + METRICS_OFFSET    # from the environment: the workers share one command
     return TaskSpec("worker", index, ["worker"], options,
                     env={**_tf_config(placement, "worker", index), METRICS_BIND_ENV: _metrics(metrics)},
                     ports={"metrics": metrics})
+
+
+def _chief_options(spec, placement):
+    """What the chief (between-graph worker 0, or the in-graph client) does besides training: evaluate,
+    validate, checkpoint, and end the job."""
+    deployed, recorded, v = placement.cluster is not None, spec.data is not None, spec.validation
+    options = {"evaluate": placement.evaluate,
+               "data-config": f"{placement.prepared}/{DATA_CONFIG}" if recorded else None,
+               "shutdown-ps": True, "shutdown-broker": deployed,
+               "checkpoint-dir": spec.checkpoint.dir, "checkpoint-every-steps": spec.checkpoint.every_steps,
+               "keep-checkpoints": spec.checkpoint.keep}
+    if "validation" in placement.splits and recorded and (v.every_steps or v.every_secs):
+        options.update({"validate-every-steps": v.every_steps or None, "validate-every-secs": v.every_secs,
+                        "early-stop-patience": v.early_stop_patience, "early-stop-metric": v.early_stop_metric})
+    return options
+
+
+def _replica_task(spec, placement, index):
+    """In-graph: worker `index` as a replica, reading its own share of the input on its device; its client
+    learns its endpoint once it listens."""
+    options = _worker_task(spec, placement, index).options
+    chief = _chief_options(spec, placement)
+    for key in ("json-out", "summaries", "summary-every-steps", "mode", "hook", "log-every", *chief):
+        options.pop(key, None)
+    devices = spec.cluster.replica_devices
+    return TaskSpec("worker", index, ["worker"], {**options, "in-graph": True,
+                                                  "device": devices[index] if devices else None})
+
+
+def _client_task(spec, placement):
+    """In-graph: the client that drives the replicas (its --replica options are added once they listen)."""
+    options = {"ps": list(placement.ps), "model": f"{placement.prepared}/{MODEL_JSON}",
+               "max-shard-bytes": spec.cluster.max_shard_bytes, "batch-size": spec.training.batch_size,
+               "backend": spec.training.backend, "log-every": spec.training.log_every, "mode": spec.cluster.mode,
+               "bf16": spec.training.bf16, "hook": list(placement.hooks),
+               "json-out": f"{placement.log_dir}/client-result.json",
+               "summaries": f"{placement.log_dir}/client-summaries.jsonl",
+               "summary-every-steps": spec.training.summary_every_steps,
+               "examples-per-epoch": None if spec.data is not None else placement.train_rows,
+               **_chief_options(spec, placement)}
+    return TaskSpec("client", 0, ["worker"], options)
 
 
 def _serving_tasks(spec, placement):

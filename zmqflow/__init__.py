@@ -16,7 +16,8 @@ import importlib
 from zmqflow.common.version import __version__  # noqa: F401  (one home: common/version.py)
 
 API = {
-    "local_cluster": "zmqflow.jobs.job", "Job": "zmqflow.jobs.job", "serve": "zmqflow.jobs.serving",
+    "local_cluster": "zmqflow.jobs.job", "Job": "zmqflow.jobs.job", "replicate": "zmqflow.jobs.job",
+    "serve": "zmqflow.jobs.serving",
     "ModelClient": "zmqflow.common.clients.serve", "AggregatorClient": "zmqflow.common.clients.aggregator",
     "replica_device_setter": "zmqflow.common.cluster.replica_device_setter",
     "device": "zmqflow.common.cluster.device:device_scope", "ClusterSpec": "zmqflow.common.cluster.spec",

@@ -461,6 +461,26 @@ class ServeOps:
         """The model: its inputs, output and raw features."""
 
 
+class ReplicaOps:
+    """A replica of in-graph replication (services/worker/replica.py, a worker with `--in-graph`): it reads its
+    own share of the input and computes on the ps's parameters when its one client (the graph's owner,
+    services/worker/in_graph.py) asks."""
+
+    class ComputeGradients(Request, role=MEMBER, answer="loss rows versions names"):
+        """Sync: the gradients of the replica's next batch at the parameters of `min_version` (one per ps
+        shard; pulled by the replica, parked until the shards reach it), one tensor per name, nothing
+        pushed; OUT_OF_RANGE when its input has ended."""
+        min_version: list[int] | None = None
+
+    class RunStep(Request, role=MEMBER, answer="loss rows global_step"):
+        """Async: one step of the replica's own (pull, compute on its next batch, push its gradients);
+        OUT_OF_RANGE when its input has ended."""
+
+    class Finish(Request, role=ADMIN, answer="steps examples seconds"):
+        """The end (the client's, as the chief's): the replica settles its last push, says it is done to the ps
+        and exits 0."""
+
+
 AGGREGATOR_MODES = ("ensemble", "replica")
 aggregator_mode = one_of(*AGGREGATOR_MODES)
 
@@ -509,7 +529,7 @@ class EnsembleServeOps:
 
 
 TABLES = {"every service": Ops, "queue-broker": BrokerOps, "ps-shard": PsOps, "serve": ServeOps,
-          "aggregator": AggregatorOps, "ensemble serve": EnsembleServeOps}
+          "aggregator": AggregatorOps, "ensemble serve": EnsembleServeOps, "in-graph replica": ReplicaOps}
 
 
 def _roles_by_op():

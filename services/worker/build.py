@@ -186,11 +186,72 @@ def run_stage(config, model, pipeline, ps):
     return summary
 
 
+def replica_name(config):
+    """An in-graph replica's name in errors and logs: its task and, when given, its device
+    (/job:worker/task:1, /job:worker/task:1/device:GPU:0)."""
+    from zmqflow.common.cluster.device import DeviceSpec
+    task = DeviceSpec(job=config.job, task=config.task)
+    return (task.make_merged_spec(DeviceSpec.from_string(config.device)) if config.device else task).to_string()
+
+
+def run_replica(config, model, spec, ps):
+    """A replica of in-graph replication (--in-graph): serve the client's steps on this worker's model, ps
+    client and share of the input (services/worker/replica.py) until it says the end."""
+    from zmqflow.common.processes.service_cli import write_ready_file
+    from zmqflow.services.worker.replica import ReplicaService
+    if config.at_least_once:
+        raise UsageError("--at-least-once acks a batch once its step's push is on the ps; an in-graph replica's "
+                         "gradients reach the ps through its client: drop --at-least-once or --in-graph")
+    name = replica_name(config)
+
+    def start():
+        batches = training_input(config, ps)
+        trainer = Trainer(model, ps, replica=config.task_index, num_workers=config.num_workers, is_chief=False,
+                          batch_size=config.batch_size, mode="async", config={"model": spec})
+        trainer.begin()
+        return trainer, batches
+
+    service = ReplicaService(config.bind, name, len(config.ps_endpoints), start)
+    if config.ready_file:
+        write_ready_file(config.ready_file, service.endpoint)
+    log.info("%s: an in-graph replica listening on %s", name, service.endpoint)
+    service.run()
+    if service.client_lost:
+        raise WorkerExit(PEER_LOST)
+    if config.result_file and service.summary:
+        write_summary(config.result_file, service.summary)
+    return service.summary
+
+
+def in_graph_client(config, model, spec, ps):
+    """The client of in-graph replication (--replica, repeated): a chief Trainer that drives the replicas."""
+    from zmqflow.common.clients.replica import ReplicaClient
+    from zmqflow.services.worker.in_graph import InGraphTrainer
+    replicas = []
+    for address in config.replicas:
+        try:
+            with ReplicaClient(address, address) as probe:
+                name = probe.info(timeout=config.replica_timeout)["replica"]
+        except OpError as exc:
+            stop_on_error(config, UnavailableError(f"in-graph replica at {address}: {exc}"))
+        replicas.append(ReplicaClient(address, name, timeout=config.replica_timeout))
+    log.info("in-graph client of %d replicas (%s): %s", len(replicas), config.mode,
+             ", ".join(f"{r.name} at {r.address}" for r in replicas))
+    return InGraphTrainer(model, ps, replicas, mode=config.mode, step_timeout=config.replica_timeout,
+                          batch_size=config.batch_size, checkpoint_dir=config.checkpoint_dir,
+                          examples_per_epoch=config.examples_per_epoch or recorded(config).get("train_rows"),
+                          config={"model": spec, "backend": config.backend, **data_config(config)})
+
+
 def run(config):
     """Train until the input ends (or a hook stops it), then finish as the chief's protocol says."""
     spec = resolve_model(config.model_spec)
     model = placed_model(config, spec)
     ps = ps_client(config, spec)
+    if config.in_graph and config.replicas:
+        raise UsageError("--in-graph makes this worker a replica, --replica the client of replicas: pass one")
+    if config.in_graph:
+        return run_replica(config, model, spec, ps)
     pipeline = pipeline_task(config, model)
     if pipeline and pipeline.stage > 0:
         return run_stage(config, model, pipeline, ps)
@@ -201,13 +262,13 @@ def run(config):
                               StageLink(downstream=pipeline.downstream, timeout=config.pipeline_timeout,
                                         job_token=stage_token(config)),
                               config.micro_batches, versions=lambda: list(ps.versions))
-    batches = training_input(config, ps, replica, replicas)
+    batches = None if config.replicas else training_input(config, ps, replica, replicas)
     hooks, tensorboard = training_hooks(config)
-    trainer = Trainer(model, ps, replica=replica, num_workers=replicas,
-                      is_chief=config.is_chief, batch_size=config.batch_size, mode=config.mode,
-                      checkpoint_dir=config.checkpoint_dir,
-                      examples_per_epoch=config.examples_per_epoch or recorded(config).get("train_rows"),
-                      config={"model": spec, "backend": config.backend, **data_config(config)})
+    trainer = in_graph_client(config, model, spec, ps) if config.replicas else Trainer(
+        model, ps, replica=replica, num_workers=replicas,
+        is_chief=config.is_chief, batch_size=config.batch_size, mode=config.mode, checkpoint_dir=config.checkpoint_dir,
+        examples_per_epoch=config.examples_per_epoch or recorded(config).get("train_rows"),
+        config={"model": spec, "backend": config.backend, **data_config(config)})
     try:
         summary = trainer.fit(batches, hooks)
     except OpError as exc:  # a peer we cannot do without is gone: say which, exit non-zero

@@ -74,6 +74,14 @@ from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
               help="Limit CuPy's memory pool to this fraction of each GPU.")
 @click.option("--towers", default=1, type=click.IntRange(min=1),
               help="Split each batch over N towers (GPUs, or CPU threads) and average before one push.")
+@click.option("--in-graph", is_flag=True, help="Be one replica of in-graph replication: listen on --bind and "
+              "compute on this worker's device and share of the input when the client asks (docs/design.md).")
+@click.option("--replica", "replicas", multiple=True, metavar="ADDRESS",
+              help="Be the client of in-graph replication: drive the replica listening at ADDRESS (repeat, one per "
+                   "replica; started with --in-graph). --mode sync averages their gradients into one push a step, "
+                   "async lets each replica push its own.")
+@click.option("--replica-timeout-secs", "replica_timeout", default=60.0, type=click.FloatRange(min=0, min_open=True),
+              help="In-graph client: seconds to wait for one replica's step before it is taken for lost.")
 @click.option("--serve", "serve_checkpoint", default=None, type=click.Path(file_okay=False),
               help="Serve mode: answer predict requests from the latest checkpoint in this directory instead of "
                    "training (the same as `zmqflow serve --checkpoint DIR`).")
@@ -85,10 +93,11 @@ from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
 @option("--pipeline-timeout-secs", "pipeline_timeout", old_names=["--pipeline-timeout"],
         default=120.0, type=click.FloatRange(min=0, min_open=True),
         help="Pipelined model: seconds to wait for a neighbouring stage before giving up.")
-@bind_option("127.0.0.1:5700", help="With --serve, or as a pipeline stage after the first: where to listen, "
-             "[HOST:]PORT or a ZeroMQ URL, as every service's --bind.")
+@bind_option("127.0.0.1:5700", help="With --serve or --in-graph, or as a pipeline stage after the first: where to "
+             "listen, [HOST:]PORT or a ZeroMQ URL, as every service's --bind.")
 @click.option("--ready-file", default=None, type=click.Path(dir_okay=False),
-              help="With --serve, or as a later pipeline stage: write the bound endpoint here once listening.")
+              help="With --serve or --in-graph, or as a later pipeline stage: write the bound endpoint here once "
+                   "listening.")
 @ops_options
 def command(**options):
     """Train: dequeue mini-batches from the broker, pull parameters, push gradients.

@@ -70,6 +70,9 @@ class WorkerConfig:
     pipeline_timeout: float = 120.0
     bind: str = None                # a later pipeline stage listens here (and a model server)
     ready_file: str = None
+    in_graph: bool = False          # a replica of in-graph replication: computes when its client asks
+    replicas: tuple = ()            # the in-graph client: the replicas it drives
+    replica_timeout: float = 60.0   # the in-graph client: seconds for a replica's step before it is lost
     job: str = "worker"             # this task's job and index as device strings name them
     task: int = None
 

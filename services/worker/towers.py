@@ -52,7 +52,7 @@ class TowerModel:
         if len(results) == 1:
             return results[0]
         weights = [n / sum(sizes) for n in sizes]
-        loss, grads, metrics = (_weighted([result[i] for result in results], weights) for i in range(3))
+        loss, grads, metrics = (weighted_average([result[i] for result in results], weights) for i in range(3))
         return float(loss), grads, metrics
 
     def predict(self, params, x):
@@ -79,8 +79,9 @@ class TowerModel:
             self._pool = None
 
 
-def _weighted(values, weights):
-    """The towers' results averaged with `weights`: numbers and arrays, or dicts of them."""
+def weighted_average(values, weights):
+    """Results averaged with `weights` (each part's rows over the whole batch's): numbers and arrays, or dicts
+    of them. The towers' here; the replicas' of an in-graph sync step too (in_graph.py)."""
     if isinstance(values[0], dict):
-        return {key: _weighted([v[key] for v in values], weights) for key in values[0]}
+        return {key: weighted_average([v[key] for v in values], weights) for key in values[0]}
     return sum(v * w for v, w in zip(values, weights))

@@ -215,6 +215,20 @@ class Trainer:
         self.losses.append(loss)
         return StepResult(float(loss), len(y), self.global_step)
 
+    @_ps_lost
+    def gradients(self, batch, min_version=None):
+        """(loss, rows, {variable: gradient}) of `batch` at the parameters of `min_version` (one per shard:
+        pulled, waiting until the shards reach it), nothing pushed: an in-graph replica's part of a sync
+        step, whose client averages the replicas' gradients into one push (services/worker/replica.py)."""
+        x, y = self._batch(batch)
+        self.params = self.ps.pull(min_version=min_version, timeout=self.sync_timeout, exclude=self._not_pulled)
+        self.global_step = self.ps.versions[0]
+        loss, grads = self._compute(self.params, x, y)
+        self.steps += 1
+        self.examples += len(y)
+        self.losses.append(loss)
+        return float(loss), len(y), grads
+
     def after_step(self, result):
         """Show the hooks a step; True when one asks to stop."""
         ctx = StepContext(self, self.steps, result.global_step, result.loss, self.examples, self._epoch(),

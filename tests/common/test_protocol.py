@@ -102,4 +102,4 @@ def test_every_op_declares_who_may_send_it():
     for table in protocol.TABLES.values():
         for request in requests_of(table).values():
             assert request.ROLE in protocol.ROLES
-    assert protocol.ADMIN_OPS == {"reset", "shutdown", "init", "restore", "add_member", "remove_member"}
+    assert protocol.ADMIN_OPS == {"reset", "shutdown", "init", "restore", "add_member", "remove_member", "finish"}

@@ -38,13 +38,14 @@ from zmqflow.common.wire.frames import pack, request_frames
 from zmqflow.common.wire.limits import DEFAULT_LIMITS
 from zmqflow.common.wire.protocol import ADMIN, TABLES, Name, requests_of
 from zmqflow.common.cluster.placement import place
-from zmqflow.common.clients.ps import PsClient
+from zmqflow.common.clients.ps import PsClient, PsShardClient
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.models.spec import MNIST_MLP
 
 pytestmark = pytest.mark.service
 
-SERVED_BY = {"queue-broker": "broker", "ps-shard": "ps", "serve": "serve", "aggregator": "aggregator"}
+SERVED_BY = {"queue-broker": "broker", "ps-shard": "ps", "serve": "serve", "aggregator": "aggregator",
+             "in-graph replica": "replica"}
 """Which service answers each table's ops ('every service': each of them)."""
 TIMEOUT = 5.0
 
@@ -61,7 +62,11 @@ def services(module_processes):
     shards.close()
     serve = start("zmqflow.services.serve", ["--ps", ps.endpoint, "--backend", "numpy"])
     aggregator = start("zmqflow.services.aggregator", ["--member", "tcp://127.0.0.1:7"])
-    yield {"broker": broker, "ps": ps, "serve": serve, "aggregator": aggregator}
+    with PsShardClient(ps.endpoint) as client:    # an in-graph replica's share of the input, on the ps
+        client.preload("probe", {"image": np.zeros((200, 784), np.float32), "label": np.zeros(200, np.int64)})
+    replica = start("zmqflow.services.worker", ["--in-graph", "--ps", ps.endpoint, "--preloaded", "probe",
+                                                "--backend", "numpy"])
+    yield {"broker": broker, "ps": ps, "serve": serve, "aggregator": aggregator, "replica": replica}
     shutil.rmtree(os.path.dirname(SCRATCH), ignore_errors=True)   # what a probe's save wrote
 
 
