@@ -23,7 +23,8 @@ GRPC_EXTRA_HINT = "--grpc-bind needs the grpc extra: pip install 'zmqflow[http,g
               help="HTTP address to listen on; port 0 picks a free one (the ready file and the log name it).")
 @click.option("--grpc-bind", default=None, metavar="[HOST:]PORT",
               help="Also serve the protocol over gRPC (inference.GRPCInferenceService, as Triton and KServe do; "
-                   "their port is 8001) on this address, with the same models, limits and metrics; a bare PORT "
+                   "their port is 8001; with the health service grpc.health.v1.Health, which Kubernetes' gRPC "
+                   "probes ask) on this address, with the same models, limits and metrics; a bare PORT "
                    "listens on 127.0.0.1, port 0 picks a free one (the log names it). Needs the grpc extra.")
 @option("--model-name", "ensemble_name", old_names=["--name"],
         default="ensemble", help="Model name of the aggregator's ensemble.")

@@ -12,7 +12,8 @@ to a typed one. Limits: a message over --max-body-bytes is refused by grpc itsel
 at most --max-connections RPCs run at once (more: RESOURCE_EXHAUSTED), and each reserves its parsing
 cost from --max-inflight-bytes before its values are decoded (UNAVAILABLE when they are not left).
 The call's deadline (the client's timeout) is the request's deadline, upstream included, as the
-`timeout` parameter is; the earlier of the two holds.
+`timeout` parameter is; the earlier of the two holds. The standard health service, grpc.health.v1.Health,
+answers on the same port (grpc_health.py: Kubernetes' gRPC probes ask it).
 """
 
 import contextlib
@@ -29,6 +30,7 @@ from zmqflow.services.gateway import grpc_predict_v2_pb2 as pb
 from zmqflow.services.gateway import protocol
 from zmqflow.services.gateway.catalog import server_metadata
 from zmqflow.services.gateway.forward import infer
+from zmqflow.services.gateway.grpc_health import add_health_service
 from zmqflow.services.gateway.grpc_predict_v2_pb2_grpc import (GRPCInferenceServiceServicer,
                                                                add_GRPCInferenceServiceServicer_to_server)
 from zmqflow.services.gateway.limits import Reservation, request_cost
@@ -302,13 +304,15 @@ def grpc_address(host, port):
 
 @contextlib.asynccontextmanager
 async def serving(settings, host, port, max_rpcs=1000, idle_s=5.0):
-    """The protocol's gRPC service on host:port (port 0: any free one) while in the block, which gets the
-    address it listens on; `max_rpcs` run at once (--max-connections), connections idle for `idle_s` close."""
+    """The protocol's gRPC service and the health service on host:port (port 0: any free one) while in the
+    block, which gets the address it listens on; `max_rpcs` run at once (--max-connections), connections idle
+    for `idle_s` close."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", settings.max_body_bytes),
                                       ("grpc.so_reuseport", 0),   # else a second gateway would share the port
                                       ("grpc.max_connection_idle_ms", int(idle_s * 1000))],
                              maximum_concurrent_rpcs=max_rpcs)
     add_GRPCInferenceServiceServicer_to_server(InferenceService(settings), server)
+    add_health_service(server, lambda: settings.discovery.ready()[0])
     try:
         bound = server.add_insecure_port(grpc_address(host, port))
     except RuntimeError as exc:

@@ -78,6 +78,38 @@ def test_health_and_metadata_over_grpc_and_rest(client, rest):
     refused(lambda: client.get_model_metadata("m2", model_version="7"), "StatusCode.NOT_FOUND", "no version '7'")
 
 
+def health_check(address, service=""):
+    """grpc.health.v1.Health/Check as Kubernetes' gRPC probe sends it, its messages written on the wire by hand
+    (field 1, the service name; field 1 of the answer, the status: 1 SERVING, 2 NOT_SERVING), so the test does not
+    read the gateway's answer with the gateway's own message classes."""
+    request = b"\n" + bytes([len(service)]) + service.encode() if service else b""
+    with grpc.insecure_channel(address) as channel:
+        return channel.unary_unary("/grpc.health.v1.Health/Check")(request, timeout=5)
+
+
+def test_the_standard_health_service_answers_as_server_ready(topology, processes):
+    """What Kubernetes' `grpc:` probe and grpc_health_probe ask: SERVING while the gateway is ready (for the server
+    and for the protocol's service), NOT_SERVING while its upstream does not answer, NOT_FOUND for another name;
+    Watch is not served (UNIMPLEMENTED: each watcher would hold an RPC for ever)."""
+    for address in (topology.grpc, topology.grpc_single):
+        assert health_check(address) == b"\x08\x01"
+        assert health_check(address, "inference.GRPCInferenceService") == b"\x08\x01"
+    with pytest.raises(grpc.RpcError) as error:
+        health_check(topology.grpc, "nope")
+    assert error.value.code() == grpc.StatusCode.NOT_FOUND and "unknown service 'nope'" in error.value.details()
+    with grpc.insecure_channel(topology.grpc) as channel:
+        with pytest.raises(grpc.RpcError) as error:
+            next(iter(channel.unary_stream("/grpc.health.v1.Health/Watch")(b"", timeout=5)))
+    assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+    grpc_port = free_port()   # a gateway whose model server is not there: up, but not ready
+    processes.service("zmqflow.services.gateway", ["--serve", f"tcp://127.0.0.1:{free_port()}", "--grpc-bind",
+                                                   str(grpc_port), "--refresh-secs", "0.3"], bind="127.0.0.1:0")
+    assert health_check(f"127.0.0.1:{grpc_port}") == b"\x08\x02"
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
+        assert client.is_server_live() and not client.is_server_ready()
+
+
 def test_raw_contents_equal_rest_and_the_zeromq_path(client, rest, topology):
     result = infer(client, "ensemble", timeout=2_000_000)   # microseconds, as over REST
     probabilities = result.as_numpy("probabilities")
