@@ -116,8 +116,10 @@ def test_shipped_topology_serves_an_ensemble_through_the_aggregator(project, tmp
             scraped["aggregator"][:3000]
         assert "zmqflow_rpc_request_duration_seconds_bucket" in scraped["serve0"]
         predictions_through_the_gateway(f"127.0.0.1:{8000 + offset}", x)
+        predictions_over_grpc(f"127.0.0.1:{8001 + offset}", x)
         gateway_metrics = urllib.request.urlopen(f"http://127.0.0.1:{9000 + offset}/metrics", timeout=5).read().decode()
-        assert 'zmqflow_gateway_infer_requests_total{model="ensemble",status="200"} 2.0' in gateway_metrics
+        assert 'zmqflow_gateway_infer_requests_total{model="ensemble",status="200",task="gateway"} 2.0' in gateway_metrics
+        assert 'zmqflow_gateway_grpc_infer_requests_total{code="OK",model="ensemble",task="gateway"} 1.0' in gateway_metrics
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -180,6 +182,21 @@ def predictions_through_the_gateway(address, x):
         assert result.get_response()["model_name"] == "model-2"
     finally:
         client.close()
+
+
+def predictions_over_grpc(address, x):
+    """The same gateway's gRPC port (--grpc-bind, moved by the offset like every port): tritonclient.grpc gets the
+    ensemble's and a member's predictions, as over HTTP."""
+    import tritonclient.grpc as grpcclient
+    with grpcclient.InferenceServerClient(address) as client:
+        assert client.is_server_ready() and client.is_model_ready("model-3")
+        for model in ("ensemble", "model-3"):
+            data = grpcclient.InferInput("input", list(x.shape), "FP32")
+            data.set_data_from_numpy(x)
+            result = client.infer(model, [data], client_timeout=10)
+            probabilities = result.as_numpy("probabilities")
+            assert probabilities.shape == (4, 10) and np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-4), model
+            assert result.get_response().model_name == model
 
 
 def write(tmp_path, text):
