@@ -111,6 +111,33 @@ def test_curl_and_tritonclient_get_predictions_through_the_gateway(stack):
         client.close()
 
 
+def test_tritonclient_grpc_gets_predictions_through_the_gateways_grpc_port(stack):
+    """The image serves the gRPC side too (its lock installs the grpc extra): on the port compose publishes,
+    tritonclient.grpc gets predictions from the ensemble and from a member, and the standard health service that
+    Kubernetes' gRPC probe asks answers SERVING."""
+    import grpc
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    address = f"127.0.0.1:{stack.gateway_grpc_port}"
+    x = np.random.default_rng(0).random((2, 784), dtype=np.float32)
+    with grpcclient.InferenceServerClient(address) as client:
+        assert client.is_server_ready() and client.is_model_ready("model-3")
+        for model in ("ensemble", "model-3"):
+            data = grpcclient.InferInput("input", [2, 784], "FP32")
+            data.set_data_from_numpy(x)
+            timings = []
+            for _ in range(50):
+                started = time.perf_counter()
+                result = client.infer(model, [data], client_timeout=5)
+                timings.append((time.perf_counter() - started) * 1000)
+            probabilities = result.as_numpy("probabilities")
+            assert probabilities.shape == (2, 10) and np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-4), model
+            print(f"\ntritonclient.grpc -> {model}: 50 infers, p50 {np.percentile(timings, 50):.2f} ms, "
+                  f"p99 {np.percentile(timings, 99):.2f} ms")
+    with grpc.insecure_channel(address) as channel:   # HealthCheckRequest{} -> HealthCheckResponse{status: SERVING}
+        assert channel.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=5) == b"\x08\x01"
+
+
 def test_load_test_profile_drives_the_gateway_over_http(stack):
     done = stack("--profile", "loadtest", "run", "--rm", "loadtest-http", timeout=300, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
