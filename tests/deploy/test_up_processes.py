@@ -174,11 +174,7 @@ def predictions_through_the_gateway(address, x):
     client = httpclient.InferenceServerClient(address, network_timeout=10.0)
     try:
         for model in ("ensemble", "model-2"):
-            data = httpclient.InferInput("input", list(x.shape), "FP32")
-            data.set_data_from_numpy(x)
-            result = client.infer(model, [data], timeout=2_000_000)
-            probabilities = result.as_numpy("probabilities")
-            assert probabilities.shape == (4, 10) and np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-4), model
+            result = infer_probabilities(httpclient, client, model, x, timeout=2_000_000)   # microseconds
         assert result.get_response()["model_name"] == "model-2"
     finally:
         client.close()
@@ -191,12 +187,18 @@ def predictions_over_grpc(address, x):
     with grpcclient.InferenceServerClient(address) as client:
         assert client.is_server_ready() and client.is_model_ready("model-3")
         for model in ("ensemble", "model-3"):
-            data = grpcclient.InferInput("input", list(x.shape), "FP32")
-            data.set_data_from_numpy(x)
-            result = client.infer(model, [data], client_timeout=10)
-            probabilities = result.as_numpy("probabilities")
-            assert probabilities.shape == (4, 10) and np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-4), model
-            assert result.get_response().model_name == model
+            assert infer_probabilities(grpcclient, client, model, x, client_timeout=10).get_response().model_name == model
+
+
+def infer_probabilities(tritonclient, client, model, x, **deadline):
+    """`client.infer` of the rows `x` to `model` with tritonclient's http or grpc module (the same calls; the
+    deadline's keyword differs), its probabilities checked: [rows, 10], each row summing to 1."""
+    data = tritonclient.InferInput("input", list(x.shape), "FP32")
+    data.set_data_from_numpy(x)
+    result = client.infer(model, [data], **deadline)
+    probabilities = result.as_numpy("probabilities")
+    assert probabilities.shape == (len(x), 10) and np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-4), model
+    return result
 
 
 def write(tmp_path, text):
