@@ -118,8 +118,9 @@ def test_shipped_topology_serves_an_ensemble_through_the_aggregator(project, tmp
         predictions_through_the_gateway(f"127.0.0.1:{8000 + offset}", x)
         predictions_over_grpc(f"127.0.0.1:{8001 + offset}", x)
         gateway_metrics = urllib.request.urlopen(f"http://127.0.0.1:{9000 + offset}/metrics", timeout=5).read().decode()
-        assert 'zmqflow_gateway_infer_requests_total{model="ensemble",status="200",task="gateway"} 2.0' in gateway_metrics
-        assert 'zmqflow_gateway_grpc_infer_requests_total{code="OK",model="ensemble",task="gateway"} 1.0' in gateway_metrics
+        for sample in ('zmqflow_gateway_infer_requests_total{model="ensemble",status="200",task="gateway"} 2.0',
+                       'zmqflow_gateway_grpc_infer_requests_total{code="OK",model="ensemble",task="gateway"} 1.0'):
+            assert sample in gateway_metrics, gateway_metrics[:3000]
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -187,7 +188,8 @@ def predictions_over_grpc(address, x):
     with grpcclient.InferenceServerClient(address) as client:
         assert client.is_server_ready() and client.is_model_ready("model-3")
         for model in ("ensemble", "model-3"):
-            assert infer_probabilities(grpcclient, client, model, x, client_timeout=10).get_response().model_name == model
+            result = infer_probabilities(grpcclient, client, model, x, client_timeout=10)   # seconds
+            assert result.get_response().model_name == model
 
 
 def infer_probabilities(tritonclient, client, model, x, **deadline):
