@@ -38,11 +38,11 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "(unit or service) and not slow"
 
 # The soak tier (tests/soak/, docs/design.md's Memory habits) for minutes: each long-running service driven at full
-# rate for SOAK_SECONDS, failing when its RSS grows by over 16 MB, or its descriptors or threads by over 2, once
+# rate for SOAK_SECS seconds, failing when its RSS grows by over 16 MB, or its descriptors or threads by over 2, once
 # warmed up. `make test` runs the same tier for 4 s a service.
-SOAK_SECONDS ?= 120
+SOAK_SECS ?= $(or $(SOAK_SECONDS),120)
 test-soak: $(STAMP)
-	ZMQFLOW_SOAK_SECONDS=$(SOAK_SECONDS) $(BIN)/python -m pytest -q -rs -s -m soak
+	ZMQFLOW_SOAK_SECS=$(SOAK_SECS) $(BIN)/python -m pytest -q -rs -s -m soak
 
 # The security tier (tests/security/, docs/security.md): attacks that must be refused; part of make test too.
 test-security: $(STAMP)

@@ -57,6 +57,19 @@ class TorchModel:
     def input_signature(self):
         return {"input": (self.input_shape, "float32")}
 
+    def output_shape(self):
+        """The shape of one row's output, from the module itself (one zero row in eval mode: its last
+        variable may be a buffer, such as a BatchNorm's running statistics, not the output layer's)."""
+        torch = self.torch
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            with torch.inference_mode():
+                out = self.module(torch.zeros((1, *self.input_shape), device=self.device))
+        finally:
+            self.module.train(was_training)
+        return tuple(out.shape[1:])
+
     def initial_values(self, seed=None):
         """The module's values when it was handed over (build it under torch.manual_seed(seed)
         for other draws)."""

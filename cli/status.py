@@ -6,7 +6,8 @@ import time
 
 import click
 
-from zmqflow.common.processes.service_cli import curve_option, deprecated_option, option
+from zmqflow.common.bind import LOOPBACK
+from zmqflow.common.processes.service_cli import BIND_HELP, BindAddress, curve_option, deprecated_option, option
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.jobs.cluster_check import spec_from_options
 from zmqflow.jobs.status.probe import add_rates, snapshot
@@ -22,7 +23,7 @@ from zmqflow.jobs.status.render import render
 @click.option("--worker", multiple=True, metavar="HOST:PORT[,...]", help="Worker tasks (listed; their state "
               "comes from ps 0).")
 @click.option("--worker-metrics", multiple=True, metavar="HOST:PORT|URL",
-              help="A worker's --metrics-port endpoint, in worker order (repeat): examples/s, steps.")
+              help="A worker's --metrics-bind endpoint, in worker order (repeat): examples/s, steps.")
 @click.option("--aggregator", multiple=True, metavar="HOST:PORT", help="Aggregators (member health).")
 @click.option("--serve", multiple=True, metavar="HOST:PORT[,...]", help="Model servers.")
 @option("--interval-secs", "interval", old_names=["--interval"],
@@ -33,9 +34,9 @@ from zmqflow.jobs.status.render import render
 @click.option("--json", "as_json", is_flag=True, help="Print snapshots as JSON (one object per line).")
 @click.option("--web", is_flag=True, help="Serve the view as a web page instead (tables and training curves, "
               "refreshed every --interval-secs; needs pip install 'zmqflow[http]').")
-@option("--web-bind", "web_port", old_names=["--web-port"], default="127.0.0.1:8088", metavar="[HOST:]PORT",
-        help="With --web: where the page listens (0.0.0.0:8088: every interface; port 0: any free port, the URL "
-             "is printed).")
+@option("--web-bind", "web_port", old_names=["--web-port"], default="8088", metavar="[HOST:]PORT",
+        type=BindAddress(zmq=False),
+        help=f"With --web: where the page listens, {BIND_HELP} (its URL is printed).")
 @deprecated_option("--web-host", use="--web-bind HOST:PORT", default=None)
 @click.option("--history", "history_points", default=600, type=click.IntRange(min=2),
               help="With --web: snapshots the curves keep (the oldest are dropped).")
@@ -51,7 +52,7 @@ def command(cluster_file, broker, ps, worker, worker_metrics, aggregator, serve,
         raise click.UsageError("--web serves a page: it does not go with --once or --json")
     if web:
         _check_http_extra()
-        web_host, web_port = _web_address(web_host or "127.0.0.1", web_port)
+        web_host, web_port = web_port.socket_address(web_host or LOOPBACK)   # a HOST there wins over --web-host
     shortcuts = {"broker": broker, "ps": ps, "worker": worker, "aggregator": aggregator, "serve": serve}
     try:
         spec = spec_from_options(cluster_file, (), shortcuts)
@@ -92,14 +93,6 @@ def _check_http_extra():
         import uvicorn  # noqa: F401
     except ImportError as exc:
         raise click.UsageError(f"{HTTP_EXTRA_HINT}; {exc}") from None
-
-
-def _web_address(host, text):
-    """--web-bind [HOST:]PORT (and the deprecated --web-host, which a HOST there overrides) -> (host, port)."""
-    named, sep, port = text.rpartition(":")
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise click.BadParameter(f"expected [HOST:]PORT with PORT in 0..65535, got {text!r}", param_hint="--web-bind")
-    return (named.strip("[]") or host) if sep else host, int(port)
 
 
 def _serve_web(spec, metrics, interval, timeout, host, port, history_points):

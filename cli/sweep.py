@@ -7,7 +7,7 @@ import signal
 import click
 
 from zmqflow.cli.train import fitted_data, model_for
-from zmqflow.common.processes.service_cli import launcher_curve_option, option
+from zmqflow.common.processes.service_cli import launcher_curve_option, option, service_main
 from zmqflow.jobs.spec import TrainConfig
 from zmqflow.jobs.sweep.runner import INPUTS, device_slots
 from zmqflow.jobs.sweep.study import PRUNERS, SAMPLERS, run_id
@@ -251,7 +251,7 @@ def _interrupt(signum, frame):
 
 
 def main():
-    command(auto_envvar_prefix="ZMQFLOW_SWEEP")
+    service_main(command)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,8 @@ from zmqflow.jobs.up.topology import check_local_ports, find_chief, select, wait
                    "healthy); `zmqflow compose ps`, `zmqflow logs [-f]` and `zmqflow down` follow and stop them "
                    "from any shell.")
 @click.option("--wait", is_flag=True, help="With -d: return once every service runs and passes its healthcheck "
-              "(one-shot services: once they exited 0); exit 1 when one fails first.")
+              "(without one: once it has run for 1 s; one-shot services: once they exited 0); exit 1 when one "
+              "fails first.")
 @click.option("--wait-secs", default=600.0, type=click.FloatRange(min=0),
               help="With --wait: how long to wait before giving up (exit 1; the run goes on).")
 @click.option("--workdir", default=None, type=click.Path(file_okay=False),
@@ -142,10 +143,14 @@ def command(service_names, compose_file, service_list, profiles, env_file, no_de
     click.echo("zmqflow compose ps: what runs; zmqflow logs -f: its output; zmqflow down: stop it")
 
 
+_SETTLE_SECS = 1.0
+
+
 def _wait_ready(folder, limit):
     """`up -d --wait`: until every service runs and is healthy (or, one-shot, exited 0); ClickException when one
     fails for good, the run ends, or `limit` seconds pass."""
     deadline = time.monotonic() + limit
+    running_since = {}   # a service without a healthcheck is ready once it has run for _SETTLE_SECS (not exited)
     while True:
         state = folder.state()
         services = state["services"]
@@ -155,8 +160,14 @@ def _wait_ready(folder, limit):
         if failed or not supervisor_alive(state):
             raise click.ClickException(f"zmqflow up --wait: {'; '.join(failed) or 'the run ended'} "
                                        f"(zmqflow logs shows why)")
+        now = time.monotonic()
+        for n, s in services.items():
+            if s["state"] == "running" and s.get("health") is None:
+                running_since.setdefault((n, s.get("pid")), now)
         waiting = [n for n, s in services.items() if s["state"] in ("created", "restarting")
-                   or s["state"] == "running" and s.get("health") not in (None, "healthy")]
+                   or s["state"] == "running" and s.get("health") not in (None, "healthy")
+                   or s["state"] == "running" and s.get("health") is None
+                   and now - running_since[n, s.get("pid")] < _SETTLE_SECS]
         if not waiting:
             click.echo("zmqflow up: every service is running and healthy")
             return

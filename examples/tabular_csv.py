@@ -5,7 +5,10 @@ checkpoint in a model server process that answers raw rows with the class. `main
     python examples/tabular_csv.py        # writes a made-up wine CSV to a temporary directory first
 
 The CSV's label is its last column, `grade`; `make_wine_csv` stands in for your file. The same from the
-command line: zmqflow train --data wine.yaml --model mlp --checkpoint-dir ckpt; zmqflow serve --checkpoint ckpt
+command line:
+
+    zmqflow train --data wine.yaml --model mlp --checkpoint-dir ckpt
+    zmqflow serve --checkpoint ckpt
 """
 
 import os

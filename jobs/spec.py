@@ -20,7 +20,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from zmqflow.common.processes.service_cli import to_flags
+from zmqflow.common.processes.service_cli import METRICS_BIND_ENV, to_flags
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.rpc.encryption import KEY_ENV
 from zmqflow.models.kernels import DEFAULT_BACKEND
@@ -303,8 +303,8 @@ def _metrics(port):
 
 def _server(role, index, command, port, options):
     """A deployment's server task: it listens on every interface at `port`, its metrics at port + 1000."""
-    return TaskSpec(role, index, command, {"bind": f"tcp://0.0.0.0:{port}", **options,
-                                           "metrics-port": _metrics(port + METRICS_OFFSET)},
+    return TaskSpec(role, index, command, {"bind": f"0.0.0.0:{port}", **options,
+                                           "metrics-bind": _metrics(port + METRICS_OFFSET)},
                     ports={"zmq": port, "metrics": port + METRICS_OFFSET})
 
 
@@ -324,7 +324,7 @@ def _ps_task(spec, placement, index):
     if placement.cluster is None:
         return TaskSpec("ps", index, ["ps"], {"task-index": index, "num-ps": spec.cluster.ps, **options})
     port = PS_PORT + index
-    return TaskSpec("ps", index, ["ps"], {**options, "metrics-port": _metrics(port + METRICS_OFFSET)},
+    return TaskSpec("ps", index, ["ps"], {**options, "metrics-bind": _metrics(port + METRICS_OFFSET)},
                     env=_tf_config(placement, "ps", index), ports={"zmq": port, "metrics": port + METRICS_OFFSET})
 
 
@@ -339,7 +339,7 @@ def _reader_task(spec, placement, index):
     if placement.cluster is None:
         return TaskSpec("reader", index, ["reader"], {**options, "progress-every-secs": 0,
                                                       "json-out": f"{placement.log_dir}/reader-{index}.json"})
-    return TaskSpec("reader", index, ["reader"], {**options, "metrics-port": _metrics(READER_METRICS_PORT)},
+    return TaskSpec("reader", index, ["reader"], {**options, "metrics-bind": _metrics(READER_METRICS_PORT)},
                     ports={"metrics": READER_METRICS_PORT})
 
 
@@ -377,7 +377,7 @@ def _worker_task(spec, placement, index):
         return TaskSpec("worker", index, ["worker"], options)
     metrics = WORKER_PORT + index + METRICS_OFFSET    # from the environment: the workers share one command
     return TaskSpec("worker", index, ["worker"], options,
-                    env={**_tf_config(placement, "worker", index), "ZMQFLOW_METRICS_PORT": _metrics(metrics)},
+                    env={**_tf_config(placement, "worker", index), METRICS_BIND_ENV: _metrics(metrics)},
                     ports={"metrics": metrics})
 
 
@@ -395,7 +395,7 @@ def _serving_tasks(spec, placement):
     gateway = TaskSpec("gateway", 0, ["gateway"], {"aggregator": f"tcp://aggregator:{AGGREGATOR_PORT}",
                                                    "bind": f"0.0.0.0:{GATEWAY_PORT}",
                                                    "grpc-bind": f"0.0.0.0:{GATEWAY_GRPC_PORT}",
-                                                   "metrics-port": _metrics(GATEWAY_PORT + METRICS_OFFSET)},
+                                                   "metrics-bind": _metrics(GATEWAY_PORT + METRICS_OFFSET)},
                        ports={"http": GATEWAY_PORT, "grpc": GATEWAY_GRPC_PORT,
                               "metrics": GATEWAY_PORT + METRICS_OFFSET})
     return out + [gateway]

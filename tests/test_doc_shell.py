@@ -1,19 +1,20 @@
-"""The shell lines of the docs against the real commands, as tests/test_api_doc.py and test_docs.py run their Python.
+"""The shell lines of the docs against the real commands, as tests/test_docs.py runs their Python.
 
 Every fenced block of README.md, docs/*.md and deploy/**/*.md names its language (```text for output and trees).
 Every ```bash / ```sh / ```console block either runs here, in order, in one temporary folder that holds the shipped
 files (examples/, deploy/), with loopback ports swapped for free ones and background jobs (`&`) killed at its end,
-or sits right under a `<!-- not run here: REASON -->` comment (Docker, Kubernetes, the network, a long run). And
-every `zmqflow ...` line of every shell block, run or not, names a command that exists with options it takes.
+or sits right under a `<!-- not run here: REASON -->` comment whose reason names the test that runs the same
+thing or why nothing can (tests/support/doc_blocks.py has the rule). And every `zmqflow ...` line of every shell
+block, run or not, and of the examples' docstrings, names a command that exists with options it takes.
 """
 
+import ast
 import glob
 import os
 import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 
@@ -21,38 +22,17 @@ import click
 import pytest
 
 from zmqflow.cli.main import main
+from tests.support import free_port
+from tests.support.doc_blocks import ROOT, blocks, every_block, marker_problem
 
 pytestmark = pytest.mark.integration
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = ["README.md"] + sorted(glob.glob("docs/*.md", root_dir=ROOT)) + sorted(
-    glob.glob("deploy/**/*.md", root_dir=ROOT, recursive=True))
 SHELL = {"bash", "sh", "console"}
-NOT_RUN = re.compile(r"<!-- not run here: (.*?) -->")
-FENCE = re.compile(r"^```")
 BLOCK_SECONDS = 120
 
 
-def blocks(doc):
-    """(language, body, line number, not-run reason or None) of every fenced block of `doc`, in order."""
-    lines = open(os.path.join(ROOT, doc), encoding="utf-8").read().split("\n")
-    found, i = [], 0
-    while i < len(lines):
-        if FENCE.match(lines[i]):
-            language = lines[i][3:].strip()
-            end = next((j for j in range(i + 1, len(lines)) if lines[j].rstrip() == "```"), None)
-            assert end is not None, f"{doc}:{i + 1}: the block is never closed (it swallows the rest of the file)"
-            before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
-            reason = NOT_RUN.search(before)
-            found.append((language, "\n".join(lines[i + 1:end]), i + 1, reason and reason.group(1).strip()))
-            i = end + 1
-        else:
-            i += 1
-    return found
-
-
 def shell_blocks():
-    return [(doc, *block) for doc in DOCS for block in blocks(doc) if block[0] in SHELL]
+    return every_block(SHELL)
 
 
 def commands(language, body):
@@ -127,29 +107,55 @@ def check_call(args):
 
 
 @pytest.mark.unit
-def test_every_block_names_its_language_and_every_shell_block_runs_or_says_why_not():
-    bare, unexplained = [], []
-    for doc in DOCS:
-        for language, body, line, reason in blocks(doc):
-            if not language:
-                bare.append(f"{doc}:{line}")
-            if reason is not None and not reason:
-                unexplained.append(f"{doc}:{line}")
+def test_every_block_names_its_language_and_every_block_not_run_says_which_test_runs_it_or_why_none_can():
+    bare = [str(block) for block in every_block() if not block.language]
+    wrong = [f"{block}: `not run here` {marker_problem(block.reason)}" for block in every_block()
+             if block.reason is not None and marker_problem(block.reason)]
     assert not bare, f"fenced blocks without a language (```bash, ```console, ```text, ...): {bare}"
-    assert not unexplained, f"`not run here` without a reason: {unexplained}"
+    assert not wrong, "\n".join(wrong)
     assert len(shell_blocks()) >= 40, "the docs' shell blocks were not found"
 
 
 @pytest.mark.unit
-def test_every_zmqflow_line_of_the_docs_names_real_commands_and_options():
+def test_the_marker_rule_finds_what_is_wrong():
+    assert marker_problem("needs Docker") == "" and marker_problem("a long run (tests/reader runs the readers)") == ""
+    assert marker_problem("make test-containers runs it") == ""
+    assert marker_problem("") == "gives no reason" and "names neither" in marker_problem("a long run")
+    assert marker_problem("tests/no_such_test.py runs it") == "names tests/no_such_test.py, which does not exist"
+    assert "the Makefile does not have" in marker_problem("make no-such-target runs it")
+    assert blocks("docs/broker.md")[0].reason.startswith("a broker runs until stopped")
+
+
+def example_commands():
+    """(example, command line) of the indented lines of every examples/*.py docstring (what it tells you to run)."""
+    found = []
+    for path in sorted(glob.glob("examples/*.py", root_dir=ROOT)):
+        with open(os.path.join(ROOT, path)) as f:
+            docstring = ast.get_docstring(ast.parse(f.read())) or ""
+        shown = [line[4:] for line in docstring.split("\n") if line.startswith("    ")]
+        found += [(path, command) for command in commands("bash", "\n".join(shown))]
+    return found
+
+
+@pytest.mark.unit
+def test_every_zmqflow_line_of_the_docs_and_the_examples_names_real_commands_and_options():
     wrong = []
-    for doc, language, body, line, _ in shell_blocks():
-        for command in commands(language, body):
+    for block in shell_blocks():
+        for command in commands(block.language, block.body):
             for call in zmqflow_calls(command):
                 problem = check_call(call)
                 if problem:
-                    wrong.append(f"{doc}:{line}: {problem}: {command}")
+                    wrong.append(f"{block}: {problem}: {command}")
+    for example, command in example_commands():   # `make examples` runs each script; these are their commands
+        problems = [check_call(call) for call in zmqflow_calls(command)]
+        words = shlex.split(command, comments=True)
+        problems += [f"no file {word}" for word in words if word.endswith(".py") and word.startswith("examples/")
+                     and not os.path.exists(os.path.join(ROOT, word))]
+        problems += [f"no target {target}" for first, target in zip(words, words[1:]) if first == "make"
+                     and f"\n{target}:" not in open(os.path.join(ROOT, "Makefile")).read()]
+        wrong += [f"{example}'s docstring: {problem}: {command}" for problem in problems if problem]
     assert not wrong, "\n".join(wrong)
+    assert len([c for _, c in example_commands() if zmqflow_calls(c)]) >= 8, example_commands()
 
 
 def test_check_call_finds_what_is_wrong():
@@ -157,12 +163,6 @@ def test_check_call_finds_what_is_wrong():
     assert check_call(["trian"]) == "`zmqflow` has no command 'trian'"
     assert check_call(["cluster", "check", "--clustre", "c.yaml"]) == "`zmqflow cluster check` takes no --clustre"
     assert zmqflow_calls("EPOCHS=1 .venv/bin/zmqflow up -d && zmqflow ps | cat") == [["up", "-d"], ["ps"]]
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_shell_blocks_run_as_written(tmp_path):
@@ -177,12 +177,13 @@ def test_the_shell_blocks_run_as_written(tmp_path):
 
     def free_ports(text):   # every loopback port of the docs becomes a free one, the same one wherever it recurs
         return re.sub(r"(127\.0\.0\.1|localhost):(\d{4,5})\b",
-                      lambda m: f"{m.group(1)}:{ports.setdefault(m.group(2), _free_port())}", text)
+                      lambda m: f"{m.group(1)}:{ports.setdefault(m.group(2), free_port())}", text)
     ran = []
-    for doc, language, body, line, reason in shell_blocks():
-        if reason:
+    for block in shell_blocks():
+        if block.reason is not None:
             continue
-        source = "trap 'kill $(jobs -p) 2>/dev/null || true; wait' EXIT\nset -euo pipefail\n" + free_ports(script(language, body))
+        source = ("trap 'kill $(jobs -p) 2>/dev/null || true; wait' EXIT\nset -euo pipefail\n" +
+                  free_ports(script(block.language, block.body)))
         proc = subprocess.Popen(["bash", "-c", source], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
@@ -195,7 +196,7 @@ def test_the_shell_blocks_run_as_written(tmp_path):
             except ProcessLookupError:
                 pass
             proc.wait()
-        assert proc.returncode == 0, f"{doc}:{line} failed ({proc.returncode}):\n{body}\n---\n{out[-4000:]}"
-        ran.append(f"{doc}:{line}")
+        assert proc.returncode == 0, f"{block} failed ({proc.returncode}):\n{block.body}\n---\n{out[-4000:]}"
+        ran.append(str(block))
     assert len(ran) >= 5, ran
     assert os.path.exists(tmp_path / "ckpt" / "latest") and shutil.which("zmqflow", path=env["PATH"])

@@ -3,7 +3,10 @@ subcommands, recursively, and every zmqflow-* service command), follow the rules
 an old spelling stays a hidden alias that works and warns once, naming the new one."""
 
 import importlib
+import os
 import re
+import subprocess
+import sys
 import warnings
 
 import click
@@ -11,8 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from zmqflow.cli.main import main
-from zmqflow.common.processes.service_cli import RenamedOption, option
-from zmqflow.common.renames import renamed_keywords
+from zmqflow.common.bind import Bind
+from zmqflow.common.processes.service_cli import BindAddress, RenamedOption, environment_names, option
+from zmqflow.common.renames import read_environment, renamed_keywords
 
 pytestmark = pytest.mark.unit
 
@@ -112,8 +116,12 @@ def test_every_option_follows_the_vocabulary():
                         problems.append(f"{path} {name}: {concept}")
                 if stem == "json" and not param.is_flag:
                     problems.append(f"{path} {name}: --json prints JSON on stdout (a flag); a file is --json-out (V4)")
-                if stem == "bind" and isinstance(param.type, click.types._NumberParamTypeBase):
-                    problems.append(f"{path} {name}: --bind takes [HOST:]PORT or a ZeroMQ URL (V5)")
+                if (stem == "bind" or stem.endswith("-bind")) and not isinstance(param.type, BindAddress):
+                    problems.append(f"{path} {name}: a --*-bind takes [HOST:]PORT or a URL, read by the one "
+                                    "parser, service_cli.BindAddress (V5)")
+                if re.search(r"(^|-)(port|host|address|listen)$", stem) and stem != "address":
+                    problems.append(f"{path} {name}: where something listens is --<what>-bind [HOST:]PORT, not a "
+                                    "--*-port/--*-host pair (V5)")
     problems += [f"{name}: a flag in some commands, takes a value in others: {sorted(names[name])}"
                  for name, seen in kinds.items() if len(seen) > 1]
     assert not problems, "\n".join(problems)
@@ -218,3 +226,146 @@ def test_one_default_backend_everywhere():
     from zmqflow.models.kernels import DEFAULT_BACKEND
     backends = {path: p.default for path, command in commands() for p in command.params if p.name == "backend"}
     assert len(backends) >= 5 and set(backends.values()) == {DEFAULT_BACKEND}, backends
+
+
+# ------------------------------------------------------------------ V5: one parser for every --*-bind
+
+def bind_options():
+    return [(path, p) for path, command in commands() for p in visible_options(command)
+            if any(o == "--bind" or o.endswith("-bind") for o in p.opts)]
+
+
+def test_every_bind_takes_the_same_forms():
+    """PORT (loopback), HOST:PORT and a URL, the same in every service; no host before the colon is refused."""
+    binds = bind_options()
+    assert {path for path, _ in binds} >= {"zmqflow-broker", "zmqflow-ps", "zmqflow-serve", "zmqflow-aggregator",
+                                           "zmqflow-worker", "zmqflow-gateway", "zmqflow-reader", "zmqflow status"}
+    for path, param in binds:
+        def read(text):
+            value = param.type.convert(text, param, None)
+            return value.socket_address() if isinstance(value, Bind) else value
+        zmq = param.type.zmq
+        assert read("5555") == ("tcp://127.0.0.1:5555" if zmq else ("127.0.0.1", 5555)), (path, param.name)
+        assert read("0.0.0.0:5555") == ("tcp://0.0.0.0:5555" if zmq else ("0.0.0.0", 5555)), (path, param.name)
+        assert read("tcp://127.0.0.1:0") == ("tcp://127.0.0.1:*" if zmq else ("127.0.0.1", 0)), (path, param.name)
+        for bad in (":5555", "host:port", "70000", "::1:80"):
+            with pytest.raises(click.BadParameter):
+                read(bad)
+
+
+# ------------------------------------------------------------------ environment variables
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCANNED = ("common", "models", "inputs", "adapters", "services", "jobs", "cli", "bench", "loadtest", "tests",
+           "deploy", "Dockerfile", "docker-compose.yml", "Makefile", "pyproject.toml", "setup.py")
+"""Where a ZMQFLOW_* variable may be read or set: the code, the deployment files, the tests (docs are not)."""
+TEST_INTERNAL = {"ZMQFLOW_TEST_MARKER": "set by tests/security/test_checkpoint_code.py for the file it runs",
+                 "ZMQFLOW_TEST_MODULE": "set by tests for tests/support/collector_off.py, their own child"}
+"""Variables a test sets for its own child process: nothing a user sets, so not in docs/cli.md."""
+ENV_NAME = re.compile(r"\bZMQFLOW_[A-Z][A-Z0-9_]*[A-Z0-9]\b")
+
+
+def names_in_code():
+    found = {}
+    for top in SCANNED:
+        path = os.path.join(ROOT, top)
+        files = [path] if os.path.isfile(path) else [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+        for file in files:
+            if file.endswith((".py", ".yml", ".yaml", ".in", ".toml", ".sh", ".cfg", "Makefile", "Dockerfile")) \
+                    and file != os.path.abspath(__file__):
+                with open(file, encoding="utf-8", errors="replace") as f:
+                    for name in ENV_NAME.findall(f.read()):
+                        found.setdefault(name, os.path.relpath(file, ROOT))
+    return found
+
+
+def documented():
+    """docs/cli.md's table of environment variables: {name: old names}, and the table's pattern rows."""
+    with open(os.path.join(ROOT, "docs", "cli.md")) as f:
+        text = f.read()
+    table = text[text.index("## Environment variables"):]
+    rows = {}
+    for line in table.splitlines():
+        if line.startswith("| `ZMQFLOW_"):
+            cells = line.split(" | ")
+            for name in re.findall(r"`(ZMQFLOW_[A-Z0-9_<>]+)`", cells[0]):
+                rows[name] = set(ENV_NAME.findall(cells[-1]))
+    return rows
+
+
+def per_service_variables():
+    """{ZMQFLOW_<SERVICE>_<OPTION>: its old names} of every zmqflow-<service> script (and of `python -m
+    zmqflow.cli.sweep`)."""
+    from zmqflow.cli.sweep import command as sweep
+    return {new: old for command in [importlib.import_module(f"zmqflow.services.{n}.cli").command
+                                     for n in SERVICE_CLIS] + [sweep]
+            for _, new, old in environment_names(command)}
+
+
+def per_service_names():
+    return {name for new, old in per_service_variables().items() for name in (new, *old)}
+
+
+def test_the_table_of_environment_variables_is_what_the_code_reads():
+    rows = documented()
+    examples = rows.pop("ZMQFLOW_<SERVICE>_<OPTION>")   # the old names it gives are a script's
+    assert examples and examples <= per_service_names(), examples
+    table = set(rows) | {old for olds in rows.values() for old in olds}
+    code = names_in_code()
+    unlisted = {name: where for name, where in code.items()
+                if name not in table and name not in TEST_INTERNAL and name not in per_service_names()}
+    assert not unlisted, f"read or set in the code but not in docs/cli.md's table: {unlisted}"
+    assert table <= set(code), f"in docs/cli.md's table but nowhere in the code: {table - set(code)}"
+
+
+def published_ports():
+    """The compose file's host ports: `127.0.0.1:${ZMQFLOW_X_PORT:-N}:N`, a port only (the host is fixed)."""
+    with open(os.path.join(ROOT, "docker-compose.yml")) as f:
+        return set(re.findall(r"127\.0\.0\.1:\$\{(ZMQFLOW_[A-Z_]+_PORT)", f.read()))
+
+
+def test_environment_variables_follow_the_vocabulary():
+    """A duration is _SECS, a listener _BIND (a published compose port, host fixed, is _PORT); old names are
+    in the table's last column, still read with a warning."""
+    rows = documented()
+    problems = []
+    for name in [n for n in rows if "<" not in n] + sorted(per_service_variables()):
+        if re.search(r"_(SECONDS|SEC|S|MS|TIMEOUT|INTERVAL|DELAY|WAIT|DURATION)$", name) and \
+                not name.endswith("_DEADLINE_MS"):   # V2: milliseconds for a request's deadline only
+            problems.append(f"{name}: a duration is _SECS")
+        if re.search(r"_(HOST|ADDR|ADDRESS|URL|ENDPOINT|LISTEN)$", name):
+            problems.append(f"{name}: where a task listens is _BIND; a link to a role keeps the role's name")
+        if name.endswith("_PORT") and name not in published_ports():
+            problems.append(f"{name}: where a task listens is _BIND [HOST:]PORT (V5)")
+    assert published_ports() >= {"ZMQFLOW_AGGREGATOR_PORT", "ZMQFLOW_GATEWAY_PORT"}
+    assert not problems, "\n".join(problems)
+
+
+def test_an_old_environment_variable_works_and_warns(capsys):
+    assert read_environment("ZMQFLOW_X_BIND", old="ZMQFLOW_X_PORT", environ={"ZMQFLOW_X_PORT": "9"}) == "9"
+    assert "ZMQFLOW_X_PORT is deprecated: use ZMQFLOW_X_BIND" in capsys.readouterr().err
+    both = {"ZMQFLOW_X_PORT": "9", "ZMQFLOW_X_BIND": "10"}
+    assert read_environment("ZMQFLOW_X_BIND", old="ZMQFLOW_X_PORT", environ=both) == "10"
+    assert read_environment("ZMQFLOW_X_BIND", old="ZMQFLOW_X_PORT", environ={"ZMQFLOW_X_BIND": ""}) is None
+    assert "deprecated" not in capsys.readouterr().err
+
+
+def test_a_service_scripts_variables_are_named_by_the_options_spelling():
+    from zmqflow.services.broker.cli import command
+    names = {param.name: (new, old) for param, new, old in environment_names(command)}
+    assert names["client_timeout"] == ("ZMQFLOW_BROKER_CLIENT_TIMEOUT_SECS", ["ZMQFLOW_BROKER_CLIENT_TIMEOUT"])
+    assert names["bind"] == ("ZMQFLOW_BROKER_BIND", [])
+    assert "curve_dir" not in names   # it has its own: ZMQFLOW_CURVE_DIR
+
+
+@pytest.mark.service
+@pytest.mark.parametrize("name, warned", [("ZMQFLOW_BROKER_HANDSHAKE_TIMEOUT_SECS", False),
+                                          ("ZMQFLOW_BROKER_HANDSHAKE_TIMEOUT", True)])
+def test_a_service_script_reads_its_options_from_the_environment(name, warned):
+    """zmqflow-broker with --handshake-timeout-secs from the environment (0.01 is below its minimum: refused at
+    once, so nothing starts), under its name and under the old one, which warns."""
+    done = subprocess.run([sys.executable, "-m", "zmqflow.services.broker"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, name: "0.01"})
+    assert done.returncode == 2 and "Invalid value for '--handshake-timeout-secs'" in done.stderr, done.stderr
+    assert ("ZMQFLOW_BROKER_HANDSHAKE_TIMEOUT is deprecated: use ZMQFLOW_BROKER_HANDSHAKE_TIMEOUT_SECS"
+            in done.stderr) == warned, done.stderr

@@ -4,8 +4,8 @@ Counters a task already keeps (stats dicts, queue sizes, the trainer's step coun
 exported by callbacks that run when Prometheus scrapes (`gauge_callback`,
 `counter_callback`, `register`). Request latencies per op go into `OpStats`: plain
 lists (one bisect and three adds per request) turned into histograms at scrape time.
-Metrics are off unless a task is started with `--metrics-port` (0 = any free port);
-the endpoint is HTTP on 127.0.0.1 unless `--metrics-host` says otherwise.
+Metrics are off unless a task is started with `--metrics-bind [HOST:]PORT` (port 0: any free port);
+the endpoint is HTTP on 127.0.0.1 unless HOST says otherwise.
 
 Names follow Prometheus' conventions (docs/metrics.md): running totals are counters
 (exported as `NAME_total`), durations histograms in seconds, sizes in `_bytes`; no rate is
@@ -30,6 +30,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from zmqflow.common import errors
+from zmqflow.common.bind import BindError
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ LATENCY_BUCKETS = tuple(m * 10.0 ** e for e in range(-5, 1) for m in (1.0, 2.5, 
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 _CODE_NAMES = {getattr(errors, n): n for n in dir(errors) if n.isupper() and isinstance(getattr(errors, n), int)}
-_requested = {"port": None, "host": "127.0.0.1", "port_host": None}  # port_host: HOST of --metrics-port HOST:PORT
+_requested = {"port": None, "host": "127.0.0.1", "port_host": None}  # port_host: HOST of --metrics-bind HOST:PORT
 _lock = threading.Lock()
 _server = {}
 _task = {"name": None}
@@ -224,7 +225,7 @@ def export_service(service, task):
 
 def request(port=None, host=None, port_host=None):
     """Remember what the command line asked for (the --metrics-* callbacks); the HOST of
-    --metrics-port HOST:PORT wins over --metrics-host."""
+    --metrics-bind HOST:PORT wins over the deprecated --metrics-host."""
     if port is not None:
         _requested["port"] = port
     if host is not None:
@@ -238,7 +239,7 @@ def requested():
 
 
 def serve(port=None, host=None):
-    """Start the /metrics HTTP endpoint (once per process); returns its URL."""
+    """Start the /metrics HTTP endpoint (once per process); returns its URL (BindError: it cannot listen there)."""
     with _lock:
         if "url" not in _server:
             port = _requested["port"] if port is None else port
@@ -246,7 +247,10 @@ def serve(port=None, host=None):
             ProcessCollector(registry=REGISTRY)
             PlatformCollector(registry=REGISTRY)
             GCCollector(registry=REGISTRY)
-            httpd, _ = start_http_server(port, addr=host, registry=REGISTRY)
+            try:
+                httpd, _ = start_http_server(port, addr=host, registry=REGISTRY)
+            except OSError as exc:   # in use, no such interface: the task's --metrics-bind
+                raise BindError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
             shown = f"[{host}]" if ":" in host else host
             _server.update(httpd=httpd, url=f"http://{shown}:{httpd.server_port}/metrics")
             log.info("metrics on %s", _server["url"])
@@ -254,5 +258,5 @@ def serve(port=None, host=None):
 
 
 def serve_requested():
-    """Start the endpoint if --metrics-port was given; its URL, else None."""
+    """Start the endpoint if --metrics-bind was given; its URL, else None."""
     return serve() if requested() else None

@@ -9,14 +9,16 @@ import re
 
 import click
 
+from zmqflow.common import bind as binds
 from zmqflow.common.rpc import admin_token, encryption as curve
 from zmqflow.common.errors import InvalidArgumentError, NotFoundError
 from zmqflow.common.spec_files import read_spec_file
 from zmqflow.common.wire.limits import DEFAULT_LIMITS
 from zmqflow.common.memory import keep_freed_memory
-from zmqflow.common.renames import warn_renamed_option
+from zmqflow.common.renames import read_environment, warn_renamed_option
 
-METRICS_PORT_ENV = "ZMQFLOW_METRICS_PORT"
+METRICS_BIND_ENV = "ZMQFLOW_METRICS_BIND"
+METRICS_BIND_OLD_ENV = "ZMQFLOW_METRICS_PORT"
 
 _UNITS = {"": 1, "k": 10 ** 3, "m": 10 ** 6, "g": 10 ** 9, "t": 10 ** 12,
           "ki": 2 ** 10, "mi": 2 ** 20, "gi": 2 ** 30, "ti": 2 ** 40}
@@ -34,6 +36,30 @@ class ByteSize(click.ParamType):
         if not m:
             self.fail(f"{value!r} is not a byte count (e.g. 1000000, 512M, 4GiB)", param, ctx)
         return int(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
+
+
+class BindAddress(click.ParamType):
+    """Where a service listens (common/bind.py: `[HOST:]PORT` or a URL, the one parser of every --*-bind): the
+    ZeroMQ endpoint (`zmq`: a bare PORT on 127.0.0.1), else the parsed Bind, whose socket_address() a TCP
+    listener of our own binds (HTTP, gRPC, metrics)."""
+
+    name = "[HOST:]PORT|URL"
+
+    def __init__(self, zmq=True):
+        self.zmq = zmq
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, binds.Bind):
+            return value   # converted already
+        try:
+            parsed = binds.parse_bind(value, zmq=self.zmq)
+        except InvalidArgumentError as exc:
+            self.fail(str(exc), param, ctx)
+        return parsed.zmq_endpoint() if self.zmq else parsed
+
+
+BIND_HELP = "PORT (on 127.0.0.1), HOST:PORT (0.0.0.0:PORT: every interface) or a URL; port 0 picks a free one"
+"""How every --*-bind reads its value (common/bind.py), as --help says it."""
 
 
 class RenamedOption(click.Option):
@@ -140,8 +166,7 @@ def service_options(default_bind):
     """The options every service takes, in one decorator."""
     def decorate(fn):
         options = [
-            click.option("--bind", default=default_bind,
-                         help="ZeroMQ endpoint to listen on; tcp://127.0.0.1:* picks a free port."),
+            bind_option(default_bind),
             click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
                          help="Write the bound endpoint to this file once serving (for scripts and tests)."),
             click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])),
@@ -187,6 +212,12 @@ def service_options(default_bind):
     return decorate
 
 
+def bind_option(default, help="Where the service listens: " + BIND_HELP + ", named by the ready file and the log "
+                              "(a ZeroMQ URL: tcp://, ipc://)."):
+    """--bind [HOST:]PORT or a ZeroMQ URL (V5), read by common/bind.py; the command gets the ZeroMQ endpoint."""
+    return click.option("--bind", default=default, type=BindAddress(), metavar="[HOST:]PORT|URL", help=help)
+
+
 def curve_option(what="Connect over ZeroMQ CURVE with the client keys in DIR (from `zmqflow keys generate DIR`), "
                       "checking each service's key; processes this command starts do the same", serves=False):
     """--curve-dir for a service or a client command: checked (the server pair too when it `serves`),
@@ -229,30 +260,28 @@ def launcher_curve_option():
 
 
 def ops_options(fn):
-    """--metrics-port, --metrics-host, --log-format: how any task (service, worker, reader) is operated."""
+    """--metrics-bind, --log-format: how any task (service, worker, reader) is operated."""
     from zmqflow.common.processes import logs, metrics
 
-    def use_metrics_port(ctx, param, value):
-        os.environ.pop(METRICS_PORT_ENV, None)  # this task's port: not for the processes it starts
+    def use_metrics_bind(ctx, param, value):
         if value is None:
-            return
-        host, _, port = value.rpartition(":")
-        if not port.isdigit() or not 0 <= int(port) < 65536:
-            raise click.BadParameter(f"{value!r} is not [HOST:]PORT (PORT 0 = any free port)")
-        metrics.request(port=int(port), port_host=host.strip("[]") or None)
+            value = read_environment(METRICS_BIND_ENV, old=METRICS_BIND_OLD_ENV)
+            value = None if value is None else param.type_cast_value(ctx, value)
+        for name in (METRICS_BIND_ENV, METRICS_BIND_OLD_ENV):
+            os.environ.pop(name, None)   # this task's endpoint: not for the processes it starts
+        if value is not None:   # a HOST named here wins over the deprecated --metrics-host
+            metrics.request(port=value.port, port_host=value.socket_address()[0] if value.host else None)
 
     def use_log_format(ctx, param, value):
         if value:
             logs.set_format(value)
     options = [
-        click.option("--metrics-port", default=None, metavar="[HOST:]PORT", expose_value=False,
-                     callback=use_metrics_port, envvar=METRICS_PORT_ENV,
-                     help="Serve Prometheus metrics over HTTP on this port (0 = any free port, shown in the log "
-                          "and in `info`); HOST:PORT also picks the interface (0.0.0.0:9100 in a container). "
-                          "Also read from " + METRICS_PORT_ENV + ". Default: off. The metrics: docs/metrics.md."),
-        click.option("--metrics-host", default=None, expose_value=False,
-                     callback=lambda ctx, param, value: metrics.request(host=value),
-                     help="Interface of the metrics endpoint when --metrics-port names none.  [default: 127.0.0.1]"),
+        option("--metrics-bind", old_names=["--metrics-port"], default=None, metavar="[HOST:]PORT",
+               type=BindAddress(zmq=False), expose_value=False, callback=use_metrics_bind,
+               help="Serve Prometheus metrics over HTTP here: " + BIND_HELP + " (0.0.0.0:9100 in a container). "
+                    "Also read from " + METRICS_BIND_ENV + ". Default: off. The metrics: docs/metrics.md."),
+        deprecated_option("--metrics-host", use="--metrics-bind HOST:PORT", expose_value=False,
+                          callback=lambda ctx, param, value: metrics.request(host=value)),
         click.option("--log-format", type=click.Choice(logs.FORMATS), envvar=logs.ENV, default=None,
                      expose_value=False, callback=use_log_format,
                      help="text, or json: one JSON object per line (also " + logs.ENV + "). Default: text."),
@@ -260,6 +289,53 @@ def ops_options(fn):
     for decorator in reversed(options):
         fn = decorator(fn)
     return fn
+
+
+def environment_names(command):
+    """[(option, its environment variable, [old names])] of a zmqflow-<service> script's options:
+    ZMQFLOW_<SERVICE>_<OPTION> from the option's spelling (--client-timeout-secs: ZMQFLOW_BROKER_CLIENT_TIMEOUT_SECS),
+    so the names follow the vocabulary as the options do; the old names are what click derived before from the
+    Python name (ZMQFLOW_BROKER_CLIENT_TIMEOUT) and from the option's old spellings. Options that name a variable
+    of their own (--curve-dir: ZMQFLOW_CURVE_DIR), hidden ones and their old spellings have none."""
+    prefix = "ZMQFLOW_" + command.name.upper().replace("-", "_")
+
+    def variable(spelling):
+        return f"{prefix}_{spelling.lstrip('-').upper().replace('-', '_')}"
+    names = []
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.hidden or param.envvar or not param.allow_from_autoenv:
+            continue
+        new = variable(param.opts[0])
+        old = [variable(param.name)] + [variable(o) for o in getattr(param, "old_names", {})]
+        names.append((param, new, [name for name in dict.fromkeys(old) if name != new]))
+    return names
+
+
+def service_main(command):
+    """Run a zmqflow-<service> script (its pyproject entry point and `python -m`): each option is also read from
+    its environment variable (environment_names; docs/cli.md), an old name with one warning naming the new."""
+    for param, new, old in environment_names(command):
+        param.envvar = [new, *old]
+        used = [name for name in old if os.environ.get(name)]
+        if used and not os.environ.get(new):
+            warn_renamed_option(used[0], new)
+    command.main()
+
+
+class BadInput(click.ClickException):
+    """Bad options or input found once the command runs (a checkpoint that is not there, a bad row): one
+    `Error:` line and exit 2, as a usage error (V6, docs/cli.md)."""
+    exit_code = 2
+
+
+def serve_metrics():
+    """The --metrics-bind endpoint started (metrics.serve); an address it cannot listen on is a bad
+    --metrics-bind (exit 2) instead of a traceback."""
+    from zmqflow.common.processes import metrics
+    try:
+        return metrics.serve()
+    except binds.BindError as exc:
+        raise click.BadParameter(str(exc), param_hint="--metrics-bind") from None
 
 
 def setup_logging(level, task):
@@ -297,19 +373,21 @@ def run_service_instance(task, make_service, *args, bind, ready_file, log_level,
     The keywords from `bind` to `max_parked_per_client` are service_options' (a command passes them on whole)."""
     setup_logging(log_level, task)
     keep_freed_memory()
-    try:
+    try:   # a bad option value: exit 2, as a usage error (an address that cannot be bound names --bind)
         limits = dataclasses.replace(DEFAULT_LIMITS, max_message_bytes=max_message_bytes,
                                      max_connections=max_connections,
                                      handshake_timeout_ms=round(handshake_timeout * 1000),
                                      max_unread_reply_bytes=max_unread_reply_bytes,
                                      max_parked_per_client=max_parked_per_client)
         service = make_service(bind, *args, limits=limits, client_timeout=client_timeout, **options)
-    except InvalidArgumentError as exc:   # a bad option value: exit 2, as a usage error
+    except binds.BindError as exc:
+        raise click.BadParameter(str(exc), param_hint="--bind") from None
+    except InvalidArgumentError as exc:
         raise click.UsageError(str(exc)) from None
     from zmqflow.common.processes import metrics
-    if metrics.requested():  # --metrics-port: time requests per op, export the service's gauges
+    if metrics.requested():  # --metrics-bind: time requests per op, export the service's gauges
         metrics.export_service(service, task)
-        service.metrics_address = metrics.serve()
+        service.metrics_address = serve_metrics()
     logging.getLogger(service.name).info("%s listening on %s (pid %d)%s", service.name, service.endpoint, os.getpid(),
                                          " with CURVE" if getattr(service, "curve_dir", None) else "")
     if ready_file:

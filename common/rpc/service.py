@@ -53,6 +53,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from zmqflow.common.rpc import admin_token, encryption as curve, health
+from zmqflow.common.bind import BindError
 from zmqflow.common.wire import frames as wire
 from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InternalError, InvalidArgumentError, OpError,
                                    ResourceExhaustedError, shown)
@@ -127,7 +128,12 @@ class Service:
         self.connections = Connections(limits.max_connections, limits.socket_max_frame_bytes,
                                        limits.max_unread_reply_bytes, self._curve, self.name)
         self._max_unread = limits.max_unread_reply_bytes
-        self.socket.bind(bind)
+        try:
+            self.socket.bind(bind)
+        except zmq.ZMQError as exc:   # in use, no such interface, a bad URL: the caller's --bind
+            self._monitor.close(0)
+            self.socket.close(0)
+            raise BindError(f"cannot listen on {bind}: {zmq.strerror(exc.errno)}") from None
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         health.announce(self.endpoint)
         # without CURVE, admin and member ops need their token (from the environment, else made and written to
@@ -151,7 +157,7 @@ class Service:
         self.stats = {"requests": 0, "errors": 0, "bad_requests": 0, "deadlines": 0, "admin_refused": 0,
                       "member_refused": 0}
         self.refused_peers = curve.RefusedPeers(f"{self.name} at {self.endpoint}", self.stats)
-        self.op_stats = None  # zmqflow.common.processes.metrics.OpStats: requests timed per op, only with --metrics-port
+        self.op_stats = None  # zmqflow.common.processes.metrics.OpStats: requests timed per op, only with --metrics-bind
         self.metrics_address = None
         self.handlers, self.requests = {}, {}  # op -> handler; op -> its declaration (the declared ones)
         self.serve({Ops.Ping: self._ping, Ops.Cancel: self._cancel, Ops.Bye: self._bye, Ops.Info: self._info})

@@ -2,7 +2,7 @@
 
 import click
 
-from zmqflow.common.processes.service_cli import option, run_service_instance, service_options
+from zmqflow.common.processes.service_cli import option, run_service_instance, service_main, service_options
 from zmqflow.common.wire.protocol import AGGREGATOR_MODES
 
 
@@ -21,7 +21,7 @@ def parse_member(text):
 
 
 @click.command(name="aggregator", context_settings={"show_default": True})
-@service_options(default_bind="tcp://127.0.0.1:5800")
+@service_options(default_bind="127.0.0.1:5800")
 @click.option("--member", "members", multiple=True, metavar="ADDRESS[=WEIGHT]",
               help="A model server to ask (repeat); WEIGHT counts in --combine weighted.")
 @click.option("--mode", default="ensemble", type=click.Choice(AGGREGATOR_MODES),
@@ -59,7 +59,7 @@ def command(members, mode, deadline_ms, min_members, combine, unhealthy_after, m
 
 
 def main():
-    command(auto_envvar_prefix="ZMQFLOW_AGGREGATOR")
+    service_main(command)
 
 
 if __name__ == "__main__":

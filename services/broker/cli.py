@@ -4,12 +4,12 @@ import logging
 
 import click
 
-from zmqflow.common.processes.service_cli import ByteSize, run_service_instance, service_options
+from zmqflow.common.processes.service_cli import ByteSize, run_service_instance, service_main, service_options
 from zmqflow.services.broker.queues.quota import BrokerLimits, default_max_total_bytes
 from zmqflow.services.broker.server import BrokerService
 
 @click.command(name="broker", context_settings={"show_default": True})
-@service_options(default_bind="tcp://127.0.0.1:5555")
+@service_options(default_bind="127.0.0.1:5555")
 @click.option("--max-queues", default=10_000, help="Queues the broker holds at most (0 = unlimited).")
 @click.option("--max-queues-per-container", default=0, help="Queues one container holds at most (0 = unlimited).")
 @click.option("--max-queue-capacity", default=0,
@@ -47,7 +47,7 @@ def command(max_queues, max_queues_per_container, max_queue_capacity, max_contai
 
 
 def main():
-    command(auto_envvar_prefix="ZMQFLOW_BROKER")
+    service_main(command)
 
 
 if __name__ == "__main__":

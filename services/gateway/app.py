@@ -43,7 +43,7 @@ class GatewaySettings:
     def __init__(self, discovery, upstreams, max_body_bytes=8 * 1024 * 1024, body_timeout_s=30.0,
                  default_timeout_s=10.0, stats=None, max_inflight_bytes=256 * 1024 * 1024):
         self.discovery, self.upstreams = discovery, upstreams
-        self.stats = stats   # request_stats.RequestStats with --metrics-port, else None
+        self.stats = stats   # request_stats.RequestStats with --metrics-bind, else None
         self.max_body_bytes = max_body_bytes
         self.inflight = InflightBytes(max_inflight_bytes)
         self.body_timeout_s = body_timeout_s

@@ -6,7 +6,8 @@ import os
 
 import click
 
-from zmqflow.common.processes.service_cli import curve_option, ops_options, option, setup_logging, write_ready_file
+from zmqflow.common.processes.service_cli import (BIND_HELP, BindAddress, curve_option, ops_options, option,
+                                                  serve_metrics, service_main, setup_logging, write_ready_file)
 from zmqflow.common.rpc.probe import endpoint_of
 from zmqflow.services.gateway.limits import JSON_COST, RAW_COST
 
@@ -19,13 +20,13 @@ GRPC_EXTRA_HINT = "--grpc-bind needs the grpc extra: pip install 'zmqflow[http,g
               help="The aggregator to front: its ensemble is one model (--model-name), each member a model of its own.")
 @option("--serve", "server", old_names=["--server"],
         default=None, metavar="ENDPOINT", help="A single model server to front instead.")
-@click.option("--bind", default="127.0.0.1:8000", metavar="HOST:PORT",
-              help="HTTP address to listen on; port 0 picks a free one (the ready file and the log name it).")
-@click.option("--grpc-bind", default=None, metavar="[HOST:]PORT",
+@click.option("--bind", default="127.0.0.1:8000", type=BindAddress(zmq=False), metavar="[HOST:]PORT",
+              help=f"Where the HTTP side listens: {BIND_HELP}, named by the ready file and the log.")
+@click.option("--grpc-bind", default=None, type=BindAddress(zmq=False), metavar="[HOST:]PORT",
               help="Also serve the protocol over gRPC (inference.GRPCInferenceService, as Triton and KServe do; "
                    "their port is 8001; with the health service grpc.health.v1.Health, which Kubernetes' gRPC "
-                   "probes ask) on this address, with the same models, limits and metrics; a bare PORT "
-                   "listens on 127.0.0.1, port 0 picks a free one (the log names it). Needs the grpc extra.")
+                   "probes ask) with the same models, limits and metrics, listening here, read as --bind "
+                   "is. Needs the grpc extra.")
 @option("--model-name", "ensemble_name", old_names=["--name"],
         default="ensemble", help="Model name of the aggregator's ensemble.")
 @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
@@ -89,13 +90,13 @@ def command(aggregator, server, bind, grpc_bind, ensemble_name, ready_file, time
 
     setup_logging(log_level, "gateway")
     try:
-        sock = http_server.listening_socket(*http_server.parse_bind(bind))
+        sock = http_server.listening_socket(*bind.socket_address())
     except InvalidArgumentError as exc:
         raise click.BadParameter(str(exc), param_hint="--bind") from None
     url = http_server.url_of(sock)
     if grpc_bind is not None:
+        grpc_host, grpc_port = grpc_bind.socket_address()
         try:
-            grpc_host, grpc_port = http_server.parse_bind(grpc_bind if ":" in grpc_bind else f"127.0.0.1:{grpc_bind}")
             if grpc_port:   # in use or not an address here: said now, not once the HTTP side serves
                 http_server.listening_socket(grpc_host, grpc_port).close()
         except InvalidArgumentError as exc:
@@ -107,7 +108,8 @@ def command(aggregator, server, bind, grpc_bind, ensemble_name, ready_file, time
     stats = RequestStats().export() if metrics.requested() else None
     if stats is not None:
         metrics.set_task("gateway", "gateway")   # the `task` label of its families and zmqflow_task_info, as every task
-    metrics.serve_requested()   # --metrics-port: process metrics and the infer requests' (request_stats.py)
+    if metrics.requested():
+        serve_metrics()   # --metrics-bind: process metrics and the infer requests' (request_stats.py)
 
     grpc_address = []   # where the gRPC service listens, once it does
 
@@ -134,7 +136,7 @@ def command(aggregator, server, bind, grpc_bind, ensemble_name, ready_file, time
 
 
 def main():
-    command(auto_envvar_prefix="ZMQFLOW_GATEWAY")
+    service_main(command)
 
 
 if __name__ == "__main__":

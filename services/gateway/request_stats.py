@@ -1,4 +1,4 @@
-"""The gateway's infer requests for Prometheus (--metrics-port): counts per model and status, latency per model,
+"""The gateway's infer requests for Prometheus (--metrics-bind): counts per model and status, latency per model,
 for HTTP (status: the HTTP status) and for gRPC (code: the gRPC status code's name) apart.
 
 Kept in plain dicts on the event loop's thread (no lock on the request path) and turned into metric

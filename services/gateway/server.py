@@ -18,18 +18,9 @@ import socket
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.bind import BindError
 
 log = logging.getLogger(__name__)
-
-
-def parse_bind(text):
-    """`HOST:PORT` (also `[IPv6]:PORT`, `:PORT` for all interfaces, `http://` in front) -> (host, port)."""
-    rest = text.split("://", 1)[-1].rstrip("/")
-    host, sep, port = rest.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise InvalidArgumentError(f"bind address must be HOST:PORT (PORT 0: any free port), got {text!r:.80}")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def listening_socket(host, port, backlog=1024):
@@ -43,7 +34,7 @@ def listening_socket(host, port, backlog=1024):
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise InvalidArgumentError(f"cannot listen on {host}:{port}: {exc}") from None
+        raise BindError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     sock.listen(backlog)
     return sock
 

@@ -5,7 +5,9 @@ import logging
 
 import click
 
-from zmqflow.common.processes.service_cli import option, run_service_instance, service_options, task_config_option
+from zmqflow.common.processes.service_cli import (option, run_service_instance, service_main, service_options,
+                                                  task_config_option)
+from zmqflow.common.errors import InvalidArgumentError, NotFoundError
 from zmqflow.models.spec import resolve_model
 from zmqflow.services.ps import DEFAULT_OPTIMIZER
 from zmqflow.models.registry import model_variables
@@ -15,7 +17,7 @@ from zmqflow.common.processes.task_options import model_options, parse_json_opti
 
 @click.command(name="ps", context_settings={"show_default": True})
 @task_config_option()
-@service_options(default_bind="tcp://127.0.0.1:5600")
+@service_options(default_bind="127.0.0.1:5600")
 @click.option("--task-index", default=None, type=int, help="This shard's index (default: TF_CONFIG, else 0).")
 @click.option("--num-ps", default=None, type=int, help="Number of ps shards (default: TF_CONFIG, else 1).")
 @model_options
@@ -64,8 +66,11 @@ def command(task_index, num_ps, model_spec, placement_strategy, max_shard_bytes,
         # (README, Security); a loopback host keeps the loopback default
         service["bind"] = f"tcp://{host if host in ('127.0.0.1', 'localhost') else '*'}:{port}"
     task_index, num_ps = task_index or 0, num_ps or 1
-    variables = model_variables(resolve_model(model_spec))
-    placement = place(variables, num_ps, placement_strategy, max_shard_bytes)
+    try:   # a model or placement that cannot be: a bad option, exit 2 (V6)
+        variables = model_variables(resolve_model(model_spec))
+        placement = place(variables, num_ps, placement_strategy, max_shard_bytes)
+    except (InvalidArgumentError, NotFoundError) as exc:
+        raise click.UsageError(f"{type(exc).__name__}: {exc}") from None
     pieces = {p.key: p for p in placement.for_shard(task_index)}
     state_options = {"optimizer": parse_json_option(optimizer, "--optimizer"), "mode": mode,
                      "replicas_to_aggregate": replicas_to_aggregate, "total_num_replicas": total_num_replicas,
@@ -90,7 +95,7 @@ def command(task_index, num_ps, model_spec, placement_strategy, max_shard_bytes,
 
 
 def main():
-    command(auto_envvar_prefix="ZMQFLOW_PS")
+    service_main(command)
 
 
 if __name__ == "__main__":

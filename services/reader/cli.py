@@ -22,9 +22,10 @@ import sys
 import click
 
 from zmqflow.common.rpc import health
-from zmqflow.common.processes.service_cli import curve_option, ops_options, option, setup_logging, task_config_option
+from zmqflow.common.processes.service_cli import (curve_option, ops_options, option, serve_metrics, service_main,
+                                                  setup_logging, task_config_option)
 from zmqflow.inputs.datasets import DATA_DIR, RECORD_FORMAT
-from zmqflow.common.errors import OpError
+from zmqflow.common.errors import INVALID_ARGUMENT, OpError
 from zmqflow.common.memory import keep_freed_memory
 from zmqflow.common.clients.producers import DEFAULT_LEASE_S, DEFAULT_REJOIN_S
 from zmqflow.inputs.formats import FORMATS
@@ -213,9 +214,11 @@ def command(broker, file_patterns, preset, format_kind, format_options, data_con
 
     Exits 0 when the pipeline closed or this reader was stopped (SIGTERM or
     SIGINT: between files it leaves quietly, mid-file it fails the pipeline with
-    CancelledError), 3 when the broker was lost, 1 when the pipeline failed otherwise
-    (a bad row included). TF_CONFIG: task type 'reader' names the
-    member reader:<index>; a 'broker' job gives the broker's address.
+    CancelledError); 2 for bad options or input (files that are not there, a bad
+    row found while it runs, by this reader or another of the pipeline); 3 when
+    the broker was lost; 1 when the pipeline failed otherwise. TF_CONFIG: task
+    type 'reader' names the member reader:<index>; a 'broker' job gives the
+    broker's address.
     """
     from zmqflow.services.reader.reading import ReaderPipeline
 
@@ -242,7 +245,7 @@ def command(broker, file_patterns, preset, format_kind, format_options, data_con
     name = name or tf_name
     setup_logging(log_level, name)
     keep_freed_memory()
-    try:
+    try:   # before anything runs: an error here is in the options or the input (no broker is asked yet)
         if data_config:
             (kind, options, files, features), cast = resolve_data_spec(data_config, split, chunk_size), {}
         pipeline = ReaderPipeline(broker, files, kind, options, queue=queue_name, container=container,
@@ -252,29 +255,47 @@ def command(broker, file_patterns, preset, format_kind, format_options, data_con
                                   enqueue_timeout=enqueue_timeout, in_flight=in_flight,
                                   name=name, progress_every=progress_every, at_least_once=at_least_once,
                                   rejoin_s=rejoin_s)
+    except OpError as exc:
+        summary = _failed(exc, bad_input=True)
+    else:
         from zmqflow.common.processes import metrics
-        if metrics.requested():  # --metrics-port
+        if metrics.requested():  # --metrics-bind
             metrics.set_task(name, "reader")
             metrics.register(lambda: pipeline.counters.metric_families(name))
-            metrics.serve()
+            serve_metrics()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: pipeline.request_stop(signal.Signals(signum).name))
-        summary = pipeline.run()
-    except OpError as exc:
-        click.echo(f"reader: {type(exc).__name__}: {exc}", err=True)
-        summary = {"outcome": "error", "error": f"{type(exc).__name__}: {exc}",
-                   "peer_lost": type(exc).__name__ == "UnavailableError"}
+        try:
+            summary = pipeline.run()
+        except OpError as exc:
+            summary = _failed(exc)
     if stats_file:
         tmp = f"{stats_file}.tmp"
         with open(tmp, "w") as f:
             json.dump(summary, f)
         os.replace(tmp, stats_file)
     if summary["outcome"] in ("failed", "error") and not summary.get("stopped"):
-        sys.exit(3 if summary.get("peer_lost") else 1)  # 3: the broker was lost (deploy/README.md)
+        sys.exit(exit_code(summary))
+
+
+def _failed(exc, bad_input=False):
+    """The summary of a reader that could not run its part (said on stderr, one line: `Error:` as click says
+    it for bad input)."""
+    click.echo(f"{'Error' if bad_input else 'reader'}: {type(exc).__name__}: {exc}", err=True)
+    return {"outcome": "error", "error": f"{type(exc).__name__}: {exc}", "code": exc.code, "bad_input": bad_input,
+            "peer_lost": type(exc).__name__ == "UnavailableError"}
+
+
+def exit_code(summary):
+    """A failed reader's exit code (V6, docs/cli.md): 2 bad options or input (a bad row: the pipeline failed
+    INVALID_ARGUMENT, by this reader or another), 3 the broker was lost (deploy/README.md), 1 anything else."""
+    if summary.get("bad_input") or summary.get("code") == INVALID_ARGUMENT:
+        return 2
+    return 3 if summary.get("peer_lost") else 1
 
 
 def main():
-    command(auto_envvar_prefix="ZMQFLOW_READER")
+    service_main(command)
 
 
 if __name__ == "__main__":

@@ -275,15 +275,17 @@ class ReaderPipeline:
         process lost the broker), 'stopped' (left between files), 'already-closed';
         stopped: the reason given to request_stop, if any."""
         state = self.state
+        code = None   # a failure's error code (common/errors.py): INVALID_ARGUMENT for a bad row
         if self._local_error is not None:
-            outcome, error = "error", str(self._local_error)
+            outcome, error, code = "error", str(self._local_error), getattr(self._local_error, "code", None)
         elif state is not None and state["closed"] is not None and self.role != "closed":
             outcome, error = state["closed"], state["error"]
+            code = state.get("code") if outcome == "failed" else None
         else:
             outcome = "already-closed" if self.role == "closed" else "stopped" if self._stop_reason else None
             error = None
         return {"member": self.member, "queue": self.queue_name, "role": self.role, "outcome": outcome,
-                "error": error, "stopped": self._stop_reason,
+                "error": error, "code": code, "stopped": self._stop_reason,
                 "peer_lost": isinstance(self._local_error, UnavailableError),
                 "closed_by": state["closed_by"] if state else None,
                 "names_pushed": self.names_pushed, **self.counters.snapshot()}

@@ -2,13 +2,13 @@
 
 import click
 
-from zmqflow.common.processes.service_cli import option, run_service_instance, service_options
+from zmqflow.common.processes.service_cli import BadInput, option, run_service_instance, service_main, service_options
 from zmqflow.common.processes.task_options import model_options, trust_checkpoint_code_option
 from zmqflow.models.kernels import BACKENDS, DEFAULT_BACKEND
 
 
 @click.command(name="serve", context_settings={"show_default": True})
-@service_options(default_bind="tcp://127.0.0.1:5700")
+@service_options(default_bind="127.0.0.1:5700")
 @click.option("--checkpoint", "checkpoint_dir", default=None, type=click.Path(file_okay=False),
               help="Serve the latest checkpoint in this directory.")
 @option("--ps", "follow_ps", old_names=["--follow-ps"], multiple=True,
@@ -41,19 +41,24 @@ def command(checkpoint_dir, follow_ps, refresh_secs, model_spec, placement_strat
     if refresh_secs is None and endpoints:
         refresh_secs = 5.0
     from zmqflow.common.checkpoints.checkpoint import Checkpoint, find_checkpoint
-    from zmqflow.common.errors import OpError
+    from zmqflow.common.errors import OpError, PermissionDeniedError
     from zmqflow.models.saved import model_spec_of
     try:
         spec = model_spec_of(Checkpoint(find_checkpoint(checkpoint_dir)) if checkpoint_dir else None, model_spec,
                              trust_checkpoint_code)
-    except OpError as exc:   # a checkpoint that is missing, malformed or names code not trusted: say so, exit 1
+    except PermissionDeniedError as exc:   # it names code not trusted: refused, exit 1 as evaluate and predict do
         raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    except OpError as exc:   # a checkpoint that is not there or malformed: bad input, exit 2 (V6)
+        raise BadInput(f"{type(exc).__name__}: {exc}") from None
     data_config = None
     if data_spec:
         from zmqflow.inputs.data_spec import fit, load_spec, load_tables, to_config
-        data = load_spec(data_spec)
-        fit(data, load_tables(data)["train"])
-        data_config = to_config(data)
+        try:
+            data = load_spec(data_spec)
+            fit(data, load_tables(data)["train"])
+            data_config = to_config(data)
+        except OpError as exc:   # a data spec or data file that cannot be: bad input, exit 2 (V6)
+            raise BadInput(f"{type(exc).__name__}: {exc}") from None
     run_service_instance("serve", ModelServer, spec, backend=backend, max_batch=max_batch, max_delay_ms=max_delay_secs * 1000,
                          model_name=model_name or default_model_name(checkpoint_dir, endpoints),
                          checkpoint_dir=checkpoint_dir, ps_endpoints=endpoints, placement_strategy=placement_strategy,
@@ -61,7 +66,7 @@ def command(checkpoint_dir, follow_ps, refresh_secs, model_spec, placement_strat
 
 
 def main():
-    command(auto_envvar_prefix="ZMQFLOW_SERVE")
+    service_main(command)
 
 
 if __name__ == "__main__":

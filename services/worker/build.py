@@ -88,7 +88,8 @@ def training_hooks(config):
         hooks.append(summaries)
     hooks += [H.load_hook(h) for h in config.user_hooks]
     from zmqflow.common.processes import metrics
-    if metrics.serve_requested():  # --metrics-port
+    from zmqflow.common.processes.service_cli import serve_metrics
+    if metrics.requested() and serve_metrics():  # --metrics-bind
         from zmqflow.services.worker.metrics_hook import MetricsHook
         hooks.append(MetricsHook(config.name))
     tensorboard = None

@@ -3,8 +3,8 @@
 import click
 
 from zmqflow.common.rpc import health
-from zmqflow.common.processes.service_cli import (TASK_CONFIG, curve_option, ops_options, option, profiled,
-                                                  setup_logging, task_config_option)
+from zmqflow.common.processes.service_cli import (TASK_CONFIG, BadInput, bind_option, curve_option, ops_options,
+                                                  option, profiled, service_main, setup_logging, task_config_option)
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.memory import keep_freed_memory
 from zmqflow.common.processes.task_options import model_options
@@ -83,8 +83,8 @@ from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
 @option("--pipeline-timeout-secs", "pipeline_timeout", old_names=["--pipeline-timeout"],
         default=120.0, type=click.FloatRange(min=0, min_open=True),
         help="Pipelined model: seconds to wait for a neighbouring stage before giving up.")
-@click.option("--bind", default="tcp://127.0.0.1:5700",
-              help="With --serve, or as a pipeline stage after the first: the endpoint to listen on.")
+@bind_option("127.0.0.1:5700", help="With --serve, or as a pipeline stage after the first: where to listen, "
+             "[HOST:]PORT or a ZeroMQ URL, as every service's --bind.")
 @click.option("--ready-file", default=None, type=click.Path(dir_okay=False),
               help="With --serve, or as a later pipeline stage: write the bound endpoint here once listening.")
 @ops_options
@@ -96,7 +96,7 @@ def command(**options):
 
     Exit codes: 0 training ended; 3 a peer was lost (a ps shard or the broker
     unreachable past its timeout, or the input pipeline lost a reader); 1 any
-    other error; 2 bad options.
+    other error; 2 bad options or input (InvalidArgumentError).
 
     With --serve DIR the worker trains nothing: it is a model server over the
     latest checkpoint in DIR (see `zmqflow serve --help` for batching options).
@@ -116,8 +116,8 @@ def command(**options):
         profiled(run, config, task=config.name)
     except UsageError as exc:
         raise click.UsageError(str(exc)) from None
-    except InvalidArgumentError as exc:
-        raise click.ClickException(f"InvalidArgumentError: {exc}") from None
+    except InvalidArgumentError as exc:   # bad options or input found once it runs: exit 2 (V6)
+        raise BadInput(f"InvalidArgumentError: {exc}") from None
 
 
 def _serve(serve_checkpoint, bind, backend, log_level, ready_file, model_spec):
@@ -130,7 +130,7 @@ def _serve(serve_checkpoint, bind, backend, log_level, ready_file, model_spec):
 
 
 def main():
-    command(auto_envvar_prefix="ZMQFLOW_WORKER")
+    service_main(command)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""A worker's Prometheus metrics (with --metrics-port): steps, examples, global step, loss.
+"""A worker's Prometheus metrics (with --metrics-bind): steps, examples, global step, loss.
 
 The trainer's own counters are read at scrape time and exported as counters, so
 examples/s is PromQL's `rate(zmqflow_worker_examples_total[1m])` over any window

@@ -49,7 +49,7 @@ class ValidationHook(Hook):
         """Follow the global step from a thread of its own, with its own ps client: validation runs on
         schedule whether or not the chief itself is training (other workers may take every batch)."""
         from zmqflow.common.processes import metrics as prometheus
-        prometheus.register(self.families)          # served with --metrics-port
+        prometheus.register(self.families)          # served with --metrics-bind
         self._trainer, self._stop = trainer, threading.Event()
         self._thread = threading.Thread(target=self._follow, name="validation", daemon=True)
         self._thread.start()

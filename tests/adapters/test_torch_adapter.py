@@ -32,6 +32,17 @@ def twins():
     return ours, values, TorchModel(net, input_shape=(4,))
 
 
+def test_the_output_width_comes_from_the_module_not_its_last_buffer():
+    """A BatchNorm's running statistics are the last variables of this net (128 wide): the width check before
+    training asked them and refused the shipped examples/torch_model.py ("output is 128 wide")."""
+    from zmqflow.models.protocol import output_width
+    net = torch.nn.Sequential(torch.nn.Linear(6, 128), torch.nn.BatchNorm1d(128), torch.nn.ReLU(),
+                              torch.nn.Linear(128, 10))
+    model = TorchModel(net, input_shape=(6,))
+    assert model.variables()[-1].shape == (128,) and output_width(model) == 10
+    assert net.training   # asked in eval mode, given back as it was
+
+
 def test_named_parameters_become_variables_and_match_zmqflows_layers():
     ours, values, theirs = twins()
     assert isinstance(theirs, Model)

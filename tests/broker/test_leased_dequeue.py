@@ -187,7 +187,7 @@ def test_ack_from_another_client_is_permission_denied(queue):
 
 def test_lease_counters_are_exported_to_prometheus(processes):
     from tests.ops.helpers import metrics_url, scrape, value
-    broker = processes.service("zmqflow.services.broker", ["--metrics-port", "0"])
+    broker = processes.service("zmqflow.services.broker", ["--metrics-bind", "0"])
     q = FIFOQueue(10, ["int32"], shapes=[[]], shared_name="m", broker=broker.endpoint)
     q.enqueue_many([np.arange(6, dtype=np.int32)])
     q.dequeue_many(2, timeout=5, lease=30).ack()

@@ -55,7 +55,7 @@ def browser(tmp_path):
 @pytest.fixture
 def training(tmp_path, monkeypatch, processes):
     """A job training for minutes (stopped by the test's end) with every task's metrics on a free port."""
-    monkeypatch.setenv("ZMQFLOW_METRICS_PORT", "0")
+    monkeypatch.setenv("ZMQFLOW_METRICS_BIND", "0")
     job = zmqflow.local_cluster(num_ps=1, num_workers=2, data=write_flowers(tmp_path), model="mlp", epochs=5000,
                                 batch_size=20, validate_every_secs=1.0, log_dir=str(tmp_path / "job"))
     aggregator = processes.service("zmqflow.services.aggregator", ["--member", MEMBER])

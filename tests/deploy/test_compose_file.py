@@ -8,7 +8,7 @@ import yaml
 
 from zmqflow.common.processes import metrics
 from zmqflow.common.cluster.spec import ClusterSpec
-from zmqflow.common.processes.service_cli import METRICS_PORT_ENV
+from zmqflow.common.processes.service_cli import METRICS_BIND_ENV
 from zmqflow.cli.main import main
 from tests.deploy.conftest import COMPOSE, compose_ports
 
@@ -28,7 +28,7 @@ def parse_zmqflow(argv):
         sub = command.get_command(click.Context(command), name)
         assert sub is not None, f"`zmqflow {name}` (in {' '.join(argv)}) is not a registered command"
         command = sub
-    requested = dict(metrics._requested)   # the --metrics-port callback records it for this process
+    requested = dict(metrics._requested)   # the --metrics-bind callback records it for this process
     try:
         with command.make_context(command.name, args) as ctx:
             return ctx.params
@@ -101,15 +101,15 @@ def test_ports_unique_and_each_service_binds_its_own(project):
     for name in ("broker", "serve0", "serve1", "serve2", "aggregator"):
         service = project.services[name]
         bind = service.command[service.command.index("--bind") + 1]
-        assert bind == f"tcp://0.0.0.0:{service.expose[0]}"
+        assert bind == f"0.0.0.0:{service.expose[0]}"   # [HOST:]PORT, as every --bind (V5, docs/cli.md)
         assert f"tcp://127.0.0.1:{service.expose[0]}" in service.healthcheck.test
 
 
-def metrics_port(service):
-    """The service's --metrics-port, from its command or its ZMQFLOW_METRICS_PORT."""
-    if "--metrics-port" in service.command:
-        return service.command[service.command.index("--metrics-port") + 1]
-    return service.environment.get(METRICS_PORT_ENV)
+def metrics_bind(service):
+    """The service's --metrics-bind, from its command or its ZMQFLOW_METRICS_BIND."""
+    if "--metrics-bind" in service.command:
+        return service.command[service.command.index("--metrics-bind") + 1]
+    return service.environment.get(METRICS_BIND_ENV)
 
 
 def test_every_long_running_service_exposes_prometheus_metrics_on_its_port_plus_1000(project):
@@ -117,7 +117,7 @@ def test_every_long_running_service_exposes_prometheus_metrics_on_its_port_plus_
         if name in ONE_SHOT or name == "dashboard":    # the dashboard serves a web page, no metrics of its own
             continue
         port = int(service.expose[-1])
-        assert metrics_port(service) == f"0.0.0.0:{port}", name     # every interface of its container
+        assert metrics_bind(service) == f"0.0.0.0:{port}", name     # every interface of its container
         if len(service.expose) == 2:
             assert port == service.expose[0] + 1000, name
 
@@ -231,7 +231,7 @@ def test_the_keys_service_makes_keys_once_and_keeps_them(project, tmp_path):
 def test_the_dashboard_profile_shows_every_task_on_the_hosts_loopback(project):
     dashboard = project.services["dashboard"]
     params = parse_zmqflow(dashboard.command)
-    assert params["web"] and params["web_port"] == "0.0.0.0:8088" and dashboard.ports == [("127.0.0.1", 8088, 8088)]
+    assert params["web"] and params["web_port"].socket_address() == ("0.0.0.0", 8088) and dashboard.ports == [("127.0.0.1", 8088, 8088)]
     shown = {address.split(":")[0] for option in ("broker", "ps", "serve", "aggregator", "worker_metrics")
              for item in params[option] for address in item.split(",")}
     assert shown == TOPOLOGY - {"keys", "data", "reader", "gateway"}   # the reader serves no RPC; the gateway's
@@ -246,8 +246,9 @@ def test_the_gateway_fronts_the_aggregator_on_the_hosts_loopback(project):
     from zmqflow.jobs.up.compose import load
     gateway = project.services["gateway"]
     options = parse_zmqflow(gateway.command)
-    assert (options["aggregator"], options["bind"], options["server"]) == ("tcp://aggregator:5800", "0.0.0.0:8000", None)
-    assert options["grpc_bind"] == "0.0.0.0:8001"
+    assert (options["aggregator"], options["bind"].socket_address(), options["server"]) == (
+        "tcp://aggregator:5800", ("0.0.0.0", 8000), None)
+    assert options["grpc_bind"].socket_address() == ("0.0.0.0", 8001)
     assert gateway.ports == [("127.0.0.1", 8000, 8000), ("127.0.0.1", 8001, 8001)] and gateway.expose == [8000, 8001,
                                                                                                           9000]
     assert gateway.depends_on == {"keys": "service_completed_successfully", "aggregator": "service_healthy"}

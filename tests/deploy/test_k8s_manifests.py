@@ -217,8 +217,8 @@ def test_every_pod_is_scraped_by_prometheus_on_its_metrics_port():
     for name, template in pod_templates(documents()):
         main = template["spec"]["containers"][0]
         env = {e["name"]: e.get("value") for e in main.get("env", [])}
-        flag = (main["args"][main["args"].index("--metrics-port") + 1] if "--metrics-port" in main["args"]
-                else env.get("ZMQFLOW_METRICS_PORT"))
+        flag = (main["args"][main["args"].index("--metrics-bind") + 1] if "--metrics-bind" in main["args"]
+                else env.get("ZMQFLOW_METRICS_BIND"))
         host, port = flag.split(":")
         assert host == "0.0.0.0", name                      # reachable from the Prometheus pod
         annotations = template["metadata"]["annotations"]
@@ -256,15 +256,15 @@ def test_the_gateways_grpc_port_is_one_port_in_compose_zmqflow_up_and_kubernetes
     from tests.deploy.test_compose_file import parse_zmqflow
     from zmqflow.jobs.up.localize import Localizer
     compose = project.services["gateway"]
-    host, port = parse_zmqflow(compose.command)["grpc_bind"].rsplit(":", 1)
-    port = int(port)
+    host, port = parse_zmqflow(compose.command)["grpc_bind"].socket_address()
     assert host == "0.0.0.0" and port in compose.expose and ("127.0.0.1", port, port) in compose.ports
     local = Localizer(project.services, port_offset=1000, workdir=str(tmp_path)).localize(compose)
-    assert parse_zmqflow(local.argv)["grpc_bind"] == f"127.0.0.1:{port + 1000}" and port + 1000 in local.ports
+    assert parse_zmqflow(local.argv)["grpc_bind"].socket_address() == ("127.0.0.1", port + 1000)
+    assert port + 1000 in local.ports
 
     docs = documents()
     pod = container(docs[("Deployment", "gateway")])
-    assert parse_zmqflow(["zmqflow", *pod["args"]])["grpc_bind"] == f"0.0.0.0:{port}"
+    assert parse_zmqflow(["zmqflow", *pod["args"]])["grpc_bind"].socket_address() == ("0.0.0.0", port)
     assert {"name": "grpc", "containerPort": port} in pod["ports"] and pod["readinessProbe"]["grpc"]["port"] == port
     [service_port] = [p for p in docs[("Service", "gateway")]["spec"]["ports"] if p["name"] == "grpc"]
     assert service_port == {"name": "grpc", "port": port, "targetPort": port, "appProtocol": "grpc"}

@@ -30,7 +30,7 @@ from kubernetes_validate.utils import all_versions
 
 from zmqflow.common.rpc import encryption as curve
 from zmqflow.common.processes import metrics
-from zmqflow.common.processes.service_cli import METRICS_PORT_ENV
+from zmqflow.common.processes.service_cli import METRICS_BIND_ENV
 from zmqflow.common.cluster.spec import ClusterSpec
 from zmqflow.cli.k8s import k8s
 from zmqflow.jobs.k8s import render
@@ -341,7 +341,7 @@ def test_the_aggregator_lists_every_model_server(members):
     assert servers == sorted(f"serve{i}" for i in range(members))
     for i in range(members):
         serve = docs[("Deployment", f"serve{i}")]["spec"]["template"]["spec"]["containers"][0]
-        assert f"tcp://0.0.0.0:{5700 + i}" in serve["args"]
+        assert f"0.0.0.0:{5700 + i}" in serve["args"]
         assert [p["port"] for p in docs[("Service", f"serve{i}")]["spec"]["ports"]] == [5700 + i, 6700 + i]
 
 
@@ -389,7 +389,7 @@ def test_every_service_command_parses_with_the_real_cli():
     from zmqflow.cli.main import main
     docs = rendered(2, 3, serve=2) + rendered(2, 3, tfjob=True) + rendered(
         1, 1, data="/app/pets.yaml", model="cnn", model_options=("filters=[8, 16]",), name="pets")
-    saved_requested, saved_env = dict(metrics._requested), os.environ.get(METRICS_PORT_ENV)
+    saved_requested, saved_env = dict(metrics._requested), os.environ.get(METRICS_BIND_ENV)
     try:
         for name, template in pod_templates(docs):
             spec = template["spec"]
@@ -405,7 +405,7 @@ def test_every_service_command_parses_with_the_real_cli():
         metrics._requested.clear()
         metrics._requested.update(saved_requested)
         if saved_env is not None:
-            os.environ[METRICS_PORT_ENV] = saved_env
+            os.environ[METRICS_BIND_ENV] = saved_env
 
 
 # ------------------------------------------------------------------ CURVE

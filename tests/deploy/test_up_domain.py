@@ -54,7 +54,7 @@ def write(tmp_path, text):
     ("services:\n  a: {image: x, command: x, volumes: ['nope:/data']}\n",
      "service a volumes: named volume 'nope' is not declared"),
     ("services:\n  a: {image: x, command: x, profiles: debug}\n", "service a profiles: expected a list"),
-    ("services:\n  a: {image: x, command: x, environment: {DEBUG: yes}}\n", "service a environment DEBUG: true is a YAML boolean"),
+    ("services:\n  a: {image: x, command: x, environment: {DEBUG: true}}\n", "service a environment DEBUG: true is a YAML boolean"),
 ])
 def test_bad_compose_files_are_named(tmp_path, text, message):
     with pytest.raises(ComposeError, match=message):
@@ -67,17 +67,17 @@ def test_localize_hosts_ports_tf_config_and_volumes(project, tmp_path):
     cluster = json.loads(ps0.env["TF_CONFIG"])["cluster"]
     assert cluster["ps"] == ["127.0.0.1:6600", "127.0.0.1:6601"] and cluster["broker"] == ["127.0.0.1:6555"]
     assert ps0.argv[ps0.argv.index("--restore-from") + 1] == str(tmp_path / "zmqflow-data" / "ckpt")
-    assert ps0.argv[-2:] == ["--metrics-port", "127.0.0.1:7600"]   # metrics move with the offset too
+    assert ps0.argv[-2:] == ["--metrics-bind", "127.0.0.1:7600"]   # metrics move with the offset too
     worker1 = localizer.localize(project.services["worker1"])
-    assert worker1.env["ZMQFLOW_METRICS_PORT"] == "127.0.0.1:7611"
+    assert worker1.env["ZMQFLOW_METRICS_BIND"] == "127.0.0.1:7611"
     assert ps0.health == ["zmqflow", "ping", "--address", "tcp://127.0.0.1:6600"]
     broker = localizer.localize(project.services["broker"])
-    assert broker.argv[broker.argv.index("--bind") + 1] == "tcp://127.0.0.1:6555"
+    assert broker.argv[broker.argv.index("--bind") + 1] == "127.0.0.1:6555"
     aggregator = localizer.localize(project.services["aggregator"])
     assert "tcp://127.0.0.1:6702" in aggregator.argv and not any("serve" in a for a in aggregator.argv)
     gateway = localizer.localize(project.services["gateway"])   # HTTP and gRPC addresses move like the ZeroMQ ones
     assert gateway.argv[2:10] == ["--aggregator", "tcp://127.0.0.1:6800", "--bind", "127.0.0.1:9000",
-                                  "--grpc-bind", "127.0.0.1:9001", "--metrics-port", "127.0.0.1:10000"]
+                                  "--grpc-bind", "127.0.0.1:9001", "--metrics-bind", "127.0.0.1:10000"]
     assert gateway.ports == [9000, 9001, 10000]   # what `zmqflow ps` shows
     assert gateway.health[-1] == "http://127.0.0.1:9000/v2/health/ready"
     # only the topology's hosts move: a port on another host, or a path like /database, stays

@@ -17,6 +17,7 @@ from zmqflow.common.checkpoints.checkpoint import save_params
 from zmqflow.inputs.data_spec import load_spec, model_inputs, read_features
 from zmqflow.jobs.export import export_checkpoint
 from zmqflow.models.registry import load_model
+from tests.support.doc_blocks import python_block
 from tests.support.tabular import checkpoint, spec_dict, write_csv
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'zmqflow[test]')")
@@ -24,14 +25,6 @@ onnx = pytest.importorskip("onnx", reason="onnx is not installed (pip install 'z
 
 pytestmark = pytest.mark.unit
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def docs_snippet():
-    """docs/models.md's onnxruntime block."""
-    with open(os.path.join(ROOT, "docs", "models.md")) as f:
-        blocks = [b for b in re.findall(r"```python\n(.*?)```", f.read(), re.S) if "onnxruntime" in b]
-    assert len(blocks) == 1
-    return blocks[0]
 
 
 @pytest.mark.service
@@ -51,7 +44,7 @@ def test_export_then_onnxruntime_answers_what_the_checkpoint_does(trained_cnn, t
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
-        exec(compile(docs_snippet(), "docs/models.md", "exec"), scope)
+        exec(compile(python_block("docs/models.md", "onnxruntime").body, "docs/models.md", "exec"), scope)
     finally:
         os.chdir(cwd)
     expected = trained_cnn["model"].predict(trained_cnn["params"], scope["x"])

@@ -61,4 +61,5 @@ def test_a_grpc_address_in_use_is_a_usage_error():
                    f"127.0.0.1:{taken.getsockname()[1]}")
     assert done.returncode == 2 and "--grpc-bind" in done.stderr and "cannot listen on 127.0.0.1:" in done.stderr
     done = run("--serve", "tcp://127.0.0.1:1", "--grpc-bind", "host:port")
-    assert done.returncode == 2 and "bind address must be HOST:PORT" in done.stderr
+    assert done.returncode == 2 and "Invalid value for '--grpc-bind'" in done.stderr and "expected [HOST:]PORT" \
+        in done.stderr, done.stderr

@@ -1,5 +1,5 @@
 """The gateway as deployments operate it: it announces its URL for the image's HEALTHCHECK (`zmqflow healthcheck`
-then asks its /v2/health/ready), `--http URL` checks any URL, and --metrics-port serves its infer requests."""
+then asks its /v2/health/ready), `--http URL` checks any URL, and --metrics-bind serves its infer requests."""
 
 import subprocess
 import sys
@@ -23,7 +23,7 @@ def healthcheck(*args):
 def test_healthcheck_and_metrics_of_a_gateway(topology, processes, tmp_path):
     announced, metrics_port = tmp_path / "health", free_port()
     gateway = processes.service("zmqflow.services.gateway", ["--aggregator", topology.aggregator.endpoint,
-                                                             "--metrics-port", str(metrics_port)],
+                                                             "--metrics-bind", str(metrics_port)],
                                 bind="127.0.0.1:0", env={health.ENV: str(announced)})
     assert announced.read_text() == gateway.endpoint
     done = healthcheck("--file", str(announced))

@@ -3,8 +3,6 @@
 ensemble and a member (equal to the ZeroMQ path and to REST), errors with their codes and messages,
 deadlines, and the request metrics. Real model servers, aggregator and gateways (tests/gateway/conftest.py)."""
 
-import os
-import re
 import signal
 import time
 import urllib.request
@@ -195,7 +193,7 @@ def _answers(client, model):
 
 def test_request_metrics_per_model_and_code(topology, processes):
     metrics_port, grpc_port = free_port(), free_port()
-    processes.service("zmqflow.services.gateway", ["--aggregator", topology.aggregator.endpoint, "--metrics-port",
+    processes.service("zmqflow.services.gateway", ["--aggregator", topology.aggregator.endpoint, "--metrics-bind",
                                                    str(metrics_port), "--grpc-bind", str(grpc_port)],
                       bind="127.0.0.1:0")
     with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:   # a bare port: loopback
@@ -207,17 +205,3 @@ def test_request_metrics_per_model_and_code(topology, processes):
     assert 'zmqflow_gateway_grpc_infer_requests_total{code="OK",model="m2",task="gateway"} 1.0' in text
     assert 'zmqflow_gateway_grpc_infer_requests_total{code="NOT_FOUND",model="(unknown)",task="gateway"} 1.0' in text
     assert 'zmqflow_gateway_grpc_infer_duration_seconds_count{model="m2",task="gateway"} 1.0' in text
-
-
-def test_the_docs_grpc_snippet_runs_as_written(topology):
-    source = next(block for block in re.findall(r"```python\n(.*?)```", _serving_doc(), re.S)
-                  if "tritonclient.grpc" in block)
-    scope = {}
-    exec(compile(source.replace("localhost:8001", topology.grpc), "docs/serving.md", "exec"), scope)
-    assert scope["probabilities"].shape == (4, 10) and len(scope["answered"].split(",")) == 3
-    scope["client"].close()
-
-
-def _serving_doc():
-    with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "serving.md")) as f:
-        return f.read()

@@ -18,7 +18,7 @@ def test_member_timeouts_are_counted_per_member_and_shown_by_status(processes):
     fast, slow = FakeMember(offset=0.0).start(), FakeMember(offset=1.0, delay=2.0).start()
     try:
         proc = processes.service("zmqflow.services.aggregator", ["--member", fast.endpoint, "--member", slow.endpoint,
-                                                                 "--deadline-ms", "100", "--metrics-port", "0"])
+                                                                 "--deadline-ms", "100", "--metrics-bind", "0"])
         with AggregatorClient(proc.endpoint, timeout=10.0) as client:
             client.predict(np.ones((2, 4), np.float32))
         samples = scrape(metrics_url(proc.endpoint))

@@ -23,7 +23,7 @@ from tests.support import free_port, wait_for
 
 pytestmark = pytest.mark.integration
 
-OPS = ["--metrics-port", "0", "--log-format", "json"]
+OPS = ["--metrics-bind", "0", "--log-format", "json"]
 
 STATE_GAUGES = {
     "zmqflow_task_info": "an info metric: 1, with the task and service as labels",

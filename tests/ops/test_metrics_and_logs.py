@@ -89,16 +89,22 @@ def test_metrics_are_off_unless_asked(broker):
 
 
 @pytest.mark.service
-def test_metrics_port_takes_host_and_port_from_the_flag_or_the_environment(processes):
+@pytest.mark.parametrize("env", [{"ZMQFLOW_METRICS_BIND": "127.0.0.1:0"}, {"ZMQFLOW_METRICS_PORT": "127.0.0.1:0"}])
+def test_metrics_bind_takes_host_and_port_from_the_environment(processes, env):
+    """ZMQFLOW_METRICS_BIND, or its old name ZMQFLOW_METRICS_PORT with one warning naming the new one."""
     from tests.ops.helpers import metrics_url, scrape
-    proc = processes.service("zmqflow.services.broker", env={"ZMQFLOW_METRICS_PORT": "127.0.0.1:0"})
+    proc = processes.service("zmqflow.services.broker", env=env)
     url = metrics_url(proc.endpoint)
     assert url.startswith("http://127.0.0.1:") and "zmqflow_rpc_requests_total" in scrape(url)
+    warned = "ZMQFLOW_METRICS_PORT is deprecated: use ZMQFLOW_METRICS_BIND"
+    assert proc.log().count(warned) == ("ZMQFLOW_METRICS_PORT" in env), proc.log()[-2000:]
 
 
 @pytest.mark.service
-@pytest.mark.parametrize("bad", ["nope", "127.0.0.1:", "70000", "host:-1"])
-def test_a_bad_metrics_port_is_a_usage_error(bad):
-    out = subprocess.run([sys.executable, "-m", "zmqflow.services.broker", "--metrics-port", bad],
+@pytest.mark.parametrize("flag, bad", [("--metrics-bind", "nope"), ("--metrics-bind", "127.0.0.1:"),
+                                       ("--metrics-bind", "70000"), ("--metrics-port", "host:-1")])
+def test_a_bad_metrics_bind_is_a_usage_error(flag, bad):
+    out = subprocess.run([sys.executable, "-m", "zmqflow.services.broker", flag, bad],
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "is not [HOST:]PORT" in out.stderr, out.stderr
+    assert out.returncode == 2 and "Invalid value for '--metrics-bind'" in out.stderr, out.stderr
+    assert "expected [HOST:]PORT" in out.stderr, out.stderr

@@ -20,7 +20,7 @@ from tests.support import free_port, wait_for
 
 pytestmark = pytest.mark.integration
 
-OPS = ["--metrics-port", "0", "--log-format", "json"]
+OPS = ["--metrics-bind", "0", "--log-format", "json"]
 
 
 @pytest.fixture(scope="module")

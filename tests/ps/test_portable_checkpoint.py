@@ -259,23 +259,3 @@ def test_inspect_lists_variables_step_and_model_as_a_table_and_json(tmp_path):
                                          "files": ["shard-0.safetensors"], "tensors": ["dense/kernel"]}
     missing = CliRunner().invoke(main, ["checkpoint", "inspect", str(tmp_path.parent)])
     assert missing.exit_code == 1 and "NotFoundError" in missing.output and "holds none" in missing.output
-
-
-def test_the_checkpoints_doc_opens_a_checkpoint_as_written(tmp_path, monkeypatch):
-    """docs/checkpoints.md's Python blocks, in order, on a checkpoint in ./ckpt (PyTorch's when it is installed)."""
-    import importlib.util
-    import re
-    with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "checkpoints.md")) as f:
-        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
-    assert len(blocks) == 2
-    monkeypatch.chdir(tmp_path)
-    values = {"hidden/weights": np.ones((3, 2), np.float32), "hidden/biases": np.zeros(2, np.float32)}
-    save_params("ckpt", 5, values, CONFIG)
-    scope = {}
-    exec(compile(blocks[0], "docs/checkpoints.md", "exec"), scope)
-    assert scope["weights"].keys() == values.keys()
-    for name, value in values.items():
-        np.testing.assert_array_equal(scope["weights"][name], value)
-    if importlib.util.find_spec("torch"):
-        exec(compile(blocks[1], "docs/checkpoints.md", "exec"), scope)
-        np.testing.assert_array_equal(scope["state"]["hidden/weights"].numpy(), values["hidden/weights"])

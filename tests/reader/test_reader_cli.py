@@ -8,9 +8,10 @@ import pytest
 from click.testing import CliRunner
 
 from zmqflow.common.clients import queues
-from zmqflow.common.errors import CancelledError, OutOfRangeError
+from zmqflow.common.errors import (ABORTED, INVALID_ARGUMENT, NOT_FOUND, UNAVAILABLE, CancelledError,
+                                   OutOfRangeError)
 from zmqflow.cli.main import main
-from zmqflow.services.reader.cli import resolve_input
+from zmqflow.services.reader.cli import exit_code, resolve_input
 from tests.deploy.test_compose_file import parse_zmqflow
 from tests.reader import mnist_csv
 from tests.support import wait_for
@@ -84,7 +85,7 @@ def test_usage_errors_and_help():
     assert bad.exit_code == 2 and "not valid JSON" in bad.output
     bad = runner.invoke(main, ["reader", "--broker", "tcp://127.0.0.1:1", "--files", "/nonexistent/*.csv",
                                "--preset", "mnist-csv"])
-    assert bad.exit_code == 1 and "NotFoundError" in bad.output
+    assert bad.exit_code == 2 and "Error: NotFoundError: no file matches" in bad.output   # bad input (V6)
 
 
 @pytest.mark.unit
@@ -112,3 +113,27 @@ def test_tf_config_names_the_reader_and_gives_the_broker(monkeypatch):
     assert _tf_config_task() == ("reader", None)
     monkeypatch.delenv("TF_CONFIG")
     assert _tf_config_task() == ("reader", None)
+
+
+def test_a_bad_row_found_while_reading_exits_2(broker, processes, tmp_path, mnist_lines):
+    """V6 (docs/cli.md): bad input exits 2, also a bad row the reader meets mid-run; the summary names it."""
+    lines = list(mnist_lines[:50])
+    lines[7] = b"1,2,3\n"
+    (tmp_path / "bad.csv").write_bytes(b"".join(lines))
+    summary = tmp_path / "summary.json"
+    reader = processes.process("zmqflow.services.reader", [
+        "--broker", broker, "--preset", "mnist-csv", "--files", str(tmp_path / "bad.csv"), "--queue", "cli-bad-row",
+        "--queue-kind", "fifo", "--progress-every-secs", "0", "--json-out", str(summary)])
+    assert reader.proc.wait(60) == 2, reader.log()[-3000:]
+    result = json.loads(summary.read_text())
+    assert result["outcome"] == "failed" and result["code"] == INVALID_ARGUMENT and "bad.csv:8" in result["error"]
+
+
+@pytest.mark.unit
+def test_a_failed_readers_exit_code():
+    """2 bad input (this reader's or another's bad row fails the pipeline INVALID_ARGUMENT), 3 the broker lost,
+    1 any other failure."""
+    assert exit_code({"outcome": "failed", "code": INVALID_ARGUMENT}) == 2
+    assert exit_code({"outcome": "error", "code": NOT_FOUND, "bad_input": True}) == 2   # no such files
+    assert exit_code({"outcome": "error", "code": UNAVAILABLE, "peer_lost": True}) == 3
+    assert exit_code({"outcome": "failed", "code": ABORTED}) == 1

@@ -53,7 +53,7 @@ def refused(endpoint, op, args=None, tensors=(), credential="admin_token"):
 
 @pytest.fixture(scope="module")
 def broker(module_processes):
-    return module_processes.service("zmqflow.services.broker", ["--metrics-port", "0"])
+    return module_processes.service("zmqflow.services.broker", ["--metrics-bind", "0"])
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 A model server over a checkpoint of the MNIST MLP, an aggregator in front of it, and the HTTP gateway in front of
 the aggregator, all on loopback; each test drives one of them directly with 16 requests in flight (the gateway over
-keep-alive connections), as fast as it answers, for ZMQFLOW_SOAK_SECONDS.
+keep-alive connections), as fast as it answers, for ZMQFLOW_SOAK_SECS.
 
 The model server and the aggregator are driven twice: as they run, and again with Python's cyclic collector off
 (tests/support/collector_off.py) and requests of 64 rows (200 KB): a request must be freed by reference counting

@@ -1,6 +1,6 @@
 """Soak: a training job as `zmqflow train` runs it (a reader feeding a shuffle queue of 20,000 MNIST rows on the
 broker, 1 ps, 2 workers; the numpy backend, no JIT to wait for), with epochs enough to outlast the soak. Once the
-workers are stepping, the broker, the ps, both workers and the reader are sampled for ZMQFLOW_SOAK_SECONDS, then the
+workers are stepping, the broker, the ps, both workers and the reader are sampled for ZMQFLOW_SOAK_SECS, then the
 job is stopped. The broker may grow by its queue's capacity besides the usual bound (the queue fills as fast as the
 reader outpaces the workers); nothing else may. Issue 27: the broker kept nearly every element the reader sent
 through it (about 1 GB every 15 s); this fails on that code.

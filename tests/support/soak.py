@@ -2,8 +2,8 @@
 sampled from /proc while the service is driven at full rate, and the check that none of them grew past a bound once
 the service had warmed up.
 
-How long each service is driven comes from ZMQFLOW_SOAK_SECONDS: unset, the short form that `make test` runs (a few
-seconds a service); `make test-soak` sets minutes. The first third of a run is the warm-up (imports, JIT, the
+How long each service is driven comes from ZMQFLOW_SOAK_SECS (ZMQFLOW_SOAK_SECONDS before, still read with a
+warning): unset, the short form that `make test` runs (a few seconds a service); `make test-soak` sets minutes. The first third of a run is the warm-up (imports, JIT, the
 allocator's and libzmq's buffers, a latency ring being filled); from the first sample after it, a service may grow
 by at most `Bounds.rss_mb` of RSS (16 MB: a leak of a few hundred bytes a request passes a short run, so the long
 form is the one that tells), and not at all in descriptors or threads beyond a slack of 2 (a connection or a
@@ -15,14 +15,17 @@ import threading
 import time
 from dataclasses import dataclass
 
-SECONDS_ENV = "ZMQFLOW_SOAK_SECONDS"
+from zmqflow.common.renames import read_environment
+
+SECONDS_ENV = "ZMQFLOW_SOAK_SECS"
+OLD_SECONDS_ENV = "ZMQFLOW_SOAK_SECONDS"
 SHORT_SECONDS = 4.0
 MB = 2 ** 20
 
 
 def soak_seconds():
-    """Seconds to drive each service: ZMQFLOW_SOAK_SECONDS, or the short form's."""
-    text = os.environ.get(SECONDS_ENV, "").strip()
+    """Seconds to drive each service: ZMQFLOW_SOAK_SECS, or the short form's."""
+    text = (read_environment(SECONDS_ENV, old=OLD_SECONDS_ENV) or "").strip()
     if not text:
         return SHORT_SECONDS
     seconds = float(text)

@@ -335,7 +335,7 @@ def test_worker_rejects_another_tasks_device_before_connecting():
     out = subprocess.run([sys.executable, "-m", "zmqflow.services.worker", "--ps", "tcp://127.0.0.1:9", "--broker",
                           "tcp://127.0.0.1:9", "--device", "/job:worker/task:3/cpu:0"],
                          capture_output=True, text=True, timeout=60, env={**os.environ, "TF_CONFIG": ""})
-    assert out.returncode == 1 and "InvalidArgumentError" in out.stderr and "task 3" in out.stderr
+    assert out.returncode == 2 and "InvalidArgumentError" in out.stderr and "task 3" in out.stderr
 
 
 # ------------------------------------------------------------------ on a real GPU
