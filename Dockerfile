@@ -1,8 +1,8 @@
 # One image for every zmqflow service: `zmqflow` is the entrypoint, the command picks the service.
 #   docker build -t zmqflow:latest -t zmqflow:0.2.0 .                     # deploy/k8s names the version tag
 #   docker run --rm zmqflow:latest broker --bind tcp://0.0.0.0:5555      # or: ps, worker, serve, ...
-# Stage 1 builds the project's wheel; stage 2 installs the locked dependencies with the http extra
-# (requirements/http.txt: core.txt's plus the gateway's, hashes checked) and that wheel into
+# Stage 1 builds the project's wheel; stage 2 installs the locked dependencies with the http and grpc extras
+# (requirements/serve.txt: core.txt's plus the gateway's, HTTP and gRPC, hashes checked) and that wheel into
 # python:3.11-slim, nothing else:
 # no compiler, no source tree, no tests. Bring your own model code and data by mounting them
 # (docker-compose.yml mounts ZMQFLOW_USER_DIR at /user, on PYTHONPATH) or by building FROM this
@@ -29,7 +29,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     NUMBA_CACHE_DIR=/tmp/numba-cache \
     ZMQFLOW_HEALTH_FILE=/tmp/zmqflow-health
 # The dependencies first, in a layer of their own: a change to the code rebuilds only the wheel's.
-COPY requirements/http.txt /tmp/requirements.txt
+COPY requirements/serve.txt /tmp/requirements.txt
 RUN pip install --require-hashes -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin zmqflow \

@@ -18,14 +18,14 @@ $(STAMP): pyproject.toml setup.py requirements/test.txt
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
-# The lock files: core (pip install zmqflow), http (core plus the http extra at core's versions: the Docker
-# image) and test (make test, make demo), for Python 3.10+ on any platform.
+# The lock files: core (pip install zmqflow), serve (core plus the http and grpc extras at core's versions: the
+# Docker image, whose gateway serves HTTP and gRPC) and test (make test, make demo), for Python 3.10+ on any platform.
 lock:
 	$(PYTHON) -m venv .lock-venv && .lock-venv/bin/pip install --quiet uv
 	.lock-venv/bin/uv pip compile pyproject.toml --generate-hashes --universal --python-version 3.10 \
 		--no-header -q -o requirements/core.txt
-	.lock-venv/bin/uv pip compile pyproject.toml --extra http -c requirements/core.txt --generate-hashes --universal \
-		--python-version 3.10 --no-header -q -o requirements/http.txt
+	.lock-venv/bin/uv pip compile pyproject.toml --extra http --extra grpc -c requirements/core.txt --generate-hashes \
+		--universal --python-version 3.10 --no-header -q -o requirements/serve.txt
 	.lock-venv/bin/uv pip compile pyproject.toml --extra test --generate-hashes --universal --python-version 3.10 \
 		--no-header -q -o requirements/test.txt
 	rm -rf .lock-venv

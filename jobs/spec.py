@@ -77,6 +77,7 @@ def decayed_optimizer(spec, train_rows):
 BROKER_PORT, PS_PORT, WORKER_PORT, SERVE_PORT, AGGREGATOR_PORT = 5555, 5600, 5610, 5700, 5800
 READER_METRICS_PORT = 6620
 GATEWAY_PORT = 8000            # HTTP (the Open Inference Protocol); its metrics on 9000
+GATEWAY_GRPC_PORT = 8001       # the same protocol over gRPC (--grpc-bind), Triton's and KServe's port
 METRICS_OFFSET = 1000
 CHECKPOINTS = "/data/ckpt"     # the deployment's shared volume
 PREPARED = "/data/prepared"    # what its one-shot `data` task writes: model.json, data-config.json, shards
@@ -505,6 +506,8 @@ def _serving_tasks(spec, placement):
                        {"mode": "replica", "member": members, "deadline-ms": 1000, "min-members": 1}))
     gateway = TaskSpec("gateway", 0, ["gateway"], {"aggregator": f"tcp://aggregator:{AGGREGATOR_PORT}",
                                                    "bind": f"0.0.0.0:{GATEWAY_PORT}",
+                                                   "grpc-bind": f"0.0.0.0:{GATEWAY_GRPC_PORT}",
                                                    "metrics-bind": _metrics(GATEWAY_PORT + METRICS_OFFSET)},
-                       ports={"http": GATEWAY_PORT, "metrics": GATEWAY_PORT + METRICS_OFFSET})
+                       ports={"http": GATEWAY_PORT, "grpc": GATEWAY_GRPC_PORT,
+                              "metrics": GATEWAY_PORT + METRICS_OFFSET})
     return out + [gateway]

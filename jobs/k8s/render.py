@@ -58,8 +58,8 @@ from zmqflow.common.processes.service_cli import to_flags
 from zmqflow.common.cluster.spec import ClusterSpec
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.version import __version__
-from zmqflow.jobs.spec import (BROKER_PORT, CURVE_KEYS, DEPLOYMENT, GATEWAY_PORT, PS_PORT, SERVE_PORT, WORKER_PORT,
-                               JobSpec, deployment, tasks)
+from zmqflow.jobs.spec import (BROKER_PORT, CURVE_KEYS, DEPLOYMENT, GATEWAY_GRPC_PORT, GATEWAY_PORT, PS_PORT,
+                               SERVE_PORT, WORKER_PORT, JobSpec, deployment, tasks)
 
 DEFAULT_IMAGE = f"zmqflow:{__version__}"   # the build's version: a fixed tag names what runs (and rolls back)
 DEFAULT_NAMESPACE = "zmqflow"
@@ -92,11 +92,12 @@ RESOURCES = {
     "reader": ("250m", "2", "256Mi", "1Gi"),
     "serve": ("250m", "2", "256Mi", "1Gi"),
     "aggregator": ("100m", "2", "128Mi", "512Mi"),
-    "gateway": ("100m", "2", "128Mi", "512Mi"),   # ~50 MB + --max-inflight-bytes (256 MiB): docs/security.md
+    # ~50 MB + --max-inflight-bytes (256 MiB) over REST; up to ~570 MB measured under many 8 MiB gRPC calls
+    "gateway": ("100m", "2", "128Mi", "768Mi"),   # (what grpc and the allocator hold beyond it): docs/security.md
 }
 
 # Who dials whom (docker-compose.yml's commands): role -> [(ports of its pods, roles whose pods may connect;
-# None: anyone)]. Every pod also lets anyone scrape its `metrics` port; the gateway's HTTP is the way in.
+# None: anyone)]. Every pod also lets anyone scrape its `metrics` port; the gateway's HTTP and gRPC are the way in.
 INGRESS = {
     "broker": [(["zmq"], ["reader", "chief", "worker"])],
     "ps": [(None, ["chief", "worker"])],   # the caller's ports: 5600 + i (a Job's pods share one spec) or tfjob-port
@@ -105,7 +106,7 @@ INGRESS = {
     "reader": [],
     "serve": [(["zmq"], ["aggregator", "gateway"])],   # the gateway asks each member for its model_info
     "aggregator": [(["zmq"], ["gateway"])],
-    "gateway": [(["http"], None)],
+    "gateway": [(["http", "grpc"], None)],
 }
 
 # Inline checkov skips (checkov.io/skip<n> annotations) of a workload whose image has no digest, with the reason.
@@ -257,6 +258,12 @@ def _exec(command):
 
 def _http_get(path, port):
     return {"httpGet": {"path": path, "port": port}}
+
+
+def _grpc_check(port):
+    """Kubernetes' gRPC probe (1.27+): grpc.health.v1.Health's Check of the server's health on `port` (a number:
+    the probe takes no port name)."""
+    return {"grpc": {"port": port}}
 
 
 def _ping(port, timeout=None):
@@ -518,13 +525,14 @@ def _env(options, task):
 
 def _served(options, task, comment="", mounts=(), volumes=(), probes=None, init_containers=(), job=False):
     """A server task as a Deployment (with `job`: a Job, for the broker, which ends with the training) and a
-    Service on the task's ports (a model server's labels name its member; the gateway serves HTTP only: its keys
-    are a client's, `curve_files_of`)."""
+    Service on the task's ports (a model server's labels name its member; the gateway serves HTTP and gRPC, no
+    ZeroMQ: its keys are a client's, `curve_files_of`)."""
     labels = _labels(task.role, **({"member": str(task.index)} if task.role == "serve" else {}))
     main = _container(options, task.role, task.role, _args(task), ports=[_port(n, p) for n, p in task.ports.items()],
                       env=_env(options, task), mounts=mounts, **(probes or _pinged(_ping, task.ports["zmq"])))
     template = _pod_template(options, task, labels, [main], volumes, init_containers)
-    ports = [{"name": name, "port": port, "targetPort": port} for name, port in task.ports.items()]
+    ports = [{"name": name, "port": port, "targetPort": port, **({"appProtocol": "grpc"} if name == "grpc" else {})}
+             for name, port in task.ports.items()]   # appProtocol: for meshes and Ingresses that route gRPC
     workload = (_job if job else _deployment)(options, task.name, labels, template)
     return [(comment, _service(options, task.name, labels, ports)), ("", workload)]
 
@@ -704,7 +712,7 @@ def reader_component(options):
 
 
 def serving_components(options):
-    """The model servers (one Deployment + Service each), the aggregator and the HTTP gateway."""
+    """The model servers (one Deployment + Service each), the aggregator and the gateway (HTTP and gRPC)."""
     job_tasks, replicas = _tasks(options.spec), options.spec.serving.replicas
     serve = []
     for i in range(replicas):
@@ -718,11 +726,13 @@ def serving_components(options):
     aggregator = _served(options, job_tasks["aggregator", 0],
                          f"The aggregator fronts the {replicas} model servers (one --member each).")
     gateway = _served(options, job_tasks["gateway", 0], (
-        "The HTTP gateway (Open Inference Protocol: curl, tritonclient.http, KServe's clients) in front of the\n"
-        "aggregator: the ensemble is the model `ensemble`, each model server a model of its own. Ready while the\n"
-        "aggregator answers and a model is ready (/v2/health/ready); alive while it serves HTTP (/v2/health/live).\n"
-        f"More replicas share the load; outside the cluster: kubectl port-forward service/gateway {GATEWAY_PORT}."),
-        probes={"readiness": _probe(_http_get("/v2/health/ready", "http"), 5, 5),
+        "The gateway: the Open Inference Protocol over HTTP (curl, tritonclient.http, KServe's clients) and gRPC\n"
+        f"(port grpc, {GATEWAY_GRPC_PORT}: tritonclient.grpc) in front of the aggregator: the ensemble is the model "
+        "`ensemble`, each model\nserver a model of its own. Ready while the aggregator answers and a model is ready, "
+        "asked over gRPC\n(grpc.health.v1.Health's Check, as the protocol's ServerReady); alive while it serves HTTP "
+        "(/v2/health/live):\nthe two probes reach both ports. More replicas share the load; outside the cluster:\n"
+        f"kubectl port-forward service/gateway {GATEWAY_PORT} {GATEWAY_GRPC_PORT}."),
+        probes={"readiness": _probe(_grpc_check(GATEWAY_GRPC_PORT), 5, 5),
                 "liveness": _probe(_http_get("/v2/health/live", "http"), 20, 10, delay=10)})
     return [Component(role, docs + [network_policy(options, role)])
             for role, docs in (("serve", serve), ("aggregator", aggregator), ("gateway", gateway))]

@@ -15,8 +15,8 @@ import os
 import textwrap
 
 from zmqflow.common.rpc.encryption import KEY_ENV
-from zmqflow.jobs.spec import (AGGREGATOR_PORT, BROKER_PORT, DEPLOYMENT, GATEWAY_PORT, METRICS_OFFSET, PS_PORT,
-                               SERVE_PORT, WORKER_PORT, deployment, tasks)
+from zmqflow.jobs.spec import (AGGREGATOR_PORT, BROKER_PORT, DEPLOYMENT, GATEWAY_GRPC_PORT, GATEWAY_PORT,
+                               METRICS_OFFSET, PS_PORT, SERVE_PORT, WORKER_PORT, deployment, tasks)
 
 VARIABLES = {("reader", "num-epochs"): "EPOCHS", ("worker", "checkpoint-every-steps"): "CHECKPOINT_EVERY_STEPS",
              ("data", "data"): "ZMQFLOW_DATA", ("data", "model"): "ZMQFLOW_MODEL", ("serve", "model-name"): "ZMQFLOW_NAME"}
@@ -30,8 +30,9 @@ TEMPLATE = os.path.join(os.path.dirname(__file__), "docker-compose.yml.in")   # 
 COMMENTS = {
     "keys": "one-shot: the deployment's CURVE keys, made on the first run and kept (--keep) on the next ones",
     "data": "one-shot: the train split only (the chief evaluates on the test rows), rewritten on every run",
-    "gateway": "HTTP (Open Inference Protocol: curl, tritonclient.http, KServe's clients) in front of the aggregator; "
-               "over\n# ZeroMQ it is the aggregator's client (CURVE with the deployment's keys, like every service here).",
+    "gateway": "the Open Inference Protocol over HTTP (curl, tritonclient.http, KServe's clients) and gRPC "
+               "(tritonclient.grpc)\n# in front of the aggregator; over ZeroMQ it is the aggregator's client (CURVE "
+               "with the deployment's keys, like\n# every service here).",
 }
 
 
@@ -46,7 +47,8 @@ def render(spec=DEPLOYMENT):
     metrics = ", ".join(f"{name} {t.ports['metrics']}" for name, t in job.items() if "metrics" in t.ports)
     cluster = "   ".join(f"{role}: " + ", ".join(addresses) for role, addresses in placement.cluster.items())
     fields = dict(ps_names=", ".join(ps), worker_names=", ".join(workers), aggregator=AGGREGATOR_PORT,
-                  gateway=GATEWAY_PORT, data=spec.data, model=spec.model, name=spec.serving.name,
+                  gateway=GATEWAY_PORT, gateway_grpc=GATEWAY_GRPC_PORT, data=spec.data, model=spec.model,
+                  name=spec.serving.name,
                   epochs=spec.training.epochs, every=spec.checkpoint.every_steps, tf_names=", ".join(ps + workers),
                   cluster=cluster, prepared=placement.prepared,
                   serve_names=f"{serves[0]}..{serves[-1][len('serve'):]}" if serves else "(none)",
@@ -56,7 +58,7 @@ def render(spec=DEPLOYMENT):
     keys = {"keys": COMPLETED}
     for name, task in job.items():
         role, depends = task.role, dict(keys)
-        health, expose = None, [task.ports[p] for p in ("zmq", "http") if p in task.ports]
+        health, expose = None, [task.ports[p] for p in ("zmq", "http", "grpc") if p in task.ports]
         if "metrics" in task.ports:
             expose.append(task.ports["metrics"])
         if role in ("broker", "ps", "serve", "aggregator"):
@@ -83,8 +85,9 @@ def render(spec=DEPLOYMENT):
         options = {key: f"${{{VARIABLES[role, key]}:-{value}}}" if (role, key) in VARIABLES else value
                    for key, value in task.options.items()}
         argv = type(task)(role, task.index, task.command, options).argv()[1:]
-        published = {"aggregator": (AGGREGATOR_PORT, "ZMQFLOW_AGGREGATOR_PORT"),
-                     "gateway": (GATEWAY_PORT, "ZMQFLOW_GATEWAY_PORT")}.get(role)
+        published = {"aggregator": [(AGGREGATOR_PORT, "ZMQFLOW_AGGREGATOR_PORT")],
+                     "gateway": [(GATEWAY_PORT, "ZMQFLOW_GATEWAY_PORT"),
+                                 (GATEWAY_GRPC_PORT, "ZMQFLOW_GATEWAY_GRPC_PORT")]}.get(role)
         services.append(_service(name, argv, task.env, expose, depends, health, published=published,
                                  volumes=["zmqflow-keys:/keys"] if role == "keys" else None,
                                  restart="unless-stopped" if role in SERVING else None))
@@ -102,7 +105,7 @@ def _dashboard(ps, workers, serves):
     return _service("dashboard", command, {KEY_ENV: "serving"}, [DASHBOARD_PORT], {"keys": COMPLETED},
                     ("health_watch", ["CMD", "zmqflow", "healthcheck", "--http",
                                       f"http://127.0.0.1:{DASHBOARD_PORT}/api/snapshot"]),
-                    published=(DASHBOARD_PORT, "ZMQFLOW_DASHBOARD_PORT"), profile="dashboard")
+                    published=[(DASHBOARD_PORT, "ZMQFLOW_DASHBOARD_PORT")], profile="dashboard")
 
 
 def _addresses(names, base):
@@ -126,9 +129,10 @@ def _service(name, argv, env, expose, depends, health, published=None, volumes=N
         lines += [f"      {key}: {_scalar(value)}" for key, value in env.items()]
     if expose:
         lines.append(_flow("    expose: ", [str(port) for port in expose]))
-    if published:
-        port, variable = published
-        lines.append(f'    ports: ["127.0.0.1:${{{variable}:-{port}}}:{port}"]   # the host\'s loopback only')
+    if published:   # [(container port, the variable of its host port)]
+        ports = [f"127.0.0.1:${{{variable}:-{port}}}:{port}" for port, variable in published]
+        comment = "   # the host's loopback only"
+        lines.append(_flow("    ports: ", ports, width=118 - len(comment)) + comment)
     if depends:
         lines.append("    depends_on:")
         lines += [f"      {dep}: {{condition: {condition}}}" for dep, condition in depends.items()]

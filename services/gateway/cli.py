@@ -9,7 +9,7 @@ import click
 from zmqflow.common.processes.service_cli import (BIND_HELP, BindAddress, curve_option, ops_options, option,
                                                   serve_metrics, service_main, setup_logging, write_ready_file)
 from zmqflow.common.rpc.probe import endpoint_of
-from zmqflow.services.gateway.limits import JSON_COST, RAW_COST
+from zmqflow.services.gateway.limits import JSON_COST, RAW_COST, RECEIVE_COST
 
 HTTP_EXTRA_HINT = "the gateway needs the http extra: pip install 'zmqflow[http]' (Starlette, uvicorn, httptools, orjson)"
 GRPC_EXTRA_HINT = "--grpc-bind needs the grpc extra: pip install 'zmqflow[http,grpc]' (grpcio)"
@@ -24,7 +24,8 @@ GRPC_EXTRA_HINT = "--grpc-bind needs the grpc extra: pip install 'zmqflow[http,g
               help=f"Where the HTTP side listens: {BIND_HELP}, named by the ready file and the log.")
 @click.option("--grpc-bind", default=None, type=BindAddress(zmq=False), metavar="[HOST:]PORT",
               help="Also serve the protocol over gRPC (inference.GRPCInferenceService, as Triton and KServe do; "
-                   "their port is 8001) with the same models, limits and metrics, listening here, read as --bind "
+                   "their port is 8001; with the health service grpc.health.v1.Health, which Kubernetes' gRPC "
+                   "probes ask) with the same models, limits and metrics, listening here, read as --bind "
                    "is. Needs the grpc extra.")
 @option("--model-name", "ensemble_name", old_names=["--name"],
         default="ensemble", help="Model name of the aggregator's ensemble.")
@@ -40,10 +41,13 @@ GRPC_EXTRA_HINT = "--grpc-bind needs the grpc extra: pip install 'zmqflow[http,g
               help="Memory the requests in flight may hold together, estimated from their bodies: "
                    f"{JSON_COST}x their JSON (what parsing it costs at worst), {RAW_COST}x their binary tensor data; "
                    "a request that would go over is answered 503 (Retry-After) before its body is read. "
+                   f"gRPC draws on the same: a call reserves {RECEIVE_COST}x --max-body-bytes before its message "
+                   "is read (RESOURCE_EXHAUSTED when they are not left), then its own cost. "
                    f"At least {JSON_COST}x --max-body-bytes, so that the largest body fits.")
 @option("--body-timeout-secs", "body_timeout_s", old_names=["--body-timeout-s"],
         default=30.0, type=click.FloatRange(min=0.001),
-        help="Time a client has to send a request's body; a slower one is answered 408.")
+        help="Time a client has to send a request's body (a gRPC call its message); a slower one is answered 408 "
+             "(DEADLINE_EXCEEDED).")
 @option("--header-timeout-secs", "header_timeout_s", old_names=["--header-timeout-s"],
         default=10.0, type=click.FloatRange(min=0.001),
         help="Time a client has to send a request's headers; a slower connection is closed.")

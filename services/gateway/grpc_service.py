@@ -9,12 +9,18 @@ their own). A ModelInfer's tensors come as typed `contents` (fp32_contents, byte
 `raw_input_contents` (little-endian bytes, BYTES in Triton's length-prefixed form); the answer mirrors
 the request: raw_output_contents to a raw request (Triton's clients always send raw), typed contents
 to a typed one. Limits: a message over --max-body-bytes is refused by grpc itself (RESOURCE_EXHAUSTED),
-at most --max-connections RPCs run at once (more: RESOURCE_EXHAUSTED), and each reserves its parsing
-cost from --max-inflight-bytes before its values are decoded (UNAVAILABLE when they are not left).
+at most --max-connections RPCs run at once (more: RESOURCE_EXHAUSTED), and a ModelInfer draws on the REST
+side's --max-inflight-bytes budget (limits.py), the one budget of both: before grpc reads its message it
+reserves what receiving the largest one costs, then what its message holds and parsing it costs
+(RESOURCE_EXHAUSTED when that is not left), and the message must arrive within --body-timeout-secs
+(DEADLINE_EXCEEDED), as a REST body must. grpc reads a unary call's message before its handler runs, so
+ModelInfer is served as a client stream of its one message (ReceiveReserved): the same call on the wire.
 The call's deadline (the client's timeout) is the request's deadline, upstream included, as the
-`timeout` parameter is; the earlier of the two holds.
+`timeout` parameter is; the earlier of the two holds. The standard health service, grpc.health.v1.Health,
+answers on the same port (grpc_health.py: Kubernetes' gRPC probes ask it).
 """
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -24,14 +30,16 @@ import uuid
 import grpc
 import numpy as np
 
-from zmqflow.common.errors import INTERNAL, UNKNOWN, DeadlineExceededError, InvalidArgumentError, OpError
+from zmqflow.common.errors import (INTERNAL, UNKNOWN, DeadlineExceededError, InvalidArgumentError, OpError,
+                                   ResourceExhaustedError, UnavailableError)
 from zmqflow.services.gateway import grpc_predict_v2_pb2 as pb
 from zmqflow.services.gateway import protocol
 from zmqflow.services.gateway.catalog import server_metadata
 from zmqflow.services.gateway.forward import infer
+from zmqflow.services.gateway.grpc_health import add_health_service
 from zmqflow.services.gateway.grpc_predict_v2_pb2_grpc import (GRPCInferenceServiceServicer,
                                                                add_GRPCInferenceServiceServicer_to_server)
-from zmqflow.services.gateway.limits import Reservation, request_cost
+from zmqflow.services.gateway.limits import RECEIVE_COST, Reservation, request_cost
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +53,8 @@ STATUS = {code.value[0]: code for code in grpc.StatusCode}
 """zmqflow's status codes are gRPC's canonical ones: the number -> grpc.StatusCode."""
 
 STOP_GRACE_S = 2.0
+
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
 class InferenceService(GRPCInferenceServiceServicer):
@@ -70,20 +80,22 @@ class InferenceService(GRPCInferenceServiceServicer):
     async def ModelMetadata(self, request, context):
         return await _answer(context, lambda: self._model_metadata(request))
 
-    async def ModelInfer(self, request, context):
+    async def ModelInfer(self, requests, context):
+        """Its one message from the stream `requests` (ReceiveReserved), read once its memory is reserved."""
         started = time.perf_counter()
-        done = []   # whether the request stats have it
+        done, named = [], []   # whether the request stats have it; the model it names, once read
 
         def observe(code):   # before the answer leaves: a scrape after it has this request
             done.append(code)
             stats = self.settings.stats
             if stats is not None:   # any name a client sends would grow the label set without bound
-                known = request.model_name if request.model_name in self.settings.discovery.catalog.models \
-                    else "(unknown)"
+                known = named[0] if named and named[0] in self.settings.discovery.catalog.models else "(unknown)"
                 stats.observe_grpc(known, code, time.perf_counter() - started)
+        reservation = Reservation(self.settings.inflight)
         try:
-            return await _answer(context, lambda: self._infer(request, context), observe)
+            return await _answer(context, lambda: self._infer(requests, context, reservation, named), observe)
         finally:
+            reservation.end()
             if not done:   # cancelled: the client went away or its deadline passed
                 observe("CANCELLED")
 
@@ -101,21 +113,58 @@ class InferenceService(GRPCInferenceServiceServicer):
     def _model(self, name, version):
         return self.settings.discovery.catalog.get(name, version)
 
-    async def _infer(self, request, context):
+    async def _infer(self, requests, context, reservation, named):
         settings = self.settings
+        reserve(reservation, RECEIVE_COST * settings.max_body_bytes)   # the largest message, before grpc reads it
+        request = await one_message(requests, settings.body_timeout_s)
+        named.append(request.model_name)
         model = self._model(request.model_name, request.model_version)
-        reservation = Reservation(settings.inflight)
-        try:
-            size = request.ByteSize()
-            raw_bytes = sum(len(raw) for raw in request.raw_input_contents)
-            reservation.grow(request_cost(size, size - raw_bytes, model))   # typed values cost as JSON's do
-            parsed = parse_request(request, model)
-            deadline = call_deadline_ms(parsed.parameters, context.time_remaining())
-            output, parameters = await infer(settings.upstreams, model, parsed.inputs, deadline,
-                                             settings.default_timeout_s, parsed.parameters, parsed.records)
-            return encode_response(model, parsed, output, parameters)
-        finally:
-            reservation.end()
+        size = request.ByteSize()
+        raw_bytes = sum(len(raw) for raw in request.raw_input_contents)
+        # parsing it (typed values cost as JSON's do, their 32x cover the message) and the raw contents the
+        # message holds beside the copies that request_cost counts: the largest typed message fits alone
+        reserve(reservation, request_cost(size, size - raw_bytes, model) + raw_bytes)
+        parsed = parse_request(request, model)
+        deadline = call_deadline_ms(parsed.parameters, context.time_remaining())
+        output, parameters = await infer(settings.upstreams, model, parsed.inputs, deadline,
+                                         settings.default_timeout_s, parsed.parameters, parsed.records)
+        return encode_response(model, parsed, output, parameters)
+
+
+def reserve(reservation, nbytes):
+    """Hold `nbytes` of --max-inflight-bytes for a call: RESOURCE_EXHAUSTED (as grpc's own limits answer)
+    when they are not left; the REST side answers the same 503 (Retry-After)."""
+    try:
+        reservation.resize(nbytes)
+    except UnavailableError as exc:
+        raise ResourceExhaustedError(str(exc)) from None
+
+
+async def one_message(requests, timeout_s):
+    """The request message of a ModelInfer (a unary call: one message on its stream), DEADLINE_EXCEEDED when it
+    takes longer than `timeout_s` (--body-timeout-secs) to arrive: a stalled client holds no reservation long."""
+    async def first():
+        async for request in requests:
+            return request
+        raise InvalidArgumentError("ModelInfer got no request message")
+    try:
+        return await asyncio.wait_for(first(), timeout_s)
+    except asyncio.TimeoutError:
+        raise DeadlineExceededError(f"the request message did not arrive within {timeout_s:g} s "
+                                    "(--body-timeout-secs)") from None
+
+
+class ReceiveReserved(grpc.aio.ServerInterceptor):
+    """Serves ModelInfer as a client stream of its one message: grpc reads a unary call's message before its
+    handler runs, a stream's when the handler asks, so InferenceService.ModelInfer reserves the memory first.
+    The wire does not tell them apart: clients make the same unary call."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method != MODEL_INFER:
+            return handler
+        return grpc.stream_unary_rpc_method_handler(handler.unary_unary, handler.request_deserializer,
+                                                    handler.response_serializer)
 
 
 async def _answer(context, work, observe=None):
@@ -302,13 +351,19 @@ def grpc_address(host, port):
 
 @contextlib.asynccontextmanager
 async def serving(settings, host, port, max_rpcs=1000, idle_s=5.0):
-    """The protocol's gRPC service on host:port (port 0: any free one) while in the block, which gets the
-    address it listens on; `max_rpcs` run at once (--max-connections), connections idle for `idle_s` close."""
+    """The protocol's gRPC service and the health service on host:port (port 0: any free one) while in the
+    block, which gets the address it listens on; `max_rpcs` run at once (--max-connections), connections idle
+    for `idle_s` close, a ModelInfer reserves its memory before its message is read (ReceiveReserved)."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", settings.max_body_bytes),
                                       ("grpc.so_reuseport", 0),   # else a second gateway would share the port
-                                      ("grpc.max_connection_idle_ms", int(idle_s * 1000))],
-                             maximum_concurrent_rpcs=max_rpcs)
+                                      ("grpc.max_connection_idle_ms", int(idle_s * 1000)),
+                                      # else grpc widens each stream's window to what the link carries and
+                                      # reads messages no handler has asked for: 64 calls of 8 MiB grew the
+                                      # gateway by 585 MB with the reservation below, 309-323 MB without it
+                                      ("grpc.http2.bdp_probe", 0)],
+                             maximum_concurrent_rpcs=max_rpcs, interceptors=[ReceiveReserved()])
     add_GRPCInferenceServiceServicer_to_server(InferenceService(settings), server)
+    add_health_service(server, lambda: settings.discovery.ready()[0])
     try:
         bound = server.add_insecure_port(grpc_address(host, port))
     except RuntimeError as exc:

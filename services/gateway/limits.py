@@ -9,6 +9,10 @@ JSON_COST times its JSON and binary column data, and RAW_COST times its binary t
 Content-Length and Inference-Header-Content-Length headers, and is answered 503 (Retry-After) at once,
 unread, when that is over what is left; a body without a Content-Length reserves as it arrives. The
 reservation ends with the request, so the peak is bounded whatever the number of connections.
+
+gRPC draws from the same budget (grpc_service.py), but grpc tells nobody a message's size before it has
+read all of it: a ModelInfer reserves RECEIVE_COST times --max-body-bytes before its message is read,
+and once read, what that message holds and its parsing cost (request_cost) instead.
 """
 
 from zmqflow.common.errors import UnavailableError
@@ -18,6 +22,10 @@ JSON_COST = 32
 
 RAW_COST = 2
 """Memory per byte of binary tensor data: the body, and the copy sent to the upstream."""
+
+RECEIVE_COST = 3
+"""Memory per byte of a gRPC message while grpc receives it: its own buffer, the bytes it hands to Python,
+and the parsed message built from them (the first two are freed once it is parsed)."""
 
 
 def request_cost(body_bytes, json_bytes, model):
@@ -56,6 +64,13 @@ class Reservation:
         if nbytes > self.nbytes:
             self.inflight.reserve(nbytes - self.nbytes)
             self.nbytes = nbytes
+
+    def resize(self, nbytes):
+        """Hold `nbytes` from now on: more as grow() takes them, fewer given back to the budget."""
+        if nbytes < self.nbytes:
+            self.inflight.release(self.nbytes - nbytes)
+            self.nbytes = nbytes
+        self.grow(nbytes)
 
     def end(self):
         self.inflight.release(self.nbytes)

@@ -29,16 +29,19 @@ def image(docker):
 @pytest.fixture(scope="module")
 def stack(image, tmp_path_factory):
     """docker-compose.yml brought up cold (1 epoch) under a project of its own; taken down with -v
-    whatever happens. `stack.cold_start_s`: from `up -d` to the aggregator healthy; `stack.gateway_port` and
-    `stack.dashboard_port`: the gateway's and the web view's HTTP ports on the host's loopback. `stack.client_env`:
+    whatever happens. `stack.cold_start_s`: from `up -d` to the aggregator healthy; `stack.gateway_port`,
+    `stack.gateway_grpc_port` and `stack.dashboard_port`: the gateway's HTTP and gRPC ports and the web view's on
+    the host's loopback. `stack.client_env`:
     the environment of a client on the host (the deployment's CURVE keys, copied out of a container)."""
-    port, gateway_port, dashboard_port = free_port(), free_port(), free_port()
+    port, gateway_port, gateway_grpc_port, dashboard_port = free_port(), free_port(), free_port(), free_port()
     project = ComposeProject(f"zmqflowtest{os.getpid()}", {"ZMQFLOW_IMAGE": image, "EPOCHS": "1",
                                                           "ZMQFLOW_AGGREGATOR_PORT": str(port),
                                                           "ZMQFLOW_GATEWAY_PORT": str(gateway_port),
+                                                          "ZMQFLOW_GATEWAY_GRPC_PORT": str(gateway_grpc_port),
                                                           "ZMQFLOW_DASHBOARD_PORT": str(dashboard_port),
                                                           "LOADTEST_DURATION": "5"})
     project.port, project.gateway_port, project.dashboard_port = port, gateway_port, dashboard_port
+    project.gateway_grpc_port = gateway_grpc_port
     project.down()
     started = time.monotonic()
     try:

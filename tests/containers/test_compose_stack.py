@@ -96,19 +96,44 @@ def test_curl_and_tritonclient_get_predictions_through_the_gateway(stack):
     try:
         assert client.is_server_ready() and client.is_model_ready("model-3")
         for model in ("ensemble", "model-3"):
-            data = httpclient.InferInput("input", [2, 784], "FP32")
-            data.set_data_from_numpy(x)
-            timings = []
-            for _ in range(50):
-                started = time.perf_counter()
-                result = client.infer(model, [data], timeout=1_000_000)
-                timings.append((time.perf_counter() - started) * 1000)
-            probabilities = result.as_numpy("probabilities")
-            assert probabilities.shape == (2, 10) and np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-4), model
-            print(f"tritonclient.http -> {model}: 50 infers, p50 {np.percentile(timings, 50):.2f} ms, "
-                  f"p99 {np.percentile(timings, 99):.2f} ms")
+            timed_infers(httpclient, client, model, x, timeout=1_000_000)   # microseconds
     finally:
         client.close()
+
+
+def timed_infers(tritonclient, client, model, x, **deadline):
+    """50 `client.infer` calls of the rows `x` to `model` with tritonclient's http or grpc module (the same calls;
+    the deadline's keyword differs): the last one's probabilities checked, p50 and p99 printed."""
+    import numpy as np
+    data = tritonclient.InferInput("input", list(x.shape), "FP32")
+    data.set_data_from_numpy(x)
+    timings = []
+    for _ in range(50):
+        started = time.perf_counter()
+        result = client.infer(model, [data], **deadline)
+        timings.append((time.perf_counter() - started) * 1000)
+    probabilities = result.as_numpy("probabilities")
+    assert probabilities.shape == (len(x), 10) and np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-4), model
+    print(f"\n{tritonclient.__name__} -> {model}: 50 infers, p50 {np.percentile(timings, 50):.2f} ms, "
+          f"p99 {np.percentile(timings, 99):.2f} ms")
+
+
+def test_tritonclient_grpc_gets_predictions_through_the_gateways_grpc_port(stack):
+    """The image serves the gRPC side too (its lock installs the grpc extra): on the port compose publishes,
+    tritonclient.grpc gets predictions from the ensemble and from a member, and the standard health service that
+    Kubernetes' gRPC probe asks answers SERVING."""
+    import grpc
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    address = f"127.0.0.1:{stack.gateway_grpc_port}"
+    x = np.random.default_rng(0).random((2, 784), dtype=np.float32)
+    stack.wait_healthy("gateway", 120)   # run alone, the stack is up once the aggregator is healthy
+    with grpcclient.InferenceServerClient(address) as client:
+        assert client.is_server_ready() and client.is_model_ready("model-3")
+        for model in ("ensemble", "model-3"):
+            timed_infers(grpcclient, client, model, x, client_timeout=5)   # seconds
+    with grpc.insecure_channel(address) as channel:   # HealthCheckRequest{} -> HealthCheckResponse{status: SERVING}
+        assert channel.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=5) == b"\x08\x01"
 
 
 def test_load_test_profile_drives_the_gateway_over_http(stack):

@@ -97,7 +97,7 @@ def test_ports_unique_and_each_service_binds_its_own(project):
     ports = compose_ports(project)
     assert len(ports) == len(set(ports))
     assert ports == [5555, 5600, 5601, 5700, 5701, 5702, 5800, 6555, 6600, 6601, 6610, 6611, 6620, 6700, 6701, 6702,
-                     6800, 8000, 8088, 9000]
+                     6800, 8000, 8001, 8088, 9000]
     for name in ("broker", "serve0", "serve1", "serve2", "aggregator"):
         service = project.services[name]
         bind = service.command[service.command.index("--bind") + 1]
@@ -240,17 +240,21 @@ def test_the_dashboard_profile_shows_every_task_on_the_hosts_loopback(project):
 
 
 def test_the_gateway_fronts_the_aggregator_on_the_hosts_loopback(project):
-    """HTTP on 127.0.0.1:8000 of the host (ZMQFLOW_GATEWAY_PORT), ready once the aggregator is healthy, checked
-    at its own readiness route; the load-test profile drives it over HTTP, as `loadtest` drives the aggregator."""
+    """HTTP on 127.0.0.1:8000 of the host (ZMQFLOW_GATEWAY_PORT) and gRPC on 8001 (ZMQFLOW_GATEWAY_GRPC_PORT), ready
+    once the aggregator is healthy, checked at its own readiness route; the load-test profile drives it over HTTP,
+    as `loadtest` drives the aggregator."""
     from zmqflow.jobs.up.compose import load
     gateway = project.services["gateway"]
     options = parse_zmqflow(gateway.command)
     assert (options["aggregator"], options["bind"].socket_address(), options["server"]) == (
         "tcp://aggregator:5800", ("0.0.0.0", 8000), None)
-    assert gateway.ports == [("127.0.0.1", 8000, 8000)] and gateway.expose == [8000, 9000]
+    assert options["grpc_bind"].socket_address() == ("0.0.0.0", 8001)
+    assert gateway.ports == [("127.0.0.1", 8000, 8000), ("127.0.0.1", 8001, 8001)] and gateway.expose == [8000, 8001,
+                                                                                                          9000]
     assert gateway.depends_on == {"keys": "service_completed_successfully", "aggregator": "service_healthy"}
     assert gateway.healthcheck.test == ["zmqflow", "healthcheck", "--http", "http://127.0.0.1:8000/v2/health/ready"]
-    assert load(COMPOSE, env={"ZMQFLOW_GATEWAY_PORT": "18000"}).services["gateway"].ports == [("127.0.0.1", 18000, 8000)]
+    assert load(COMPOSE, env={"ZMQFLOW_GATEWAY_PORT": "18000", "ZMQFLOW_GATEWAY_GRPC_PORT": "18001"}).services[
+        "gateway"].ports == [("127.0.0.1", 18000, 8000), ("127.0.0.1", 18001, 8001)]
     http_load = parse_zmqflow(project.services["loadtest-http"].command)
     assert (http_load["http_url"], http_load["model"], http_load["address"]) == ("http://gateway:8000", "ensemble", None)
     assert http_load["max_failures"] == 0 and http_load["wait_secs"] > 0

@@ -226,13 +226,14 @@ def test_every_pod_is_scraped_by_prometheus_on_its_metrics_port():
         assert {"name": "metrics", "containerPort": int(port)} in main["ports"], name
 
 
-def test_the_gateway_is_probed_over_http_and_holds_only_the_serving_client_keys():
-    """Kubernetes' own HTTP probes on the protocol's health routes; the CURVE Secret mounted where the aggregator
-    has it, but only a client's files of it, the serving pair: the gateway serves no ZeroMQ, so no server secret
-    key is in its pod, and it sends client ops only."""
+def test_the_gateway_is_probed_over_grpc_and_http_and_holds_only_the_serving_client_keys():
+    """Kubernetes' own probes: readiness by gRPC (grpc.health.v1's Check on the gRPC port), liveness on the
+    protocol's HTTP route, so both ports are probed; the CURVE Secret mounted where the aggregator has it, but
+    only a client's files of it, the serving pair: the gateway serves no ZeroMQ, so no server secret key is in
+    its pod, and it sends client ops only."""
     docs = documents()
     gateway, aggregator = container(docs[("Deployment", "gateway")]), container(docs[("Deployment", "aggregator")])
-    assert gateway["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert gateway["readinessProbe"]["grpc"] == {"port": 8001}
     assert gateway["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
     assert {"name": "http", "containerPort": 8000} in gateway["ports"]
     assert gateway["resources"]["requests"] and gateway["resources"]["limits"]["memory"]
@@ -245,4 +246,27 @@ def test_the_gateway_is_probed_over_http_and_holds_only_the_serving_client_keys(
                                                                         "serving.key_secret"]
     assert "server.key_secret" in [item["path"] for item in aggregator_secret["items"]]
     service = docs[("Service", "gateway")]["spec"]
-    assert [(p["name"], p["port"]) for p in service["ports"]] == [("http", 8000), ("metrics", 9000)]
+    assert [(p["name"], p["port"]) for p in service["ports"]] == [("http", 8000), ("grpc", 8001), ("metrics", 9000)]
+
+
+def test_the_gateways_grpc_port_is_one_port_in_compose_zmqflow_up_and_kubernetes(project, tmp_path):
+    """The gateway's --grpc-bind is the port compose exposes and publishes on the host's loopback, the port
+    `zmqflow up` moves with the others, and the port Kubernetes names `grpc`: the container's, the Service's
+    (appProtocol grpc), the readiness probe's, and the one its NetworkPolicy lets anyone reach."""
+    from tests.deploy.test_compose_file import parse_zmqflow
+    from zmqflow.jobs.up.localize import Localizer
+    compose = project.services["gateway"]
+    host, port = parse_zmqflow(compose.command)["grpc_bind"].socket_address()
+    assert host == "0.0.0.0" and port in compose.expose and ("127.0.0.1", port, port) in compose.ports
+    local = Localizer(project.services, port_offset=1000, workdir=str(tmp_path)).localize(compose)
+    assert parse_zmqflow(local.argv)["grpc_bind"].socket_address() == ("127.0.0.1", port + 1000)
+    assert port + 1000 in local.ports
+
+    docs = documents()
+    pod = container(docs[("Deployment", "gateway")])
+    assert parse_zmqflow(["zmqflow", *pod["args"]])["grpc_bind"].socket_address() == ("0.0.0.0", port)
+    assert {"name": "grpc", "containerPort": port} in pod["ports"] and pod["readinessProbe"]["grpc"]["port"] == port
+    [service_port] = [p for p in docs[("Service", "gateway")]["spec"]["ports"] if p["name"] == "grpc"]
+    assert service_port == {"name": "grpc", "port": port, "targetPort": port, "appProtocol": "grpc"}
+    rules = docs[("NetworkPolicy", "gateway")]["spec"]["ingress"]
+    assert any({"protocol": "TCP", "port": "grpc"} in rule["ports"] and "from" not in rule for rule in rules)

@@ -380,7 +380,7 @@ def test_probes_ping_the_servers_and_spare_a_busy_worker(ps, workers):
     assert "startupProbe" in worker   # liveness counts once the task runs
     gateway = docs[("Deployment", "gateway")]["spec"]["template"]["spec"]["containers"][0]
     assert gateway["args"][:3] == ["gateway", "--aggregator", "tcp://aggregator:5800"]   # the aggregator's Service
-    assert gateway["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert gateway["readinessProbe"]["grpc"] == {"port": 8001}   # grpc.health.v1's Check: ready as /v2/health/ready
     assert gateway["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
 
 

@@ -75,9 +75,10 @@ def test_localize_hosts_ports_tf_config_and_volumes(project, tmp_path):
     assert broker.argv[broker.argv.index("--bind") + 1] == "127.0.0.1:6555"
     aggregator = localizer.localize(project.services["aggregator"])
     assert "tcp://127.0.0.1:6702" in aggregator.argv and not any("serve" in a for a in aggregator.argv)
-    gateway = localizer.localize(project.services["gateway"])   # HTTP addresses move like the ZeroMQ ones
-    assert gateway.argv[2:8] == ["--aggregator", "tcp://127.0.0.1:6800", "--bind", "127.0.0.1:9000",
-                                 "--metrics-bind", "127.0.0.1:10000"]
+    gateway = localizer.localize(project.services["gateway"])   # HTTP and gRPC addresses move like the ZeroMQ ones
+    assert gateway.argv[2:10] == ["--aggregator", "tcp://127.0.0.1:6800", "--bind", "127.0.0.1:9000",
+                                  "--grpc-bind", "127.0.0.1:9001", "--metrics-bind", "127.0.0.1:10000"]
+    assert gateway.ports == [9000, 9001, 10000]   # what `zmqflow ps` shows
     assert gateway.health[-1] == "http://127.0.0.1:9000/v2/health/ready"
     # only the topology's hosts move: a port on another host, or a path like /database, stays
     assert localizer.address("tcp://example.org:5600 ps0:5600x tcp://*:5601") == \

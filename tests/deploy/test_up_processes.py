@@ -116,8 +116,11 @@ def test_shipped_topology_serves_an_ensemble_through_the_aggregator(project, tmp
             scraped["aggregator"][:3000]
         assert "zmqflow_rpc_request_duration_seconds_bucket" in scraped["serve0"]
         predictions_through_the_gateway(f"127.0.0.1:{8000 + offset}", x)
+        predictions_over_grpc(f"127.0.0.1:{8001 + offset}", x)
         gateway_metrics = urllib.request.urlopen(f"http://127.0.0.1:{9000 + offset}/metrics", timeout=5).read().decode()
-        assert 'zmqflow_gateway_infer_requests_total{model="ensemble",status="200",task="gateway"} 2.0' in gateway_metrics
+        for sample in ('zmqflow_gateway_infer_requests_total{model="ensemble",status="200",task="gateway"} 2.0',
+                       'zmqflow_gateway_grpc_infer_requests_total{code="OK",model="ensemble",task="gateway"} 1.0'):
+            assert sample in gateway_metrics, gateway_metrics[:3000]
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -172,14 +175,32 @@ def predictions_through_the_gateway(address, x):
     client = httpclient.InferenceServerClient(address, network_timeout=10.0)
     try:
         for model in ("ensemble", "model-2"):
-            data = httpclient.InferInput("input", list(x.shape), "FP32")
-            data.set_data_from_numpy(x)
-            result = client.infer(model, [data], timeout=2_000_000)
-            probabilities = result.as_numpy("probabilities")
-            assert probabilities.shape == (4, 10) and np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-4), model
+            result = infer_probabilities(httpclient, client, model, x, timeout=2_000_000)   # microseconds
         assert result.get_response()["model_name"] == "model-2"
     finally:
         client.close()
+
+
+def predictions_over_grpc(address, x):
+    """The same gateway's gRPC port (--grpc-bind, moved by the offset like every port): tritonclient.grpc gets the
+    ensemble's and a member's predictions, as over HTTP."""
+    import tritonclient.grpc as grpcclient
+    with grpcclient.InferenceServerClient(address) as client:
+        assert client.is_server_ready() and client.is_model_ready("model-3")
+        for model in ("ensemble", "model-3"):
+            result = infer_probabilities(grpcclient, client, model, x, client_timeout=10)   # seconds
+            assert result.get_response().model_name == model
+
+
+def infer_probabilities(tritonclient, client, model, x, **deadline):
+    """`client.infer` of the rows `x` to `model` with tritonclient's http or grpc module (the same calls; the
+    deadline's keyword differs), its probabilities checked: [rows, 10], each row summing to 1."""
+    data = tritonclient.InferInput("input", list(x.shape), "FP32")
+    data.set_data_from_numpy(x)
+    result = client.infer(model, [data], **deadline)
+    probabilities = result.as_numpy("probabilities")
+    assert probabilities.shape == (len(x), 10) and np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-4), model
+    return result
 
 
 def write(tmp_path, text):

@@ -3,8 +3,11 @@
 ensemble and a member (equal to the ZeroMQ path and to REST), errors with their codes and messages,
 deadlines, and the request metrics. Real model servers, aggregator and gateways (tests/gateway/conftest.py)."""
 
+import json
 import signal
+import threading
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -76,6 +79,38 @@ def test_health_and_metadata_over_grpc_and_rest(client, rest):
     refused(lambda: client.get_model_metadata("m2", model_version="7"), "StatusCode.NOT_FOUND", "no version '7'")
 
 
+def health_check(address, service=""):
+    """grpc.health.v1.Health/Check as Kubernetes' gRPC probe sends it, its messages written on the wire by hand
+    (field 1, the service name; field 1 of the answer, the status: 1 SERVING, 2 NOT_SERVING), so the test does not
+    read the gateway's answer with the gateway's own message classes."""
+    request = b"\n" + bytes([len(service)]) + service.encode() if service else b""
+    with grpc.insecure_channel(address) as channel:
+        return channel.unary_unary("/grpc.health.v1.Health/Check")(request, timeout=5)
+
+
+def test_the_standard_health_service_answers_as_server_ready(topology, processes):
+    """What Kubernetes' `grpc:` probe and grpc_health_probe ask: SERVING while the gateway is ready (for the server
+    and for the protocol's service), NOT_SERVING while its upstream does not answer, NOT_FOUND for another name;
+    Watch is not served (UNIMPLEMENTED: each watcher would hold an RPC for ever)."""
+    for address in (topology.grpc, topology.grpc_single):
+        assert health_check(address) == b"\x08\x01"
+        assert health_check(address, "inference.GRPCInferenceService") == b"\x08\x01"
+    with pytest.raises(grpc.RpcError) as error:
+        health_check(topology.grpc, "nope")
+    assert error.value.code() == grpc.StatusCode.NOT_FOUND and "unknown service 'nope'" in error.value.details()
+    with grpc.insecure_channel(topology.grpc) as channel:
+        with pytest.raises(grpc.RpcError) as error:
+            next(iter(channel.unary_stream("/grpc.health.v1.Health/Watch")(b"", timeout=5)))
+    assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+    grpc_port = free_port()   # a gateway whose model server is not there: up, but not ready
+    processes.service("zmqflow.services.gateway", ["--serve", f"tcp://127.0.0.1:{free_port()}", "--grpc-bind",
+                                                   str(grpc_port), "--refresh-secs", "0.3"], bind="127.0.0.1:0")
+    assert health_check(f"127.0.0.1:{grpc_port}") == b"\x08\x02"
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
+        assert client.is_server_live() and not client.is_server_ready()
+
+
 def test_raw_contents_equal_rest_and_the_zeromq_path(client, rest, topology):
     result = infer(client, "ensemble", timeout=2_000_000)   # microseconds, as over REST
     probabilities = result.as_numpy("probabilities")
@@ -121,9 +156,10 @@ def test_errors_carry_their_code_and_message(client, stub):
     with pytest.raises(grpc.RpcError) as error:
         stub.ModelInfer(request, timeout=10)
     assert "has both contents and raw_input_contents" in error.value.details()
-    # over --max-body-bytes (2,000,000 here): refused by grpc before any of it is decoded
+    # over --max-body-bytes (2,000,000 here, the whole message as the whole body over REST): refused by grpc
+    # while it reads it, naming the limit, before any of it is decoded
     big = np.zeros((700, 784), np.float32)
-    refused(lambda: infer(client, "m2", big), "StatusCode.RESOURCE_EXHAUSTED", "larger than max")
+    refused(lambda: infer(client, "m2", big), "StatusCode.RESOURCE_EXHAUSTED", "larger than max", "vs. 2000000)")
     assert infer(client, "m2").as_numpy("probabilities").shape == (3, 10)   # and it goes on serving
 
 
@@ -173,3 +209,78 @@ def test_request_metrics_per_model_and_code(topology, processes):
     assert 'zmqflow_gateway_grpc_infer_requests_total{code="OK",model="m2",task="gateway"} 1.0' in text
     assert 'zmqflow_gateway_grpc_infer_requests_total{code="NOT_FOUND",model="(unknown)",task="gateway"} 1.0' in text
     assert 'zmqflow_gateway_grpc_infer_duration_seconds_count{model="m2",task="gateway"} 1.0' in text
+
+
+def test_large_calls_past_the_memory_budget_are_refused_and_the_rest_answered(topology, processes):
+    """--max-inflight-bytes bounds gRPC as it bounds REST, from the one budget: a gateway of small limits
+    (--max-body-bytes 100 kB, budget 3.2 MB) in front of m3, SIGSTOPped so that what it admits stays in flight.
+    Of 16 calls of 88 kB sent at once, each reserves 3x the largest message before grpc reads it, then its own
+    cost (3x its raw bytes, 32x the rest: 267 kB): 10 or 11 are admitted, the rest refused RESOURCE_EXHAUSTED
+    at once naming the budget; a REST request that would fit an idle gateway is refused 503 meanwhile (the same
+    budget); once m3 runs again every admitted call is answered, and the budget is whole again."""
+    grpc_port = free_port()
+    gateway = processes.service("zmqflow.services.gateway", [
+        "--serve", topology.members["m3"].endpoint, "--grpc-bind", str(grpc_port), "--max-body-bytes", "100000",
+        "--max-inflight-bytes", "3200000", "--refresh-secs", "60"], bind="127.0.0.1:0")
+    rows = np.random.default_rng(6).random((28, 784), dtype=np.float32)   # 87,808 raw bytes
+    json_body = json.dumps({"inputs": [{"name": "input", "shape": [2, 784], "datatype": "FP32",
+                                        "data": rows[:2].ravel().tolist()}]}).encode()   # 32 x 30 kB: ~1 MB
+    results, m3 = [], topology.members["m3"]
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
+        wait_for(lambda: client.is_model_ready("m3"), 10, "the gateway to know m3")
+
+        def call():
+            try:
+                results.append(("OK", infer(client, "m3", rows, client_timeout=30).as_numpy("probabilities").shape))
+            except InferenceServerException as exc:
+                results.append((exc.status(), exc.message()))
+        m3.signal_group(signal.SIGSTOP)
+        threads = [threading.Thread(target=call) for _ in range(16)]
+        try:
+            for thread in threads:
+                thread.start()
+            wait_for(lambda: len(results) >= 16 - 11, 20, "the calls past the budget to be refused")
+            time.sleep(0.5)   # any later refusal too
+            refusals = list(results)
+            with pytest.raises(urllib.error.HTTPError) as error:
+                urllib.request.urlopen(urllib.request.Request(f"{gateway.endpoint}/v2/models/m3/infer", json_body),
+                                       timeout=10)
+            assert error.value.code == 503 and "--max-inflight-bytes" in error.value.read().decode()
+        finally:
+            m3.signal_group(signal.SIGCONT)
+            for thread in threads:
+                thread.join(timeout=30)
+        print(f"\nadmitted {16 - len(refusals)} of 16 calls of {rows.nbytes} raw bytes; refused: {refusals[0]}")
+        assert 5 <= len(refusals) <= 6 and len(results) == 16
+        for code, message in refusals:
+            assert code == "StatusCode.RESOURCE_EXHAUSTED" and "(--max-inflight-bytes)" in message, message
+        assert results[len(refusals):] == [("OK", (28, 10))] * (16 - len(refusals))
+        # every reservation ended: the REST request (~1 MB of the 3.2) fits again, as a call does
+        assert infer(client, "m3", rows, client_timeout=10).as_numpy("probabilities").shape == (28, 10)
+        with urllib.request.urlopen(urllib.request.Request(f"{gateway.endpoint}/v2/models/m3/infer", json_body),
+                                    timeout=10) as response:
+            assert json.loads(response.read())["outputs"][0]["shape"] == [2, 10]
+
+
+def test_a_message_that_does_not_arrive_is_refused_at_the_body_timeout(topology, client):
+    """A client that opens a ModelInfer and stalls before its message (headers sent, no data) holds its
+    reservation until --body-timeout-secs (1 s here), then gets DEADLINE_EXCEEDED naming it, as REST's 408;
+    the gateway answers others meanwhile."""
+    request = service_pb2.ModelInferRequest(model_name="m2")
+
+    def stalled():
+        time.sleep(4)
+        yield request
+    with grpc.insecure_channel(topology.grpc) as channel:
+        call = channel.stream_unary("/inference.GRPCInferenceService/ModelInfer",
+                                    request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+                                    response_deserializer=service_pb2.ModelInferResponse.FromString)
+        started = time.monotonic()
+        future = call.future(stalled(), timeout=10)
+        assert infer(client, "m2").as_numpy("probabilities").shape == (3, 10)
+        with pytest.raises(grpc.RpcError) as error:
+            future.result()
+        took = time.monotonic() - started
+    assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, error.value
+    assert "did not arrive within 1 s (--body-timeout-secs)" in error.value.details()
+    assert 0.9 < took < 3.5, took

@@ -19,7 +19,7 @@ from zmqflow.models.spec import MNIST_MLP
 from zmqflow.services.worker.validation import validation_families
 from tests.ops.helpers import json_lines, metrics_url, scrape_text
 from tests.ops.metric_names import documented_metrics
-from tests.support import wait_for
+from tests.support import free_port, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -117,8 +117,10 @@ def scraped(module_processes):
     urls = {"broker": metrics_url(broker.endpoint), "ps": metrics_url(ps.endpoint), "worker": worker_url,
             "reader": reader_url, "serve": metrics_url(server.endpoint), "aggregator": metrics_url(aggregator.endpoint)}
     if importlib.util.find_spec("starlette") is not None:   # the gateway (the http extra), after one infer request
+        grpc_address = f"127.0.0.1:{free_port()}"            # and one gRPC ModelInfer (the grpc extra)
         gateway = module_processes.process("zmqflow.services.gateway", ["--aggregator", aggregator.endpoint, "--bind",
-                                                                        "127.0.0.1:0", *OPS], name="gateway")
+                                                                        "127.0.0.1:0", "--grpc-bind", grpc_address,
+                                                                        *OPS], name="gateway")
         listening = wait_for(lambda: [e for e in json_lines(gateway.log()) if "gateway listening on" in e["message"]],
                              60, "the gateway's address")
         http = listening[0]["message"].split("gateway listening on ")[1].split()[0]
@@ -126,6 +128,11 @@ def scraped(module_processes):
         request = urllib.request.Request(f"{http}/v2/models/ensemble/infer", body.encode(),
                                          {"Content-Type": "application/json"})
         wait_for(lambda: _answers(request), 30, "the gateway's first infer answer")
+        import tritonclient.grpc as grpcclient
+        with grpcclient.InferenceServerClient(grpc_address) as client:
+            data = grpcclient.InferInput("input", [1, 784], "FP32")
+            data.set_data_from_numpy(np.zeros((1, 784), np.float32))
+            client.infer("ensemble", [data], client_timeout=10)
         urls["gateway"] = logged_metrics_url(gateway)
     return {task: scrape_families(url) for task, url in urls.items()}
 
