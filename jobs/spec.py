@@ -25,7 +25,7 @@ from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.rpc.encryption import KEY_ENV
 from zmqflow.models.kernels import DEFAULT_BACKEND
 from zmqflow.models.spec import with_options
-from zmqflow.services.ps import DEFAULT_OPTIMIZER   # the one default (services/ps/__init__.py says why)
+from zmqflow.common.optimizers import DEFAULT_OPTIMIZER   # the one default (common/optimizers.py says why)
 
 INPUTS = ("readers", "preloaded", "ps")
 MODES = ("async", "sync")

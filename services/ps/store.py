@@ -16,7 +16,7 @@ import numpy as np
 from zmqflow.common.wire.dtypes import as_numpy
 from zmqflow.common.errors import (AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, NotFoundError,
                                    check_int)
-from zmqflow.services.ps.optimizers import Optimizer, make_optimizer
+from zmqflow.common.optimizers import Optimizer, make_optimizer
 
 _ALIGN = 64  # bytes between pieces in a snapshot buffer, so every view is aligned
 DIRECT_APPLY_BYTES = 4 * 1024 * 1024  # above this, a push is applied without the copy into the flat layout
