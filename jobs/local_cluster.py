@@ -196,6 +196,8 @@ class LocalCluster:
         env = {**compute_thread_env(threads), **(worker_env or {})}
         if self.stages > 1:
             self._start_pipeline(workers, env)
+        elif spec.cluster.mode == "allreduce":
+            self._start_ring(workers, env)
         else:
             self.workers = [self._start(task, env=env) for task in workers]
         return self
@@ -227,6 +229,14 @@ class LocalCluster:
             next_endpoint = worker.endpoint if task.index else None
             started.insert(0, worker)
         self.workers = started
+
+    def _start_ring(self, workers, env):
+        """An all-reduce job: the chief first (its ring endpoint known once it listens), then the others
+        pointed at it; each binds an ephemeral port of its own."""
+        chief = self._start(workers[0], service=True, env=env)
+        for task in workers[1:]:
+            task.options["chief"] = chief.endpoint
+        self.workers = [chief] + [self._start(task, env=env) for task in workers[1:]]
 
     def _score_test_split(self, summary):
         """The final checkpoint on the data's test split (or its validation split when it has no test)."""
@@ -297,11 +307,14 @@ class LocalCluster:
     def _raise_on_failure(self):
         """AbortedError naming the first task of the job that failed (exited non-zero), if one did. A task
         restarted since (a ps shard brought back) does not count, nor do as many lost non-chief workers
-        as the job has spare replicas."""
+        as the job has spare replicas (all of them in an all-reduce job with lost_policy continue)."""
         self.supervisor.exits()
         latest = {child.name: child for child in self.supervisor.children}   # a restart replaces its task
         failed = [c for c in latest.values() if self.supervisor.codes.get(c)]
-        spares_lost = [c for c in failed if c in self.workers[1:]][:self.spec.cluster.spare_replicas]
+        cluster = self.spec.cluster
+        spares = (len(self.workers) if cluster.mode == "allreduce" and cluster.lost_policy == "continue"
+                  else cluster.spare_replicas)   # a ring that goes on without lost workers needs none of them
+        spares_lost = [c for c in failed if c in self.workers[1:]][:spares]
         failed = [c for c in failed if c not in spares_lost]
         if not failed:
             return

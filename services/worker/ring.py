@@ -92,10 +92,11 @@ def pack(names, grads, rows, stop=False, dtype=np.float32):
     """One flat buffer: each gradient of `names` (in that order) times `rows`, then rows, then 1 for a stop
     vote. A rank without a batch packs zero gradients with rows 0: it counts for nothing in the mean."""
     sizes = [int(np.prod(np.shape(grads[n]))) for n in names]
+    dtype = np.dtype(dtype)
     buffer = np.empty(sum(sizes) + EXTRAS, dtype)
     offset = 0
     for name, size in zip(names, sizes):
-        np.multiply(np.asarray(grads[name], dtype).reshape(-1), dtype(rows), out=buffer[offset:offset + size])
+        np.multiply(np.asarray(grads[name], dtype).reshape(-1), dtype.type(rows), out=buffer[offset:offset + size])
         offset += size
     buffer[offset], buffer[offset + 1] = rows, 1 if stop else 0
     return buffer

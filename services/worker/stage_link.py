@@ -36,6 +36,35 @@ log = logging.getLogger("pipeline")
 FORWARD, BACKWARD, GRADIENTS, END, FAILED = "forward", "backward", "gradients", "end", "failed"
 
 
+def peer_socket(context, kind, timeout, limits=DEFAULT_LIMITS):
+    """A socket of a worker-to-worker link (a pipeline's stages, an all-reduce ring): queued messages get a
+    second to leave at close, a send waits at most `timeout` s, frames are held to the services' size limit."""
+    sock = context.socket(kind)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.setsockopt(zmq.SNDTIMEO, int(timeout * 1000))   # a PAIR send waits while no peer is there
+    sock.setsockopt(zmq.MAXMSGSIZE, limits.socket_max_frame_bytes)
+    return sock
+
+
+def bind_peer(sock, bind, curve_dir=None, job_token=None):
+    """Bind the listening side of a worker-to-worker link so that only the job's workers get in (a member's
+    CURVE key, else the job token over ZAP PLAIN); returns the endpoint bound. `job_token`: default
+    ZMQFLOW_JOB_TOKEN; `curve_dir`: default ZMQFLOW_CURVE_DIR."""
+    curve_dir = curve_dir or curve.curve_dir_from_env()
+    job_token = job_token or admin_token.from_environment(admin_token.JOB_TOKEN)
+    curve.guard_stage_link(sock, bind, curve.ServerKeys(curve_dir) if curve_dir else None, job_token)
+    sock.bind(bind)
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def connect_peer(sock, endpoint, curve_dir=None, job_token=None):
+    """Connect the dialling side of a worker-to-worker link: a CURVE client, else PLAIN with the job token."""
+    curve_dir = curve_dir or curve.curve_dir_from_env()
+    job_token = job_token or admin_token.from_environment(admin_token.JOB_TOKEN)
+    curve.stage_client(sock, curve.ClientKeys(curve_dir) if curve_dir else None, job_token)
+    sock.connect(endpoint)
+
+
 class StageLink:
     """The sockets of one stage: `up` (bound, for the previous stage) and `down` (to the next)."""
 
@@ -44,27 +73,15 @@ class StageLink:
         """`job_token`: default ZMQFLOW_JOB_TOKEN; `curve_dir`: default ZMQFLOW_CURVE_DIR."""
         self.context = context or zmq.Context()
         self.timeout, self.limits = timeout, limits
-        curve_dir = curve_dir or curve.curve_dir_from_env()
-        job_token = job_token or admin_token.from_environment(admin_token.JOB_TOKEN)
         self.up = self.down = None
         self.endpoint = None
         if bind:
-            self.up = self._socket()
-            curve.guard_stage_link(self.up, bind, curve.ServerKeys(curve_dir) if curve_dir else None, job_token)
-            self.up.bind(bind)
-            self.endpoint = self.up.getsockopt_string(zmq.LAST_ENDPOINT)
+            self.up = peer_socket(self.context, zmq.PAIR, timeout, limits)
+            self.endpoint = bind_peer(self.up, bind, curve_dir, job_token)
         if next_endpoint:
-            self.down = self._socket()
-            curve.stage_client(self.down, curve.ClientKeys(curve_dir) if curve_dir else None, job_token)
-            self.down.connect(next_endpoint)
+            self.down = peer_socket(self.context, zmq.PAIR, timeout, limits)
+            connect_peer(self.down, next_endpoint, curve_dir, job_token)
         self.next_endpoint = next_endpoint
-
-    def _socket(self):
-        sock = self.context.socket(zmq.PAIR)
-        sock.setsockopt(zmq.LINGER, 1000)
-        sock.setsockopt(zmq.SNDTIMEO, int(self.timeout * 1000))   # a PAIR send waits while no peer is there
-        sock.setsockopt(zmq.MAXMSGSIZE, self.limits.socket_max_frame_bytes)
-        return sock
 
     def send(self, sock, kind, args=None, tensors=()):
         try:

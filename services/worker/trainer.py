@@ -322,6 +322,14 @@ class Trainer:
             time.sleep(0.05)
         log.warning("chief: workers %s did not finish within %.0f s", missing, self.end_timeout)
 
+    def current_params(self):
+        """The variables as they stand now (what the end's evaluation scores)."""
+        return self.ps.pull()
+
+    def save_checkpoint(self, directory, keep=5):
+        """A checkpoint of the variables now (the ps shards write their shares); returns its path."""
+        return self.ps.save(directory, keep=keep, config=self.resolved_config())
+
     def evaluate(self, x, y):
         """Accuracy of the current parameters on (x, y)."""
         params = self.ps.pull()
