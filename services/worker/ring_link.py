@@ -211,7 +211,8 @@ class RingLink:
     # ------------------------------------------------ messages
 
     def _receive(self, timeout):
-        """(kind, args, tensors) of the next message within `timeout` s, or None; notes who is alive."""
+        """(kind, args, tensors) of the next message within `timeout` s (a beat too), or None; notes who is
+        alive."""
         if not self.inbox.poll(timeout * 1000):
             return None
         _, header, frames, error = wire.recv_message(self.inbox, True, self.limits)
@@ -221,10 +222,7 @@ class RingLink:
         args = header.get("args") or {}
         if "rank" in args:
             self.last_seen[int(args["rank"])] = time.monotonic()
-        kind = header.get("op")
-        if kind == BEAT:
-            return None
-        return kind, args, wire.decode_tensors(header.get("tensors"), frames, self.limits)
+        return header.get("op"), args, wire.decode_tensors(header.get("tensors"), frames, self.limits)
 
     def _send(self, endpoint, kind, args, tensors=(), block=True):
         """Send to the worker at `endpoint` (a DEALER of this thread, opened once). A send that cannot leave
