@@ -101,7 +101,8 @@ class WorkerConfig:
         tf_task = task_from_tf_config(("worker", "chief", "master"))
         if tf_task is not None:
             cluster = tf_task.cluster
-            self.ps_endpoints = self.ps_endpoints or [cluster.endpoint("ps", i) for i in cluster.task_indices("ps")]
+            if "ps" in cluster.jobs:   # an all-reduce cluster has none
+                self.ps_endpoints = self.ps_endpoints or [cluster.endpoint("ps", i) for i in cluster.task_indices("ps")]
             chiefs = [j for j in ("chief", "master") if j in cluster.jobs]
             offset = cluster.num_tasks(chiefs[0]) if chiefs else 0
             if self.task_index is None:
