@@ -86,9 +86,9 @@ def stream(cluster, interval=0.5, check=lambda: None):
                     point["validation"] = {"step": record["step"], **record["validation"]}
                 elif "loss" in record:
                     point["loss"] = record["loss"]
-                    if ps0 is None and running:
-                        point["global_step"] = max(point["global_step"], record.get("step", 0))
-                        point["examples"] = point["global_step"] * cluster.spec.training.batch_size * len(cluster.workers)
+                    if ps0 is None and running:   # all-reduce: every worker's batch in every step (near enough)
+                        step = point["global_step"] = max(point["global_step"], record.get("step", 0))
+                        point["examples"] = step * cluster.spec.training.batch_size * len(cluster.workers)
             yield {**point, "elapsed_s": round(now - started, 3), "running": running}
             if not running:
                 return

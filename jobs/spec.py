@@ -143,8 +143,8 @@ class JobSpec:
             raise InvalidArgumentError("mode allreduce runs without ps shards (num_ps 0), spare replicas or input "
                                        f"'ps' (held on a ps): got num_ps {c.ps}, spare_replicas {c.spare_replicas}, "
                                        f"input {self.input.kind!r}")
-        for name, value, least in (("ps", c.ps, 0 if allreduce else 1), ("workers", c.workers, 1), ("spare_replicas", c.spare_replicas, 0),
-                                   ("readers", c.readers, 1), ("epochs", self.training.epochs, 1),
+        for name, value, least in (("ps", c.ps, 0 if allreduce else 1), ("workers", c.workers, 1),
+                                   ("spare_replicas", c.spare_replicas, 0), ("readers", c.readers, 1), ("epochs", self.training.epochs, 1),
                                    ("batch_size", self.training.batch_size, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise InvalidArgumentError(f"{name} must be an integer >= {least}, not {value!r}")

@@ -184,15 +184,7 @@ class AllReduceTrainer(Trainer):
     def end(self):
         """After the last step: the hooks' end, the summary."""
         self.elapsed = time.perf_counter() - self._started
-        for hook in self.hooks:
-            hook.end(self)
-        rate = self.examples / self.elapsed if self.elapsed else 0.0
-        log.info("worker %d done: %d steps, %d examples, %.0f examples/s, global step %d", self.replica,
-                 self.steps, self.examples, rate, self.global_step)
-        return {"replica": self.replica, "steps": self.steps, "examples": self.examples, "seconds": self.elapsed,
-                "examples_per_s": rate, "global_step": self.global_step,
-                "final_loss": float(np.mean(self.losses)) if self.losses else None,
-                "ring_reformed": self.reformed, "lost_workers": list(self.link.lost),
+        return {**self._summary(), "ring_reformed": self.reformed, "lost_workers": list(self.link.lost),
                 "variables_sha256": self.variables_sha256()}
 
     def variables_sha256(self):

@@ -280,6 +280,10 @@ class Trainer:
         if self.is_chief:
             self._wait_for_workers()
         self.global_step = self.ps.stats()[0]["version"]  # with prefetch, the last push is not in our pull
+        return self._summary()
+
+    def _summary(self):
+        """The hooks' end, then the worker's summary (logged)."""
         for hook in self.hooks:
             hook.end(self)
         rate = self.examples / self.elapsed if self.elapsed else 0.0
