@@ -33,11 +33,13 @@ def _zmq_rank(rank, ranks, elements, warm_up, rounds, chief_box, token, results)
             link.join(lambda: (0, {}))
         else:
             link.join()
-        buffer = np.ones(elements, np.float32)
-        for step in range(warm_up):
-            link.all_reduce(buffer, step)
-        started = time.perf_counter()
-        for step in range(warm_up, warm_up + rounds):
+        # two buffers in turn: the ring sends chunks without a copy, so a buffer is rewritten only after the next
+        # round (which the peers start once they received this one) has ended
+        buffers = [np.ones(elements, np.float32), np.ones(elements, np.float32)]
+        for step in range(warm_up + rounds):
+            if step == warm_up:
+                started = time.perf_counter()
+            buffer = buffers[step % 2]
             buffer[:] = 1.0
             link.all_reduce(buffer, step)
         elapsed = time.perf_counter() - started

@@ -117,10 +117,12 @@ class AllReduceTrainer(Trainer):
                 loss, rows, total, stop = self._step(batch, stopping)
             except RingReformed as exc:
                 self.reformed += 1
+                self.leases.give_back()    # at least once: the dropped step's batch goes back to the queue
                 if exc.state is not None:
                     self._adopt(exc.state)
                 log.warning("worker %d: the ring goes on without workers %s from global step %d; this step's batch "
-                            "is dropped", self.replica, exc.lost, self.global_step)
+                            "is dropped (given back to the queue with --at-least-once)", self.replica, exc.lost,
+                            self.global_step)
                 continue
             if total == 0 or stop:
                 break

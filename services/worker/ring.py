@@ -11,7 +11,10 @@ the others byte for byte: the replicas' sums are bit-identical, which keeps thei
 
 `all_reduce` is a generator, so a transport (services/worker/ring_link.py) or a test drives it: it
 yields each outgoing chunk and is sent the chunk that came from the previous rank. A yielded chunk is a
-view of the buffer: the transport sends (copies) it before it sends the generator the next chunk.
+view of the buffer, and a transport may send it without a copy: a chunk sent in reduce-scatter is only
+overwritten in all-gather by its summed value, which the ring computes from that very message, so the
+message has arrived by then; a chunk sent in all-gather is never written again. What is still in flight
+when the call ends reads the buffer, so the caller does not write it afterwards (a new buffer per step).
 `pack`/`unpack` flatten a step's gradients, weighted by the rows each rank trained on, with the rows
 and a stop vote as two more elements, so the one reduction also agrees on the step's batch and its end.
 """

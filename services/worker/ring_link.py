@@ -117,6 +117,7 @@ class RingLink:
         the chief's state."""
         self.epoch += 1
         self.members = dict(sorted(members.items()))
+        self._chunks = {k: v for k, v in self._chunks.items() if k[0] >= self.epoch}
         step, values = self._state()
         names = sorted(values)
         for rank, endpoint in self.members.items():
@@ -140,15 +141,16 @@ class RingLink:
     # ------------------------------------------------ one all-reduce
 
     def all_reduce(self, buffer, step):
-        """Sum `buffer` in place over the ring (every member ends with the same bytes). Raises RingReformed
-        when the ring changed under the step, AbortedError when the job cannot go on."""
+        """Sum `buffer` in place over the ring (every member ends with the same bytes). Its chunks are sent
+        without a copy (ring.py says why that is safe): do not write `buffer` after the call, use a new one.
+        Raises RingReformed when the ring changed under the step, AbortedError when the job cannot go on."""
         ranks = list(self.members)
         position, n = ranks.index(self.rank), len(ranks)
         next_endpoint = self.members[ranks[(position + 1) % n]]
         epoch, exchanges = self.epoch, ring.all_reduce(buffer, position, n)
         outgoing, exchange = next(exchanges, None), 0
         while outgoing is not None:
-            self._send(next_endpoint, CHUNK, {"step": step, "exchange": exchange}, [outgoing.copy()])
+            self._send(next_endpoint, CHUNK, {"step": step, "exchange": exchange}, [outgoing])   # ring.py: no copy
             incoming = self._await_chunk((epoch, step, exchange))
             exchange += 1
             try:

@@ -58,7 +58,7 @@ def test_abort_policy_stops_every_worker_naming_the_lost_one(processes, tmp_path
 
 
 def test_continue_policy_reforms_the_ring_and_training_finishes(processes, tmp_path):
-    chief, first, second = start_ring(processes, tmp_path, "continue", epochs=3)
+    chief, first, second = start_ring(processes, tmp_path, "continue", epochs=10)
     second.kill()
     wait_for(lambda: not chief.alive() and not first.alive(), 120, "the two workers left to finish")
     assert chief.returncode == 0 and first.returncode == 0, chief.log()[-2000:]
@@ -68,3 +68,19 @@ def test_continue_policy_reforms_the_ring_and_training_finishes(processes, tmp_p
     assert results[0]["variables_sha256"] == results[1]["variables_sha256"]    # the replicas stayed identical
     assert results[0]["global_step"] == results[1]["global_step"]
     assert "lost; the ring goes on without it" in chief.log()
+
+
+def test_the_launcher_lets_a_ring_that_goes_on_finish_the_job(tmp_path):
+    """`zmqflow train --mode allreduce --lost-policy continue`: a killed worker does not fail the job."""
+    from zmqflow.jobs.local_cluster import LocalCluster
+    with LocalCluster(mode="allreduce", num_workers=3, lost_policy="continue", lost_after_secs=LOST_AFTER, epochs=20,
+                      input="preloaded", seed=0, log_dir=str(tmp_path)) as cluster:
+        cluster.start()
+        summaries = tmp_path / "worker0-summaries.jsonl"
+        wait_for(lambda: summaries.exists() and summaries.read_text().count("\n") >= 2, 60, "20 all-reduce steps")
+        cluster.workers[2].kill()
+        summary = cluster.wait(timeout=120)
+    assert summary["worker_exit_codes"][:2] == [0, 0] and summary["worker_exit_codes"][2] != 0
+    assert summary["test_accuracy"] > 0.5, summary     # trained on by the two left
+    chief = json.loads((tmp_path / "worker0-result.json").read_text())
+    assert chief["lost_workers"] == [2] and chief["ring_reformed"] == 1
