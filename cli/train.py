@@ -107,8 +107,11 @@ def command(optimizer_kind, learning_rate, model_spec, model_opts, data_spec, ti
     if stages > 1 and options["num_workers"] + options["spare_replicas"] != stages:
         raise click.BadParameter(f"the model's layers run on {stages} workers (a pipeline); pass --num-workers {stages}",
                                  param_hint="--num-workers")
-    try:
+    try:   # options that cannot make a job (--mode allreduce with --num-ps 1): exit 2, as click's usage errors
         spec = job_spec(**options, optimizer=optimizer_config(optimizer_kind, learning_rate), model=model, data=data)
+    except OpError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
         summary = run_training(spec, progress=not as_json, timeout=timeout_secs)
     except OpError as exc:
         raise click.ClickException(str(exc)) from None

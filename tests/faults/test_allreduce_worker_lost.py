@@ -10,7 +10,7 @@ import pytest
 from zmqflow.inputs.datasets import mnist_split, write_record_shards
 from tests.support import wait_for
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 LOST_AFTER = 2.0
 
@@ -60,7 +60,7 @@ def test_abort_policy_stops_every_worker_naming_the_lost_one(processes, tmp_path
 def test_continue_policy_reforms_the_ring_and_training_finishes(processes, tmp_path):
     chief, first, second = start_ring(processes, tmp_path, "continue", epochs=10)
     second.kill()
-    wait_for(lambda: not chief.alive() and not first.alive(), 120, "the two workers left to finish")
+    wait_for(lambda: not chief.alive() and not first.alive(), 90, "the two workers left to finish")
     assert chief.returncode == 0 and first.returncode == 0, chief.log()[-2000:]
     results = [json.loads((tmp_path / f"worker{i}.json").read_text()) for i in (0, 1)]
     assert results[0]["lost_workers"] == [2] and results[0]["ring_reformed"] == 1
@@ -79,7 +79,7 @@ def test_the_launcher_lets_a_ring_that_goes_on_finish_the_job(tmp_path):
         summaries = tmp_path / "worker0-summaries.jsonl"
         wait_for(lambda: summaries.exists() and summaries.read_text().count("\n") >= 2, 60, "20 all-reduce steps")
         cluster.workers[2].kill()
-        summary = cluster.wait(timeout=120)
+        summary = cluster.wait(timeout=90)
     assert summary["worker_exit_codes"][:2] == [0, 0] and summary["worker_exit_codes"][2] != 0
     assert summary["test_accuracy"] > 0.5, summary     # trained on by the two left
     chief = json.loads((tmp_path / "worker0-result.json").read_text())

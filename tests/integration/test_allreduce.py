@@ -12,7 +12,7 @@ from zmqflow.common.checkpoints import checkpoint
 from zmqflow.jobs.local_cluster import run_training
 from tests.integration.test_training import SEED, TARGET
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EPOCHS = 10
 ROWS = 4500       # the shipped MNIST sample's train split

@@ -52,3 +52,10 @@ def test_the_worker_command_exits_2_naming_chief(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     result = CliRunner().invoke(worker_command, ["--mode", "allreduce", "--task-index", "1", "--num-workers", "2"])
     assert result.exit_code == 2 and "--chief" in result.output
+
+
+def test_zmqflow_train_refuses_a_ps_for_allreduce_with_exit_2():
+    from zmqflow.cli.train import command as train_command
+    result = CliRunner().invoke(train_command, ["--mode", "allreduce", "--num-ps", "1", "--epochs", "1"])
+    assert result.exit_code == 2 and "mode allreduce runs without ps shards" in result.output
+    assert "got num_ps 1" in result.output

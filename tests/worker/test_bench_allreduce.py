@@ -10,6 +10,7 @@ from zmqflow.bench import allreduce
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
+@pytest.mark.torch
 def test_bench_allreduce_reports_the_ring_beside_gloo():
     pytest.importorskip("torch.distributed")
     result = allreduce.run(ranks=2, rounds=3, warm_up=1, sizes={"4kb": 1000})
