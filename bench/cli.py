@@ -49,6 +49,18 @@ def train(as_json, epochs):
 
 @bench.command()
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON result line.")
+@click.option("--num-workers", "ranks", default=2, show_default=True, type=click.IntRange(min=2),
+              help="Processes on the ring.")
+@click.option("--rounds", default=None, type=click.IntRange(min=1), show_default="50 of 318 KB, 5 of 64 MB",
+              help="Timed all-reduces per size.")
+def allreduce(as_json, ranks, rounds):
+    """All-reduce alone: zmqflow's ring over ZeroMQ vs PyTorch's gloo all-reduce of the same bytes (the MNIST
+    MLP's gradient, 64 MB) between processes on this machine; gloo skipped, saying why, without torch."""
+    _report("allreduce", as_json, ranks=ranks, rounds=rounds)
+
+
+@bench.command()
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON result line.")
 @click.option("--epochs", default=8, show_default=True, help="Passes over the 5,000 MNIST rows per phase.")
 @click.option("--repeats", default=3, show_default=True, help="Runs of each phase; medians are reported.")
 @click.option("--rows", "tabular_rows", default=60_000, show_default=True,

@@ -8,7 +8,9 @@
 - the same model and kernels in one process with no services (the ceiling);
 - one forward+backward step on the numba vs the numpy backend;
 - pulls/pushes of the MLP's variables against a plain pyzmq round trip of the same bytes;
-- pull + push of 16 M float32 through a ps against a plain pyzmq round trip of 64 MB.
+- pull + push of 16 M float32 through a ps against a plain pyzmq round trip of 64 MB;
+- 2 workers in all-reduce mode (no ps), and the all-reduce alone against PyTorch's gloo of the same
+  bytes (bench/allreduce.py; its gloo rows skipped, saying why, without torch).
 """
 
 import json
@@ -25,6 +27,7 @@ from zmqflow.common.cluster.placement import place
 from zmqflow.common.processes.children import start_service
 from zmqflow.common.clients.ps import PsClient
 from zmqflow.jobs.local_cluster import run_training
+from zmqflow.bench import allreduce as allreduce_bench
 
 BATCH = 100
 
@@ -159,7 +162,8 @@ def run(epochs=10, progress=None):
     runs = {"1ps_1w_async": (1, 1, "async", 3, "preloaded"), "1ps_2w_async": (1, 2, "async", epochs, "preloaded"),
             "1ps_2w_sync": (1, 2, "sync", 3, "preloaded"), "1ps_2w_async_readers": (1, 2, "async", 3, "readers"),
             "1ps_2w_in_graph_sync": (1, 2, "in-graph sync", 3, "preloaded"),
-            "1ps_2w_in_graph_async": (1, 2, "in-graph async", 3, "preloaded")}
+            "1ps_2w_in_graph_async": (1, 2, "in-graph async", 3, "preloaded"),
+            "0ps_2w_allreduce": (0, 2, "allreduce", 3, "preloaded")}
     for key, (ps, workers, mode, ep, feed) in runs.items():
         *replication, mode = mode.split()   # "in-graph sync": one client drives the workers as replicas
         summary = run_training(progress=False, num_ps=ps, num_workers=workers, mode=mode, epochs=ep, input=feed,
@@ -169,4 +173,5 @@ def run(epochs=10, progress=None):
         if key == "1ps_2w_async":
             result["test_accuracy"] = summary["test_accuracy"]
         say(f"{key}: {summary['examples_per_s']} examples/s, test accuracy {summary['test_accuracy']}")
+    result.update(allreduce_bench.run(ranks=2, progress=say))   # the ring alone vs gloo's, same bytes
     return result

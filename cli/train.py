@@ -7,7 +7,8 @@ import click
 from zmqflow.common.processes.service_cli import launcher_curve_option, option
 from zmqflow.common.errors import OpError
 from zmqflow.jobs.local_cluster import check_output_width, run_training
-from zmqflow.jobs.spec import DEFAULT_OPTIMIZER, INPUTS, MODES, REPLICATIONS, JobSpec, job_spec, optimizer_config
+from zmqflow.jobs.spec import (DEFAULT_OPTIMIZER, INPUTS, LOST_POLICIES, MODES, REPLICATIONS, JobSpec, job_spec,
+                               optimizer_config)
 from zmqflow.models.kernels import BACKENDS
 from zmqflow.models.registry import load_model
 from zmqflow.models.spec import BUILTIN_TYPES, resolve_model, with_options
@@ -18,9 +19,18 @@ DEFAULT = JobSpec()
 
 @click.command(name="train", context_settings={"show_default": True})
 @launcher_curve_option()
-@click.option("--num-ps", default=DEFAULT.cluster.ps)
+@click.option("--num-ps", default=None, type=click.IntRange(min=0), show_default=f"{DEFAULT.cluster.ps}, none with "
+              "--mode allreduce")
 @click.option("--num-workers", default=DEFAULT.cluster.workers)
-@click.option("--mode", default=DEFAULT.cluster.mode, type=click.Choice(MODES))
+@click.option("--mode", default=DEFAULT.cluster.mode, type=click.Choice(MODES),
+              help="async or sync: the ps shards apply the workers' gradients, as they come or averaged per step. "
+                   "allreduce: no ps; the workers average their gradients over a ring among themselves, each "
+                   "applying the optimizer to its own replica (docs/design.md).")
+@click.option("--lost-policy", default=DEFAULT.cluster.lost_policy, type=click.Choice(LOST_POLICIES),
+              help="--mode allreduce, a lost worker: the ring goes on without it, or the job stops naming it.")
+@click.option("--lost-after-secs", default=DEFAULT.cluster.lost_after_secs,
+              type=click.FloatRange(min=0, min_open=True),
+              help="--mode allreduce: a worker silent this many seconds is lost.")
 @click.option("--replication", default=DEFAULT.cluster.replication, type=click.Choice(REPLICATIONS),
               help="between-graph: every worker runs its own training loop. in-graph: one client drives the "
                    "workers as replicas, each on its own share of the input (--mode sync: their gradients averaged "

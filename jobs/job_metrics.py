@@ -9,6 +9,7 @@
 examples/s is the job's: the examples applied between two points over the time between them.
 """
 
+import contextlib
 import json
 import os
 import time
@@ -57,15 +58,17 @@ def stream(cluster, interval=0.5, check=lambda: None):
     started = time.monotonic()
     point = {"global_step": 0, "examples": 0, "examples_per_s": 0.0, "loss": None, "validation": None}
     previous = None   # (time, examples) of the last point
-    with PsShardClient(cluster.shards[0].endpoint, heartbeat_interval=2.0) as ps0:
+    with (PsShardClient(cluster.shards[0].endpoint, heartbeat_interval=2.0) if cluster.shards
+          else contextlib.nullcontext()) as ps0:      # an all-reduce job has no ps: the summaries say the step
         while True:
             running = any(w.alive() for w in cluster.workers)
             check()
             now = time.monotonic()
             try:
-                stats = ps0.stats(timeout=min(2.0, max(interval, 0.2)))
-                point["global_step"] = stats["version"]
-                point["examples"] = stats["pushes_applied"] * cluster.spec.training.batch_size
+                if ps0 is not None:
+                    stats = ps0.stats(timeout=min(2.0, max(interval, 0.2)))
+                    point["global_step"] = stats["version"]
+                    point["examples"] = stats["pushes_applied"] * cluster.spec.training.batch_size
             except OpError:
                 pass          # ps 0 exits at the end (the chief shuts it down): keep its last figures
             if not running:   # the final figures are the workers' result files: ps 0 may be gone already
@@ -83,6 +86,9 @@ def stream(cluster, interval=0.5, check=lambda: None):
                     point["validation"] = {"step": record["step"], **record["validation"]}
                 elif "loss" in record:
                     point["loss"] = record["loss"]
+                    if ps0 is None and running:   # all-reduce: every worker's batch in every step (near enough)
+                        step = point["global_step"] = max(point["global_step"], record.get("step", 0))
+                        point["examples"] = step * cluster.spec.training.batch_size * len(cluster.workers)
             yield {**point, "elapsed_s": round(now - started, 3), "running": running}
             if not running:
                 return

@@ -210,6 +210,8 @@ class LocalCluster:
             self._start_in_graph(workers, next(t for t in planned if t.role == "client"), env)
         elif self.stages > 1:
             self._start_pipeline(workers, env)
+        elif spec.cluster.mode == "allreduce":
+            self._start_ring(workers, env)
         else:
             self.workers = [self._start(task, env=env) for task in workers]
         return self
@@ -259,6 +261,14 @@ class LocalCluster:
                 started[first + k] = self._start(task, service=k > 0, env=env)
                 endpoints[k] = started[first + k].endpoint
         self.workers = started
+
+    def _start_ring(self, workers, env):
+        """An all-reduce job: the chief first (its ring endpoint known once it listens), then the others
+        pointed at it; each binds an ephemeral port of its own."""
+        chief = self._start(workers[0], service=True, env=env)
+        for task in workers[1:]:
+            task.options["chief"] = chief.endpoint
+        self.workers = [chief] + [self._start(task, env=env) for task in workers[1:]]
 
     def _score_test_split(self, summary):
         """The final checkpoint on the data's test split (or its validation split when it has no test)."""
@@ -334,11 +344,14 @@ class LocalCluster:
     def _raise_on_failure(self):
         """AbortedError naming the first task of the job that failed (exited non-zero), if one did. A task
         restarted since (a ps shard brought back) does not count, nor do as many lost non-chief workers
-        as the job has spare replicas (in an elastic job, every lost non-chief worker: the others go on)."""
+        as the job has spare replicas (in an elastic job, every lost non-chief worker: the others go on; all of
+        them in an all-reduce job with lost_policy continue)."""
         self.supervisor.exits()
         latest = {child.name: child for child in self.supervisor.children}   # a restart replaces its task
         failed = [c for c in latest.values() if self.supervisor.codes.get(c)]
-        spares = len(self.workers) if self.spec.cluster.elastic else self.spec.cluster.spare_replicas
+        cluster = self.spec.cluster
+        spares = (len(self.workers) if cluster.elastic or (cluster.mode == "allreduce" and cluster.lost_policy == "continue")
+                  else cluster.spare_replicas)   # a ring that goes on without lost workers needs none of them
         spares_lost = [c for c in failed if c in self.workers[1:]][:spares]
         failed = [c for c in failed if c not in spares_lost]
         if not failed:

@@ -25,10 +25,11 @@ from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.rpc.encryption import KEY_ENV
 from zmqflow.models.kernels import DEFAULT_BACKEND
 from zmqflow.models.spec import with_options
-from zmqflow.services.ps import DEFAULT_OPTIMIZER   # the one default (services/ps/__init__.py says why)
+from zmqflow.common.optimizers import DEFAULT_OPTIMIZER   # the one default (common/optimizers.py says why)
 
 INPUTS = ("readers", "preloaded", "ps")
-MODES = ("async", "sync")
+MODES = ("async", "sync", "allreduce")
+LOST_POLICIES = ("continue", "abort")
 REPLICATIONS = ("between-graph", "in-graph")
 """between-graph: every worker runs its own loop (the default); in-graph: one client drives the workers as
 replicas (services/worker/in_graph.py)."""
@@ -86,11 +87,14 @@ MODEL_JSON, DATA_CONFIG = "model.json", "data-config.json"
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """How many tasks of each kind, and how the ps shards apply the workers' gradients."""
-    ps: int = 1
+    """How many tasks of each kind, and how the ps shards apply the workers' gradients (allreduce: no ps
+    shards, the workers reduce their gradients over a ring among themselves)."""
+    ps: int = 1                         # 0 with mode allreduce (job_spec makes it so when not given)
     workers: int = 2
     spare_replicas: int = 0             # sync: workers beyond replicas_to_aggregate
     mode: str = "async"
+    lost_policy: str = "continue"       # allreduce: a lost worker aborts the job, or the ring goes on without it
+    lost_after_secs: float = 5.0        # allreduce: seconds of silence that make a worker lost
     replicas_to_aggregate: int | None = None   # sync: default every worker (spares apart)
     elastic: bool = False               # sync: workers join and leave while training (ps --elastic)
     readers: int = 1                    # reader processes (input "readers")
@@ -172,16 +176,26 @@ class JobSpec:
         if self.input.kind not in (None, *INPUTS):
             raise InvalidArgumentError(f"input must be one of {', '.join(INPUTS)}, got {self.input.kind!r}")
         if c.mode not in MODES:
-            raise InvalidArgumentError(f"mode must be async or sync, got {c.mode!r}")
+            raise InvalidArgumentError(f"mode must be one of {', '.join(MODES)}, got {c.mode!r}")
+        if c.lost_policy not in LOST_POLICIES:
+            raise InvalidArgumentError(f"lost_policy must be one of {', '.join(LOST_POLICIES)}, got {c.lost_policy!r}")
+        allreduce = c.mode == "allreduce"
+        if allreduce and (c.ps or c.spare_replicas or self.input.kind == "ps"):
+            raise InvalidArgumentError("mode allreduce runs without ps shards (num_ps 0), spare replicas or input "
+                                       f"'ps' (held on a ps): got num_ps {c.ps}, spare_replicas {c.spare_replicas}, "
+                                       f"input {self.input.kind!r}")
         if c.elastic and (c.mode != "sync" or c.replicas_to_aggregate is not None or c.spare_replicas):
             raise InvalidArgumentError("elastic applies to sync mode, where each step aggregates every worker that is "
                                        "a member then: no replicas_to_aggregate, no spare_replicas")
         if c.replication not in REPLICATIONS:
             raise InvalidArgumentError(f"replication must be between-graph or in-graph, got {c.replication!r}")
         if c.replication == "in-graph":
+            if allreduce:
+                raise InvalidArgumentError("in-graph replication pushes through ps shards; mode allreduce has none: "
+                                           "use mode sync or async, or between-graph replication")
             _check_in_graph(self)
-        for name, value, least in (("ps", c.ps, 1), ("workers", c.workers, 1), ("spare_replicas", c.spare_replicas, 0),
-                                   ("readers", c.readers, 1), ("epochs", self.training.epochs, 1),
+        for name, value, least in (("ps", c.ps, 0 if allreduce else 1), ("workers", c.workers, 1),
+                                   ("spare_replicas", c.spare_replicas, 0), ("readers", c.readers, 1), ("epochs", self.training.epochs, 1),
                                    ("batch_size", self.training.batch_size, 1)):
             if name == "batch_size" and value is None:    # the launcher's choice (batch_size_for)
                 continue
@@ -250,6 +264,9 @@ def job_spec(base=None, **options):
             nested.setdefault(group, {})[name] = value
         else:
             raise TypeError(f"{key!r} is not an option of a job (a JobSpec field or one of its groups')")
+    cluster = nested.get("cluster", {})
+    if cluster.get("mode") == "allreduce" and "ps" not in cluster and "cluster" not in direct:
+        cluster["ps"] = 0      # an all-reduce job has no ps: num_ps need not say so
     for group, values in nested.items():
         direct[group] = dataclasses.replace(direct.get(group, getattr(spec, group)), **values)
     return dataclasses.replace(spec, **direct)
@@ -433,7 +450,7 @@ def _worker_task(spec, placement, index):
                "max-shard-bytes": spec.cluster.max_shard_bytes,
                "batch-size": spec.training.batch_size or DEFAULT_BATCH_SIZE, "backend": spec.training.backend,
                "log-every": spec.training.log_every,
-               "mode": "sync" if spec.cluster.mode == "sync" else None,
+               "mode": spec.cluster.mode if spec.cluster.mode != "async" else None,
                "bf16": spec.training.bf16, "at-least-once": spec.input.at_least_once,
                "hook": list(placement.hooks)}
     if not deployed:
@@ -442,6 +459,10 @@ def _worker_task(spec, placement, index):
                    "summaries": f"{placement.log_dir}/worker{index}-summaries.jsonl",
                    "summary-every-steps": spec.training.summary_every_steps,
                    "examples-per-epoch": None if recorded else placement.train_rows}
+    if spec.cluster.mode == "allreduce":   # no ps: each worker applies the optimizer; the ring finds lost ones
+        options.update({"optimizer": json.dumps(spec.training.optimizer), "lost-policy": spec.cluster.lost_policy,
+                        "lost-after-secs": spec.cluster.lost_after_secs,
+                        "bind": None if deployed else "tcp://127.0.0.1:*"})   # deployed: TF_CONFIG's address
     if index == 0 or deployed:      # a deployment's pods share one command: TF_CONFIG makes one the chief
         options.update(_chief_options(spec, placement))
     if not deployed:
@@ -458,10 +479,11 @@ def _chief_options(spec, placement):
     deployed, recorded, v = placement.cluster is not None, spec.data is not None, spec.validation
     options = {"evaluate": placement.evaluate,
                "data-config": f"{placement.prepared}/{DATA_CONFIG}" if recorded else None,
-               "shutdown-ps": True, "shutdown-broker": deployed,
+               "shutdown-ps": spec.cluster.ps > 0, "shutdown-broker": deployed,
                "checkpoint-dir": spec.checkpoint.dir, "checkpoint-every-steps": spec.checkpoint.every_steps,
                "keep-checkpoints": spec.checkpoint.keep}
-    if "validation" in placement.splits and recorded and (v.every_steps or v.every_secs):
+    validate = "validation" in placement.splits and recorded and spec.cluster.mode != "allreduce"   # it reads the ps
+    if validate and (v.every_steps or v.every_secs):
         options.update({"validate-every-steps": v.every_steps or None, "validate-every-secs": v.every_secs,
                         "early-stop-patience": v.early_stop_patience, "early-stop-metric": v.early_stop_metric})
     return options

@@ -170,11 +170,13 @@ def commit(ckpt_dir, step, num_shards, config, keep=5):
     return final
 
 
-def save_params(ckpt_dir, step, params, config, keep=5):
-    """Write whole variables {name: array} as a one-shard checkpoint of `step` and commit it (a model
-    kept outside the ps: the best one seen in validation, a model trained in one process)."""
+def save_params(ckpt_dir, step, params, config, keep=5, slots=None):
+    """Write whole variables {name: array} (and their optimizer `slots`, {name: {slot: array}}) as a one-shard
+    checkpoint of `step` and commit it (a model kept outside the ps: the best one seen in validation, a model
+    trained in one process, an all-reduce chief's replica)."""
+    slots = slots or {}
     pieces = {name: ({"variable": name, "row_start": 0, "row_end": value.shape[0] if value.ndim else 1,
-                      "num_parts": 1}, value, {}) for name, value in params.items()}
+                      "num_parts": 1}, value, slots.get(name, {})) for name, value in params.items()}
     write_shard(ckpt_dir, step, 0, pieces, metadata=file_metadata(config))
     return commit(ckpt_dir, step, 1, config, keep=keep)
 

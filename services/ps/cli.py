@@ -9,7 +9,7 @@ from zmqflow.common.processes.service_cli import (option, run_service_instance, 
                                                   task_config_option)
 from zmqflow.common.errors import InvalidArgumentError, NotFoundError
 from zmqflow.models.spec import resolve_model
-from zmqflow.services.ps import DEFAULT_OPTIMIZER
+from zmqflow.common.optimizers import DEFAULT_OPTIMIZER
 from zmqflow.models.registry import model_variables
 from zmqflow.common.cluster.placement import place
 from zmqflow.common.processes.task_options import model_options, parse_json_option, task_from_tf_config

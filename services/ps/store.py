@@ -19,7 +19,7 @@ import numpy as np
 from zmqflow.common.wire.dtypes import DTYPE_NAMES, STRING, as_numpy, name_of_or_str
 from zmqflow.common.errors import (AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, NotFoundError,
                                    ResourceExhaustedError, check_int)
-from zmqflow.services.ps.optimizers import Optimizer, make_optimizer
+from zmqflow.common.optimizers import Optimizer, make_optimizer
 
 _ALIGN = 64  # bytes between pieces in a snapshot buffer, so every view is aligned
 DIRECT_APPLY_BYTES = 4 * 1024 * 1024  # above this, a push is applied without the copy into the flat layout

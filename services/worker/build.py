@@ -247,6 +247,8 @@ def run(config):
     """Train until the input ends (or a hook stops it), then finish as the chief's protocol says."""
     spec = resolve_model(config.model_spec)
     model = placed_model(config, spec)
+    if config.mode == "allreduce":
+        return run_allreduce(config, spec, model)
     ps = ps_client(config, spec)
     if config.in_graph and config.replicas:
         raise UsageError("--in-graph makes this worker a replica, --replica the client of replicas: pass one")
@@ -281,6 +283,11 @@ def run(config):
         raise
     if pipeline:
         model.finish()
+    return conclude(config, trainer, summary, hooks, tensorboard, ps)
+
+
+def conclude(config, trainer, summary, hooks, tensorboard, ps=None):
+    """After training: the chief's evaluation, the hooks' summaries, the end of the job, the summary file."""
     if config.is_chief and config.evaluate:
         summary.update(evaluate_on_data(trainer, recorded(config), tensorboard, summary["global_step"]))
     for hook in hooks:
@@ -291,6 +298,44 @@ def run(config):
     if config.result_file:
         write_summary(config.result_file, summary)
     return summary
+
+
+def run_allreduce(config, spec, model):
+    """--mode allreduce: no ps; the workers reduce their gradients over a ring (services/worker/allreduce.py)."""
+    from zmqflow.common.optimizers import DEFAULT_OPTIMIZER
+    from zmqflow.common.processes.task_options import parse_json_option
+    from zmqflow.services.worker.allreduce import AllReduceTrainer
+    from zmqflow.services.worker.ring_link import RingLink
+    if pipeline_stages(config, model):
+        raise UsageError("a model whose layers run on several workers (a pipeline) trains with a ps, not with "
+                         "--mode allreduce")
+    if config.preloaded:
+        raise UsageError("--preloaded slices a data set held on ps 0; --mode allreduce has no ps: feed the workers "
+                         "from a broker queue (--broker)")
+    if config.validate_every_steps or config.validate_every_secs:
+        raise UsageError("validation during training reads the variables from the ps; --mode allreduce has none: "
+                         "score the checkpoints with `zmqflow evaluate`")
+    optimizer = parse_json_option(config.optimizer, "--optimizer") if config.optimizer else dict(DEFAULT_OPTIMIZER)
+    batches = training_input(config, None)
+    hooks, tensorboard = training_hooks(config)
+    link = RingLink(config.task_index, config.num_workers, config.bind, chief=config.chief,
+                    lost_after=config.lost_after, lost_policy=config.lost_policy)
+    try:
+        if config.ready_file:
+            from zmqflow.common.processes.service_cli import write_ready_file
+            write_ready_file(config.ready_file, link.endpoint)
+        log.info("worker %d of %d: all-reduce ring endpoint %s", config.task_index, config.num_workers, link.endpoint)
+        trainer = AllReduceTrainer(model, link, optimizer, replica=config.task_index, num_workers=config.num_workers,
+                                   is_chief=config.is_chief, batch_size=config.batch_size,
+                                   checkpoint_dir=config.checkpoint_dir,
+                                   examples_per_epoch=config.examples_per_epoch or recorded(config).get("train_rows"),
+                                   config={"model": spec, "backend": config.backend, **data_config(config)})
+        summary = trainer.fit(batches, hooks)
+    except OpError as exc:   # a lost worker (abort), the chief lost, the broker gone: say which, exit non-zero
+        stop_on_error(config, exc)
+    finally:
+        link.close()
+    return conclude(config, trainer, summary, hooks, tensorboard)
 
 
 def recorded(config):
@@ -327,7 +372,7 @@ def evaluate_on_data(trainer, data, tensorboard, global_step):
         log.info("no test or validation split to evaluate on")
         return {}
     prepared = prepare(spec, tables[split])
-    outputs = trainer.model.predict(trainer.ps.pull(), prepared.x)
+    outputs = trainer.model.predict(trainer.current_params(), prepared.x)
     result = metrics(outputs, prepared.y, spec.label.task)
     log.info("%s metrics: %s", split, ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
     if tensorboard is not None:
@@ -338,12 +383,14 @@ def evaluate_on_data(trainer, data, tensorboard, global_step):
 
 
 def finish(config, ps):
-    """The end of the job: the chief tells the ps shards and the broker to exit when asked."""
-    if config.is_chief and config.shutdown_ps:
+    """The end of the job: the chief tells the ps shards (an all-reduce job has none) and the broker to exit
+    when asked."""
+    if config.is_chief and config.shutdown_ps and ps is not None:
         ps.shutdown()
     if config.is_chief and config.shutdown_broker and config.broker:
         shutdown_broker(config.broker)
-    ps.close()
+    if ps is not None:
+        ps.close()
 
 
 def write_summary(path, summary):

@@ -40,7 +40,18 @@ from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
         default=None, type=click.FloatRange(0, 3600, min_open=True),
         help="With --at-least-once: seconds a batch is leased for, extended while held. Default: 30 s, or "
              "20 times the slowest step when longer.")
-@click.option("--mode", default="async", type=click.Choice(["async", "sync"]), help="Must match the ps shards.")
+@click.option("--mode", default="async", type=click.Choice(["async", "sync", "allreduce"]),
+              help="async or sync: must match the ps shards. allreduce: no ps; the workers average their gradients "
+                   "over a ring among themselves and each applies --optimizer to its own replica.")
+@click.option("--optimizer", default=None, show_default="the ps's default",
+              help="With --mode allreduce: the update rule every worker applies, JSON as the ps's --optimizer.")
+@click.option("--chief", default=None, help="With --mode allreduce, workers 1..n-1: the endpoint the chief listens "
+              "on for the ring (its --bind). Default: TF_CONFIG's chief (or worker 0).")
+@click.option("--lost-after-secs", "lost_after", default=5.0, type=click.FloatRange(min=0, min_open=True),
+              help="With --mode allreduce: a worker silent (no chunk, no heartbeat) this many seconds is lost.")
+@click.option("--lost-policy", default="continue", type=click.Choice(["continue", "abort"]),
+              help="With --mode allreduce, a lost worker: the chief re-forms the ring without it and training goes "
+                   "on, or every worker stops naming it. A lost chief always ends the job.")
 @click.option("--bf16", is_flag=True, help="Send pulls and pushes as bfloat16.")
 @click.option("--max-steps", default=None, type=int, help="Stop at this global step (StopAtStepHook).")
 @click.option("--log-every", default=100, help="Log a line every N steps.")
@@ -93,11 +104,11 @@ from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
 @option("--pipeline-timeout-secs", "pipeline_timeout", old_names=["--pipeline-timeout"],
         default=120.0, type=click.FloatRange(min=0, min_open=True),
         help="Pipelined model: seconds to wait for a neighbouring stage before giving up.")
-@bind_option("127.0.0.1:5700", help="With --serve or --in-graph, or as a pipeline stage after the first: where to "
-             "listen, [HOST:]PORT or a ZeroMQ URL, as every service's --bind.")
+@bind_option("127.0.0.1:5700", help="With --serve or --in-graph, as a pipeline stage after the first, or in an "
+             "all-reduce ring: where to listen, [HOST:]PORT or a ZeroMQ URL, as every service's --bind.")
 @click.option("--ready-file", default=None, type=click.Path(dir_okay=False),
-              help="With --serve or --in-graph, or as a later pipeline stage: write the bound endpoint here once "
-                   "listening.")
+              help="With --serve or --in-graph, as a later pipeline stage or in an all-reduce ring: write the bound "
+                   "endpoint here once listening.")
 @ops_options
 def command(**options):
     """Train: dequeue mini-batches from the broker, pull parameters, push gradients.

@@ -36,7 +36,11 @@ class WorkerConfig:
     dequeue_timeout: float = 600.0
     at_least_once: bool = False     # leased dequeues, acked once the step's gradients are on the ps
     lease: float = None             # seconds a batch is leased for (default: from the step time)
-    mode: str = "async"
+    mode: str = "async"             # async, sync (both with ps shards) or allreduce (none)
+    optimizer: str = None           # allreduce: the update rule every worker applies (JSON, as the ps's)
+    chief: str = None               # allreduce: the chief's ring endpoint (workers 1..n-1)
+    lost_after: float = 5.0         # allreduce: seconds of silence that make a worker lost
+    lost_policy: str = "continue"   # allreduce: abort the job naming it, or go on without it
     bf16: bool = False
     max_steps: int = None
     log_every: int = 100
@@ -81,8 +85,16 @@ class WorkerConfig:
         """The config of these flags, its task completed from TF_CONFIG; UsageError without ps shards."""
         fields = {f.name for f in dataclasses.fields(cls)}
         config = cls(**{k: v for k, v in options.items() if k in fields})
+        if config.mode == "allreduce" and config.ps_endpoints:
+            raise UsageError("--mode allreduce trains without ps shards (the workers reduce their gradients among "
+                             "themselves): drop --ps, or use --mode sync")
         config.resolve_task()
-        if not config.ps_endpoints:
+        if config.mode == "allreduce":
+            config.ps_endpoints = ()
+            if not config.is_chief and not config.chief:
+                raise UsageError(f"worker {config.task_index} of an all-reduce job needs --chief, the endpoint the "
+                                 "chief (worker 0) listens on (its --bind), or TF_CONFIG")
+        elif not config.ps_endpoints:
             raise UsageError("no ps shards: pass --ps (one per shard) or set TF_CONFIG")
         return config
 
@@ -92,7 +104,8 @@ class WorkerConfig:
         tf_task = task_from_tf_config(("worker", "chief", "master"))
         if tf_task is not None:
             cluster = tf_task.cluster
-            self.ps_endpoints = self.ps_endpoints or [cluster.endpoint("ps", i) for i in cluster.task_indices("ps")]
+            if "ps" in cluster.jobs:   # an all-reduce cluster has none
+                self.ps_endpoints = self.ps_endpoints or [cluster.endpoint("ps", i) for i in cluster.task_indices("ps")]
             chiefs = [j for j in ("chief", "master") if j in cluster.jobs]
             offset = cluster.num_tasks(chiefs[0]) if chiefs else 0
             if self.task_index is None:
@@ -100,6 +113,10 @@ class WorkerConfig:
             if self.num_workers is None:
                 self.num_workers = offset + (cluster.num_tasks("worker") if "worker" in cluster.jobs else 0)
             self.job, self.task = tf_task.task_type, tf_task.task_index
+            if self.mode == "allreduce":   # each task's address in the cluster is its ring endpoint
+                self.chief = self.chief or (cluster.endpoint(chiefs[0], 0) if chiefs else cluster.endpoint("worker", 0))
+                host, port = cluster.task_address(tf_task.task_type, tf_task.task_index).rsplit(":", 1)
+                self.bind = f"tcp://{host if host in ('127.0.0.1', 'localhost') else '*'}:{port}"
         self.task_index, self.num_workers = self.task_index or 0, self.num_workers or 1
         if self.task is None:
             self.task = self.task_index

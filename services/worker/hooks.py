@@ -80,7 +80,7 @@ class CheckpointHook(Hook):
         """Save now; a shard that is away (restarting) skips this checkpoint, not the training."""
         self._last_time, self._last_step = time.monotonic(), trainer.global_step
         try:
-            path = trainer.ps.save(self.directory, keep=self.keep, config=trainer.resolved_config())
+            path = trainer.save_checkpoint(self.directory, keep=self.keep)
         except (UnavailableError, FailedPreconditionError) as exc:
             log.warning("checkpoint at step %d skipped: %s", trainer.global_step, exc)
             return None

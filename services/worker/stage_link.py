@@ -44,6 +44,35 @@ def _identity(stage):
     return f"stage-{stage}".encode()
 
 
+def peer_socket(context, kind, timeout, limits=DEFAULT_LIMITS):
+    """A socket of a worker-to-worker link (a pipeline's stages, an all-reduce ring): queued messages get a
+    second to leave at close, a send waits at most `timeout` s, frames are held to the services' size limit."""
+    sock = context.socket(kind)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.setsockopt(zmq.SNDTIMEO, int(timeout * 1000))   # a send waits while no peer is there
+    sock.setsockopt(zmq.MAXMSGSIZE, limits.socket_max_frame_bytes)
+    return sock
+
+
+def bind_peer(sock, bind, curve_dir=None, job_token=None):
+    """Bind the listening side of a worker-to-worker link so that only the job's workers get in (a member's
+    CURVE key, else the job token over ZAP PLAIN); returns the endpoint bound. `job_token`: default
+    ZMQFLOW_JOB_TOKEN; `curve_dir`: default ZMQFLOW_CURVE_DIR."""
+    curve_dir = curve_dir or curve.curve_dir_from_env()
+    job_token = job_token or admin_token.from_environment(admin_token.JOB_TOKEN)
+    curve.guard_stage_link(sock, bind, curve.ServerKeys(curve_dir) if curve_dir else None, job_token)
+    sock.bind(bind)
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def connect_peer(sock, endpoint, curve_dir=None, job_token=None):
+    """Connect the dialling side of a worker-to-worker link: a CURVE client, else PLAIN with the job token."""
+    curve_dir = curve_dir or curve.curve_dir_from_env()
+    job_token = job_token or admin_token.from_environment(admin_token.JOB_TOKEN)
+    curve.stage_client(sock, curve.ClientKeys(curve_dir) if curve_dir else None, job_token)
+    sock.connect(endpoint)
+
+
 class StageLink:
     """The sockets of stage `index`: `listen` (bound ROUTER, for the stages that send to it) and one DEALER
     per stage it sends to (`downstream` {stage: endpoint}; `next_endpoint`: a chain's next stage)."""
@@ -54,36 +83,24 @@ class StageLink:
         self.index = index
         self.context = context or zmq.Context()
         self.timeout, self.limits = timeout, limits
-        curve_dir = curve_dir or curve.curve_dir_from_env()
-        job_token = job_token or admin_token.from_environment(admin_token.JOB_TOKEN)
         downstream = dict(downstream or {})
         if next_endpoint:
             downstream[index + 1] = next_endpoint
         self.listen, self.endpoint, self.peers, self.upstream = None, None, {}, set()
         if bind:
-            self.listen = self._socket(zmq.ROUTER)
+            self.listen = peer_socket(self.context, zmq.ROUTER, timeout, limits)
             self.listen.setsockopt(zmq.ROUTER_MANDATORY, 1)     # an answer to a stage that is gone raises
-            curve.guard_stage_link(self.listen, bind, curve.ServerKeys(curve_dir) if curve_dir else None, job_token)
-            self.listen.bind(bind)
-            self.endpoint = self.listen.getsockopt_string(zmq.LAST_ENDPOINT)
+            self.endpoint = bind_peer(self.listen, bind, curve_dir, job_token)
         for stage, endpoint in sorted(downstream.items()):
-            sock = self._socket(zmq.DEALER)
+            sock = peer_socket(self.context, zmq.DEALER, timeout, limits)
             sock.setsockopt(zmq.ROUTING_ID, _identity(index))
-            curve.stage_client(sock, curve.ClientKeys(curve_dir) if curve_dir else None, job_token)
-            sock.connect(endpoint)
+            connect_peer(sock, endpoint, curve_dir, job_token)
             self.peers[stage] = sock
         self._stage_of = {sock: stage for stage, sock in self.peers.items()}
         self._poller = zmq.Poller()
         for sock in [self.listen, *self.peers.values()]:
             if sock is not None:
                 self._poller.register(sock, zmq.POLLIN)
-
-    def _socket(self, kind):
-        sock = self.context.socket(kind)
-        sock.setsockopt(zmq.LINGER, 1000)
-        sock.setsockopt(zmq.SNDTIMEO, int(self.timeout * 1000))   # a DEALER send waits while no peer is there
-        sock.setsockopt(zmq.MAXMSGSIZE, self.limits.socket_max_frame_bytes)
-        return sock
 
     def send(self, stage, kind, args=None, tensors=()):
         """Send to `stage`: one this stage sends to, or one that sent to it."""

@@ -67,7 +67,10 @@ class TensorBoardHook(Hook):
 
     @staticmethod
     def _staleness_totals(trainer):
-        """(sum of staleness, pushes) received by ps shard 0, or None when it does not answer."""
+        """(sum of staleness, pushes) received by ps shard 0, or None when it does not answer (or there is no ps:
+        an all-reduce job's steps are never stale)."""
+        if trainer.ps is None:
+            return None
         try:
             counts = trainer.ps.stats()[0].get("staleness", {})
         except OpError as exc:

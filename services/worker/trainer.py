@@ -345,6 +345,10 @@ class Trainer:
         if self.is_chief:
             self._wait_for_workers()
         self.global_step = self.ps.stats()[0]["version"]  # with prefetch, the last push is not in our pull
+        return self._summary()
+
+    def _summary(self):
+        """The hooks' end, then the worker's summary (logged)."""
         for hook in self.hooks:
             hook.end(self)
         rate = self.examples / self.elapsed if self.elapsed else 0.0
@@ -392,6 +396,14 @@ class Trainer:
         if not stats.get("elastic"):
             return range(self.num_workers)
         return sorted(set(stats["members"]) | {int(r) for r in stats["pending"]})
+
+    def current_params(self):
+        """The variables as they stand now (what the end's evaluation scores)."""
+        return self.ps.pull()
+
+    def save_checkpoint(self, directory, keep=5):
+        """A checkpoint of the variables now (the ps shards write their shares); returns its path."""
+        return self.ps.save(directory, keep=keep, config=self.resolved_config())
 
     def evaluate(self, x, y):
         """Accuracy of the current parameters on (x, y)."""

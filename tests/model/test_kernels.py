@@ -11,7 +11,7 @@ import pytest
 from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.inputs.datasets import MNIST_CSV
 from zmqflow.models.registry import load_model
-from zmqflow.services.ps.optimizers import GradientDescent
+from zmqflow.common.optimizers import GradientDescent
 from zmqflow.models.kernels import available_backends, get_backend
 
 pytestmark = pytest.mark.unit

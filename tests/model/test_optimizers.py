@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.services.ps.optimizers import (Adagrad, Adam, GradientDescent, Momentum, SlotSpec, make_optimizer, make_schedule,
+from zmqflow.common.optimizers import (Adagrad, Adam, GradientDescent, Momentum, SlotSpec, make_optimizer, make_schedule,
                                     sum_duplicates)
 
 pytestmark = pytest.mark.unit
