@@ -305,8 +305,9 @@ def run_allreduce(config, spec, model):
     from zmqflow.common.optimizers import DEFAULT_OPTIMIZER
     from zmqflow.common.processes.task_options import parse_json_option
     from zmqflow.services.worker.allreduce import AllReduceTrainer
+    from zmqflow.models.stages import is_pipelined
     from zmqflow.services.worker.ring_link import RingLink
-    if pipeline_stages(config, model):
+    if is_pipelined(model):
         raise UsageError("a model whose layers run on several workers (a pipeline) trains with a ps, not with "
                          "--mode allreduce")
     if config.preloaded:
