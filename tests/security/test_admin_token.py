@@ -8,7 +8,7 @@ import pytest
 
 from zmqflow.common.rpc import admin_token
 from zmqflow.common.errors import InvalidArgumentError, PermissionDeniedError, UnauthenticatedError
-from zmqflow.common.wire.protocol import ADMIN, ADMIN_OPS, AggregatorOps, BrokerOps, PsOps, ops_with_role
+from zmqflow.common.wire.protocol import ADMIN, ADMIN_OPS, AggregatorOps, BrokerOps, PsOps, ReplicaOps, ops_with_role
 
 pytestmark = pytest.mark.unit
 
@@ -28,7 +28,8 @@ def test_the_admin_ops_are_listed_once_per_service():
     assert ops_with_role(BrokerOps, ADMIN) == {"reset", "shutdown"}
     assert ops_with_role(PsOps, ADMIN) == {"init", "restore", "reset", "shutdown"}
     assert ops_with_role(AggregatorOps, ADMIN) == {"add_member", "remove_member"}
-    assert ADMIN_OPS == {"reset", "shutdown", "init", "restore", "add_member", "remove_member"}
+    assert ops_with_role(ReplicaOps, ADMIN) == {"finish"}          # it ends an in-graph replica
+    assert ADMIN_OPS == {"reset", "shutdown", "init", "restore", "add_member", "remove_member", "finish"}
 
 
 def test_a_host_and_port_name_one_service_whatever_local_address_dials_it():

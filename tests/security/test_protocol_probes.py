@@ -37,6 +37,7 @@ from zmqflow.common.wire import protocol
 from zmqflow.common.wire.frames import pack, request_frames
 from zmqflow.common.wire.limits import DEFAULT_LIMITS
 from zmqflow.common.wire.protocol import ADMIN, TABLES, Name, requests_of
+from zmqflow.common.checkpoints.checkpoint import save_params
 from zmqflow.common.cluster.placement import place
 from zmqflow.common.clients.ps import PsClient, PsShardClient
 from zmqflow.models.registry import load_model, model_variables
@@ -45,7 +46,7 @@ from zmqflow.models.spec import MNIST_MLP
 pytestmark = pytest.mark.service
 
 SERVED_BY = {"queue-broker": "broker", "ps-shard": "ps", "serve": "serve", "aggregator": "aggregator",
-             "in-graph replica": "replica"}
+             "in-graph replica": "replica", "ensemble serve": "ensemble"}
 """Which service answers each table's ops ('every service': each of them)."""
 TIMEOUT = 5.0
 
@@ -66,8 +67,14 @@ def services(module_processes):
         client.preload("probe", {"image": np.zeros((200, 784), np.float32), "label": np.zeros(200, np.int64)})
     replica = start("zmqflow.services.worker", ["--in-graph", "--ps", ps.endpoint, "--preloaded", "probe",
                                                 "--backend", "numpy"])
-    yield {"broker": broker, "ps": ps, "serve": serve, "aggregator": aggregator, "replica": replica}
-    shutil.rmtree(os.path.dirname(SCRATCH), ignore_errors=True)   # what a probe's save wrote
+    members = []     # an ensemble in one server: two checkpoints of the MLP
+    for seed in (1, 2):
+        members += ["--checkpoint", os.path.join(os.path.dirname(SCRATCH), f"member{seed}")]
+        save_params(members[-1], 1, load_model(MNIST_MLP).initial_values(seed), {"model": MNIST_MLP})
+    ensemble = start("zmqflow.services.serve", [*members, "--backend", "numpy"])
+    yield {"broker": broker, "ps": ps, "serve": serve, "aggregator": aggregator, "replica": replica,
+           "ensemble": ensemble}
+    shutil.rmtree(os.path.dirname(SCRATCH), ignore_errors=True)   # what a probe's save wrote, the members
 
 
 def answer(endpoint, op, args=None, tensors=(), **client):
