@@ -115,8 +115,8 @@ class PsService(Service):
         self.store.restore(values, slots, ckpt.step)
         self.shared.replace(shared)
         self._wake_ready()
-        log.info("ps:%d restored %d pieces and %d shared variables at step %d from %s", self.shard_index,
-                 len(values), len(shared), ckpt.step, path)
+        log.info("ps:%d restored %d pieces at step %d from %s, and %d shared variables", self.shard_index,
+                 len(values), ckpt.step, path, len(shared))
         return {"version": self.store.version, "path": str(path)}
 
     def _wait_ready(self, call):
