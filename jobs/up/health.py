@@ -6,12 +6,15 @@ import time
 
 
 class HealthWatch:
-    """state: 'checking', then 'healthy' or 'unhealthy' (never passed within `limit` seconds, or the
-    service exited first). Checks every `period` s (the compose interval, at most 0.5 s: locally a
-    check is cheap and start-up is what we wait for)."""
+    """state: 'checking', then 'healthy', 'unhealthy' (never passed within `limit` seconds, or the service
+    failed first) or 'exited' (it finished, exit 0, before a check passed: a reader whose epochs took a
+    fraction of a second is done, not unhealthy; as in Docker, an exited container has no health). Checks
+    every `period` s (the compose interval, at most 0.5 s: locally a check is cheap and start-up is what we
+    wait for). `exit_code()`: the service's exit code once it has exited."""
 
-    def __init__(self, service, cwd, env, alive, limit, on_change=None):
+    def __init__(self, service, cwd, env, alive, limit, on_change=None, exit_code=lambda: None):
         self.service, self.cwd, self.env, self.alive, self.limit = service, cwd, env, alive, limit
+        self.exit_code = exit_code
         check = service.check
         self.period = min(check.interval, check.start_interval, 0.5)
         self.timeout = max(1.0, check.timeout)
@@ -31,7 +34,10 @@ class HealthWatch:
         deadline = time.monotonic() + self.limit
         while not self._stop.is_set():
             if not self.alive():
-                self.state, self.detail = "unhealthy", "it exited before its healthcheck passed"
+                if self.exit_code() == 0:
+                    self.state, self.detail = "exited", "it finished (exit 0) before its healthcheck passed"
+                else:
+                    self.state, self.detail = "unhealthy", "it exited before its healthcheck passed"
                 return self.on_change(self)
             if self._check():
                 self.state = "healthy"

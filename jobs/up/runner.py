@@ -97,8 +97,8 @@ class Runner:
                 watch = self.health.get(dep)
                 if watch is None:
                     return f"depends on {dep} being healthy, but {dep} has no healthcheck"
-                if watch.state == "unhealthy":
-                    return f"{dep} is unhealthy ({watch.detail})"
+                if watch.state in ("unhealthy", "exited"):   # a dependent needs it healthy and running
+                    return f"{dep} is {watch.state} ({watch.detail})"
                 if watch.state != "healthy":
                     return None
             elif condition == "service_completed_successfully":
@@ -126,7 +126,8 @@ class Runner:
         self.pumps.append(self.out.follow(name, proc.proc.stdout))
         if service.health:
             self.health[name] = HealthWatch(service, self.cwd, env, proc.alive, self.health_limit,
-                                            on_change=lambda watch, name=name: self._set(name, health=watch.state))
+                                            on_change=lambda watch, name=name: self._set(name, health=watch.state),
+                                            exit_code=proc.proc.poll)
             self.health[name].start()
         self._set(name, state="running", pid=proc.pid, exit_code=None, restarts=self.restarts[name],
                   health="starting" if service.health else None)

@@ -213,3 +213,33 @@ def test_each_killed_serving_service_answers_again_under_load(project, tmp_path)
         code, out = zmqflow("down", *args, timeout=120)
     assert code == 0 and "stopped aggregator" in out, out
     assert all(gone(pid) for pid in pids + [state.get("supervisor", {}).get("pid")] if pid)
+
+
+def test_wait_takes_a_service_that_finished_before_its_healthcheck_passed_for_done(tmp_path):
+    """A reader whose epochs took a fraction of a second exits 0 before its healthcheck ever passed: done, as a
+    one-shot, not unhealthy (the shipped topology's reader did this under load); a dependent that needs it
+    healthy still cannot start."""
+    compose = write(tmp_path, """
+services:
+  quick:
+    image: python:3.11-slim
+    command: ["python", "-c", "print('done')"]
+    healthcheck: {test: ["CMD", "false"], interval: 1s}
+  long:
+    image: python:3.11-slim
+    command: ["python", "-c", "import time; time.sleep(120)"]
+""")
+    code, out = zmqflow("up", "-f", compose, "-d", "--wait")
+    try:
+        assert code == 0 and "every service is running and healthy" in out, out
+    finally:
+        assert zmqflow("down", "-f", compose, "--timeout", "2")[0] == 0
+    with open(compose, "a") as f:
+        f.write("""  needs:
+    image: python:3.11-slim
+    command: ["python", "-c", "print('must not run')"]
+    depends_on: {quick: {condition: service_healthy}}
+""")
+    code, out = up(["-f", compose, "--no-color"])
+    assert code == 1 and "needs cannot start: quick is exited (it finished (exit 0) before its healthcheck passed)" \
+        in out and "must not run" not in out, out
