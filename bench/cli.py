@@ -111,3 +111,18 @@ def serve(as_json, duration, rate, deadline_ms, profile_dir, overload, rows, hid
         result = run(seconds=duration, rate=rate, deadline_ms=deadline_ms or 50, profile_dir=profile_dir,
                      progress=progress, concurrency=concurrency)
     click.echo(json.dumps(result))
+
+
+@bench.command()
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON result line.")
+@click.option("--role", "roles", multiple=True, type=click.Choice(["broker", "ps", "reader", "worker", "serve",
+                                                                   "aggregator", "gateway"]),
+              help="Measure this role (repeat); its dependencies are started too. Default: every role.")
+@click.option("--rounds", default=3, show_default=True, type=click.IntRange(min=1), help="Starts of each role.")
+@option("--settle-secs", "settle_s", default=1.0, show_default=True, type=click.FloatRange(min=0),
+        help="Seconds a task idles after it is ready before its RSS is read.")
+def startup(as_json, roles, rounds, settle_s):
+    """Start-up and memory of every role: exec to ready (its healthcheck: ping, HTTP ready, first enqueue, first
+    step) and RSS at rest, against a bare `python -c "import zmq, numpy"` (targets: <= 1 s, <= 150 MB)."""
+    from zmqflow.bench.startup import ROLES
+    _report("startup", as_json, roles=roles or ROLES, rounds=rounds, settle_s=settle_s)
