@@ -7,9 +7,10 @@ gateway), each one's dependencies already up. Ready means what the project's hea
 
   broker, ps, serve, aggregator   the ping over ZeroMQ answers (after the ready file names the endpoint)
   gateway                         GET /v2/health/ready answers 200 (its model server behind it is up)
-  reader                          its first rows are in the broker's queue (a reader only dials out: its
-                                  healthcheck passes at once, so the first enqueue is the honest mark)
-  worker                          its first step's gradients are applied on the ps (version >= 1)
+  reader                          its queue is on the broker (`zmqflow queues | grep`, its check in `zmqflow up`)
+  worker                          its first step's gradients are applied on the ps (version >= 1): a worker
+                                  only dials out, its own healthcheck passes at once; the reader feeds a FIFO
+                                  queue, so the first batch waits for no shuffle buffer
 
 RSS at rest: VmRSS of the task and every process it started, summed, `settle_s` after it was ready.
 The baseline, in each round before the roles: a bare `python -c "import zmq, numpy"`, exec to exit,
@@ -130,7 +131,7 @@ class Round:
         elif role == "reader":
             with BrokerClient(self.endpoints["broker"]) as broker:
                 def queued():
-                    return any(q["name"] == "train" and q["size"] > 0 for q in broker.list_queues(timeout=2.0))
+                    return any(q["name"] == "train" for q in broker.list_queues(timeout=2.0))
                 ready_at = _wait(queued, child, role, self.timeout, poll_s=0.01)
         else:   # worker
             def stepped():
@@ -144,7 +145,8 @@ class Round:
         if role in ("broker", "ps"):
             return local
         if role == "reader":
-            return ["--broker", self.endpoints["broker"], "--preset", "mnist-csv", "--num-epochs", "0"]
+            return ["--broker", self.endpoints["broker"], "--preset", "mnist-csv", "--num-epochs", "0",
+                    "--queue-kind", "fifo"]
         if role == "worker":
             return ["--broker", self.endpoints["broker"], "--ps", self.endpoints["ps"], "--log-every", "1000"]
         if role == "serve":
@@ -159,7 +161,7 @@ class Round:
 
 SERVICES = ("broker", "ps", "serve", "aggregator", "gateway")
 """Roles that listen: started with --bind and --ready-file."""
-NEEDS = {"ps": ("broker",), "reader": ("broker",), "worker": ("broker", "ps", "reader"), "aggregator": ("serve",),
+NEEDS = {"reader": ("broker",), "worker": ("broker", "ps", "reader"), "aggregator": ("serve",),
          "gateway": ("serve", "aggregator")}
 """What a role needs up before it starts (`roles` is closed over these)."""
 CLIENTS = ("worker", "reader")

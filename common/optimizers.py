@@ -18,9 +18,9 @@ duplicate indices are summed first, as TF's optimizers do.
 
 import dataclasses
 import math
+import threading
 
 import numpy as np
-from numba import njit
 
 from zmqflow.common.errors import InvalidArgumentError
 
@@ -36,13 +36,39 @@ with a test log loss of 0.336 for Adam 0.004 against 0.359 for SGD 0.5 (0.606 an
 
 # --- kernels: flat (dense) and row (sparse) updates, in place -------------------------
 
-@njit(cache=True)
+class _Kernel:
+    """A kernel compiled with numba on the first call of any kernel, not at import: importing numba costs a ps
+    ~1 s of start-up (bench startup), and a ps answers pings, a job's `up` waits for, before any update. The
+    first call puts every compiled kernel in this module's globals (the sparse kernels call the dense ones by
+    name), so later calls go straight to numba; cache=True: a later process loads them compiled. `zmqflow train`,
+    a job spec (jobs/spec.py) and the ps's --help read DEFAULT_OPTIMIZER without numba."""
+
+    def __init__(self, function):
+        self.function = function
+
+    def __call__(self, *args):
+        _compile_kernels()
+        return globals()[self.function.__name__](*args)
+
+
+_COMPILING = threading.Lock()
+
+
+def _compile_kernels():
+    from numba import njit
+    with _COMPILING:   # two threads' first calls: one set of dispatchers
+        for name, kernel in list(globals().items()):
+            if isinstance(kernel, _Kernel):
+                globals()[name] = njit(cache=True)(kernel.function)
+
+
+@_Kernel
 def _sgd(var, grad, lr):
     for i in range(var.size):
         var[i] -= lr * grad[i]
 
 
-@njit(cache=True)
+@_Kernel
 def _momentum(var, accum, grad, lr, momentum, nesterov):
     for i in range(var.size):
         accum[i] = accum[i] * momentum + grad[i]
@@ -52,7 +78,7 @@ def _momentum(var, accum, grad, lr, momentum, nesterov):
             var[i] -= lr * accum[i]
 
 
-@njit(cache=True)
+@_Kernel
 def _adam(var, m, v, grad, lr_t, beta1, beta2, epsilon, nesterov):
     one = var.dtype.type(1)
     for i in range(var.size):
@@ -65,7 +91,7 @@ def _adam(var, m, v, grad, lr_t, beta1, beta2, epsilon, nesterov):
             var[i] -= lr_t * m[i] / (np.sqrt(v[i]) + epsilon)
 
 
-@njit(cache=True)
+@_Kernel
 def _adagrad(var, accum, grad, lr):
     for i in range(var.size):
         g = grad[i]
@@ -73,27 +99,27 @@ def _adagrad(var, accum, grad, lr):
         var[i] -= lr * g / np.sqrt(accum[i])
 
 
-@njit(cache=True)
+@_Kernel
 def _sparse_sgd(var, indices, rows, lr):
     for k in range(indices.size):
         _sgd(var[indices[k]], rows[k], lr)
 
 
-@njit(cache=True)
+@_Kernel
 def _sparse_momentum(var, accum, indices, rows, lr, momentum, nesterov):
     for k in range(indices.size):
         r = indices[k]
         _momentum(var[r], accum[r], rows[k], lr, momentum, nesterov)
 
 
-@njit(cache=True)
+@_Kernel
 def _sparse_adam(var, m, v, indices, rows, lr_t, beta1, beta2, epsilon, nesterov):
     for k in range(indices.size):
         r = indices[k]
         _adam(var[r], m[r], v[r], rows[k], lr_t, beta1, beta2, epsilon, nesterov)
 
 
-@njit(cache=True)
+@_Kernel
 def _sparse_adagrad(var, accum, indices, rows, lr):
     for k in range(indices.size):
         r = indices[k]

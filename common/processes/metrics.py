@@ -23,12 +23,6 @@ import logging
 import threading
 import time
 
-from prometheus_client import CollectorRegistry, Gauge, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from prometheus_client.gc_collector import GCCollector
-from prometheus_client.platform_collector import PlatformCollector
-from prometheus_client.process_collector import ProcessCollector
-
 from zmqflow.common import errors
 from zmqflow.common.bind import BindError
 
@@ -37,7 +31,6 @@ log = logging.getLogger(__name__)
 LATENCY_BUCKETS = tuple(m * 10.0 ** e for e in range(-5, 1) for m in (1.0, 2.5, 5.0)) + (10.0,)
 """10 us .. 10 s, three per decade: fine enough for the broker's microsecond ops."""
 
-REGISTRY = CollectorRegistry(auto_describe=True)
 _CODE_NAMES = {getattr(errors, n): n for n in dir(errors) if n.isupper() and isinstance(getattr(errors, n), int)}
 _requested = {"port": None, "host": "127.0.0.1", "port_host": None}  # port_host: HOST of --metrics-bind HOST:PORT
 _lock = threading.Lock()
@@ -49,6 +42,7 @@ _task = {"name": None}
 
 def _family(kind, name, doc, labels, values):
     """A metric family from a number or a {label values: number} dict."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
     family = cls(name, doc, labels=list(labels))
     if not isinstance(values, dict):
@@ -61,6 +55,7 @@ def _family(kind, name, doc, labels, values):
 
 def histogram_family(name, doc, labels, histograms, bounds=LATENCY_BUCKETS):
     """{label values: (sum, [count per bucket..., count above the last])} as a Prometheus histogram."""
+    from prometheus_client.core import HistogramMetricFamily
     family = HistogramMetricFamily(name, doc, labels=list(labels))
     for key, (total, counts) in histograms.items():
         running, buckets = 0, []
@@ -114,7 +109,24 @@ class _Callbacks:
 
 
 _CALLBACKS = _Callbacks()
-REGISTRY.register(_CALLBACKS)
+_registry = []
+
+
+def registry():
+    """The process's CollectorRegistry (also `metrics.REGISTRY`), made on first use: a task without --metrics-bind
+    never imports prometheus_client, ~0.1 s of every service's start-up (bench startup)."""
+    with _lock:
+        if not _registry:
+            from prometheus_client import CollectorRegistry
+            _registry.append(CollectorRegistry(auto_describe=True))
+            _registry[0].register(_CALLBACKS)
+        return _registry[0]
+
+
+def __getattr__(name):
+    if name == "REGISTRY":
+        return registry()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register(source):
@@ -152,9 +164,11 @@ _made = {}
 
 def gauge(name, doc, labels=()):
     """A plain prometheus_client Gauge (get or create) for values set as they change."""
+    from prometheus_client import Gauge
+    metrics_registry = registry()
     with _lock:
         if name not in _made:
-            _made[name] = Gauge(name, doc, list(labels), registry=REGISTRY)
+            _made[name] = Gauge(name, doc, list(labels), registry=metrics_registry)
         return _made[name]
 
 
@@ -240,15 +254,20 @@ def requested():
 
 def serve(port=None, host=None):
     """Start the /metrics HTTP endpoint (once per process); returns its URL (BindError: it cannot listen there)."""
+    from prometheus_client import start_http_server
+    from prometheus_client.gc_collector import GCCollector
+    from prometheus_client.platform_collector import PlatformCollector
+    from prometheus_client.process_collector import ProcessCollector
+    metrics_registry = registry()
     with _lock:
         if "url" not in _server:
             port = _requested["port"] if port is None else port
             host = host or _requested["port_host"] or _requested["host"]
-            ProcessCollector(registry=REGISTRY)
-            PlatformCollector(registry=REGISTRY)
-            GCCollector(registry=REGISTRY)
+            ProcessCollector(registry=metrics_registry)
+            PlatformCollector(registry=metrics_registry)
+            GCCollector(registry=metrics_registry)
             try:
-                httpd, _ = start_http_server(port, addr=host, registry=REGISTRY)
+                httpd, _ = start_http_server(port, addr=host, registry=metrics_registry)
             except OSError as exc:   # in use, no such interface: the task's --metrics-bind
                 raise BindError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
             shown = f"[{host}]" if ":" in host else host

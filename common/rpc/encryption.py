@@ -24,6 +24,7 @@ A refused client gets no answer at all (ZeroMQ drops the handshake): its
 heartbeats make that an UnavailableError, bounded.
 """
 
+import functools
 import ipaddress
 import logging
 import os
@@ -31,8 +32,6 @@ import os
 import re
 
 import zmq
-import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
 from zmqflow.common.errors import InvalidArgumentError, PermissionDeniedError
@@ -87,7 +86,7 @@ def generate(directory, clients=(CLIENT,), force=False, keep=False):
     for name, roles in [(SERVER, None), *specs.items()]:
         if keep and not force and os.path.exists(os.path.join(directory, f"{name}.key_secret")):
             continue
-        public, secret = zmq.auth.create_certificates(directory, name)
+        public, secret = _zmq_auth().create_certificates(directory, name)
         os.chmod(secret, 0o600)
         if roles is not None:   # the roles go in the certificate's metadata, where ZAP reads them
             with open(public) as f:
@@ -110,7 +109,7 @@ def _load(path, secret):
     if not os.path.isfile(path):
         raise InvalidArgumentError(f"CURVE key file {path} is missing (make keys with `zmqflow keys generate DIR`)")
     try:
-        public, secret_key = zmq.auth.load_certificate(path)
+        public, secret_key = _zmq_auth().load_certificate(path)
     except Exception as exc:  # a damaged or foreign file: say which
         raise InvalidArgumentError(f"CURVE key file {path} is not a ZeroMQ certificate: {exc}") from None
     if secret and not secret_key:
@@ -175,37 +174,52 @@ def secure_client(socket, keys):
         socket.curve_serverkey = keys.server_public
 
 
-class _RoleAuthenticator(ThreadAuthenticator):
-    """ZAP with roles: a CURVE client is accepted when authorized/ holds its key (and, in a domain that
-    requires one, the key has that role); its User-Id is `NAME:ROLE+ROLE`."""
+def _zmq_auth():
+    """pyzmq's zmq.auth, imported when keys are made or read: it and its ZAP thread (asyncio) cost a service
+    ~0.1 s of start-up without CURVE (bench startup)."""
+    import zmq.auth
+    return zmq.auth
 
-    def __init__(self, context):
-        super().__init__(context, log=_DenialLog())
-        self.users = {}      # z85 public key -> 'NAME:ROLE+ROLE'
-        self.required = {}   # domain -> the role its clients' keys need (None: any authorized key)
 
-    def authorize(self, authorized, domain, role=None):
-        for path in sorted(os.listdir(authorized)):
-            if path.endswith(".key"):
-                public, _ = zmq.auth.load_certificate(os.path.join(authorized, path))
-                roles = recorded_roles(os.path.join(authorized, path))
-                self.users[public] = f"{path[:-len('.key')]}:{'+'.join(roles)}"
-        self.required[domain] = role
-        self.configure_curve_callback(domain, self)
+@functools.lru_cache(maxsize=None)
+def _role_authenticator_class():
+    """_RoleAuthenticator, defined on first use (its base class is pyzmq's ThreadAuthenticator: see _zmq_auth)."""
+    from zmq.auth.thread import ThreadAuthenticator
 
-    def callback(self, domain, key):
-        user = self.users.get(key)
-        return user is not None and (self.required.get(domain) is None or self.required[domain] in roles_of(user))
+    class _RoleAuthenticator(ThreadAuthenticator):
+        """ZAP with roles: a CURVE client is accepted when authorized/ holds its key (and, in a domain that
+        requires one, the key has that role); its User-Id is `NAME:ROLE+ROLE`."""
 
-    def curve_user_id(self, client_public_key):
-        return self.users.get(z85.encode(client_public_key), "anonymous")
+        def __init__(self, context):
+            super().__init__(context, log=_DenialLog())
+            self.users = {}      # z85 public key -> 'NAME:ROLE+ROLE'
+            self.required = {}   # domain -> the role its clients' keys need (None: any authorized key)
+
+        def authorize(self, authorized, domain, role=None):
+            for path in sorted(os.listdir(authorized)):
+                if path.endswith(".key"):
+                    public, _ = _zmq_auth().load_certificate(os.path.join(authorized, path))
+                    roles = recorded_roles(os.path.join(authorized, path))
+                    self.users[public] = f"{path[:-len('.key')]}:{'+'.join(roles)}"
+            self.required[domain] = role
+            self.configure_curve_callback(domain, self)
+
+        def callback(self, domain, key):
+            user = self.users.get(key)
+            return user is not None and (self.required.get(domain) is None or
+                                         self.required[domain] in roles_of(user))
+
+        def curve_user_id(self, client_public_key):
+            return self.users.get(z85.encode(client_public_key), "anonymous")
+
+    return _RoleAuthenticator
 
 
 def _authenticator(context):
     """The context's ZAP handler (one per context: libzmq asks inproc://zeromq.zap.01 of the context)."""
     auth = _authenticators.get(id(context))
     if auth is None or auth.context is not context:  # an id reused by a new context
-        auth = _RoleAuthenticator(context)
+        auth = _role_authenticator_class()(context)
         auth.start()
         _authenticators[id(context)] = auth
     return auth

@@ -9,8 +9,6 @@ variable (tests, a checkout, `zmqflow up`) nothing is written.
 """
 
 import os
-import urllib.error
-import urllib.request
 
 ENV = "ZMQFLOW_HEALTH_FILE"
 CLIENT = "client"
@@ -55,6 +53,8 @@ def local_endpoint(endpoint):
 
 def http_ready(url, timeout):
     """(ok, detail): ok when a GET of `url` answers 2xx within `timeout` s; detail says what answered or why not."""
+    import urllib.error   # here: every service imports this module to announce itself; only a check asks HTTP
+    import urllib.request
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             return True, f"{url}: HTTP {response.status}"

@@ -1,0 +1,74 @@
+"""Start-up and memory (issue 26, item 6): `zmqflow bench startup --json` reports each role's ready time and RSS
+against the bare-interpreter baseline, and the entry modules stay free of the heavy libraries they do not need,
+so the laziness that made the roles start faster does not quietly regress. No timed assertion: the figures are
+the benchmark's (docs/performance.md)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.service
+
+NOT_AT_START = {
+    # the umbrella CLI: `zmqflow --help`, and each subcommand pays for its own imports only (cli/main.py)
+    "zmqflow.cli.main": ("numpy", "numba", "scipy", "prometheus_client", "asyncio", "pydantic"),
+    # `zmqflow ping` / `zmqflow healthcheck`: every few seconds in every container
+    "zmqflow.cli.ops": ("numba", "scipy", "prometheus_client", "asyncio", "zmq.auth", "urllib.request"),
+    "zmqflow.services.broker.server": ("numba", "scipy", "prometheus_client", "asyncio", "zmq.auth",
+                                       "urllib.request", "pydantic"),
+    "zmqflow.services.broker.cli": ("numba", "scipy", "prometheus_client", "asyncio", "zmq.auth"),
+    # the ps loads numba's update kernels (common/optimizers.py) when it builds its store, not at import
+    "zmqflow.services.ps.cli": ("numba", "scipy", "prometheus_client", "asyncio", "zmq.auth"),
+    "zmqflow.services.ps.server": ("numba", "scipy", "prometheus_client", "asyncio"),
+    "zmqflow.services.aggregator.cli": ("numba", "scipy", "prometheus_client", "zmq.auth"),
+    "zmqflow.services.worker.cli": ("numba", "scipy", "prometheus_client"),
+    # a job spec names the default optimizer: `zmqflow train` and `up` read it without compiling its kernels
+    "zmqflow.jobs.spec": ("numba", "scipy"),
+}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("module", sorted(NOT_AT_START))
+def test_an_entry_module_does_not_import_what_its_start_does_not_need(module):
+    check = (f"import sys, {module}; heavy = [m for m in {NOT_AT_START[module]!r} if m in sys.modules]; "
+             "print(' '.join(heavy))")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [], f"importing {module} loads {done.stdout.strip()}"
+
+
+def test_bench_startup_reports_each_role_against_the_baseline():
+    done = subprocess.run([sys.executable, "-m", "zmqflow", "bench", "startup", "--json", "--role", "broker",
+                           "--rounds", "1", "--settle-secs", "0.2"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["benchmark"] == "startup" and result["rounds"] == 1
+    assert (result["target_ready_s"], result["target_rss_mb"]) == (1.0, 150.0)
+    assert result["baseline"]["ready_s"] > 0 and result["baseline"]["rss_mb"] > 0
+    assert list(result["roles"]) == ["broker"]
+    for role, figures in result["roles"].items():
+        assert figures["command"].startswith(f"zmqflow {role} --")
+        assert figures["ready_s"] > 0 and len(figures["ready_s_each"]) == 1
+        assert figures["rss_mb"] > result["baseline"]["rss_mb"] / 2     # the service's own process tree, read
+        assert figures["ready_over_baseline"] == pytest.approx(figures["ready_s"] / result["baseline"]["ready_s"],
+                                                               rel=0.02, abs=0.01)
+        assert figures["ready_ok"] == (figures["ready_s"] <= 1.0)
+        assert figures["rss_ok"] == (figures["rss_mb"] <= 150.0)
+    assert result["all_ok"] == all(f["ready_ok"] and f["rss_ok"] for f in result["roles"].values())
+
+
+@pytest.mark.unit
+def test_a_role_starts_after_what_it_needs():
+    from zmqflow.bench.startup import with_dependencies
+    assert with_dependencies(["gateway"]) == ["serve", "aggregator", "gateway"]
+    assert with_dependencies(["worker", "broker"]) == ["broker", "ps", "reader", "worker"]
+    assert with_dependencies(["ps"]) == ["ps"]
+
+
+def test_bench_startup_refuses_an_unknown_role():
+    done = subprocess.run([sys.executable, "-m", "zmqflow", "bench", "startup", "--role", "nope"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "nope" in done.stderr
