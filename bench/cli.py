@@ -121,8 +121,10 @@ def serve(as_json, duration, rate, deadline_ms, profile_dir, overload, rows, hid
 @click.option("--rounds", default=3, show_default=True, type=click.IntRange(min=1), help="Starts of each role.")
 @option("--settle-secs", "settle_s", default=1.0, show_default=True, type=click.FloatRange(min=0),
         help="Seconds a task idles after it is ready before its RSS is read.")
-def startup(as_json, roles, rounds, settle_s):
+@click.option("--backend", default=None, type=click.Choice(["numpy", "numba"]),
+              help="The worker's and model server's --backend. Default: theirs (numba).")
+def startup(as_json, roles, rounds, settle_s, backend):
     """Start-up and memory of every role: exec to ready (its healthcheck: ping, HTTP ready, first enqueue, first
     step) and RSS at rest, against a bare `python -c "import zmq, numpy"` (targets: <= 1 s, <= 150 MB)."""
     from zmqflow.bench.startup import ROLES
-    _report("startup", as_json, roles=roles or ROLES, rounds=rounds, settle_s=settle_s)
+    _report("startup", as_json, roles=roles or ROLES, rounds=rounds, settle_s=settle_s, backend=backend)

@@ -93,8 +93,8 @@ def _wait(ready, child, what, timeout, poll_s=0.005):
 class Round:
     """One start of every role, in order, each waited for; `stop()` ends them all."""
 
-    def __init__(self, workdir, checkpoint, timeout):
-        self.workdir, self.checkpoint, self.timeout = workdir, checkpoint, timeout
+    def __init__(self, workdir, checkpoint, timeout, backend=None):
+        self.workdir, self.checkpoint, self.timeout, self.backend = workdir, checkpoint, timeout, backend
         self.supervisor = Supervisor(log_dir=workdir)
         self.endpoints, self.children = {}, {}
 
@@ -142,15 +142,16 @@ class Round:
 
     def arguments(self, role):
         local = ["--bind", "tcp://127.0.0.1:*"]
+        kernels = ["--backend", self.backend] if self.backend and role in ("worker", "serve") else []
         if role in ("broker", "ps"):
             return local
         if role == "reader":
             return ["--broker", self.endpoints["broker"], "--preset", "mnist-csv", "--num-epochs", "0",
                     "--queue-kind", "fifo"]
         if role == "worker":
-            return ["--broker", self.endpoints["broker"], "--ps", self.endpoints["ps"], "--log-every", "1000"]
+            return ["--broker", self.endpoints["broker"], "--ps", self.endpoints["ps"], "--log-every", "1000", *kernels]
         if role == "serve":
-            return [*local, "--checkpoint", self.checkpoint]
+            return [*local, "--checkpoint", self.checkpoint, *kernels]
         if role == "aggregator":
             return [*local, "--member", self.endpoints["serve"]]
         return ["--bind", "127.0.0.1:0", "--aggregator", self.endpoints["aggregator"]]   # gateway: HTTP, no `*`
@@ -176,8 +177,9 @@ def with_dependencies(roles):
     return [role for role in ROLES if role in wanted]
 
 
-def run(roles=ROLES, rounds=3, settle_s=1.0, timeout=60.0, progress=None):
-    """{"roles": {role: ready_s, rss_mb, ...}, "baseline": ...} with medians of `rounds` starts of each role."""
+def run(roles=ROLES, rounds=3, settle_s=1.0, timeout=60.0, backend=None, progress=None):
+    """{"roles": {role: ready_s, rss_mb, ...}, "baseline": ...} with medians of `rounds` starts of each role;
+    `backend`: the worker's and model server's --backend (default: theirs, numba)."""
     say = progress or (lambda *_: None)
     unknown = sorted(set(roles) - set(ROLES))
     if unknown:
@@ -195,7 +197,7 @@ def run(roles=ROLES, rounds=3, settle_s=1.0, timeout=60.0, progress=None):
             seconds, rss = baseline()
             samples["baseline"]["ready_s"].append(seconds)
             samples["baseline"]["rss_bytes"].append(rss)
-            this = Round(workdir, checkpoint, timeout)
+            this = Round(workdir, checkpoint, timeout, backend)
             try:
                 for role in order:
                     child, seconds, argv = this.start(role)
@@ -212,7 +214,7 @@ def run(roles=ROLES, rounds=3, settle_s=1.0, timeout=60.0, progress=None):
                                 this.children[client].stop()
             finally:
                 this.stop()
-    return _report(order, samples, commands, rounds, settle_s)
+    return {**_report(order, samples, commands, rounds, settle_s), "backend": backend or "default"}
 
 
 def _report(order, samples, commands, rounds, settle_s):

@@ -11,18 +11,27 @@ glibc's mallopt is not available.
 """
 
 import ctypes
-import ctypes.util
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
 MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # glibc's upper bound on 64-bit
 TRIM_THRESHOLD = 1024 * 1024 * 1024
 
 
+def _libc():
+    """glibc by its soname; elsewhere (musl) what ctypes.util finds, which runs ldconfig and whose import costs
+    ~0.05 s: every service and compute process calls keep_freed_memory at start (bench startup)."""
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        from ctypes.util import find_library
+        return ctypes.CDLL(find_library("c") or "libc.so.6")
+
+
 def release_freed_memory():
     """Give the freed heap back to the kernel now (glibc's malloc_trim): after refusing an oversized
     message, whose tens of MB keep_freed_memory would otherwise keep in the process. True when done."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = _libc()
         return bool(libc.malloc_trim(0))
     except (OSError, AttributeError):
         return False
@@ -31,7 +40,7 @@ def release_freed_memory():
 def keep_freed_memory():
     """Tune glibc malloc for large, repeated tensor buffers; True when applied."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = _libc()
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False

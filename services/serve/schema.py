@@ -10,11 +10,18 @@ dtypes), in signature order or named; when the checkpoint records a data spec (t
 import numpy as np
 
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.inputs.data_spec import Table, from_config, model_inputs
+from zmqflow.inputs.data_sources import Table
 from zmqflow.inputs.predictions import labels_of, predicted
 from zmqflow.models.protocol import input_signature, output_width
 
 CLASSIFICATION = ("multiclass", "binary")
+
+
+def _data_spec():
+    """inputs.data_spec, imported for a checkpoint that records a data spec: its schema (pydantic) costs a model
+    server of a plain checkpoint ~0.2 s of start-up (bench startup)."""
+    from zmqflow.inputs import data_spec
+    return data_spec
 
 
 class RequestSchema:
@@ -23,7 +30,7 @@ class RequestSchema:
         self.names = list(self.signature)
         self.width = output_width(model)
         self.data_config = data_config
-        self.data = from_config(data_config) if data_config else None
+        self.data = _data_spec().from_config(data_config) if data_config else None
         self.labels = labels_of(self.data) if self.data is not None else {"task": None, "classes": None,
                                                                           "columns": None}
         self.task = self.labels["task"]
@@ -92,7 +99,7 @@ class RequestSchema:
                 rows = len(values)
                 columns[column] = self._column(f, column, values)
         table = Table(columns, ["request"], np.stack([np.zeros(rows, np.int64), np.arange(rows) + 1], axis=1))
-        made = model_inputs(self.data, table)
+        made = _data_spec().model_inputs(self.data, table)
         return [made] if not isinstance(made, dict) else [made[name] for name in self.names]
 
     @staticmethod
