@@ -37,11 +37,11 @@ with a test log loss of 0.336 for Adam 0.004 against 0.359 for SGD 0.5 (0.606 an
 # --- kernels: flat (dense) and row (sparse) updates, in place -------------------------
 
 class _Kernel:
-    """A kernel compiled with numba on the first call of any kernel, not at import: importing numba costs a ps
-    ~1 s of start-up (bench startup), and a ps answers pings, a job's `up` waits for, before any update. The
-    first call puts every compiled kernel in this module's globals (the sparse kernels call the dense ones by
-    name), so later calls go straight to numba; cache=True: a later process loads them compiled. `zmqflow train`,
-    a job spec (jobs/spec.py) and the ps's --help read DEFAULT_OPTIMIZER without numba."""
+    """A kernel compiled with numba on the first call of any kernel, not at import: importing numba costs ~1 s
+    (bench startup), and `zmqflow train`, a job spec (jobs/spec.py), `zmqflow ps --help` only read
+    DEFAULT_OPTIMIZER. The first call puts every compiled kernel in this module's globals (the sparse kernels
+    call the dense ones by name), so later calls go straight to numba; cache=True: a later process loads them
+    compiled. A ps still compiles them before it serves (services/ps/store.py, _warm_up)."""
 
     def __init__(self, function):
         self.function = function
