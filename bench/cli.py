@@ -100,7 +100,9 @@ def serve(as_json, duration, rate, deadline_ms, profile_dir, overload, rows, hid
     """Serving: one model server direct vs an aggregator over 3 (open loop) vs one server hosting the 3
     checkpoints combined in process (the in-process ensemble), with one member killed, and the
     gateway (REST JSON, REST binary and, with the grpc extra, gRPC) against the ZeroMQ path at the same
-    closed-loop load (with the http extra); or, with --overload, the aggregator over its capacity."""
+    closed-loop load (with the http extra), and the gateway + one model server against MLServer under wrk
+    (MLServer on PATH or named by ZMQFLOW_BENCH_MLSERVER; else skipped, with the command that compares);
+    or, with --overload, the aggregator over its capacity."""
     from zmqflow.bench.serve import run, run_overload
 
     progress = None if as_json else click.echo

@@ -4,7 +4,8 @@ Phases (model servers and aggregators are real processes started by PID):
   server_max_qps  one client, closed loop, batch 1: predicts/s of one model server.
   direct          one member called directly at `rate` requests/s, OPEN loop: requests leave on a
                   schedule whatever the replies do; latency counts from the scheduled time.
-  agg3            the same load through an aggregator (ensemble, mean) over 3 members.
+  agg3            the same load through an aggregator (ensemble, mean) over 3 members; direct and agg3 run in
+                  ROUNDS alternating rounds, and agg3_overhead_p50_ms is the median of the rounds' p50 differences.
   agg3_replica    the same aggregator in replica mode (each request to the least busy member).
   ensemble3       the same load on ONE model server hosting the 3 checkpoints (`serve --checkpoint A
                   --checkpoint B --checkpoint C`), combined in process with the aggregator's mean: the
@@ -13,6 +14,11 @@ Phases (model servers and aggregators are real processes started by PID):
   gateway         the HTTP gateway (Open Inference Protocol) over the agg3 aggregator against the ZeroMQ
                   path to it, closed loop at the same concurrency and rows (bench/gateway.py): p50/p99,
                   req/s and the p50 overhead, with JSON, with binary tensors and over gRPC.
+  http            HTTP load (wrk -t2 -c8 when installed, else bench/gateway.py's closed loop over 8 connections;
+                  a 1-row JSON infer) on the gateway in front of one model server and, in alternating rounds, on
+                  MLServer serving the same weights (started when `mlserver` is on PATH or named by
+                  ZMQFLOW_BENCH_MLSERVER; else skipped, saying why and the command that compares): req/s, p50, p99
+                  and the ratios http_qps_vs_mlserver, http_p99_vs_mlserver.
 
 Costs per request are also given as CPU microseconds of the aggregator and of a server
 (from /proc): on a shared 2-core machine they hold up better than latencies, and show
@@ -43,7 +49,8 @@ import numpy as np
 
 from zmqflow.models.spec import MNIST_MLP
 
-from zmqflow.bench.gateway import TARGET_OVERHEAD_P50_MS, compare as compare_gateway
+from zmqflow.bench.gateway import TARGET_MLSERVER_QPS_RATIO, TARGET_OVERHEAD_P50_MS, compare as compare_gateway, \
+    http_load
 from zmqflow.models.registry import load_model
 from zmqflow.common.processes.children import compute_thread_env, start_service
 from zmqflow.common.rpc.client import RpcClient
@@ -51,7 +58,9 @@ from zmqflow.common.clients.serve import ModelClient, PendingPredict
 from zmqflow.loadtest.open_loop import SHED, run_open_loop, run_phases
 from zmqflow.common.wire.protocol import AggregatorOps, ServeOps
 
-TARGETS = {"agg3_p99_ms": 5.0, "agg3_overhead_p50_ms": 0.5, "dead_slack_ms": 5.0, "overload_goodput_ratio": 0.9}
+ROUNDS = 3
+"""Alternating rounds of the direct call and the aggregator (the overhead is the median of the rounds')."""
+TARGETS = {"agg3_p99_ms": 5.0, "agg3_overhead_p50_ms": 0.3, "dead_slack_ms": 5.0, "overload_goodput_ratio": 0.9}
 
 
 def write_random_checkpoint(ckpt_dir, seed=1, spec=MNIST_MLP, step=1):
@@ -119,24 +128,15 @@ def run(seconds=3.0, rate=500, deadline_ms=50, members=3, profile_dir=None, prog
         result = {"rate": rate, "duration_s": seconds, "members": members, "deadline_ms": deadline_ms}
         result["server_max_qps"] = round(closed_loop_qps(endpoints[0], x, seconds), 1)
         say(f"one model server, closed loop batch 1: {result['server_max_qps']:,.0f} predicts/s")
-        cpu = cpu_seconds(servers[0].pid)
-        lat, errors = open_loop(endpoints[0], x, rate, seconds, deadline_ms=1000)
-        result.update(direct_p50_ms=_pct(lat, 50), direct_p99_ms=_pct(lat, 99), direct_errors=sum(errors.values()),
-                      server_cpu_us_per_request=round((cpu_seconds(servers[0].pid) - cpu) / (rate * seconds + 50) * 1e6,
-                                                      1))
-        say(f"direct at {rate}/s open loop: p50 {result['direct_p50_ms']} ms, p99 {result['direct_p99_ms']} ms, "
-            f"server CPU {result['server_cpu_us_per_request']} us/request")
-
         member_args = [a for e in endpoints for a in ("--member", e)]
         agg = start_service("zmqflow.services.aggregator", [*member_args, "--log-level", "WARNING"], log_dir=work, env=env)
         aggs.append(agg)
-        cpu = cpu_seconds(agg.pid)
-        lat, errors = open_loop(agg.endpoint, x, rate, seconds, deadline_ms=1000)
-        result.update(agg3_p50_ms=_pct(lat, 50), agg3_p99_ms=_pct(lat, 99), agg3_p999_ms=_pct(lat, 99.9),
-                      agg3_errors=sum(errors.values()),
-                      agg3_cpu_us_per_request=round((cpu_seconds(agg.pid) - cpu) / (rate * seconds + 50) * 1e6, 1))
+        result.update(direct_and_agg3(endpoints[0], servers[0].pid, agg, x, rate, seconds))
+        say(f"direct at {rate}/s open loop: p50 {result['direct_p50_ms']} ms, p99 {result['direct_p99_ms']} ms, "
+            f"server CPU {result['server_cpu_us_per_request']} us/request")
         say(f"aggregator over {members} at {rate}/s: p50 {result['agg3_p50_ms']} ms, p99 {result['agg3_p99_ms']} ms, "
-            f"aggregator CPU {result['agg3_cpu_us_per_request']} us/request")
+            f"aggregator CPU {result['agg3_cpu_us_per_request']} us/request; overhead p50 (median of "
+            f"{ROUNDS} alternating rounds) {result['agg3_overhead_p50_ms']} ms")
 
         result.update(in_process_ensemble(ckpts, x, rate, seconds, work, say))
         if result["ensemble3_p50_ms"] is not None and result["agg3_p50_ms"] is not None:
@@ -151,6 +151,16 @@ def run(seconds=3.0, rate=500, deadline_ms=50, members=3, profile_dir=None, prog
                 say(f"gRPC (raw contents) through that gateway: p50 {result['gateway_grpc_p50_ms']} ms, p99 "
                     f"{result['gateway_grpc_p99_ms']} ms, {result['gateway_grpc_qps']} req/s: overhead "
                     f"{result['gateway_grpc_overhead_p50_ms']} ms")
+
+        result.update(http_load(endpoints[0], os.path.basename(ckpts[0]), mlp_layers(1), x, seconds, work))
+        if "http_zmqflow_qps" in result:
+            say(f"HTTP load ({result['http_load']}, 1-row JSON infer): gateway + one model server "
+                f"{result['http_zmqflow_qps']:,.0f} req/s, p50 {result['http_zmqflow_p50_ms']} ms, p99 "
+                f"{result['http_zmqflow_p99_ms']} ms; " + (
+                    f"MLServer {result['http_mlserver_qps']:,.0f} req/s, p50 {result['http_mlserver_p50_ms']} ms, "
+                    f"p99 {result['http_mlserver_p99_ms']} ms: {result['http_qps_vs_mlserver']}x its req/s"
+                    if "http_mlserver_qps" in result else f"MLServer skipped: {result['mlserver_skipped']}; to "
+                    f"compare: {result['mlserver_command']}"))
 
         lat, errors = open_loop(agg.endpoint, x, rate, seconds, AggregatorOps.Predict(mode="replica"), deadline_ms=1000)
         result.update(agg3_replica_p50_ms=_pct(lat, 50), agg3_replica_p99_ms=_pct(lat, 99),
@@ -174,19 +184,56 @@ def run(seconds=3.0, rate=500, deadline_ms=50, members=3, profile_dir=None, prog
         for proc in aggs + servers:
             proc.stop()
         shutil.rmtree(work, ignore_errors=True)
-    overhead = None if result.get("agg3_p50_ms") is None else round(result["agg3_p50_ms"] - result["direct_p50_ms"], 3)
-    result["agg3_overhead_p50_ms"] = overhead
+    overhead = result.get("agg3_overhead_p50_ms")
     result["targets"] = {
         "agg3_p99_ms<=5": result["agg3_p99_ms"] is not None and result["agg3_p99_ms"] <= TARGETS["agg3_p99_ms"],
-        "agg3_overhead_p50_ms<=0.5": overhead is not None and overhead <= TARGETS["agg3_overhead_p50_ms"],
+        "agg3_overhead_p50_ms<=0.3": overhead is not None and overhead <= TARGETS["agg3_overhead_p50_ms"],
         "agg3_dead_p99_ms<=deadline+5": result["agg3_dead_p99_ms"] is not None and
         result["agg3_dead_p99_ms"] <= deadline_ms + TARGETS["dead_slack_ms"],
         "agg3_dead_errors==0": result["agg3_dead_errors"] == 0,
     }
     if "gateway_overhead_p50_ms" in result:
-        result["targets"]["gateway_overhead_p50_ms<=1"] = result["gateway_overhead_p50_ms"] <= TARGET_OVERHEAD_P50_MS
+        result["targets"]["gateway_overhead_p50_ms<=0.5"] = result["gateway_overhead_p50_ms"] <= TARGET_OVERHEAD_P50_MS
+    if "http_qps_vs_mlserver" in result:
+        result["targets"]["http_qps>=2x_mlserver"] = result["http_qps_vs_mlserver"] >= TARGET_MLSERVER_QPS_RATIO
+        result["targets"]["http_p99<mlserver"] = result["http_p99_vs_mlserver"] < 1.0
     result["all_targets_met"] = all(result["targets"].values())
     return result
+
+
+def direct_and_agg3(server, server_pid, agg, x, rate, seconds):
+    """One member called directly and the aggregator `agg`, open loop at `rate`, in ROUNDS alternating rounds of
+    seconds / ROUNDS each, so that a busy neighbour hits both alike: p50s are medians of the rounds', the overhead
+    the median of the rounds' differences, p99s of all answers; CPU per request of the server and the aggregator."""
+    lats, p50s, cpus, errors = {"direct": [], "agg3": []}, {"direct": [], "agg3": []}, {"direct": 0.0, "agg3": 0.0}, {}
+    requests = 0
+    for _ in range(ROUNDS):
+        for name, endpoint, pid in (("direct", server, server_pid), ("agg3", agg.endpoint, agg.pid)):
+            cpu = cpu_seconds(pid)
+            lat, errs = open_loop(endpoint, x, rate, seconds / ROUNDS, deadline_ms=1000)
+            cpus[name] += cpu_seconds(pid) - cpu
+            lats[name] += list(lat)
+            p50s[name].append(_pct(lat, 50))
+            errors[name] = errors.get(name, 0) + sum(errs.values())
+        requests += rate * seconds / ROUNDS + 50
+    found = {}
+    for name in ("direct", "agg3"):
+        lat = np.asarray(lats[name])
+        found[f"{name}_p50_ms"] = round(float(np.median(p50s[name])), 3) if None not in p50s[name] else None
+        found[f"{name}_p99_ms"] = _pct(lat, 99)
+        found[f"{name}_errors"] = errors[name]
+    found["agg3_p999_ms"] = _pct(np.asarray(lats["agg3"]), 99.9)
+    found["server_cpu_us_per_request"] = round(cpus["direct"] / requests * 1e6, 1)
+    found["agg3_cpu_us_per_request"] = round(cpus["agg3"] / requests * 1e6, 1)
+    found["agg3_overhead_p50_ms"] = None if None in p50s["agg3"] + p50s["direct"] else \
+        round(float(np.median(np.subtract(p50s["agg3"], p50s["direct"]))), 3)
+    return found
+
+
+def mlp_layers(seed, spec=MNIST_MLP):
+    """[(weights, biases), ...] of `spec`'s MLP at its initial values for `seed` (write_random_checkpoint's)."""
+    values = list(load_model(spec).initial_values(seed).values())
+    return list(zip(values[0::2], values[1::2]))
 
 
 def in_process_ensemble(ckpts, x, rate, seconds, work, say):

@@ -1,8 +1,8 @@
 """The asyncio driver of the RPC call core (common/rpc/calls.py): calls from an event loop, none blocking another.
 
-Why zmq.asyncio rather than the blocking client in a thread pool: an HTTP request waiting for a slow
+Why on the event loop rather than the blocking client in a thread pool: an HTTP request waiting for a slow
 ensemble then costs a future, not a thread, so a stalled service cannot use up the threads every other
-request needs (the gateway). One reader task per socket completes each call's future; a call whose
+request needs (the gateway). The loop's reader of each socket completes each call's future; a call whose
 deadline and grace pass is cancelled at the service and fails UNAVAILABLE naming the address. No
 heartbeats: a caller's deadline bounds every wait.
 """
@@ -12,7 +12,6 @@ import logging
 import time
 
 import zmq
-import zmq.asyncio
 
 from zmqflow.common.wire import frames as wire
 from zmqflow.common.errors import UnavailableError
@@ -25,34 +24,49 @@ log = logging.getLogger(__name__)
 
 
 class AsyncRpcClient:
-    """Calls to the service at `address` from the running event loop (`context`: a zmq.asyncio.Context)."""
+    """Calls to the service at `address` from the running event loop (`context`: a zmq.Context, or a
+    zmq.asyncio.Context whose libzmq context is used).
+
+    Why a plain socket read by the loop's own reader (`add_reader` on its ZMQ_FD) rather than zmq.asyncio's
+    sockets: each of those sends and receives goes through pyzmq's future and poller machinery; here a send is
+    one non-blocking send and a reply completes its call's future straight from the reader. ZMQ_FD signals
+    edges, so every send and every wake-up reads the socket until ZMQ_EVENTS says nothing more waits."""
 
     def __init__(self, address, context, limits=DEFAULT_LIMITS, resolver=default_resolver, name="client"):
         self.address, self.limits, self.resolver = address, limits, resolver
         self.calls = Calls(address, limits, resolver, writable=False)
-        self.sock = client_socket(context, limits, name, hwm=100_000, send_timeout_ms=0)
-        self._reader = None
+        # a zmq.asyncio.Context (a test's) is shadowed: its sockets would be zmq.asyncio's
+        self._context = context if type(context) is zmq.Context else zmq.Context.shadow(context.underlying)
+        self.sock = client_socket(self._context, limits, name, hwm=100_000, send_timeout_ms=0)
+        self._loop = None   # the loop whose reader watches the socket, once connected
 
     async def call(self, op, args=None, tensors=(), timeout=10.0, grace=None):
         """(result dict, arrays) of `op` (a declared request, or an op's name and `args`); the service's error
         as its OpError; UnavailableError when no answer comes within `timeout` seconds (the request's deadline
         at the service) and `grace` more (default: common/rpc/calls.py's, so the service's own answer comes first)."""
         await self._connect(timeout)
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         call, frames = self.calls.request(op, args, tensors, timeout, time.monotonic(), future, grace)
         try:
-            await self.sock.send_multipart(frames)
-            await asyncio.wait_for(future, call.deadline - time.monotonic())
-        except asyncio.TimeoutError:
-            self._send_quietly(self.calls.give_up(call))
+            wire.send_message(self.sock, frames)
+        except zmq.ZMQError as exc:   # its queue is full (sndtimeo 0) or the socket is closed
+            self.calls.give_up(call)
+            raise UnavailableError(f"cannot send {call.op} to {self.address}: {exc}") from None
+        self._drain()   # the send may have taken the descriptor's edge of a reply that waits
+        timer = None if call.deadline is None else \
+            loop.call_at(loop.time() + call.deadline - time.monotonic(), _wake, future)
+        try:
+            await future
         except asyncio.CancelledError:  # the caller went away (an HTTP client gone): withdraw it at the service
             self._send_quietly(self.calls.cancel(call))
             raise
-        except zmq.ZMQError as exc:
-            self._send_quietly(self.calls.give_up(call))
-            raise UnavailableError(f"cannot send {call.op} to {self.address}: {exc}") from None
         finally:
+            if timer is not None:
+                timer.cancel()
             self.calls.pending.pop(call.id, None)  # also when the caller went away (its task was cancelled)
+        if not call.done:   # woken by the timer: past the deadline and grace
+            self._send_quietly(self.calls.give_up(call))
         if call.error is not None:
             raise call.error
         return call.value
@@ -65,44 +79,49 @@ class AsyncRpcClient:
         endpoint = self.calls.endpoint_to_connect()
         if endpoint is not None:
             connect_resolved(self.sock, endpoint)
-            self._reader = asyncio.get_running_loop().create_task(self._read_replies())
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+                self._loop.add_reader(self.sock.FD, self._drain)
         elif self.calls.endpoint is None:  # (another call may have connected while this one waited)
             raise self.calls.unresolved()
 
-    async def _read_replies(self):
-        while True:
+    def _drain(self):
+        """Every reply waiting, each completing its call's future (the checks are common/wire/frames.py's)."""
+        sock, calls = self.sock, self.calls
+        while not sock.closed and wire.readable(sock):
             try:
-                frames = await self.sock.recv_multipart(copy=False)
-            except (zmq.ZMQError, asyncio.CancelledError):
+                _, header, frames, error = wire.recv_message(sock, False, self.limits, flags=zmq.NOBLOCK)
+            except zmq.Again:
                 return
-            header, error = None, None
-            try:
-                header = wire.unpack(frames[0].bytes, self.limits)
-            except Exception as exc:
-                error = exc
-            call = self.calls.received(header, frames[1:], error)
-            if call is not None and not call.waiter.done():
+            call = calls.received(header, frames, error)
+            if call is not None and call.waiter is not None and not call.waiter.done():
                 call.waiter.set_result(None)
 
     def _send_quietly(self, frames):
         """Best effort (a cancel): the service drops the request at its deadline anyway."""
         try:
-            sent = self.sock.send_multipart(frames)
+            wire.send_message(self.sock, frames)
         except zmq.ZMQError:
-            return
-        sent.add_done_callback(lambda done: done.cancelled() or done.exception())
+            pass
 
     def close(self):
-        if self._reader is not None:
-            self._reader.cancel()
+        if self._loop is not None and not self.sock.closed:
+            self._loop.remove_reader(self.sock.FD)
+            self._loop = None
         self.sock.close(0)
+
+
+def _wake(future):
+    """A call's deadline and grace passed: its caller wakes and gives it up."""
+    if not future.done():
+        future.set_result(None)
 
 
 class AsyncClients:
     """One AsyncRpcClient per address, made on first use and kept (members come and go, sockets stay cheap)."""
 
     def __init__(self, limits=DEFAULT_LIMITS, name="client"):
-        self.context = zmq.asyncio.Context()
+        self.context = zmq.Context()
         self.limits, self.name = limits, name
         self.by_address = {}
 

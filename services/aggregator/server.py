@@ -56,7 +56,7 @@ class Aggregator(Service):
         self.fanout = FanOut(unhealthy_after, probe_ms / 1000.0, wake=self._schedule_wake, min_healthy=self.min_healthy,
                              admission=Admission(admit_share))
         self.members = self.fanout.members  # read-only here: listing, stats, metrics
-        self.links = {}
+        self.links = {}   # member address -> LoopClient, each in this service's context: one I/O thread for all
         self.agg_stats = AggregatorStats()
         self.queue_delay = QueueDelay()
         self._probe_request = None  # (args, one row of zeros per input) like the last request members answered
@@ -74,7 +74,7 @@ class Aggregator(Service):
         address = endpoint_of(address)
         member = self.fanout.add(address, weight)
         link = LoopClient(self, address, "aggregator", lambda call: self._member_replied(address, call),
-                          lambda: self._member_lost(address), self.resolver)
+                          lambda: self._member_lost(address), self.resolver, context=self.context)
         try:
             self._connect(member, link, time.monotonic())
         except zmq.ZMQError as exc:
