@@ -97,9 +97,9 @@ def _run_pair(endpoint, name, total, window):
 
 def _calibrate(endpoint, window, seconds):
     """How many batches fill about `seconds` (a short trial run)."""
-    trial = 200
+    trial = 50
     elapsed, _ = _run_pair(endpoint, "cal-batch", trial, window)
-    return max(trial, int(trial * seconds / max(elapsed, 1e-3)))
+    return max(20, int(trial * seconds / max(elapsed, 1e-3)))
 
 
 def _latency(endpoint, name, samples=2000):
@@ -169,13 +169,14 @@ def _raw_relay(front, back, ready):
         push.send_multipart(frames, copy=False)
 
 
-def _raw_producer(front, total, go):
+def _raw_producer(front, total, ready, go):
     import zmq
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     push.sndhwm = 64
     push.connect(front)
     images, labels = _batch()
+    ready.set()
     go.wait()
     for _ in range(total):
         push.send_multipart([images, labels], copy=False)
@@ -196,12 +197,15 @@ def _raw(total):
     relay = ctx.Process(target=_raw_relay, args=(front, back, ready))
     relay.start()
     ready.wait(60)
-    producer = ctx.Process(target=_raw_producer, args=(front, total, go))
+    producer_ready = ctx.Event()
+    producer = ctx.Process(target=_raw_producer, args=(front, total, producer_ready, go))
     producer.start()
     pull = zmq.Context.instance().socket(zmq.PULL)
     pull.rcvhwm = 64
     pull.connect(back)
-    time.sleep(0.2)
+    if not producer_ready.wait(60):
+        raise RuntimeError("the raw relay's producer did not start")
+    time.sleep(0.2)  # its connection and the consumer's made
     start = time.perf_counter()
     go.set()
     received = 0
@@ -223,48 +227,48 @@ def _raw(total):
 # ------------------------------------------------ small ops: 50 unpipelined clients, as redis-benchmark's
 
 
-def _small_load(endpoint, request, clients, total, ready, go, out):
-    """`clients` DEALER sockets with one request in flight each (redis-benchmark's -c, unpipelined) until
-    `total` answered; every answer's code is checked. The request is encoded once, by the broker client's
-    own encoder (common/rpc/calls.py, with the job token), and sent again as each answer comes: like
-    redis-benchmark's, this client costs little next to the server it measures."""
+def _small_client(endpoint, clients, commands, results):
+    """`clients` DEALER sockets with one request in flight each (redis-benchmark's -c, unpipelined); each
+    command (request, total) runs until `total` are answered, every answer's code checked, and puts (seconds,
+    errors). The request is encoded once, by the broker client's own encoder (common/rpc/calls.py, with the
+    job token), and sent again as each answer comes: like redis-benchmark, this client costs little next to
+    the server it measures. One process for the whole run (a spawn costs seconds)."""
     import msgpack
     import zmq
     from zmqflow.common.rpc.calls import Calls
-    frames = Calls(endpoint).encode(request, None, [np.int32(7)] if request.OP == "enqueue" else [], None)[1]
-    frames = [bytes(f) for f in frames]
+    encoder = Calls(endpoint)
     ctx = zmq.Context()
-    socks = []
-    poller = zmq.Poller()
+    socks, poller = [], zmq.Poller()
     for _ in range(clients):
         sock = ctx.socket(zmq.DEALER)
         sock.linger = 0
         sock.connect(endpoint)
         poller.register(sock, zmq.POLLIN)
         socks.append(sock)
-    ready.set()
-    go.wait()
-    start = time.perf_counter()
-    sent = done = errors = 0
-    for sock in socks[:total]:
-        sock.send_multipart(frames)
-        sent += 1
-    while done < total:
-        for sock, _ in poller.poll(30_000) or _timeout("the broker stopped answering"):
-            while True:
-                try:
-                    reply = sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                done += 1
-                errors += msgpack.unpackb(reply[0])["code"] != 0
-                if sent < total:
-                    sock.send_multipart(frames)
-                    sent += 1
-    elapsed = time.perf_counter() - start
+    results.put("ready")
+    for request, total in iter(commands.get, None):
+        frames = encoder.encode(request, None, [np.int32(7)] if request.OP == "enqueue" else [], None)[1]
+        frames = [bytes(f) for f in frames]
+        start = time.perf_counter()
+        sent = done = errors = 0
+        for sock in socks[:total]:
+            sock.send_multipart(frames)
+            sent += 1
+        while done < total:
+            for sock, _ in poller.poll(30_000) or _timeout("the broker stopped answering"):
+                while True:
+                    try:
+                        reply = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    done += 1
+                    errors += msgpack.unpackb(reply[0])["code"] != 0
+                    if sent < total:
+                        sock.send_multipart(frames)
+                        sent += 1
+        results.put((time.perf_counter() - start, errors))
     for sock in socks:
         sock.close()
-    out.put((elapsed, errors))
 
 
 def _timeout(why):
@@ -279,30 +283,39 @@ def _cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _broker_small(broker, handle, clients, n):
-    """(enqueues/s, dequeues/s, ops/s both, CPU s per request of the broker) for n enqueues then n dequeues."""
-    from zmqflow.common.wire.protocol import BrokerOps
-    ctx = mp.get_context("spawn")
-    rates, cpu = [], 0.0
-    for request in (BrokerOps.Enqueue(handle), BrokerOps.Dequeue(handle)):
-        out, ready, go = ctx.Queue(), ctx.Event(), ctx.Event()
-        proc = ctx.Process(target=_small_load, args=(broker.endpoint, request, clients, n, ready, go, out))
-        proc.start()
-        try:
-            if not ready.wait(60):
-                raise RuntimeError("the small-ops client did not start")
-            before = _cpu_seconds(broker.pid)
-            go.set()
-            elapsed, errors = out.get(timeout=300)
-            cpu += _cpu_seconds(broker.pid) - before
-        finally:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-        if errors:
-            raise RuntimeError(f"{errors} of {n} {request.OP} requests failed")
-        rates.append(n / elapsed)
-    return rates[0], rates[1], 2 * n / (n / rates[0] + n / rates[1]), cpu / (2 * n)
+class SmallOps:
+    """The small-ops load (`_small_client`) in one process, against `broker` (a started service)."""
+
+    def __init__(self, broker, clients):
+        from zmqflow.common.clients.queues import FIFOQueue
+        self.broker = broker
+        self.handle = FIFOQueue(-1, ["int32"], shapes=[[]], shared_name="small", broker=broker.endpoint).handle
+        ctx = mp.get_context("spawn")
+        self.commands, self.results = ctx.Queue(), ctx.Queue()
+        self.proc = ctx.Process(target=_small_client, args=(broker.endpoint, clients, self.commands, self.results))
+        self.proc.start()
+        if self.results.get(timeout=60) != "ready":
+            raise RuntimeError("the small-ops client did not start")
+
+    def run(self, n):
+        """(enqueues/s, dequeues/s, ops/s both, CPU s per request of the broker) for n enqueues then n dequeues."""
+        from zmqflow.common.wire.protocol import BrokerOps
+        rates, cpu = [], 0.0
+        for request in (BrokerOps.Enqueue(self.handle), BrokerOps.Dequeue(self.handle)):
+            before = _cpu_seconds(self.broker.pid)
+            self.commands.put((request, n))
+            elapsed, errors = self.results.get(timeout=300)
+            cpu += _cpu_seconds(self.broker.pid) - before
+            if errors:
+                raise RuntimeError(f"{errors} of {n} {request.OP} requests failed")
+            rates.append(n / elapsed)
+        return rates[0], rates[1], 2 * n / (n / rates[0] + n / rates[1]), cpu / (2 * n)
+
+    def close(self):
+        self.commands.put(None)
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
 
 
 class Redis:
@@ -385,17 +398,15 @@ def run(seconds=3.0, window=8, clients=50, rounds=3, memory_phase=True, progress
         result["redis_skipped"] = redis.skipped
         say(f"redis skipped: {redis.skipped}")
     broker = start_service("zmqflow.services.broker")
-    got = {}
+    got, small = {}, None
     try:
-        from zmqflow.common.clients.queues import FIFOQueue
         say(f"broker at {broker.endpoint} (pid {broker.pid})")
-        handle = FIFOQueue(-1, ["int32"], shapes=[[]], shared_name="small", broker=broker.endpoint).handle
-        trial = 2000
-        _, _, ops, _ = _broker_small(broker, handle, clients, trial)
-        n_small = max(trial, int(ops * seconds / 2))
+        small = SmallOps(broker, clients)
+        _, _, ops, _ = small.run(1000)  # a trial: how many fill `seconds`
+        n_small = max(200, int(ops * seconds / 2))
         n_batch = _calibrate(broker.endpoint, window, seconds)
         for r in range(rounds):
-            enq, deq, ops, cpu = _broker_small(broker, handle, clients, n_small)
+            enq, deq, ops, cpu = small.run(n_small)
             got.setdefault("small_enqueue_per_s", []).append(enq)
             got.setdefault("small_dequeue_per_s", []).append(deq)
             got.setdefault("small_ops_per_s", []).append(ops)
@@ -423,6 +434,8 @@ def run(seconds=3.0, window=8, clients=50, rounds=3, memory_phase=True, progress
             got.setdefault("p99_us", []).append(p99)
             say(f"round {r + 1}: one client's dequeue p50 {p50:.0f} us, p99 {p99:.0f} us")
     finally:
+        if small is not None:
+            small.close()
         broker.stop()
         redis.stop()
     for key, values in got.items():
