@@ -48,7 +48,8 @@ def _open(endpoint, name):
     from zmqflow.common.memory import keep_freed_memory
     from zmqflow.common.clients.queues import FIFOQueue
     keep_freed_memory()
-    return FIFOQueue(64, ["float32", "int32"], shapes=[[ROW], []], shared_name=name, broker=endpoint)
+    # room for 64 batches, as the raw relay's high-water marks of 64 messages (64 rows split every batch in two)
+    return FIFOQueue(64 * BATCH, ["float32", "int32"], shapes=[[ROW], []], shared_name=name, broker=endpoint)
 
 
 def _producer(endpoint, name, total, window, ready, go, out):
