@@ -422,14 +422,17 @@ def run(seconds=3.0, window=8, clients=50, rounds=3, memory_phase=True, progress
                 got.setdefault("small_vs_redis", []).append(ops / rops)
                 say(f"round {r + 1}: redis {push:.0f} LPUSH/s, {pop:.0f} RPOP/s, {rcpu * 1e6:.1f} us CPU/request: "
                     f"broker/redis {ops / rops:.2f}")
+            before = _cpu_seconds(broker.pid)
             elapsed, _ = _run_pair(broker.endpoint, f"batch{r}", n_batch, window)
+            got.setdefault("broker_cpu_us_per_batch", []).append((_cpu_seconds(broker.pid) - before) / n_batch * 1e6)
             mb = n_batch * batch_bytes / elapsed / 1e6
             received, raw_elapsed = _raw(n_batch)
             raw_mb = received * batch_bytes / raw_elapsed / 1e6
             got.setdefault("batch_mb_per_s", []).append(mb)
             got.setdefault("raw_relay_mb_per_s", []).append(raw_mb)
             got.setdefault("batch_vs_raw", []).append(mb / raw_mb)
-            say(f"round {r + 1}: batches {mb:.0f} MB/s, raw relay {raw_mb:.0f} MB/s: {mb / raw_mb:.2f}")
+            say(f"round {r + 1}: batches {mb:.0f} MB/s ({got['broker_cpu_us_per_batch'][-1]:.0f} us broker CPU a batch "
+                f"in and out), raw relay {raw_mb:.0f} MB/s: {mb / raw_mb:.2f}")
             p50, p99 = _latency(broker.endpoint, f"latency{r}")
             got.setdefault("p50_us", []).append(p50)
             got.setdefault("p99_us", []).append(p99)

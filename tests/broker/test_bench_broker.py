@@ -24,12 +24,14 @@ def test_bench_broker_reports_ratios_against_its_baselines():
                 "batch_mb_per_s", "raw_relay_mb_per_s", "p50_us", "p99_us"):
         assert result[key] > 0, key
     assert result["p50_us"] <= result["p99_us"]
-    assert result["broker_cpu_us_per_request"] >= 0 and result.get("redis_cpu_us_per_request", 0) >= 0
+    # CPU seconds of the broker process from /proc (clock ticks: a tiny run may read 0)
+    assert result["broker_cpu_us_per_request"] >= 0 and result["broker_cpu_us_per_batch"] >= 0
     assert result["batch_vs_raw"] == pytest.approx(result["batch_mb_per_s"] / result["raw_relay_mb_per_s"], rel=0.01)
     if Redis().skipped is None:
         assert "redis_skipped" not in result
         for key in ("redis_lpush_per_s", "redis_rpop_per_s", "redis_ops_per_s"):
             assert result[key] > 0, key
+        assert result["redis_cpu_us_per_request"] >= 0
         assert result["small_vs_redis"] == pytest.approx(result["small_ops_per_s"] / result["redis_ops_per_s"],
                                                          rel=0.01)
     else:
