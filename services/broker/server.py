@@ -64,15 +64,30 @@ class BrokerService(Service):
     def _queue_op(self, call):
         args = call.args
         queue = self.registry.get(args.queue)
-        ticket = Ticket(call.op, components=call.tensors, n=getattr(args, "n", None),
-                        cancel_pending_enqueues=getattr(args, "cancel_pending_enqueues", False),
-                        owner=call.identity, tag=call, lease=getattr(args, "lease", None))
+        fields = args.__dict__  # the declaration's fields (protocol.Request.validate): n, lease, ... by op
+        ticket = Ticket(call.op, call.tensors, fields.get("n"), fields.get("cancel_pending_enqueues", False),
+                        call.identity, call, fields.get("lease"))
         call.state = (queue, ticket)
         completed = queue.submit(ticket)
         if not ticket.done:
             self.park(call)
+        if len(completed) == 1 and completed[0] is ticket and ticket.error is None and ticket.lease is None:
+            # the common case, answered at once (no deque): `_answer`'s plain path
+            if self.reply(call, None, ticket.result or ()) or not ticket.handed:
+                ticket.handed = None
+            else:
+                self._answer(self._take_back(queue, ticket))
+            return PARKED
         self._answer(completed)
         return PARKED
+
+    @staticmethod
+    def _take_back(queue, ticket):
+        """A plain dequeue's answer could not be delivered (its client is gone): its elements go back, which may
+        complete other waiting dequeues (returned)."""
+        log.info("a %s answer could not be delivered (its client is gone): %d element(s) back in the queue",
+                 ticket.op, len(ticket.handed))
+        return queue.take_back(ticket)
 
     def _answer(self, tickets):
         tickets = deque(tickets)
@@ -88,10 +103,8 @@ class BrokerService(Service):
                 self._answer_leased(call, queue, ticket)
             elif self.reply(call, None, ticket.result or ()) or not ticket.handed:
                 ticket.handed = None
-            else:  # its client is gone: the elements go back, and may complete other waiting dequeues
-                log.info("a %s answer could not be delivered (its client is gone): %d element(s) back in the "
-                         "queue", ticket.op, len(ticket.handed))
-                tickets.extend(queue.take_back(ticket))
+            else:  # its client is gone
+                tickets.extend(self._take_back(queue, ticket))
 
     def _answer_leased(self, call, queue, ticket):
         """The elements stay the broker's until the lease is settled: the reply names the lease."""
