@@ -20,6 +20,7 @@ from zmqflow.common.rpc.client import USE_DEFAULT, OpClient, RpcClient, default_
 from zmqflow.common.rpc.probe import endpoint_of
 from zmqflow.common.variables import IndexedSlices
 from zmqflow.common.wire.dtypes import as_numpy, name_of_or_str, to_array
+from zmqflow.common.wire.frames import unpack_tensors
 from zmqflow.common.wire.protocol import PsOps
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -105,7 +106,7 @@ class PsClient:
             request = PsOps.Pull(self.bf16, None if min_versions is None else min_versions[i],
                                  None if newer_than is None else newer_than[i],
                                  [p.key for p in self.placement.for_shard(i) if p.variable not in exclude] if exclude
-                                 else None)
+                                 else None, packed=True)
             calls.append(client.submit(request, timeout=timeout or self.timeout))
         return _Gathered(calls, lambda replies: self._assemble_pull(replies, exclude))
 
@@ -275,7 +276,13 @@ class PsClient:
         changed = False
         for i, (result, tensors) in enumerate(replies):
             self.versions[i] = result["version"]
-            for key, t in zip(result.get("names", []), tensors):
+            if "layout" in result:   # a packed answer: one frame holding every piece
+                tensors = unpack_tensors(result["layout"], tensors[0] if len(tensors) == 1 else None,
+                                         self.clients[i].limits)
+            names = result.get("names", [])
+            if len(names) != len(tensors):
+                raise InvalidArgumentError(f"ps:{i} answered a pull with {len(tensors)} tensors for {len(names)} names")
+            for key, t in zip(names, tensors):
                 self._parts[key] = t.astype(np.float32) if t.dtype == BF16 else t
                 changed = True
         if exclude:

@@ -341,13 +341,15 @@ class PsOps:
     class WaitReady(Request, answer="version"):
         """Parked until the shard is initialized."""
 
-    class Pull(Request, role=MEMBER, answer="version released names"):
+    class Pull(Request, role=MEMBER, answer="version released names layout"):
         """The shard's variables (or the pieces in `names`), one tensor per name; `newer_than`: no tensors
-        when nothing changed; `min_version`: parked until the shard reaches it (sync)."""
+        when nothing changed; `min_version`: parked until the shard reaches it (sync). `packed`: one uint8
+        tensor instead, holding them all, each at its `layout` entry's [dtype, shape, offset]."""
         bf16: bool = False
         min_version: int | None = None
         newer_than: int | None = None
         names: list[Name] | None = None
+        packed: bool = False
 
     class Push(Request, role=MEMBER, answer="applied version"):
         """Gradients computed at `version`: one tensor per name, then (indices, rows) per piece in `sparse`."""

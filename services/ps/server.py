@@ -28,6 +28,7 @@ from zmqflow.common.rpc.service import Service
 from zmqflow.common.checkpoints import checkpoint
 from zmqflow.common.cluster.placement import shared_variable_shard
 from zmqflow.common.wire.dtypes import name_of
+from zmqflow.common.wire.frames import pack_tensors
 from zmqflow.services.ps.rules import PARK, RELEASE, update_rule
 from zmqflow.services.ps.store import SharedVariables, VariableStore, shared_name
 from zmqflow.common.wire.protocol import PsOps
@@ -155,6 +156,9 @@ class PsService(Service):
         tensors = [values[n] for n in names]
         if call.args.bf16:
             tensors = [t.astype(BF16) for t in tensors]
+        if call.args.packed:   # one frame (the snapshot buffer itself when it can): common/wire/frames.py
+            layout, frame = pack_tensors(tensors)
+            return {**result, "names": names, "layout": layout}, [frame]
         return {**result, "names": names}, tensors
 
     # ------------------------------------------------ lost replicas (sync)

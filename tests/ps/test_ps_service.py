@@ -48,6 +48,15 @@ def test_init_pull_push_and_pull_if_newer(tmp_path, initial):
         pulled = ps.pull()
         for name, value in initial.items():
             np.testing.assert_array_equal(pulled[name], value)
+        with RpcClient(procs[0].endpoint) as raw:   # a packed pull: one frame, the same values as one per piece
+            (plain, tensors), (packed, frame) = raw.call("pull", {}), raw.call("pull", {"packed": True})
+            assert len(frame) == 1 and frame[0].dtype == np.uint8 and packed["names"] == plain["names"]
+            assert [[str(t.dtype), list(t.shape)] for t in tensors] == [entry[:2] for entry in packed["layout"]]
+            for entry, t in zip(packed["layout"], tensors):
+                offset = entry[2]
+                np.testing.assert_array_equal(frame[0][offset:offset + t.nbytes].view(t.dtype).reshape(t.shape), t)
+            some, parts = raw.call("pull", {"packed": True, "bf16": True, "names": plain["names"][1:2]})
+            assert some["layout"] == [["bfloat16", list(tensors[1].shape), 0]] and len(parts[0]) % 64 == 0
         assert ps.pull_if_newer() is None  # nothing changed
         grads = {k: np.ones_like(v) for k, v in initial.items()}
         results = ps.push(grads)
