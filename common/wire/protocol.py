@@ -349,15 +349,18 @@ class PsOps:
         min_version: int | None = None
         newer_than: int | None = None
         names: list[Name] | None = None
-        packed: bool = False
+        packed: bool | None = None
 
-    class Push(Request, role=MEMBER, answer="applied version"):
-        """Gradients computed at `version`: one tensor per name, then (indices, rows) per piece in `sparse`."""
+    class Push(Request, role=MEMBER, answer="applied version names layout"):
+        """Gradients computed at `version`: one tensor per name, then (indices, rows) per piece in `sparse`.
+        `pull`: the answer also carries every variable as it stands after this push, packed as a
+        Pull(packed=True)'s (one round trip a step instead of a push and a pull)."""
         version: int
         names: list[Name]
         replica: int = 0
         sparse: list[Name] = ()
         bf16: bool = False
+        pull: bool | None = None
 
     class PushSparse(Request, role=MEMBER, answer="applied version"):
         """Gradient rows of piece `name`: tensors (indices, rows)."""

@@ -64,6 +64,11 @@ def test_init_pull_push_and_pull_if_newer(tmp_path, initial):
         after = ps.pull_if_newer()
         np.testing.assert_allclose(after["hidden/weights"], initial["hidden/weights"] - 0.5, rtol=1e-6)
         assert ps.versions == [1, 1]
+        results, exchanged = ps.push_async(grads, pull=True).result()   # a step's push and pull in one round trip
+        assert all(r["applied"] for r in results) and ps.versions == [2, 2]
+        for name, value in ps.pull().items():   # the variables after this push, from both shards
+            np.testing.assert_array_equal(exchanged[name], value)
+        np.testing.assert_allclose(exchanged["hidden/weights"], initial["hidden/weights"] - 1.0, rtol=1e-6)
         ps.shutdown()
         assert [p.proc.wait(10) for p in procs] == [0, 0]  # shutdown is a protocol: exit 0
     finally:
