@@ -20,6 +20,7 @@ from zmqflow.common.rpc.client import USE_DEFAULT, OpClient, RpcClient, default_
 from zmqflow.common.rpc.probe import endpoint_of
 from zmqflow.common.variables import IndexedSlices
 from zmqflow.common.wire.dtypes import as_numpy, name_of_or_str, to_array
+from zmqflow.common.wire.frames import unpack_tensors
 from zmqflow.common.wire.protocol import PsOps
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -105,7 +106,7 @@ class PsClient:
             request = PsOps.Pull(self.bf16, None if min_versions is None else min_versions[i],
                                  None if newer_than is None else newer_than[i],
                                  [p.key for p in self.placement.for_shard(i) if p.variable not in exclude] if exclude
-                                 else None)
+                                 else None, packed=True)
             calls.append(client.submit(request, timeout=timeout or self.timeout))
         return _Gathered(calls, lambda replies: self._assemble_pull(replies, exclude))
 
@@ -159,10 +160,12 @@ class PsClient:
         results = [call.result()[0] for call in calls]
         return results[0] if len(results) == 1 else results
 
-    def push_async(self, grads, replica=0):
+    def push_async(self, grads, replica=0, pull=False):
         """One push per shard, tagged with the versions of the last pull. A gradient given as
         IndexedSlices (an embedding table's touched rows) travels as rows to the shards holding
-        them; every shard holding part of the table gets its rows (maybe none) in the same push."""
+        them; every shard holding part of the table gets its rows (maybe none) in the same push.
+        `pull`: every shard answers with its variables after the push too, so the result is
+        (one result per shard, {variable: value} as `pull` gives): a step's exchange in one round trip."""
         sparse = {name: g for name, g in grads.items() if isinstance(g, IndexedSlices)}
         pieces = self._split({name: g for name, g in grads.items() if name not in sparse})
         rows = {piece.key: (np.zeros(0, np.int64), np.zeros((0,) + tuple(piece.shape[1:]), piece.dtype))
@@ -180,8 +183,10 @@ class PsClient:
                 tensors += list(rows[k])
             if self.bf16:
                 tensors = [t.astype(BF16) if t.dtype.kind == "f" else t for t in tensors]
-            request = PsOps.Push(self.versions[i], dense, replica, mine or None, self.bf16)
+            request = PsOps.Push(self.versions[i], dense, replica, mine or None, self.bf16, pull or None)
             calls.append(client.submit(request, tensors=tensors))
+        if pull:
+            return _Gathered(calls, lambda replies: ([r[0] for r in replies], self._assemble_pull(replies)))
         return _Gathered(calls, lambda replies: [r[0] for r in replies])
 
     def push(self, grads, replica=0):
@@ -275,7 +280,13 @@ class PsClient:
         changed = False
         for i, (result, tensors) in enumerate(replies):
             self.versions[i] = result["version"]
-            for key, t in zip(result.get("names", []), tensors):
+            if "layout" in result:   # a packed answer: one frame holding every piece
+                tensors = unpack_tensors(result["layout"], tensors[0] if len(tensors) == 1 else None,
+                                         self.clients[i].limits)
+            names = result.get("names", [])
+            if len(names) != len(tensors):
+                raise InvalidArgumentError(f"ps:{i} answered a pull with {len(tensors)} tensors for {len(names)} names")
+            for key, t in zip(names, tensors):
                 self._parts[key] = t.astype(np.float32) if t.dtype == BF16 else t
                 changed = True
         if exclude:
@@ -290,10 +301,13 @@ class _Gathered:
     """Requests to every shard, in flight together; `result()` waits for all."""
 
     def __init__(self, calls, combine):
-        self.calls, self.combine = calls, combine
+        self.calls, self.combine, self.value = calls, combine, None
 
     def result(self):
-        return self.combine([c.result() for c in self.calls])
+        """The combined answers, combined once (a pull's assembly sets the client's versions)."""
+        if self.combine is not None:
+            self.value, self.combine = self.combine([c.result() for c in self.calls]), None
+        return self.value
 
 
 # ------------------------------------------------ shared variables (TF's variables in resource containers)

@@ -341,21 +341,26 @@ class PsOps:
     class WaitReady(Request, answer="version"):
         """Parked until the shard is initialized."""
 
-    class Pull(Request, role=MEMBER, answer="version released names"):
+    class Pull(Request, role=MEMBER, answer="version released names layout"):
         """The shard's variables (or the pieces in `names`), one tensor per name; `newer_than`: no tensors
-        when nothing changed; `min_version`: parked until the shard reaches it (sync)."""
+        when nothing changed; `min_version`: parked until the shard reaches it (sync). `packed`: one uint8
+        tensor instead, holding them all, each at its `layout` entry's [dtype, shape, offset]."""
         bf16: bool = False
         min_version: int | None = None
         newer_than: int | None = None
         names: list[Name] | None = None
+        packed: bool | None = None
 
-    class Push(Request, role=MEMBER, answer="applied version"):
-        """Gradients computed at `version`: one tensor per name, then (indices, rows) per piece in `sparse`."""
+    class Push(Request, role=MEMBER, answer="applied version names layout"):
+        """Gradients computed at `version`: one tensor per name, then (indices, rows) per piece in `sparse`.
+        `pull`: the answer also carries every variable as it stands after this push, packed as a
+        Pull(packed=True)'s (one round trip a step instead of a push and a pull)."""
         version: int
         names: list[Name]
         replica: int = 0
         sparse: list[Name] = ()
         bf16: bool = False
+        pull: bool | None = None
 
     class PushSparse(Request, role=MEMBER, answer="applied version"):
         """Gradient rows of piece `name`: tensors (indices, rows)."""

@@ -28,6 +28,7 @@ from zmqflow.common.rpc.service import Service
 from zmqflow.common.checkpoints import checkpoint
 from zmqflow.common.cluster.placement import shared_variable_shard
 from zmqflow.common.wire.dtypes import name_of
+from zmqflow.common.wire.frames import pack_tensors
 from zmqflow.services.ps.rules import PARK, RELEASE, update_rule
 from zmqflow.services.ps.store import SharedVariables, VariableStore, shared_name
 from zmqflow.common.wire.protocol import PsOps
@@ -146,15 +147,23 @@ class PsService(Service):
         return self._pull_answer(call, released=decision == RELEASE)
 
     def _pull_answer(self, call, released=False):
-        names = call.args.names   # a subset (a worker leaves out the tables it reads by rows)
-        version, values = self.store.pull(names, newer_than=call.args.newer_than)
+        args = call.args   # names: a subset (a worker leaves out the tables it reads by rows)
+        return self._variables_answer(args.names, args.newer_than, args.bf16, args.packed, released)
+
+    def _variables_answer(self, names, newer_than=None, bf16=False, packed=False, released=False):
+        """(result, tensors) of a pull: the variables `names` (None: every piece) one tensor each, or `packed` in
+        one frame (the snapshot buffer itself when it can: common/wire/frames.py)."""
+        version, values = self.store.pull(names, newer_than=newer_than)
         result = {"version": version, "released": released}
         if values is None:
             return result, ()
         names = self.names if names is None else names
         tensors = [values[n] for n in names]
-        if call.args.bf16:
+        if bf16:
             tensors = [t.astype(BF16) for t in tensors]
+        if packed:
+            layout, frame = pack_tensors(tensors)
+            return {**result, "names": names, "layout": layout}, [frame]
         return {**result, "names": names}, tensors
 
     # ------------------------------------------------ lost replicas (sync)
@@ -233,7 +242,11 @@ class PsService(Service):
         grads = self._named_tensors(call, call.tensors[:dense_count])
         sparse = {name: (call.tensors[dense_count + 2 * k], _float32(call.tensors[dense_count + 2 * k + 1]))
                   for k, name in enumerate(sparse_names)}
-        return self._pushed(call, self.rule.push, grads, sparse=sparse)
+        result = self._pushed(call, self.rule.push, grads, sparse=sparse)
+        if not call.args.pull:
+            return result
+        pulled, tensors = self._variables_answer(None, bf16=call.args.bf16, packed=True)   # after this push
+        return {**result, "names": pulled["names"], "layout": pulled["layout"]}, tensors
 
     def _push_sparse(self, call):
         self._require_ready()

@@ -128,7 +128,7 @@ class VariableStore:
         else:
             specs = {name: self.specs[self.spec_name(name)] for name in names}
             offsets, nbytes = _layout(specs)
-            values = _views(np.empty(nbytes, np.uint8), specs, offsets)
+            values = _views(np.zeros(nbytes, np.uint8), specs, offsets)   # zero padding: sent packed
             for name, view in values.items():
                 np.copyto(view, self._values[name])
                 view.flags.writeable = False

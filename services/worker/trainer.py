@@ -1,5 +1,6 @@
 """The worker's training: `Trainer.step(batch)` makes one step of between-graph replication
-(compute, push, pull, with the next parameters already in flight while computing); `Trainer.fit(input,
+(compute, then push with the next parameters in the push's answer: one round trip a step; a worker that
+leaves variables out of its pulls prefetches the next pull while computing instead); `Trainer.fit(input,
 hooks)` is the loop over a `TrainingInput` (training_input.py), restarted from fresh parameters when
 the ps shards went away and came back, as Keras's `fit` over `train_step` and Horovod's elastic `run`
 around a plain loop. jobs/session.py's MonitoredTrainingSession drives `step` itself.
@@ -201,6 +202,15 @@ class Trainer:
         if self.mode == "sync":
             loss, grads = self._compute(self.params, x, y)
             self.params = self._sync_exchange(grads)
+        elif not self._not_pulled:
+            # push, and the variables after it in the same answer: one round trip a step, not a push and a
+            # pull (each costs the ps and this worker a message, a wake-up and the Python around them)
+            loss, grads = self._compute(self.params, x, y)
+            self.settle()
+            self._push = self.ps.push_async(grads, self.replica, pull=True)
+            self.leases.pushed()
+            self.params = self._push.result()[1]
+            self.global_step = self.ps.versions[0]
         else:
             next_params = self.ps.pull_async(exclude=self._not_pulled)  # prefetch: arrives while we compute
             loss, grads = self._compute(self.params, x, y)

@@ -48,6 +48,15 @@ def test_init_pull_push_and_pull_if_newer(tmp_path, initial):
         pulled = ps.pull()
         for name, value in initial.items():
             np.testing.assert_array_equal(pulled[name], value)
+        with RpcClient(procs[0].endpoint) as raw:   # a packed pull: one frame, the same values as one per piece
+            (plain, tensors), (packed, frame) = raw.call("pull", {}), raw.call("pull", {"packed": True})
+            assert len(frame) == 1 and frame[0].dtype == np.uint8 and packed["names"] == plain["names"]
+            assert [[str(t.dtype), list(t.shape)] for t in tensors] == [entry[:2] for entry in packed["layout"]]
+            for entry, t in zip(packed["layout"], tensors):
+                offset = entry[2]
+                np.testing.assert_array_equal(frame[0][offset:offset + t.nbytes].view(t.dtype).reshape(t.shape), t)
+            some, parts = raw.call("pull", {"packed": True, "bf16": True, "names": plain["names"][1:2]})
+            assert some["layout"] == [["bfloat16", list(tensors[1].shape), 0]] and len(parts[0]) % 64 == 0
         assert ps.pull_if_newer() is None  # nothing changed
         grads = {k: np.ones_like(v) for k, v in initial.items()}
         results = ps.push(grads)
@@ -55,6 +64,11 @@ def test_init_pull_push_and_pull_if_newer(tmp_path, initial):
         after = ps.pull_if_newer()
         np.testing.assert_allclose(after["hidden/weights"], initial["hidden/weights"] - 0.5, rtol=1e-6)
         assert ps.versions == [1, 1]
+        results, exchanged = ps.push_async(grads, pull=True).result()   # a step's push and pull in one round trip
+        assert all(r["applied"] for r in results) and ps.versions == [2, 2]
+        for name, value in ps.pull().items():   # the variables after this push, from both shards
+            np.testing.assert_array_equal(exchanged[name], value)
+        np.testing.assert_allclose(exchanged["hidden/weights"], initial["hidden/weights"] - 1.0, rtol=1e-6)
         ps.shutdown()
         assert [p.proc.wait(10) for p in procs] == [0, 0]  # shutdown is a protocol: exit 0
     finally:

@@ -1,0 +1,49 @@
+"""Tensors packed in one frame (common/wire/frames.py's pack_tensors / unpack_tensors): a ps snapshot goes
+as its own buffer, anything else as a zero-padded copy, and every hostile layout is refused."""
+
+import numpy as np
+import pytest
+
+from zmqflow.common.errors import InvalidArgumentError
+from zmqflow.common.wire.frames import PACK_ALIGN, pack_tensors, unpack_tensors
+
+pytestmark = pytest.mark.unit
+
+
+def test_views_of_one_aligned_buffer_travel_as_that_buffer():
+    buffer = np.zeros(256, np.uint8)
+    weights, biases = buffer[:40].view(np.float32).reshape(2, 5), buffer[64:76].view(np.int32)
+    weights[:] = 1.5
+    layout, frame = pack_tensors([weights, biases])
+    assert layout == [["float32", [2, 5], 0], ["int32", [3], 64]]
+    assert frame.base is buffer and len(frame) == 128   # no copy: the snapshot's bytes themselves
+    out = unpack_tensors(layout, frame)
+    np.testing.assert_array_equal(out[0], weights)
+    assert out[1].dtype == np.int32 and out[1].shape == (3,)
+
+
+def test_other_arrays_are_copied_aligned_with_zero_padding():
+    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.arange(3, dtype=np.int64), np.zeros((0, 4), np.float32)]
+    layout, frame = pack_tensors(arrays)
+    assert [entry[2] % PACK_ALIGN for entry in layout] == [0, 0, 0]
+    assert not frame[24:64].any()   # the padding after the first tensor: zeros, never stale memory
+    for got, want in zip(unpack_tensors(layout, frame), arrays):
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == want.dtype
+
+
+@pytest.mark.parametrize("layout", [
+    "not a list", [["float32", [2], 1]], [["float32", [1000], 0]], [["float32", [2, 3], 0], ["float32", [2], 8]],
+    [["string", [1], 0]], [["float32", [2], -64]], [["float32", [2]]], [["nope", [2], 0]], [["float32", [-1], 0]],
+    [["float32", [2], 0.0]]])
+def test_a_hostile_layout_is_refused(layout):
+    _, frame = pack_tensors([np.zeros((2, 3), np.float32)])
+    with pytest.raises(InvalidArgumentError):
+        unpack_tensors(layout, frame)
+
+
+def test_the_packed_frame_must_be_one_uint8_vector():
+    layout, frame = pack_tensors([np.zeros(4, np.float32)])
+    for bad in (None, frame.view(np.float32), frame.reshape(2, -1)):
+        with pytest.raises(InvalidArgumentError):
+            unpack_tensors(layout, bad)
