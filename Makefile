@@ -31,11 +31,17 @@ lock:
 	rm -rf .lock-venv
 
 # Tiers by marker (pyproject.toml): unit, service, integration, faults; slow, security, soak, gpu, torch, containers, netns, browser.
+# Tests run in TEST_WORKERS processes (pytest-xdist; TEST_WORKERS=0 runs them in this one): most of a test's time is
+# its services starting and answering, so 4 workers keep 2 cores busy. Each test still owns its processes, ports and
+# folders (tests/support: ephemeral ports, port offsets by worker), so the tests run in any order and side by side.
+TEST_WORKERS ?= 4
+XDIST := -n $(TEST_WORKERS) --dist worksteal
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15 -m "not containers and not netns and not gpu and not torch and not browser"
+	$(BIN)/python -m pytest -q $(XDIST) --durations=15 -m "not containers and not netns and not gpu and not torch and not browser"
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "(unit or service) and not slow"
+	$(BIN)/python -m pytest -q $(XDIST) -m "(unit or service) and not slow"
 
 # The soak tier (tests/soak/, docs/design.md's Memory habits) for minutes: each long-running service driven at full
 # rate for SOAK_SECS seconds, failing when its RSS grows by over 16 MB, or its descriptors or threads by over 2, once
@@ -46,7 +52,7 @@ test-soak: $(STAMP)
 
 # The security tier (tests/security/, docs/security.md): attacks that must be refused; part of make test too.
 test-security: $(STAMP)
-	$(BIN)/python -m pytest -q -m security
+	$(BIN)/python -m pytest -q $(XDIST) -m security
 
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu
