@@ -6,6 +6,7 @@ import json
 import click
 
 from zmqflow.common.processes.service_cli import option
+from zmqflow.models.kernels import DEFAULT_BACKEND
 
 
 @click.group()
@@ -130,10 +131,10 @@ def serve(as_json, duration, rate, deadline_ms, profile_dir, overload, rows, hid
                                                                    "aggregator", "gateway"]),
               help="Measure this role (repeat); its dependencies are started too. Default: every role.")
 @click.option("--rounds", default=3, show_default=True, type=click.IntRange(min=1), help="Starts of each role.")
-@option("--settle-secs", "settle_s", default=1.0, show_default=True, type=click.FloatRange(min=0),
-        help="Seconds a task idles after it is ready before its RSS is read.")
-@click.option("--backend", default=None, type=click.Choice(["numpy", "numba"]),
-              help="The worker's and model server's --backend. Default: theirs (numba).")
+@click.option("--settle-secs", "settle_s", default=1.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds a task idles after it is ready before its RSS is read.")
+@click.option("--backend", default=DEFAULT_BACKEND, show_default=True, type=click.Choice(["numpy", "numba"]),
+              help="The worker's and model server's --backend.")
 def startup(as_json, roles, rounds, settle_s, backend):
     """Start-up and memory of every role: exec to ready (its healthcheck: ping, HTTP ready, first enqueue, first
     step) and RSS at rest, against a bare `python -c "import zmq, numpy"` (targets: <= 1 s, <= 150 MB)."""
