@@ -199,12 +199,14 @@ class Trainer:
         parameters of the next step pulled. Counted in `steps`, `examples` and `losses`."""
         started = time.perf_counter()
         x, y = self._batch(batch)
+        loss_step = None   # the global step the loss was computed at (the summaries' x axis), when not the pulled one
         if self.mode == "sync":
             loss, grads = self._compute(self.params, x, y)
             self.params = self._sync_exchange(grads)
         elif not self._not_pulled:
             # push, and the variables after it in the same answer: one round trip a step, not a push and a
             # pull (each costs the ps and this worker a message, a wake-up and the Python around them)
+            loss_step = self.global_step   # not the version after this push, which its answer brings
             loss, grads = self._compute(self.params, x, y)
             self.settle()
             self._push = self.ps.push_async(grads, self.replica, pull=True)
@@ -223,7 +225,7 @@ class Trainer:
         self.steps += 1
         self.examples += len(y)
         self.losses.append(loss)
-        return StepResult(float(loss), len(y), self.global_step)
+        return StepResult(float(loss), len(y), self.global_step if loss_step is None else loss_step)
 
     @_ps_lost
     def gradients(self, batch, min_version=None):
