@@ -184,7 +184,8 @@ def test_each_killed_serving_service_answers_again_under_load(project, tmp_path)
             for name in SERVING:
                 row = ps(COMPOSE, "--workdir", str(workdir))[name]
                 pids.append(row["pid"])
-                assert _answers(name, row["ports"], keys)[0], name
+                wait_for(lambda: _answers(name, row["ports"], keys)[0], 15, f"{name} to answer before its kill",
+                         interval=0.1)   # each probe waits 0.5-1 s: on a busy machine one can be late
                 killed = time.monotonic()
                 os.kill(row["pid"], signal.SIGKILL)
                 deadline = killed + 30

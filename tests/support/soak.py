@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from zmqflow.common.errors import ResourceExhaustedError
 from zmqflow.common.renames import read_environment
 
 SECONDS_ENV = "ZMQFLOW_SOAK_SECS"
@@ -144,14 +145,17 @@ def check(name, sampler, driven, unit, seconds, bounds=Bounds()):
 def drive(submit, poll, seconds, window=16, drain_s=60.0):
     """Keep `window` requests in flight for `seconds` (closed loop: as fast as the service answers), then collect
     the last (for at most `drain_s`). `submit()` returns a pending request with `done` and `result()`;
-    `poll(timeout)` takes answers in. Returns (answered, [errors])."""
+    `poll(timeout)` takes answers in. A request the service sheds (ResourceExhaustedError with `retry_after_ms`:
+    an aggregator whose members would answer too late, as on a machine busy with other tests) is not an error:
+    the driver waits as long as it asks before the next submit, as a client should. Returns (answered, [errors])."""
     in_flight, answered, errors = [], 0, []
     end = time.monotonic() + seconds
+    resume = 0.0   # no submits before this (a shed's retry_after_ms)
     while True:
         now = time.monotonic()
-        while now < end and len(in_flight) < window:
+        while now < end and now >= resume and len(in_flight) < window:
             in_flight.append(submit())
-        if not in_flight:
+        if not in_flight and now >= min(end, resume):
             return answered, errors
         assert now < end + drain_s, f"{len(in_flight)} requests unanswered {drain_s:g} s after the soak"
         poll(0.05)
@@ -163,6 +167,12 @@ def drive(submit, poll, seconds, window=16, drain_s=60.0):
             try:
                 pending.result()
                 answered += 1
+            except ResourceExhaustedError as exc:
+                retry_after_ms = exc.details.get("retry_after_ms")
+                if retry_after_ms is None:
+                    errors.append(exc)
+                else:
+                    resume = max(resume, time.monotonic() + retry_after_ms / 1000)
             except Exception as exc:  # counted and named by the caller's assertion
                 errors.append(exc)
         in_flight = still
