@@ -8,6 +8,7 @@ is written, and no namespace is left behind. Needs root (`make test-netns`); ski
 """
 
 import json
+import shutil
 import subprocess
 
 import pytest
@@ -83,3 +84,15 @@ def test_without_a_usable_bandwidth_it_exits_2_with_the_reason():
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "bandwidth 'fast'" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_without_root_it_exits_2_saying_why():
+    skip_unless_usable()      # root, to run it as nobody
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) is not installed: it runs the bench as another user")
+    done = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", ZMQFLOW, "bench", "scaling"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "network namespaces need root (running as uid 65534)" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
