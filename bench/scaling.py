@@ -106,20 +106,10 @@ def prepare(model, directory):
 
 
 def _records(path):
-    """(time, global step) of every record a worker's summaries file holds so far."""
-    out = []
-    try:
-        with open(path) as f:
-            for line in f:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if "step" in record and "time" in record and "loss" in record:
-                    out.append((record["time"], record["step"]))
-    except OSError:
-        pass
-    return out
+    """(time, global step) of every step record a worker's summaries file holds."""
+    from zmqflow.jobs.job_metrics import JsonLinesTail
+    return [(r["time"], r["step"]) for r in JsonLinesTail(path).new_records()
+            if isinstance(r, dict) and "loss" in r and "step" in r and "time" in r]
 
 
 def _steps_between(records, start, end):

@@ -22,6 +22,7 @@ namespace it made, and with them every veth and the bridge. Every name starts wi
 whose pid is no longer alive, and the processes still running in those namespaces). `netns_unusable()` says why namespaces cannot be made here, or None.
 """
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -56,37 +57,43 @@ def netns_unusable():
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             return f"`{tool}` (iproute2) is not installed"
-    probe = f"{PREFIX}{os.getpid()}-probe"
     try:
-        added = _ip("netns", "add", probe, check=False)
-        if added.returncode != 0:
-            return f"`ip netns add` does not work here: {added.stderr.strip() or added.returncode}"
-        entered = subprocess.run(["ip", "netns", "exec", probe, "true"], capture_output=True, text=True, timeout=10)
-        if entered.returncode != 0:
-            return f"`ip netns exec` does not work here: {entered.stderr.strip() or entered.returncode}"
+        with _probe_namespace("probe") as probe:
+            entered = subprocess.run(["ip", "netns", "exec", probe, "true"], capture_output=True, text=True,
+                                     timeout=10)
+            if entered.returncode != 0:
+                return f"`ip netns exec` does not work here: {entered.stderr.strip() or entered.returncode}"
     except (OSError, subprocess.SubprocessError) as error:
         return f"`ip netns` does not work here: {error}"
-    finally:
-        _ip("netns", "delete", probe, check=False)
     return None
 
 
 def delay_unusable():
     """Why links cannot be delayed here (the kernel has no netem qdisc, sch_netem), or None when they can.
     Call it where netns_unusable() said None."""
-    probe = f"{PREFIX}{os.getpid()}-delay"
     try:
-        _ip("netns", "add", probe)
-        _ip("-n", probe, "link", "add", "probe0", "type", "veth", "peer", "name", "probe1")
-        added = subprocess.run(["tc", "-n", probe, "qdisc", "add", "dev", "probe0", "root", "netem", "delay", "1ms"],
-                               capture_output=True, text=True, timeout=10)
-        if added.returncode != 0:
-            return f"this kernel cannot delay a link (tc's netem qdisc, sch_netem): {added.stderr.strip()}"
+        with _probe_namespace("delay") as probe:
+            _ip("-n", probe, "link", "add", "probe0", "type", "veth", "peer", "name", "probe1")
+            added = subprocess.run(["tc", "-n", probe, "qdisc", "add", "dev", "probe0", "root", "netem", "delay", "1ms"],
+                                   capture_output=True, text=True, timeout=10)
+            if added.returncode != 0:
+                return f"this kernel cannot delay a link (tc's netem qdisc, sch_netem): {added.stderr.strip()}"
     except (OSError, subprocess.SubprocessError) as error:
         return f"a link's delay could not be tried: {error}"
+    return None
+
+
+@contextlib.contextmanager
+def _probe_namespace(what):
+    """A namespace to try something in, deleted after; OSError saying why `ip netns add` failed."""
+    probe = f"{PREFIX}{os.getpid()}-{what}"
+    added = _ip("netns", "add", probe, check=False)
+    if added.returncode != 0:
+        raise OSError(f"`ip netns add` failed: {added.stderr.strip() or added.returncode}")
+    try:
+        yield probe
     finally:
         _ip("netns", "delete", probe, check=False)
-    return None
 
 
 def remove_stale(prefix=PREFIX):
