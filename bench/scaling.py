@@ -1,11 +1,13 @@
 """The ps:worker ratio and bandwidth study: examples/s of real clusters whose tasks are hosts of their own.
 
 For each model (the MNIST MLP, the tutorial CNN, the sparse embedding model of examples/sparse_embedding.py),
-each link bandwidth (tc rate: 100mbit, 1gbit, 10gbit) and each point of the grid ps x workers, a fresh job
-runs across Linux network namespaces (common/processes/netns.py, the hosts the netns tests use): every ps
-shard and every worker a host of its own whose link is shaped by htb to the bandwidth, with a netem delay
-on its sending side; the broker and the reader that streams the training rows share an input host whose
-link is not shaped (the input feed is not what is studied; its bytes are reported). The job is the one
+each link bandwidth (tc rate: 100mbit, 1gbit, 10gbit) and each point of the grid ps x workers, a job of
+fresh ps shards and workers runs across Linux network namespaces (common/processes/netns.py, the hosts the
+netns tests use): every ps shard and every worker a host of its own whose link is shaped by htb to the
+bandwidth, with `delay_ms` a netem delay on its sending side (where the kernel has sch_netem); the broker
+and the reader that streams the training rows (one pair per model and bandwidth, dequeued by each point's
+workers in turn) share an input host whose link is not shaped (the input feed is not what is studied;
+its bytes are reported). The job is the one
 `zmqflow train` runs (jobs/spec.py's tasks, jobs/local_cluster.py's prepare_data: readers, async, batch
 100), its variables split evenly over the shards (max_shard_bytes: the largest over the shard count), each
 task started in its namespace by the Supervisor; nothing in the root namespace reaches them.
@@ -25,7 +27,9 @@ import json
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -42,6 +46,8 @@ KNEE_GAIN = 1.15         # doubling the workers adds less than this: the line ha
 _INSECURE = {"ZMQFLOW_INSECURE": "1"}    # services beyond loopback without CURVE: only these namespaces reach them
 READY_S = 90             # every worker's first step, at most (a busy 2-core machine starts 14 Pythons)
 INPUT_HOST = "input"
+MIN_STEPS = 12           # global steps a window spans at least (slow steps stretch it, up to WINDOW_STRETCH times)
+WINDOW_STRETCH = 10
 _UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 
 
@@ -87,16 +93,15 @@ def job_options(model, directory):
 
 def prepare(model, directory):
     """The model's job spec (readers, async, batch 100, epochs enough for any window), its data prepared in
-    `directory` once for every point; returns (spec, placement fields, the largest variable's bytes)."""
+    `directory` once for every point; returns (spec, placement fields, the largest variable's bytes, all the
+    variables' bytes)."""
     from zmqflow.jobs.local_cluster import prepare_data
     from zmqflow.jobs.spec import job_spec
     from zmqflow.models.registry import load_model
     from zmqflow.models.spec import resolve_model
     options = job_options(model, directory)
     spec = job_spec(None, input="readers", epochs=100_000, batch_size=BATCH, learning_rate_decay=False,
-                    summary_every_steps=1, log_every=1_000_000,
-                    **{k: v for k, v in options.items() if k != "optimizer"},
-                    **({"optimizer": options["optimizer"]} if "optimizer" in options else {}))
+                    summary_every_steps=1, log_every=1_000_000, **options)
     prepared_dir = os.path.join(directory, "prepared")
     spec, _, prepared = prepare_data(spec, prepared_dir)
     values = load_model(resolve_model(os.path.join(prepared_dir, "model.json"))).initial_values(0)
@@ -137,14 +142,31 @@ def _stepped(path):
 
 
 def _last_time(path):
-    """The time of the last record of a summaries file (0 when none), read from its end."""
+    """The time of the last record of a summaries file (0 when none)."""
+    return max((t for t, _ in _tail_records(path)[-1:]), default=0.0)
+
+
+def _last_step(paths):
+    """The highest global step the summaries files' last records hold (0 when none)."""
+    return max((step for path in paths for _, step in _tail_records(path)[-1:]), default=0)
+
+
+def _tail_records(path):
+    """(time, global step) of the complete records in a summaries file's last KB."""
     try:
         with open(path, "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - 1024))
-            lines = f.read().decode(errors="replace").split("\n")
-        return json.loads(lines[-2])["time"] if len(lines) >= 2 else 0.0
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0.0
+            lines = f.read().decode(errors="replace").split("\n")[1:-1]
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+            out.append((record["time"], record["step"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
 
 
 def _cpu_seconds(pids):
@@ -225,7 +247,11 @@ def run_point(hosts, spec, placement_fields, broker, num_ps, num_workers, second
         names = [INPUT_HOST] + [f"ps{i}" for i in range(num_ps)] + [f"worker{i}" for i in range(num_workers)]
         pids = [child.pid for child in supervisor.children + feed.children]
         before, cpu0, busy0, wall0 = _links(hosts, names), _cpu_seconds(pids), _machine_busy(), time.time()
+        first = _last_step(summaries)
         time.sleep(seconds)
+        stretched = time.monotonic() + (WINDOW_STRETCH - 1) * seconds   # slow steps: a longer window, to count
+        while time.monotonic() < stretched and _last_step(summaries) - first < MIN_STEPS:
+            time.sleep(0.1)
         after, cpu1, busy1, wall1 = _links(hosts, names), _cpu_seconds(pids), _machine_busy(), time.time()
         deadline = time.monotonic() + max(10.0, seconds)          # a record after the window's end, to interpolate
         while time.monotonic() < deadline and max(map(_last_time, summaries)) <= wall1:
@@ -296,13 +322,13 @@ def shards_pay(rows):
 def table(result):
     """The rows as a text table, the knees under them."""
     head = (f"{'model':<10} {'bandwidth':>9} {'ps':>3} {'workers':>7} {'examples/s':>10} {'ps B/step':>10} "
-            f"{'worker B/step':>13} {'ps link':>7} {'cpu':>5} {'limit':<11}")
+            f"{'worker B/step':>13} {'ps link':>7} {'w. link':>7} {'cores':>5} {'limit':<11}")
     lines = [head, "-" * len(head)]
     for r in result["rows"]:
         lines.append(f"{r['model']:<10} {r['bandwidth']:>9} {r['num_ps']:>3} {r['num_workers']:>7} "
                      f"{r['examples_per_s']:>10} {_size(r['ps_bytes_per_step']):>10} "
                      f"{_size(r['worker_bytes_per_step']):>13} {r['ps_link_utilisation']:>7.0%} "
-                     f"{r['machine_busy']:>5.0%} {r['limit']:<11}")
+                     f"{r['worker_link_utilisation']:>7.0%} {r['tasks_cpu_cores']:>5.2f} {r['limit']:<11}")
     lines.append("")
     for k in result["knees"]:
         where = (f"knee at {k['knee_workers']} workers ({k['knee_limit']})" if k["knee_workers"]
@@ -382,6 +408,21 @@ def run(num_ps=(1, 2, 4), num_workers=(1, 2, 4, 8), models=MODELS, bandwidths=("
     reason = netns.delay_unusable() if delay_ms else None
     if reason:
         raise UnavailableError(f"--delay-ms {delay_ms:g}: {reason}; pass --delay-ms 0 for links shaped by rate alone")
+    previous = signal.signal(signal.SIGTERM, _terminated) if threading.current_thread() is threading.main_thread() \
+        else None
+    try:
+        return _run_grid(num_ps, num_workers, models, bandwidths, delay_ms, seconds, plot_path, bits, say)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum, frame):
+    """SIGTERM: leave by an exception, so that every task is stopped and every namespace deleted on the way."""
+    raise SystemExit(128 + signum)
+
+
+def _run_grid(num_ps, num_workers, models, bandwidths, delay_ms, seconds, plot_path, bits, say):
     hosts = [INPUT_HOST] + [f"ps{i}" for i in range(max(num_ps))] + [f"worker{i}" for i in range(max(num_workers))]
     root = tempfile.mkdtemp(prefix="zmqflow-scaling-")
     rows, failed, started = [], [], time.monotonic()
