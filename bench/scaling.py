@@ -15,8 +15,8 @@ task started in its namespace by the Supervisor; nothing in the root namespace r
 Once every worker trains, a window of `seconds` is measured: the job's examples/s (the global step the
 workers' summaries record, times the batch), the bytes each host's eth0 sent and received (the kernel's
 interface counters) per global step, each link's utilisation (its busier direction over the bandwidth),
-the CPU our tasks used and the machine's busy share. Each row says what limits it: `ps link` (a ps link's
-utilisation >= LINK_BUSY), `worker link`, `cpu` (the machine >= CPU_BUSY busy), else `-`. The knee of a
+the CPU our tasks used and the machine's busy share. Each row says what limits it (classify): `ps link`,
+`worker link`, `cpu`, else `-`. The knee of a
 (model, bandwidth, ps) line is the first worker count after which more workers add under KNEE_GAIN.
 Root only (network namespaces): `run` raises Unavailable with the reason otherwise.
 """
@@ -40,7 +40,7 @@ from zmqflow.common.processes.supervisor import Supervisor
 
 MODELS = ("mlp", "cnn", "embedding")
 BATCH = 100
-LINK_BUSY = 0.8          # a link this busy (its busier direction over the rate) is what limits the row
+LINK_BUSY = 0.8          # a link this busy (classify: over its rate) is what limits the row
 CPU_BUSY = 0.9           # the machine this busy: the CPU limits the row
 KNEE_GAIN = 1.15         # doubling the workers adds less than this: the line has reached its knee
 _INSECURE = {"ZMQFLOW_INSECURE": "1"}    # services beyond loopback without CURVE: only these namespaces reach them
@@ -83,8 +83,8 @@ def job_options(model, directory):
         example = load_function(path, "build").__globals__     # the example's module: its USERS and ITEMS
         data = {"source": {"format": "npz"},
                 "files": {"train": os.path.join(directory, "train.npz"), "test": os.path.join(directory, "test.npz")},
-                "features": {"user": {"type": "categorical", "vocabulary": list(range(example["USERS"])), "encode": "ids"},
-                             "item": {"type": "categorical", "vocabulary": list(range(example["ITEMS"])), "encode": "ids"}},
+                "features": {name: {"type": "categorical", "vocabulary": list(range(example[count])), "encode": "ids"}
+                             for name, count in (("user", "USERS"), ("item", "ITEMS"))},
                 "label": {"column": "rating", "task": "regression"}}
         return {"model": {"type": f"{path}:build", "sparse": True}, "data": data,
                 "optimizer": {"kind": "adam", "learning_rate": 0.01, "lazy": True}}
@@ -128,7 +128,8 @@ def _steps_between(records, start, end):
 
     def at(t):
         i = bisect.bisect_right(times, t)
-        (t0, s0), (t1, s1) = (times[i - 1], steps[i - 1]), (times[min(i, len(times) - 1)], steps[min(i, len(times) - 1)])
+        j = min(i, len(times) - 1)
+        (t0, s0), (t1, s1) = (times[i - 1], steps[i - 1]), (times[j], steps[j])
         return s0 if t1 <= t0 else s0 + (s1 - s0) * (t - t0) / (t1 - t0)
     return max(0.0, (at(end) - at(start)) / (end - start))
 
@@ -280,15 +281,26 @@ def run_point(hosts, spec, placement_fields, broker, num_ps, num_workers, second
     ps_util = max(links[f"ps{i}"]["utilisation"] for i in range(num_ps))
     worker_util = max(links[f"worker{i}"]["utilisation"] for i in range(num_workers))
     busy = (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1])
-    limit = ("ps link" if ps_util >= LINK_BUSY else "worker link" if worker_util >= LINK_BUSY
-             else "cpu" if busy >= CPU_BUSY else "-")
     return {"num_ps": num_ps, "num_workers": num_workers, "examples_per_s": round(steps_per_s * BATCH),
             "steps_per_s": round(steps_per_s, 1), "ps_bytes_per_step": summed("ps"),
             "worker_bytes_per_step": summed("worker"), "input_bytes_per_step": summed(INPUT_HOST),
             "ps_link_utilisation": ps_util, "worker_link_utilisation": worker_util,
-            "tasks_cpu_cores": round((cpu1 - cpu0) / elapsed, 2), "machine_busy": round(busy, 3), "limit": limit,
+            "tasks_cpu_cores": round((cpu1 - cpu0) / elapsed, 2), "machine_busy": round(busy, 3),
             "window_s": round(elapsed, 2), "shards_ready_s": round(shards_s, 1),
             "workers_training_s": round(training_s, 1), "links": links}
+
+
+def classify(row, bits):
+    """`row` with what limits it: `ps link` when a ps link's busier direction is LINK_BUSY of the rate (the
+    workers' pulls and pushes cross it side by side), `worker link` when a worker's link carried LINK_BUSY of
+    the rate in its two directions together (a worker pulls, computes, then pushes: one after the other),
+    `cpu` when the machine was CPU_BUSY busy, else `-`; and that worker link share."""
+    workers = [link for name, link in row["links"].items() if name.startswith("worker")]
+    serial = max(((link["tx_bytes_per_step"] or 0) + (link["rx_bytes_per_step"] or 0)) * row["steps_per_s"] * 8 / bits
+                 for link in workers)
+    limit = ("ps link" if row["ps_link_utilisation"] >= LINK_BUSY else "worker link" if serial >= LINK_BUSY
+             else "cpu" if row["machine_busy"] >= CPU_BUSY else "-")
+    return {**row, "worker_link_serial": round(serial, 3), "limit": limit}
 
 
 def knees(rows):
@@ -304,7 +316,8 @@ def knees(rows):
                     None)
         best = max(line, key=lambda r: r["examples_per_s"])
         out.append({"model": model, "bandwidth": bandwidth, "num_ps": ps,
-                    "knee_workers": knee["num_workers"] if knee else None, "knee_limit": knee["limit"] if knee else None,
+                    "knee_workers": knee["num_workers"] if knee else None,
+                    "knee_limit": knee["limit"] if knee else None,
                     "best_examples_per_s": best["examples_per_s"], "best_workers": best["num_workers"]})
     return out
 
@@ -328,7 +341,7 @@ def table(result):
         lines.append(f"{r['model']:<10} {r['bandwidth']:>9} {r['num_ps']:>3} {r['num_workers']:>7} "
                      f"{r['examples_per_s']:>10} {_size(r['ps_bytes_per_step']):>10} "
                      f"{_size(r['worker_bytes_per_step']):>13} {r['ps_link_utilisation']:>7.0%} "
-                     f"{r['worker_link_utilisation']:>7.0%} {r['tasks_cpu_cores']:>5.2f} {r['limit']:<11}")
+                     f"{r['worker_link_serial']:>7.0%} {r['tasks_cpu_cores']:>5.2f} {r['limit']:<11}")
     lines.append("")
     for k in result["knees"]:
         where = (f"knee at {k['knee_workers']} workers ({k['knee_limit']})" if k["knee_workers"]
@@ -447,8 +460,9 @@ def _run_grid(num_ps, num_workers, models, bandwidths, delay_ms, seconds, plot_p
                                 os.makedirs(log_dir)
                                 point = {"model": model, "bandwidth": bandwidth, "model_bytes": model_bytes}
                                 try:
-                                    row = {**point, **run_point(network, spec, fields, broker, ps, workers, seconds,
-                                                                log_dir, largest, bits[bandwidth], feed)}
+                                    row = classify({**point, **run_point(network, spec, fields, broker, ps, workers,
+                                                                         seconds, log_dir, largest, bits[bandwidth],
+                                                                         feed)}, bits[bandwidth])
                                 except UnavailableError as error:   # one point failed: say why, go on
                                     failed.append({**point, "num_ps": ps, "num_workers": workers, "error": str(error)})
                                     say(f"{model} {bandwidth} {ps} ps x {workers} workers FAILED: {error}")

@@ -19,7 +19,8 @@ execs in place, so the process a Supervisor starts is the command itself, and it
 the command's). Leaving the `with` block, also on an exception or Ctrl-C, deletes every
 namespace it made, and with them every veth and the bridge. Every name starts with
 `zfq<pid>`; entering first removes what an earlier run left behind when it was killed (names
-whose pid is no longer alive, and the processes still running in those namespaces). `netns_unusable()` says why namespaces cannot be made here, or None.
+whose pid is no longer alive, and the processes still running in those namespaces). `netns_unusable()`
+says why namespaces cannot be made here, or None; `delay_unusable()` why links cannot be delayed.
 """
 
 import contextlib
@@ -74,8 +75,8 @@ def delay_unusable():
     try:
         with _probe_namespace("delay") as probe:
             _ip("-n", probe, "link", "add", "probe0", "type", "veth", "peer", "name", "probe1")
-            added = subprocess.run(["tc", "-n", probe, "qdisc", "add", "dev", "probe0", "root", "netem", "delay", "1ms"],
-                                   capture_output=True, text=True, timeout=10)
+            added = subprocess.run(["tc", "-n", probe, "qdisc", "add", "dev", "probe0", "root", "netem", "delay",
+                                    "1ms"], capture_output=True, text=True, timeout=10)
             if added.returncode != 0:
                 return f"this kernel cannot delay a link (tc's netem qdisc, sch_netem): {added.stderr.strip()}"
     except (OSError, subprocess.SubprocessError) as error:

@@ -70,7 +70,6 @@ def test_the_shaping_holds_the_slow_links_to_their_rate(study):
         steps_cap = 2.5e6 * 1.1 / MLP_BYTES          # the ps sends a pull per step
         assert slow["steps_per_s"] <= steps_cap, slow
         assert fast["examples_per_s"] >= 3 * slow["examples_per_s"], (fast, slow)
-        assert fast["ps_link_utilisation"] < 0.8, fast
 
 
 def test_the_plot_is_written_and_no_namespace_is_left(study):
