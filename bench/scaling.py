@@ -197,7 +197,8 @@ def _links(hosts, names):
 
 def start_input(supervisor, hosts, spec, placement_fields, log_dir):
     """The broker and the reader(s) streaming the model's training rows, on the input host; the broker's
-    endpoint. The points of one model and bandwidth share them: each point's workers dequeue from the queue."""
+    endpoint. The points of one model and bandwidth share them (each point's workers dequeue from the queue)
+    until one exits: a reader gives up on a queue that stays full past its enqueue deadline."""
     from zmqflow.jobs.spec import Placement, tasks
     broker = supervisor.start_service("zmqflow.services.broker", name="broker", prefix=hosts.run(INPUT_HOST, []),
                                       bind=f"tcp://{hosts.address(INPUT_HOST)}:*", env=_INSECURE, ready_timeout=60)
@@ -450,12 +451,17 @@ def _run_grid(num_ps, num_workers, models, bandwidths, delay_ms, seconds, plot_p
             with netns.NetworkNamespaces(hosts, rate=rates, delay_ms=delay_ms or None) as network:
                 for model in models:
                     spec, fields, largest, model_bytes = prepared[model]
-                    feed_dir = os.path.join(root, model, f"{bandwidth}-input")
-                    os.makedirs(feed_dir)
-                    with Supervisor(log_dir=feed_dir, stop_timeout=2.0) as feed:
-                        broker = start_input(feed, network, spec, fields, feed_dir)
+                    feed = None     # the input host's broker and reader, (re)started when one has exited
+                    try:
                         for ps in num_ps:
                             for workers in num_workers:
+                                if feed is None or feed.first_failure():
+                                    if feed is not None:   # a reader gives up on a queue full for minutes
+                                        feed.stop_all()
+                                    feed_dir = tempfile.mkdtemp(prefix=f"{bandwidth}-input-",
+                                                                dir=os.path.join(root, model))
+                                    feed = Supervisor(log_dir=feed_dir, stop_timeout=2.0)
+                                    broker = start_input(feed, network, spec, fields, feed_dir)
                                 log_dir = os.path.join(root, model, f"{bandwidth}-{ps}ps-{workers}w")
                                 os.makedirs(log_dir)
                                 point = {"model": model, "bandwidth": bandwidth, "model_bytes": model_bytes}
@@ -472,6 +478,9 @@ def _run_grid(num_ps, num_workers, models, bandwidths, delay_ms, seconds, plot_p
                                     f"examples/s, ps {_size(row['ps_bytes_per_step'])}/step, ps link "
                                     f"{row['ps_link_utilisation']:.0%}, machine {row['machine_busy']:.0%} "
                                     f"({row['limit']}; {time.monotonic() - started:.0f} s)")
+                    finally:
+                        if feed is not None:
+                            feed.stop_all()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result = {"benchmark": "scaling", "batch_size": BATCH, "delay_ms": delay_ms, "duration_secs": seconds,
