@@ -15,7 +15,8 @@ import pytest
 
 from tests.support.netns import ZMQFLOW, skip_unless_usable
 
-pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.slow]
+# 4 jobs of 14 processes each on 2 cores: under a minute alone, minutes when the machine is busy
+pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(600)]
 
 MLP_BYTES = 318_040          # 784x100 + 100 + 100x10 + 10 float32: a pull, or a push, of the MNIST MLP
 SLOW, FAST = "20mbit", "1gbit"
@@ -33,7 +34,7 @@ def study(tmp_path_factory):
     plot = tmp_path_factory.mktemp("scaling") / "scaling.png"
     done = subprocess.run([ZMQFLOW, "bench", "scaling", "--num-ps", "1", "--num-workers", "1,2", "--models", "mlp",
                            "--bandwidth", f"{SLOW},{FAST}", "--delay-ms", "0", "--duration-secs", "1.5", "--json",
-                           "--plot", str(plot)], capture_output=True, text=True, timeout=400)
+                           "--plot", str(plot)], capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), plot, namespaces() - before
 
