@@ -32,11 +32,17 @@ def study(tmp_path_factory):
     skip_unless_usable()
     before = namespaces()
     plot = tmp_path_factory.mktemp("scaling") / "scaling.png"
-    done = subprocess.run([ZMQFLOW, "bench", "scaling", "--num-ps", "1", "--num-workers", "1,2", "--models", "mlp",
-                           "--bandwidth", f"{SLOW},{FAST}", "--delay-ms", "0", "--duration-secs", "1.5", "--json",
-                           "--plot", str(plot)], capture_output=True, text=True, timeout=540)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1]), plot, namespaces() - before
+    bench = subprocess.Popen([ZMQFLOW, "bench", "scaling", "--num-ps", "1", "--num-workers", "1,2", "--models", "mlp",
+                              "--bandwidth", f"{SLOW},{FAST}", "--delay-ms", "0", "--duration-secs", "1.5", "--json",
+                              "--plot", str(plot)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = bench.communicate(timeout=540)
+    finally:   # SIGTERM, not subprocess.run's SIGKILL: the bench stops its tasks and deletes its namespaces
+        if bench.poll() is None:
+            bench.terminate()
+            bench.communicate(timeout=60)
+    assert bench.returncode == 0, out[-3000:] + err[-3000:]
+    return json.loads(out.strip().splitlines()[-1]), plot, namespaces() - before
 
 
 def test_every_point_is_a_row_with_the_mlps_bytes_per_step_on_the_ps_link(study):
