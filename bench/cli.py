@@ -140,3 +140,45 @@ def startup(as_json, roles, rounds, settle_s, backend):
     step) and RSS at rest, against a bare `python -c "import zmq, numpy"` (targets: <= 1 s, <= 150 MB)."""
     from zmqflow.bench.startup import ROLES
     _report("startup", as_json, roles=roles or ROLES, rounds=rounds, settle_s=settle_s, backend=backend)
+
+
+def _counts(ctx, param, value):
+    try:
+        counts = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise click.BadParameter(f"{value!r}: comma-separated counts of 1 or more, e.g. 1,2,4")
+    return counts
+
+
+@bench.command()
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON result line.")
+@click.option("--num-ps", default="1,2,4", show_default=True, callback=_counts, help="ps shard counts of the grid.")
+@click.option("--num-workers", default="1,2,4,8", show_default=True, callback=_counts,
+              help="Worker counts of the grid.")
+@click.option("--models", default="mlp,cnn,embedding", show_default=True,
+              help="Of mlp (the MNIST MLP), cnn (the tutorial CNN), embedding (examples/sparse_embedding.py).")
+@click.option("--bandwidth", default="1gbit,10gbit", show_default=True,
+              help="Link rates (tc's units: 100mbit, 1gbit, 10gbit), comma-separated: the grid runs at each.")
+@click.option("--delay-secs", "delay_secs", default=0.0001, show_default=True, type=click.FloatRange(min=0),
+              help="Latency each shaped link adds to what it sends (netem): 0.0001 is 0.1 ms; 0 adds none.")
+@click.option("--duration-secs", "seconds", default=3.0, show_default=True, type=click.FloatRange(min=0.2),
+              help="Measured seconds of each point, once its workers train.")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Write a PNG of examples/s against workers here (matplotlib: the plot or test extra).")
+def scaling(as_json, num_ps, num_workers, models, bandwidth, delay_secs, seconds, plot_path):
+    """The ps:worker ratio and bandwidth study: a job per model x bandwidth x ps x workers, each task in a
+    network namespace of its own with its link shaped (htb, netem); examples/s, bytes per step per link, link
+    and CPU use, and where the ps saturates (the knee). Root only: exits 2 saying why otherwise."""
+    from zmqflow.bench.scaling import run
+    from zmqflow.common.errors import InvalidArgumentError, UnavailableError
+
+    try:
+        result = run(num_ps=num_ps, num_workers=num_workers, models=tuple(m.strip() for m in models.split(",")),
+                     bandwidths=tuple(b.strip() for b in bandwidth.split(",")), delay_ms=delay_secs * 1000, seconds=seconds,
+                     plot_path=plot_path, progress=None if as_json else click.echo)
+    except (InvalidArgumentError, UnavailableError) as error:
+        click.echo(f"zmqflow bench scaling: {error}", err=True)
+        raise SystemExit(2) from None
+    click.echo(json.dumps(result))

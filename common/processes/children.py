@@ -112,12 +112,14 @@ def spawn(argv, name, log_path=None, env=None, cwd=None, stdout=None):
     return ServiceProcess(proc, None, None, log_path, name=name)
 
 
-def start_service(module, args=(), bind="tcp://127.0.0.1:*", ready_timeout=30.0, env=None, log_dir=None, name=None):
-    """Run `python -m module --bind ... --ready-file ...` and wait until it serves."""
+def start_service(module, args=(), bind="tcp://127.0.0.1:*", ready_timeout=30.0, env=None, log_dir=None, name=None,
+                  prefix=()):
+    """Run `python -m module --bind ... --ready-file ...` and wait until it serves. `prefix`: a command that
+    runs the rest in place (e.g. `ip netns exec NAME`: the service in a network namespace of its own)."""
     log_dir = log_dir or tempfile.mkdtemp(prefix="zmqflow-")
     ready = os.path.join(log_dir, f"{module}.{os.getpid()}.{time.monotonic_ns()}.ready")
     log_path = ready[:-6] + ".log"
-    argv = [sys.executable, "-m", module, "--bind", bind, "--ready-file", ready, *args]
+    argv = [*prefix, sys.executable, "-m", module, "--bind", bind, "--ready-file", ready, *args]
     child = spawn(argv, name or module, log_path, env={**os.environ, **(env or {})})
     child.ready_file = ready
     deadline = time.monotonic() + ready_timeout
@@ -134,11 +136,13 @@ def start_service(module, args=(), bind="tcp://127.0.0.1:*", ready_timeout=30.0,
     raise DeadlineExceededError(f"{module} did not serve within {ready_timeout} s:\n{_tail(log_path)}")
 
 
-def start_process(module, args=(), env=None, log_dir=None, name=None):
-    """Run `python -m module args...` (a worker: no endpoint to wait for), logging to a file."""
+def start_process(module, args=(), env=None, log_dir=None, name=None, prefix=()):
+    """Run `python -m module args...` (a worker: no endpoint to wait for), logging to a file; `prefix` as
+    start_service's."""
     log_dir = log_dir or tempfile.mkdtemp(prefix="zmqflow-")
     log_path = os.path.join(log_dir, f"{name or module}.{time.monotonic_ns()}.log")
-    return spawn([sys.executable, "-m", module, *args], name or module, log_path, env={**os.environ, **(env or {})})
+    return spawn([*prefix, sys.executable, "-m", module, *args], name or module, log_path,
+                 env={**os.environ, **(env or {})})
 
 
 def compute_thread_env(threads):
