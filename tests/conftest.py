@@ -6,7 +6,14 @@ import secrets
 import shutil
 import tempfile
 
-import pytest
+# One BLAS/OpenMP/numba thread in every test process and what it starts, unless the caller set one: `make test`
+# runs 4 test processes on 2 cores (pytest-xdist), and OpenBLAS's threads spin-wait for work, so a second thread
+# per process only burns the cores the other tests need. A job started by a test still caps its own tasks
+# (children.compute_thread_env), as in production.
+for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+
+import pytest  # noqa: E402
 
 from tests.support import Processes
 from tests.support.tiers import assign_tiers
