@@ -71,13 +71,6 @@ class BrokerService(Service):
         completed = queue.submit(ticket)
         if not ticket.done:
             self.park(call)
-        if len(completed) == 1 and completed[0] is ticket and ticket.error is None and ticket.lease is None:
-            # the common case, answered at once (no deque): `_answer`'s plain path
-            if self.reply(call, None, ticket.result or ()) or not ticket.handed:
-                ticket.handed = None
-            else:
-                self._answer(self._take_back(queue, ticket))
-            return PARKED
         self._answer(completed)
         return PARKED
 
