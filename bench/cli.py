@@ -44,17 +44,23 @@ def broker(as_json, seconds, window, clients, rounds, memory_phase):
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON result line.")
 @option("--duration-secs", "seconds", old_names=["--seconds"],
         default=3.0, show_default=True, help="Duration of each phase.")
-def kernels(as_json, seconds):
-    """Forward+backward steps/s of the MNIST MLP and the tutorial CNN (batch 100) vs JAX on the CPU."""
-    _report("kernels", as_json, seconds=seconds)
+@click.option("--backend", default="numba", show_default=True, type=click.Choice(["numba", "cupy"]),
+              help="numba: the CPU kernels vs JAX on the CPU; cupy: the GPU step vs PyTorch CUDA on the same GPU.")
+def kernels(as_json, seconds, backend):
+    """Forward+backward steps/s of the MNIST MLP and the tutorial CNN (batch 100): on the CPU vs JAX, or on the GPU
+    (--backend cupy) vs PyTorch CUDA, with and without the host copies a worker's step makes."""
+    _report("kernels", as_json, seconds=seconds, backend=backend)
 
 
 @bench.command()
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON result line.")
 @click.option("--epochs", default=10, show_default=True, help="Epochs of the 1 ps + 2 workers async run.")
-def train(as_json, epochs):
+@click.option("--backend", default="numba", show_default=True, type=click.Choice(["numba", "cupy"]),
+              help="The workers' kernels. cupy: workers on the GPU against numba workers and one process on the "
+                   "GPU, in the same run.")
+def train(as_json, epochs, backend):
     """Training: examples/s of real clusters vs one process, ps pull/push vs raw pyzmq."""
-    _report("train", as_json, epochs=epochs)
+    _report("train", as_json, epochs=epochs, backend=backend)
 
 
 @bench.command()

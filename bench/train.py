@@ -44,8 +44,16 @@ from zmqflow.bench import allreduce as allreduce_bench
 BATCH = 100
 
 
+def mlp_on(backend):
+    """The MNIST MLP as a worker builds it: 'cupy' puts its layers on GPU 0 (services/worker/devices.py)."""
+    if backend == "cupy":
+        from zmqflow.services.worker.devices import build_model
+        return build_model(MNIST_MLP, device="/gpu:0")
+    return load_model(MNIST_MLP, backend)
+
+
 def kernel_steps_per_s(backend, x, y, seconds=1.0):
-    model = load_model(MNIST_MLP, backend)
+    model = mlp_on(backend)
     params = model.initial_values(1)
     model.step(params, (x[:BATCH], y[:BATCH]))  # compile / warm up
     steps, start = 0, time.perf_counter()
@@ -55,9 +63,9 @@ def kernel_steps_per_s(backend, x, y, seconds=1.0):
     return steps / (time.perf_counter() - start)
 
 
-def single_process_examples_per_s(x, y, epochs=2):
+def single_process_examples_per_s(x, y, epochs=2, backend="numba"):
     """Plain SGD on the same kernels in one process: the ceiling of any cluster."""
-    model = load_model(MNIST_MLP, "numba")
+    model = mlp_on(backend)
     params = model.initial_values(1)
     start = time.perf_counter()
     for _ in range(epochs):
@@ -236,7 +244,9 @@ def profiled_training(**options):
     return summary
 
 
-def run(epochs=10, progress=None):
+def run(epochs=10, progress=None, backend="numba"):
+    if backend == "cupy":
+        return run_gpu(epochs, progress)
     keep_freed_memory()  # like every zmqflow process: large frames reuse freed memory
     say = progress or (lambda *_: None)
     (x, y), _ = mnist_split()
@@ -281,6 +291,39 @@ def run(epochs=10, progress=None):
     result.update(allreduce_bench.run(ranks=2, progress=say))   # the ring alone vs gloo's, same bytes
     result.update(targets(result))
     result["tensorflow"] = tensorflow_anchor()
+    return result
+
+
+def run_gpu(epochs=10, progress=None):
+    """CuPy workers: 1 ps + 2 workers async and sync with their kernels on the GPU, against the same job on
+    numba workers and the MLP in one process on the GPU, in this run (examples/s and test accuracy)."""
+    from zmqflow.models.kernels import gpu_count
+    from zmqflow.models.kernels.cupy_kernels import why_no_gpu
+    keep_freed_memory()
+    say = progress or (lambda *_: None)
+    result = {"benchmark": "train", "backend": "cupy", "batch_size": BATCH}
+    if gpu_count() == 0:
+        result["skipped"] = f"no GPU: {why_no_gpu()}"
+        return result
+    (x, y), _ = mnist_split()
+    for backend in ("numba", "cupy"):
+        result[f"kernel_steps_per_s_{backend}"] = round(kernel_steps_per_s(backend, x, y))
+        result[f"single_process_examples_per_s_{backend}"] = round(single_process_examples_per_s(x, y,
+                                                                                                 backend=backend))
+    say(f"kernels: numba {result['kernel_steps_per_s_numba']} steps/s, cupy {result['kernel_steps_per_s_cupy']}; "
+        f"one process: numba {result['single_process_examples_per_s_numba']} examples/s, "
+        f"cupy {result['single_process_examples_per_s_cupy']}")
+    for backend, mode in (("numba", "async"), ("cupy", "async"), ("cupy", "sync")):
+        key = f"1ps_2w_{mode}_{backend}"
+        summary = run_training(num_ps=1, num_workers=2, mode=mode, epochs=epochs, input="preloaded",
+                               backend=backend, progress=False)
+        result[f"examples_per_s_{key}"] = summary["examples_per_s"]
+        result[f"test_accuracy_{key}"] = summary["test_accuracy"]
+        say(f"{key}: {summary['examples_per_s']} examples/s, test accuracy {summary['test_accuracy']}")
+    cupy_async = result["examples_per_s_1ps_2w_async_cupy"]
+    result["cupy_vs_numba_workers"] = round(cupy_async / result["examples_per_s_1ps_2w_async_numba"], 3)
+    result["cupy_workers_vs_single_process_cupy"] = round(cupy_async / result["single_process_examples_per_s_cupy"], 3)
+    result["sync_vs_async_cupy"] = round(result["examples_per_s_1ps_2w_sync_cupy"] / cupy_async, 3)
     return result
 
 
