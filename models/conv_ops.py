@@ -44,14 +44,22 @@ def _scatter_windows(grad_windows, padded_shape, stride, pads, dtype, xp):
     Channels last, so each of the kh*kw strided additions reads whole rows."""
     n, oh, ow, kh, kw, c = grad_windows.shape
     out = xp.zeros(padded_shape, dtype=dtype)
-    if xp is np and _numba_col2im() is not None and grad_windows.flags.c_contiguous and grad_windows.dtype == dtype:
-        _numba_col2im()(grad_windows, out, stride)
+    fused = _numba_col2im() if xp is np else _cupy_col2im()
+    if fused is not None and grad_windows.flags.c_contiguous and grad_windows.dtype == dtype:
+        fused(grad_windows, out, stride)
     else:
         for i in range(kh):
             for j in range(kw):
                 out[:, i:i + stride * oh:stride, j:j + stride * ow:stride, :] += grad_windows[:, :, :, i, j, :]
     (top, bottom), (left, right) = pads
     return out[:, top:out.shape[1] - bottom, left:out.shape[2] - right, :]
+
+
+@functools.lru_cache(maxsize=None)
+def _cupy_col2im():
+    """The CuPy backend's col2im (one launch instead of kh*kw strided additions)."""
+    from zmqflow.models.kernels.cupy_kernels import col2im
+    return col2im
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,6 +131,10 @@ def _max_pool_tiles(x, tiles, size, xp):
     out = Tensor(top, (x,))
 
     def backward(g):
+        if xp is not np and x.value.flags.c_contiguous:
+            from zmqflow.models.kernels.cupy_kernels import max_pool_grad_tiles
+            x.accumulate(max_pool_grad_tiles(x.value, top, g, size))
+            return
         equal = tiles == top[:, :, None, :, None, :]
         taken = xp.zeros(top.shape, dtype=bool)
         grad = xp.zeros(tiles.shape, dtype=x.dtype)

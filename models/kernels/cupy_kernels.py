@@ -72,6 +72,73 @@ def _kernels():
     return bias_act, act_grad, exp_shift, xent_grad
 
 
+_COL2IM = """
+int ch = i % c, rest = i / c;
+int x = rest % w; rest /= w;
+int y = rest % h; int b = rest / h;
+T sum = out;
+for (int ki = 0; ki < kh; ++ki) {
+    int dy = y - ki;
+    if (dy < 0 || dy % stride != 0 || dy / stride >= oh) continue;
+    for (int kj = 0; kj < kw; ++kj) {
+        int dx = x - kj;
+        if (dx < 0 || dx % stride != 0 || dx / stride >= ow) continue;
+        sum += windows[((((long long)(b * oh + dy / stride) * ow + dx / stride) * kh + ki) * kw + kj) * c + ch];
+    }
+}
+out = sum;
+"""
+
+
+@functools.cache
+def _col2im_kernel():
+    return _import_cupy().ElementwiseKernel(
+        "raw T windows, int32 oh, int32 ow, int32 kh, int32 kw, int32 c, int32 h, int32 w, int32 stride", "T out",
+        _COL2IM, "zmqflow_col2im")
+
+
+def col2im(grad_windows, out, stride):
+    """Add grad_windows [n, oh, ow, kh, kw, c] (C-contiguous) onto out [n, h, w, c] (the padded input) in place:
+    conv2d's input gradient in one launch, a thread per input element gathering the windows that cover it, in
+    the (kh, kw) order of the reference's loop (numpy_kernels' caller, models/conv_ops.py)."""
+    n, oh, ow, kh, kw, c = grad_windows.shape
+    _col2im_kernel()(grad_windows, oh, ow, kh, kw, c, out.shape[1], out.shape[2], stride, out)
+    return out
+
+
+_MAX_POOL_GRAD = """
+int ch = i % c, rest = i / c;
+int x = rest % w; rest /= w;
+int y = rest % h; int b = rest / h;
+int oy = y / size, ox = x / size;
+long long o = (((long long)b * (h / size) + oy) * (w / size) + ox) * c + ch;
+int first = -1;
+for (int k = 0; k < size * size && first < 0; ++k) {
+    if (input[(((long long)b * h + oy * size + k / size) * w + ox * size + k % size) * c + ch] == top[o]) first = k;
+}
+out = first == (y - oy * size) * size + (x - ox * size) ? grad[o] : (T)0;
+"""
+
+
+@functools.cache
+def _max_pool_grad_kernel():
+    return _import_cupy().ElementwiseKernel(
+        "raw T input, raw T top, raw T grad, int32 h, int32 w, int32 c, int32 size", "T out",
+        _MAX_POOL_GRAD, "zmqflow_max_pool_grad")
+
+
+def max_pool_grad_tiles(x, top, g, size):
+    """The gradient of a max pool over exact size x size tiles of x [n, h, w, c] (C-contiguous), in one launch:
+    each window's gradient goes to its first maximum in row-major order, as the reference (models/conv_ops.py's
+    loop) and TensorFlow's MaxPoolGrad route it; a window holding NaN passes none."""
+    xp = _import_cupy()
+    n, h, w, c = x.shape
+    out = xp.empty_like(x)
+    _max_pool_grad_kernel()(x, xp.ascontiguousarray(top), xp.ascontiguousarray(g, dtype=x.dtype), h, w, c, size,
+                            out)
+    return out
+
+
 class Kernels:
     """The CuPy backend (interface: see numpy_kernels) on GPU `index` (None: CuPy's current device).
     Every op runs with its GPU current, so layers on several GPUs compute each on its own."""
@@ -117,10 +184,11 @@ class Kernels:
             picked = d[xp.arange(n), labels]
             self._exp_shift(top, d)
             total = d.sum(axis=1, keepdims=True)
-            loss = float(xp.mean(xp.log(total[:, 0]) + top[:, 0] - picked))
-            correct = int(xp.count_nonzero(logits.argmax(axis=1) == labels))
+            loss = xp.mean(xp.log(total[:, 0]) + top[:, 0] - picked)
+            correct = xp.count_nonzero(logits.argmax(axis=1) == labels)
             self._xent_grad(total, labels, np.int32(classes), d.dtype.type(1.0 / n), d)
-            return loss, d, correct
+            loss, correct = xp.stack([loss.astype(xp.float64), correct.astype(xp.float64)]).get()   # one wait
+            return float(loss), d, int(correct)
 
     def softmax(self, logits):
         with self.current():

@@ -152,3 +152,40 @@ def test_numba_col2im_equals_the_numpy_loop():
         out = np.zeros(shape, np.float32)
         col2im(windows, out, stride)
         np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)   # summation order differs
+
+
+@pytest.mark.gpu
+def test_cupy_col2im_equals_the_numpy_loop():
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed (pip install 'zmqflow[gpu]')")
+    from zmqflow.models.kernels import gpu_count
+    from zmqflow.models.kernels.cupy_kernels import col2im
+    if gpu_count() == 0:
+        pytest.skip("no GPU is visible")
+    windows = RNG.standard_normal((3, 4, 5, 3, 2, 6)).astype(np.float32)
+    for stride in (1, 2, 3):
+        shape = (3, (4 - 1) * stride + 3 + 1, (5 - 1) * stride + 2, 6)   # a row no window covers stays zero
+        expected = np.zeros(shape, np.float32)
+        for i in range(3):
+            for j in range(2):
+                expected[:, i:i + stride * 4:stride, j:j + stride * 5:stride, :] += windows[:, :, :, i, j, :]
+        out = cupy.zeros(shape, cupy.float32)
+        col2im(cupy.asarray(windows), out, stride)
+        np.testing.assert_allclose(out.get(), expected, rtol=1e-6, atol=1e-7)   # the loop's order: equal
+
+
+@pytest.mark.gpu
+def test_cupy_max_pool_gradient_equals_the_numpy_loop():
+    """Ties go to the first maximum in row-major order, a window holding NaN passes no gradient: as on the CPU."""
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed (pip install 'zmqflow[gpu]')")
+    from zmqflow.models.kernels import gpu_count
+    if gpu_count() == 0:
+        pytest.skip("no GPU is visible")
+    x = RNG.integers(0, 3, (2, 6, 12, 5)).astype(np.float32)      # small integers: many ties
+    x[0, 0, 0, 0] = np.nan
+    for size in (2, 3):
+        g = RNG.standard_normal((2, 6 // size, 12 // size, 5)).astype(np.float32)
+        cpu = variable(x)
+        conv_ops.max_pool2d(cpu, size).backward(g)
+        gpu = variable(cupy.asarray(x))
+        conv_ops.max_pool2d(gpu, size).backward(cupy.asarray(g))
+        np.testing.assert_array_equal(gpu.grad.get(), cpu.grad)
