@@ -1,9 +1,9 @@
 """Issue 26: over a slow link a ps client took a large pull for a lost ps. A ping's answer queues behind the
 reply sent before it on the same connection, so a pull longer than the client's liveness window (13 MB over
 100 Mbit/s shared by 4 workers: over 4 s, against 3 x 1 s) ended as UnavailableError and the workers exited 3.
-Here a real ps holds 20 MB of variables and a proxy forwards its bytes at 10 MB/s, so a pull takes about 2 s
-against a liveness window shrunk to 0.6 s: the pull must complete, and a ps stopped (SIGSTOP) in the middle
-of one must still be found lost within a bounded time (common/rpc/client.py)."""
+Here a real ps holds 20 MB of variables behind a proxy that forwards 10 MB/s each way, so a pull or a push
+takes about 2 s against a liveness window shrunk to 0.6 s: both must complete, and a ps stopped (SIGSTOP) in
+the middle of a pull must still be found lost within a bounded time (common/rpc/client.py)."""
 
 import json
 import signal
@@ -18,20 +18,21 @@ from zmqflow.common.errors import UnavailableError
 from zmqflow.common.clients.ps import PsClient
 from zmqflow.common.cluster.placement import place
 from zmqflow.common.rpc.client import RpcClient
+from zmqflow.common.wire.protocol import PsOps
 from zmqflow.models.registry import load_model, model_variables
 
 pytestmark = pytest.mark.faults
 
 BIG_MLP = {"type": "mlp", "layers": [784, 6400, 10], "activation": "sigmoid",
            "init": {"kind": "truncated_normal", "stddev": 0.1}, "seed": 1}   # 20.3 MB of float32
-RATE = 10e6          # bytes/s the proxy forwards from the ps
+RATE = 10e6          # bytes/s the proxy forwards each way
 INTERVAL, LIVENESS = 0.2, 3
 DRAIN_S = 4e6 / RATE  # what a stopped ps's kernel still sends: its send buffer (loopback's largest, 4 MB)
 
 
 class ThrottledProxy:
-    """A TCP proxy on 127.0.0.1: the client's bytes go to `port` at once, the service's come back at `rate`
-    bytes/s, paced (a slow link). Its upstream receive buffer is small, so what it holds is its chunk."""
+    """A TCP proxy on 127.0.0.1 to `port` that forwards `rate` bytes/s each way, paced (a slow link). Its
+    receive buffers are small, so what it holds is about its chunk."""
 
     def __init__(self, port, rate):
         self.port, self.rate = port, rate
@@ -46,11 +47,12 @@ class ThrottledProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
             upstream = socket.socket()
             upstream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
             upstream.connect(("127.0.0.1", self.port))
             self._sockets += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream, None), daemon=True).start()
+            threading.Thread(target=self._pump, args=(client, upstream, self.rate), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client, self.rate), daemon=True).start()
 
     @staticmethod
@@ -59,9 +61,8 @@ class ThrottledProxy:
         try:
             while data := source.recv(64 * 1024):
                 sink.sendall(data)
-                if rate:
-                    due = max(due, time.monotonic()) + len(data) / rate
-                    time.sleep(max(0.0, due - time.monotonic()))
+                due = max(due, time.monotonic()) + len(data) / rate
+                time.sleep(max(0.0, due - time.monotonic()))
         except OSError:
             pass
         for sock in (source, sink):
@@ -104,6 +105,20 @@ def test_a_pull_slower_than_the_liveness_window_completes(big_ps):
           f"(liveness window {INTERVAL * LIVENESS:.1f} s)")
     assert took > 2 * INTERVAL * (LIVENESS + 1), "the pull was not slower than the liveness window: no test"
     np.testing.assert_array_equal(pulled, expected)
+
+
+def test_a_push_slower_than_the_liveness_window_completes(big_ps):
+    ps, proxy = big_ps
+    with RpcClient(ps.endpoint) as direct:
+        pulled, _ = direct.call("pull", {"packed": True}, timeout=30)
+    zeros = [np.zeros(shape, dtype) for dtype, shape, _ in pulled["layout"]]   # the values stay as they are
+    with RpcClient(proxy.endpoint, heartbeat_interval=INTERVAL, heartbeat_liveness=LIVENESS) as slow:
+        started = time.monotonic()
+        result, _ = slow.call(PsOps.Push(pulled["version"], pulled["names"]), tensors=zeros, timeout=30)
+        took = time.monotonic() - started
+    print(f"\n{sum(z.nbytes for z in zeros) / 1e6:.1f} MB pushed over the slow link in {took:.2f} s")
+    assert took > 2 * INTERVAL * (LIVENESS + 1), "the push was not slower than the liveness window: no test"
+    assert result["applied"]
 
 
 def test_a_ps_stopped_mid_pull_is_still_found_lost(big_ps):
