@@ -37,7 +37,7 @@ def pause(broker):
         broker.signal_group(signal.SIGCONT)
 
 
-@pytest.mark.slow   # about 9 s: a reader process, the pause
+@pytest.mark.slow   # about 5 s: a reader process, the pause
 def test_a_reader_waits_out_a_full_queue_and_a_broker_slow_to_answer(processes, tmp_path):
     for f in range(FILES):
         (tmp_path / f"part-{f:02d}.csv").write_text(
