@@ -219,9 +219,9 @@ class RpcClient:
             # dead = a ping unanswered for `liveness` intervals, and no byte moving meanwhile (a reply ahead of
             # the ping's answer arriving); silence alone is no proof, since this socket is not pumped while its
             # owner waits on another service or computes
-            limit = self.heartbeat_interval * self.heartbeat_liveness
-            if self._unanswered_since is not None and self._silent_for(now) > limit and \
-                    self._silent_for(now, look=True) > limit:
+            window = self.heartbeat_interval * self.heartbeat_liveness
+            if self._unanswered_since is not None and self._silent_for(now) > window and \
+                    self._silent_for(now, look=True) > window:
                 silent = now - self._unanswered_since
                 self._reconnect(lambda lost: UnavailableError(f"service at {self.address} did not answer for "
                                                               f"{silent:.1f} s (during {lost.op}, request {lost.id})"),
