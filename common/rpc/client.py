@@ -4,8 +4,14 @@
 pumps the socket: replies are matched by id, and while a reply is due the client pings the service
 every `heartbeat_interval` seconds. A service silent for `heartbeat_liveness` intervals is reported as
 UnavailableError naming its address, the socket is replaced, and the next attempt waits the core's
-back-off; a service that announces itself sooner (the new socket completes its handshake: the socket's
-monitor says so) is retried at once. A request waits for the service's name to resolve within its own
+back-off. Silent: no ping answered, and no byte crossing the connection either. A ping's answer queues
+behind the replies sent before it on the same connection, so over a slow link it may wait for a large pull
+(13 MB over 100 Mbit/s shared by 4 workers: over 4 s); while the kernel says a reply's bytes are arriving
+(TCP_INFO's bytes_received) or a request's are taken in (bytes_acked, more than a ping's), the service is
+alive and busy, not lost. A stopped or dead service moves no bytes but what its kernel held already, so it is
+still found within about `heartbeat_liveness` intervals of the last byte. After a loss, a service that
+announces itself before the back-off ends (the new socket completes its handshake: the socket's monitor
+says so) is retried at once. A request waits for the service's name to resolve within its own
 timeout, and fails with UnavailableError if it does not; a service declared dead is looked up again.
 
 One client belongs to one thread (ZeroMQ sockets are not thread-safe); use one client per thread.
@@ -25,7 +31,13 @@ from zmqflow.common.wire.limits import DEFAULT_LIMITS
 from zmqflow.common.wire.protocol import Ops
 from zmqflow.common.rpc.resolver import default_resolver
 from zmqflow.common.rpc.calls import USE_DEFAULT, Call, Calls, client_socket
-from zmqflow.common.rpc.sockets import connect_resolved
+from zmqflow.common.rpc.connections import tcp_counts
+from zmqflow.common.rpc.sockets import connect_resolved, recv_monitor_message
+
+_MONITORED = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+_REQUEST_MOVING_BYTES = 64 * 1024
+"""Bytes of ours the service's host acknowledged between two looks that show it is taking a request in: fewer
+may be our pings alone, which the kernel of a stopped process still acknowledges."""
 
 
 class PendingCall(Call):
@@ -79,8 +91,10 @@ class RpcClient:
     def _connect(self):
         self.socket = client_socket(self.context, self.limits, self.name, self._curve_dir, hwm=100_000,
                                     send_timeout_ms=int(self.heartbeat_interval * self.heartbeat_liveness * 1000))
-        # the service announcing itself: a completed handshake ends a back-off at once
-        self._monitor = self.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        # the service announcing itself: a completed handshake ends a back-off at once; the connection's
+        # descriptor, to ask the kernel whether bytes move while a ping's answer waits its turn
+        self._monitor = self.socket.get_monitor_socket(_MONITORED)
+        self._fd, self._traffic, self._moving_at = None, None, 0.0
         self._connect_resolved()
         self._poller = zmq.Poller()
         self._poller.register(self.socket, zmq.POLLIN)
@@ -173,9 +187,12 @@ class RpcClient:
         if wait <= 0:
             return
         self._connect_resolved()  # looked up again meanwhile
-        if self._monitor.poll(int(1000 * (wait if timeout is None else min(wait, timeout)))):
-            while self._monitor.poll(0):
-                self._monitor.recv_multipart()
+        until = time.monotonic() + (wait if timeout is None else min(wait, timeout))
+        while not self._watch_connection():
+            left = until - time.monotonic()
+            if left <= 0 or not self._monitor.poll(max(1, int(1000 * left))):
+                break
+        else:
             self.calls.announced()
             return
         if timeout is not None and wait > timeout:
@@ -199,10 +216,12 @@ class RpcClient:
             if call.deadline is not None and now >= call.deadline:
                 self._give_up(call)
                 return
-            # dead = a ping unanswered for `liveness` intervals; silence alone is no proof, since this
-            # socket is not pumped while its owner waits on another service or computes
-            if self._unanswered_since is not None and \
-                    now - self._unanswered_since > self.heartbeat_interval * self.heartbeat_liveness:
+            # dead = a ping unanswered for `liveness` intervals, and no byte moving meanwhile (a reply ahead of
+            # the ping's answer arriving); silence alone is no proof, since this socket is not pumped while its
+            # owner waits on another service or computes
+            window = self.heartbeat_interval * self.heartbeat_liveness
+            if self._unanswered_since is not None and self._silent_for(now) > window and \
+                    self._silent_for(now, look=True) > window:
                 silent = now - self._unanswered_since
                 self._reconnect(lambda lost: UnavailableError(f"service at {self.address} did not answer for "
                                                               f"{silent:.1f} s (during {lost.op}, request {lost.id})"),
@@ -216,6 +235,7 @@ class RpcClient:
                 self._last_ping = now
                 if self._unanswered_since is None:
                     self._unanswered_since = now
+                self._look_at_traffic(now)
             limit = min(self.heartbeat_interval, (call.deadline - now) if call.deadline else 1e9,
                         (until - now) if until is not None else 1e9)
             if self._poller.poll(max(1, int(limit * 1000))):
@@ -233,6 +253,38 @@ class RpcClient:
             self.calls.received(header, frames, error)
             if not wire.readable(self.socket):
                 return
+
+    def _silent_for(self, now, look=False):
+        """Seconds since the oldest unanswered ping, or since bytes last moved if later (`look`: ask the
+        kernel now)."""
+        if look:
+            self._look_at_traffic(now)
+        return now - max(self._unanswered_since, self._moving_at)
+
+    def _look_at_traffic(self, now):
+        """Ask the kernel what crossed the connection since the last look (TCP only; nothing to say on
+        ipc://): bytes of a reply received, or more than a ping's of a request acknowledged, mark it moving."""
+        self._watch_connection()
+        counts = tcp_counts(self._fd) if self._fd is not None else None
+        last = self._traffic
+        self._traffic = None if counts is None else (self._fd, counts[0], counts[1])
+        if self._traffic and last and last[0] == self._fd and \
+                (self._traffic[2] > last[2] or self._traffic[1] > last[1] + _REQUEST_MOVING_BYTES):
+            self._moving_at = now
+
+    def _watch_connection(self):
+        """Take in the monitor's events: the descriptor of the connection (libzmq's, read only to ask the
+        kernel about it); True when the service completed a handshake among them."""
+        announced = False
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                announced = True
+            elif event["event"] == zmq.EVENT_CONNECTED:
+                self._fd = event["value"]
+            elif event["value"] == self._fd:
+                self._fd = None
+        return announced
 
     def _give_up(self, call):
         self._send(call.op, self.calls.give_up(call))

@@ -139,7 +139,7 @@ class Connections:
             return
         self._next_check = now + _CHECK_EVERY_S
         for conn in list(self.open.values()):
-            counts = _tcp_counts(conn.fd)
+            counts = tcp_counts(conn.fd)
             if counts is None:
                 continue
             acked, received, waiting = counts
@@ -155,7 +155,7 @@ class Connections:
                 conn.over_at = conn.read
 
     def _measure_unread(self, conn):
-        counts = _tcp_counts(conn.fd)
+        counts = tcp_counts(conn.fd)
         conn.next_check = conn.sent + self.reply_check_bytes
         if counts is not None:
             conn.unread = max(0, conn.sent - counts[0])
@@ -171,7 +171,7 @@ class Connections:
         _shutdown(conn.fd)
 
 
-def _tcp_counts(fd):
+def tcp_counts(fd):
     """(bytes acked by the peer, bytes received from it, bytes received not yet read) of a TCP connection,
     or None (not TCP, or closed)."""
     try:

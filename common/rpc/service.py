@@ -46,7 +46,6 @@ import logging
 import math
 import os
 import signal
-import struct
 import time
 import uuid
 
@@ -63,18 +62,9 @@ from zmqflow.common.wire.protocol import CLIENT, Ops, ops_with_role
 from zmqflow.common.rpc.resolver import default_resolver
 from zmqflow.common.rpc.calls import Calls, client_socket
 from zmqflow.common.rpc.connections import Connections
-from zmqflow.common.rpc.sockets import connect_resolved
+from zmqflow.common.rpc.sockets import connect_resolved, recv_monitor_message
 
 log = logging.getLogger(__name__)
-
-
-def recv_monitor_message(socket):
-    """One monitor event, {"event", "value", "endpoint"} as pyzmq's zmq.utils.monitor gives it (v1 format: a 16-bit
-    event and a 32-bit value, then the endpoint), read here: that module imports zmq.asyncio, so asyncio, ~0.05 s
-    of every service's start-up (bench startup)."""
-    event, endpoint = socket.recv_multipart()
-    number, value = struct.unpack("=hi", event[:6])
-    return {"event": number, "value": value, "endpoint": endpoint}
 
 
 PARKED = object()

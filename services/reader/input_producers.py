@@ -35,10 +35,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InvalidArgumentError, OutOfRangeError,
-                                   check_int)
+from zmqflow.common.errors import CancelledError, InvalidArgumentError, OutOfRangeError, check_int
 from zmqflow.common.clients.queues import DEFAULT_BROKER_ENV, FIFOQueue, PaddingFIFOQueue, RandomShuffleQueue
 from zmqflow.common.rpc.client import default_pool
+from zmqflow.services.reader.producer import wait_or_cancel
 
 ENQUEUE_MANY_TIMEOUT = 3600.0
 
@@ -177,12 +177,11 @@ class Batches:
             default_pool.close_thread()
 
     def _enqueue_one(self, item):
-        """enqueue in bounded waits, retried while the queue is full (a timed-out enqueue inserts nothing)."""
-        while not self._stop.is_set():
-            try:
-                return self.queue.enqueue(item, timeout=1.0)
-            except DeadlineExceededError:
-                continue
+        """enqueue without a deadline, as TF's waits for room however long (a deadline retried took a live
+        broker that answered one expiry late for a lost one); a stop cancels it (CancelledError, or its late
+        success)."""
+        if not self._stop.is_set():
+            wait_or_cancel(self.queue.enqueue_async(item, timeout=None), self._stop)
 
     def _close_queue(self, cancel):
         try:

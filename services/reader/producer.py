@@ -14,9 +14,15 @@ a name from it only as a pointer into its own list (`ReaderFiles`: its globs,
 expanded once at start) and refuses any other (docs/security.md).
 
 The epoch order (`epoch_file_names`) is plain code; only `string_input_producer`
-talks to the broker. Names are pushed one `enqueue` at a time with a short
-deadline, retried while the queue is full: a timed-out single enqueue inserts
-nothing, whereas a timed-out enqueue_many may have inserted part of its names.
+talks to the broker. Names are pushed one `enqueue` at a time, without a deadline:
+as TF's enqueue, it waits for room however long the queue stays full (the readers
+are behind a slow consumer), and only the broker's answer ends it, or the client's
+heartbeats finding the broker gone (UnavailableError). A short deadline retried
+instead made a live broker that answered one expiry a second late (a busy machine
+starving it) look lost: the client gives up a call past its deadline and grace
+as UnavailableError (issue 26: a reader exited 3 after minutes of a full queue).
+A stop cancels the request in flight and takes its answer, a late success included
+(`wait_or_cancel`).
 """
 
 import glob
@@ -28,14 +34,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from zmqflow.common.errors import (CancelledError, DeadlineExceededError, InvalidArgumentError, NotFoundError,
-                                   PermissionDeniedError, check_int)
+from zmqflow.common.errors import CancelledError, InvalidArgumentError, NotFoundError, PermissionDeniedError, check_int
 from zmqflow.common.clients.queues import FIFOQueue
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CAPACITY = 32  # TF's string_input_producer default
 POLL_S = 1.0
+"""Seconds between two looks at a stop while a queue request waits for the broker."""
 
 
 class Produced(NamedTuple):
@@ -118,6 +124,21 @@ def filename_queue(broker, shared_name, container="", capacity=DEFAULT_CAPACITY,
                      broker=broker, pool=pool)
 
 
+def wait_or_cancel(future, stop, poll_s=POLL_S):
+    """(the answer of `future`, whether `stop` came first): `future` a queue request sent without a deadline,
+    waited for as long as the broker holds it (its heartbeats still end the wait, UnavailableError, when the
+    broker is gone); `stop` (a threading.Event) set meanwhile cancels it, and its answer is still taken, a late
+    success included, so nothing it took or put is lost unseen. Raises the request's error (CancelledError
+    for one this cancelled)."""
+    stopped = False
+    while not future.wait(poll_s):
+        if stop.is_set():
+            future.cancel()
+            stopped = True
+            break
+    return future.result(), stopped
+
+
 def string_input_producer(files, broker, shared_name, container="", num_epochs=None, shuffle=True, seed=None,
                           capacity=DEFAULT_CAPACITY, stop=None, pool=None):
     """Push the names of `num_epochs` epochs into the queue `shared_name`, then close it.
@@ -125,24 +146,23 @@ def string_input_producer(files, broker, shared_name, container="", num_epochs=N
     Returns Produced(names pushed, closed). Stops early, without closing, when `stop`
     (a threading.Event) is set or when someone else closed the queue (a failed
     pipeline closes it with cancel): the caller decides what an unfinished
-    producer means. Every wait is bounded (POLL_S), so a stop is seen promptly.
+    producer means. A full queue is waited out however long; a stop is seen within POLL_S.
     """
     stop = stop or threading.Event()
     queue = filename_queue(broker, shared_name, container, capacity, pool)
     pushed = 0
     for name in epoch_file_names(files, num_epochs, shuffle, seed):
-        while True:
-            if stop.is_set():
-                return Produced(pushed, False)
-            try:
-                queue.enqueue(os.fspath(name).encode(), timeout=POLL_S)
-                break
-            except DeadlineExceededError:
-                continue  # full: the readers are busy; wait again
-            except CancelledError:
+        if stop.is_set():
+            return Produced(pushed, False)
+        try:
+            _, stopped = wait_or_cancel(queue.enqueue_async(os.fspath(name).encode(), timeout=None), stop)
+        except CancelledError:
+            if not stop.is_set():
                 log.info("file-name queue %r was closed by someone else after %d names", shared_name, pushed)
-                return Produced(pushed, False)
+            return Produced(pushed, False)
         pushed += 1
+        if stopped:
+            return Produced(pushed, False)
     try:
         queue.close(timeout=30.0)
     except CancelledError:  # closed meanwhile by a failing pipeline

@@ -23,7 +23,9 @@ use more cores run more reader processes on the same queue (jobs/local_cluster.p
 `start_readers`). Features with a ragged (None) dimension go to a PaddingFIFOQueue one
 instance per enqueue, as one enqueue_many holds instances of one shape only.
 
-Bounded waits: file names are taken with a POLL_S deadline and retried; a push
+Waits: file names are taken without a deadline, as TF's dequeue (the broker's answer or
+the client's heartbeats finding it gone end the wait, a stop cancels it: producer.py's
+`wait_or_cancel`), so a live broker slow to answer is never taken for a lost one; a push
 waits at most `enqueue_timeout` for room, after which the pipeline fails
 (a timed-out enqueue_many may have inserted part of its chunk, so it cannot be
 retried without duplicates). A stop (SIGTERM) between files leaves cleanly; a stop
@@ -52,7 +54,7 @@ from zmqflow.common.rpc.client import default_pool
 from zmqflow.inputs.formats import open_format
 from zmqflow.inputs.spec_stream import SpecStream
 from zmqflow.services.reader.producer import (DEFAULT_CAPACITY, ReaderFiles, expand_globs, filename_queue,
-                                              string_input_producer)
+                                              string_input_producer, wait_or_cancel)
 
 log = logging.getLogger("reader")
 
@@ -323,14 +325,22 @@ class ReaderPipeline:
         fmt = self.counters.formats[index] = open_reader_format(self.format_kind, self.format_options)
         while not self._halt.is_set():
             try:
-                name = self.filename_queue.dequeue(timeout=POLL_S, lease=self.lease_s if self.at_least_once else None)
-            except DeadlineExceededError:
-                continue
+                name, stopped = wait_or_cancel(self.filename_queue.dequeue_async(
+                    timeout=None, lease=self.lease_s if self.at_least_once else None), self._halt)
             except OutOfRangeError:
                 self._exhausted.append(index)
                 return
+            except CancelledError:
+                if self._halt.is_set():   # cancelled here, on the stop
+                    return
+                raise
             lease = name if self.at_least_once else None   # a Lease on the name (common/clients/leases.py)
             path = self._own_path((lease.values if lease else name).item())
+            if stopped:   # a name that came as the wait was cancelled: given back, or left unread
+                self._abandoned.append(path)
+                if lease:
+                    lease.settle(ack=False)
+                return
             self.counters.reading[index] = path
             try:
                 if not self._push_file(fmt, path, lease):
