@@ -55,7 +55,8 @@ _COMPILING = threading.Lock()
 
 
 def _compile_kernels():
-    from numba import njit
+    from zmqflow.common.jit import load_numba
+    njit = load_numba().njit
     with _COMPILING:   # two threads' first calls: one set of dispatchers
         for name, kernel in list(globals().items()):
             if isinstance(kernel, _Kernel):
