@@ -41,7 +41,10 @@ class _Kernel:
     (bench startup), and `zmqflow train`, a job spec (jobs/spec.py), `zmqflow ps --help` only read
     DEFAULT_OPTIMIZER. The first call puts every compiled kernel in this module's globals (the sparse kernels
     call the dense ones by name), so later calls go straight to numba; cache=True: a later process loads them
-    compiled. A ps still compiles them before it serves (services/ps/store.py, _warm_up)."""
+    compiled. A ps still compiles them before it serves (services/ps/store.py, _warm_up).
+    error_model "numpy": a float division by zero gives inf or nan (as TF's kernels do) instead of raising, so
+    LLVM vectorizes the loops that divide (Adam, Adagrad): Adam over the MNIST MLP's 318 KB took 221 -> 69 us of
+    CPU, over a 13 MB CNN 7.97 -> 1.96 ms, bit for bit the same (numpy's in-place ufuncs took 121 us and 9.3 ms)."""
 
     def __init__(self, function):
         self.function = function
@@ -60,7 +63,7 @@ def _compile_kernels():
     with _COMPILING:   # two threads' first calls: one set of dispatchers
         for name, kernel in list(globals().items()):
             if isinstance(kernel, _Kernel):
-                globals()[name] = njit(cache=True)(kernel.function)
+                globals()[name] = njit(cache=True, error_model="numpy")(kernel.function)
 
 
 @_Kernel
