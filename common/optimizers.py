@@ -41,7 +41,10 @@ class _Kernel:
     (bench startup), and `zmqflow train`, a job spec (jobs/spec.py), `zmqflow ps --help` only read
     DEFAULT_OPTIMIZER. The first call puts every compiled kernel in this module's globals (the sparse kernels
     call the dense ones by name), so later calls go straight to numba; cache=True: a later process loads them
-    compiled. A ps still compiles them before it serves (services/ps/store.py, _warm_up)."""
+    compiled. A ps still compiles them before it serves (services/ps/store.py, _warm_up).
+    error_model "numpy": a float division by zero gives inf or nan (as TF's kernels do) instead of raising, so
+    LLVM vectorizes the loops that divide (Adam, Adagrad): Adam over the MNIST MLP's 318 KB took 221 -> 69 us of
+    CPU, over a 13 MB CNN 7.97 -> 1.96 ms, bit for bit the same (numpy's in-place ufuncs took 121 us and 9.3 ms)."""
 
     def __init__(self, function):
         self.function = function
@@ -55,11 +58,12 @@ _COMPILING = threading.Lock()
 
 
 def _compile_kernels():
-    from numba import njit
+    from zmqflow.common.jit import load_numba
+    njit = load_numba().njit
     with _COMPILING:   # two threads' first calls: one set of dispatchers
         for name, kernel in list(globals().items()):
             if isinstance(kernel, _Kernel):
-                globals()[name] = njit(cache=True)(kernel.function)
+                globals()[name] = njit(cache=True, error_model="numpy")(kernel.function)
 
 
 @_Kernel
@@ -254,6 +258,14 @@ class Optimizer:
 
     def create_slots(self, var):
         return {s.name: np.full(s.shape, s.initial_value, dtype=var.dtype) for s in self.slot_specs(var.shape)}
+
+    def warm_up(self, dtypes):
+        """Compile (or load from numba's cache) the dense update for each of `dtypes` now, on a 1-element
+        variable: not in the first update (0.38 s in a ps's first push), and before the process puts LLVM
+        at rest (common/jit.py)."""
+        for dtype in set(dtypes):
+            var = np.zeros(1, dtype)
+            self.apply_dense(var, np.zeros(1, dtype), self.create_slots(var), 0)
 
     def apply_dense(self, var, grad, slots, step):
         """var (and slots) -= the update for `grad`, in place."""

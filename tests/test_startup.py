@@ -10,6 +10,7 @@ import sys
 import pytest
 
 pytestmark = pytest.mark.service
+MB = 1024 * 1024
 
 NOT_AT_START = {
     # the umbrella CLI: `zmqflow --help`, and each subcommand pays for its own imports only (cli/main.py)
@@ -37,6 +38,52 @@ def test_an_entry_module_does_not_import_what_its_start_does_not_need(module):
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [], f"importing {module} loads {done.stdout.strip()}"
+
+
+AT_REST = """
+import json, sys
+import numpy as np
+from zmqflow.common import jit
+from zmqflow.models.kernels import get_backend
+from zmqflow.services.ps.store import VariableStore
+
+def llvm_rss():
+    inside, total = False, 0
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if "-" in head[0] and not head[0].endswith(":"):
+            inside = line.rstrip().endswith("/" + jit.LLVM_LIBRARY)
+        elif inside and head[0] == "Rss:":
+            total += int(head[1]) * 1024
+    return total
+
+store = VariableStore({"w": ((3, 4), np.dtype(np.float32))}, {"kind": "adam", "learning_rate": 0.1})  # a ps's
+kernels = get_backend("numba")                                                                        # a worker's
+x, w, b = np.arange(6, dtype=np.float32).reshape(2, 3) / 6, np.ones((3, 4), np.float32), np.zeros(4, np.float32)
+first = kernels.dense(x, w, b, "sigmoid")
+before = llvm_rss()
+unmapped = jit.at_rest()
+again = kernels.dense(x, w, b, "sigmoid")   # compiled code runs without LLVM
+after = llvm_rss()
+wider = kernels.dense(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), "tanh")  # compiles anew
+print(json.dumps({"scipy": sorted(m for m in sys.modules if m.split(".")[0] == "scipy"), "before": before,
+                  "after": after, "unmapped": unmapped, "same": bool(np.array_equal(first, again)),
+                  "wider": bool(np.allclose(wider, np.tanh(x.astype(np.float64) @ w.astype(np.float64))))}))
+"""
+
+
+@pytest.mark.unit
+def test_kernels_at_rest_hold_neither_scipy_nor_llvms_code():
+    """A ps's update kernels and a worker's (or model server's) numba kernels, compiled: scipy was never imported
+    (common/jit.py keeps numba's BLAS check from loading scipy.linalg), and at_rest unmaps LLVM's code pages;
+    the compiled kernels run without them and give the same answers, and LLVM still compiles (a new signature)."""
+    done = subprocess.run([sys.executable, "-c", AT_REST], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rest = json.loads(done.stdout.strip().splitlines()[-1])
+    assert rest["scipy"] == []
+    assert rest["before"] > 16 * MB and rest["unmapped"] > rest["before"]    # LLVM's pages were resident, then not
+    assert rest["after"] < 4 * MB
+    assert rest["same"] and rest["wider"]
 
 
 def test_bench_startup_reports_each_role_against_the_baseline():

@@ -17,10 +17,13 @@ import functools
 import math
 
 import numpy as np
-from numba import njit, prange
 
+from zmqflow.common.jit import load_numba
 from zmqflow.models.kernels import numpy_kernels
 from zmqflow.models.kernels.numpy_kernels import check_labels
+
+_numba = load_numba()   # without scipy (common/jit.py)
+njit, prange = _numba.njit, _numba.prange
 
 kernel = functools.partial(njit, cache=True, nogil=True, error_model="numpy")
 """How every kernel here compiles. nogil: towers on CPU threads overlap. error_model "numpy": a float

@@ -62,9 +62,7 @@ class VariableStore:
     def _warm_up(self):
         """Compile (or load from numba's cache) the update kernel now, not during the first push:
         it took 0.38 s there, inside the training time."""
-        for dtype in {dtype for _, dtype in self.specs.values()}:
-            var = np.zeros(1, dtype)
-            self.optimizer.apply_dense(var, np.zeros(1, dtype), self.optimizer.create_slots(var), 0)
+        self.optimizer.warm_up(dtype for _, dtype in self.specs.values())
 
     # ------------------------------------------------------------------ set-up
 

@@ -51,6 +51,11 @@ class AllReduceTrainer(Trainer):
         self.slots = {}
         self.reformed = 0     # how often the ring went on without a lost worker
 
+    def _warm_up(self):
+        """The update kernels too, before the model's warm-up step puts LLVM at rest (common/jit.py)."""
+        self.optimizer.warm_up(self.dtypes.values())
+        super()._warm_up()
+
     def resolved_config(self):
         return {**super().resolved_config(), "num_workers": len(self.link.members) or self.num_workers}
 
