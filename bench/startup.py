@@ -13,7 +13,8 @@ gateway), each one's dependencies already up. Ready means what the project's hea
                                   queue, so the first batch waits for no shuffle buffer
 
 RSS at rest: VmRSS of the task and every process it started, summed, `settle_s` after it was ready; of it,
-rss_file_mb is mapped files' pages (shared libraries), the rest the processes' own memory.
+rss_anon_mb is the processes' own memory (RssAnon) and rss_file_mb the pages of mapped files (RssFile: shared
+libraries' code, such as numba's LLVM, which every process mapping the same file shares in the page cache).
 The baseline, in each round before the roles: a bare `python -c "import zmq, numpy"`, exec to exit,
 and its RSS. Medians over `rounds` starts; targets: ready <= 1 s, RSS <= 150 MB (issue 26, item 6).
 """
@@ -47,9 +48,9 @@ def zmqflow_command():
 
 
 def tree_rss_bytes(pid):
-    """(VmRSS, RssFile) of `pid` and of every descendant, summed (a reader's or gateway's own children count).
-    RssFile, part of VmRSS, is the resident pages of mapped files (shared libraries' code), which other processes
-    mapping the same files share."""
+    """(VmRSS, RssFile, RssAnon) of `pid` and of every descendant, summed (a reader's or gateway's own children
+    count). RssFile and RssAnon are parts of VmRSS: the resident pages of mapped files (shared libraries' code),
+    which other processes mapping the same files share, and the processes' own memory."""
     children = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -59,19 +60,20 @@ def tree_rss_bytes(pid):
             except (OSError, ValueError, IndexError):
                 continue
             children.setdefault(ppid, []).append(int(entry))
-    rss = file = 0
+    rss = file = anon = 0
     todo = [pid]
     while todo:
         current = todo.pop()
         todo += children.get(current, [])
         try:
             with open(f"/proc/{current}/status") as f:
-                status = dict(line.split(":", 1) for line in f if line.startswith(("VmRSS:", "RssFile:")))
+                status = dict(line.split(":", 1) for line in f if line.startswith(("VmRSS:", "RssFile:", "RssAnon:")))
         except OSError:
             continue   # exited meanwhile
         rss += int(status.get("VmRSS", "0 kB").split()[0]) * 1024
         file += int(status.get("RssFile", "0 kB").split()[0]) * 1024
-    return rss, file
+        anon += int(status.get("RssAnon", "0 kB").split()[0]) * 1024
+    return rss, file, anon
 
 
 def baseline():
@@ -191,7 +193,8 @@ def run(roles=ROLES, rounds=3, settle_s=1.0, timeout=60.0, backend=None, progres
     if unknown:
         raise ValueError(f"unknown roles {unknown}: choose from {', '.join(ROLES)}")
     order = with_dependencies(roles)
-    samples = {role: {"ready_s": [], "rss_bytes": [], "rss_file_bytes": []} for role in order}
+    samples = {role: {"ready_s": [], "rss_bytes": [], "rss_file_bytes": [], "rss_anon_bytes": []}
+               for role in order}
     samples["baseline"] = {"ready_s": [], "rss_bytes": []}
     commands = {}
     with tempfile.TemporaryDirectory(prefix="zmqflow-bench-startup-") as workdir:
@@ -210,9 +213,10 @@ def run(roles=ROLES, rounds=3, settle_s=1.0, timeout=60.0, backend=None, progres
                     child, seconds, argv = this.start(role)
                     time.sleep(settle_s)
                     samples[role]["ready_s"].append(seconds)
-                    rss, rss_file = tree_rss_bytes(child.pid)
+                    rss, rss_file, rss_anon = tree_rss_bytes(child.pid)
                     samples[role]["rss_bytes"].append(rss)
                     samples[role]["rss_file_bytes"].append(rss_file)
+                    samples[role]["rss_anon_bytes"].append(rss_anon)
                     commands[role] = " ".join(["zmqflow", *argv[len(zmqflow_command()):]]).replace(workdir, "$TMP")
                     say(f"round {number + 1}: {role} ready in {seconds:.3f} s, "
                         f"RSS {samples[role]['rss_bytes'][-1] / MB:.1f} MB")
@@ -240,6 +244,7 @@ def _report(order, samples, commands, rounds, settle_s):
             "command": commands[role], "ready_s": round(ready, 3),
             "ready_s_each": [round(s, 3) for s in samples[role]["ready_s"]],
             "rss_mb": round(rss / MB, 1), "rss_file_mb": round(statistics.median(samples[role]["rss_file_bytes"]) / MB, 1),
+            "rss_anon_mb": round(statistics.median(samples[role]["rss_anon_bytes"]) / MB, 1),
             "ready_over_baseline": round(ready / base_s, 2),
             "rss_over_baseline": round(rss / base_rss, 2),
             "ready_ok": ready <= TARGET_READY_S, "rss_ok": rss / MB <= TARGET_RSS_MB}

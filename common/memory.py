@@ -7,8 +7,7 @@ one MNIST batch. Raising the mmap and trim thresholds makes malloc reuse the
 freed blocks (and no mmap at all, since glibc caps the threshold at 32 MiB and a 64 MB
 pull would still fault). Measured on the broker benchmark: 81,000 -> 132,000 batch items/s.
 Services and compute processes call this once at start; it is a no-op where
-glibc's mallopt is not available. The other way at rest: release_freed_memory and
-unmap_clean_pages give back what a process no longer uses (common/jit.py, after compiling).
+glibc's mallopt is not available.
 """
 
 import ctypes
@@ -48,48 +47,3 @@ def keep_freed_memory():
     # no mmap at all: blocks above the 32 MiB threshold cap (a 64 MB pull) would still be mmapped
     return (bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
             and bool(mallopt(M_MMAP_MAX, 0)))
-
-
-MADV_DONTNEED = 4
-
-
-def file_rss_bytes():
-    """This process's resident pages of mapped files (RssFile), in bytes; 0 without /proc."""
-    try:
-        with open("/proc/self/status") as f:
-            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("RssFile:")), 0)
-    except OSError:
-        return 0
-
-
-def unmap_clean_pages(library):
-    """Unmap this process's resident pages of `library` (a shared library's file name) that it never wrote:
-    its code and read-only data, which the page cache keeps and a later use maps again (a minor fault each).
-    Pages it wrote (relocations, data) stay. Bytes of the mappings advised; 0 where there is no such mapping
-    or no /proc (not Linux)."""
-    try:
-        with open("/proc/self/smaps") as f:
-            smaps = f.read()
-    except OSError:
-        return 0
-    regions, region = [], None
-    for line in smaps.splitlines():
-        head, _, rest = line.partition(" ")
-        if "-" in head and not head.endswith(":"):   # a mapping: start-end perms offset dev inode [path]
-            fields = rest.split()
-            region = None
-            if len(fields) >= 5 and fields[4].rpartition("/")[2] == library and "w" not in fields[0]:
-                start, end = (int(part, 16) for part in head.split("-"))
-                region = [start, end, True]
-                regions.append(region)
-        elif region and head in ("Private_Dirty:", "Shared_Dirty:", "Anonymous:") and rest.split()[0] != "0":
-            region[2] = False   # written (relocated): MADV_DONTNEED would throw the writes away
-    clean = [(start, end) for start, end, unwritten in regions if unwritten]
-    if not clean:
-        return 0
-    try:
-        madvise = _libc().madvise
-    except (OSError, AttributeError):
-        return 0
-    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    return sum(end - start for start, end in clean if madvise(start, end - start, MADV_DONTNEED) == 0)

@@ -24,7 +24,6 @@ import numpy as np
 
 from zmqflow.common.errors import (AbortedError, AlreadyExistsError, DeadlineExceededError, FailedPreconditionError,
                                    InvalidArgumentError, NotFoundError, PermissionDeniedError, ResourceExhaustedError)
-from zmqflow.common.jit import at_rest
 from zmqflow.common.rpc.service import Service
 from zmqflow.common.checkpoints import checkpoint
 from zmqflow.common.cluster.placement import shared_variable_shard
@@ -63,7 +62,6 @@ class PsService(Service):
         self.pieces = pieces  # {key: Piece} of this shard, in placement order
         options = dict(state_options)
         self.store = VariableStore({k: (p.shape, p.dtype) for k, p in pieces.items()}, options.pop("optimizer"))
-        at_rest()   # the update kernels are compiled (the store's warm-up): LLVM's pages go
         self.rule = update_rule(self.store, live=lambda call: not call.finished, **options)
         self.names = list(pieces)
         self._ready_waiters = []

@@ -25,7 +25,6 @@ import numpy as np
 from zmqflow.common.checkpoints.checkpoint import Checkpoint, find_checkpoint
 from zmqflow.common.cluster.device import DeviceSpec
 from zmqflow.common.errors import InvalidArgumentError, OpError, error_from_code
-from zmqflow.common.jit import at_rest
 from zmqflow.common.wire.protocol import EnsembleServeOps
 from zmqflow.inputs.predictions import predicted
 from zmqflow.models.combine import COMBINERS, CustomCombine, check_combine, combine_answers
@@ -125,7 +124,6 @@ class EnsembleServer(BatchingServer):
         self._start(hosted, max_batch, max_delay_ms, refresh_secs)
         for member in hosted:   # compile kernels before serving
             member.model.predict(member.params, zero_inputs(member.model, 1))
-        at_rest()   # compiled: LLVM's pages go
         self.serve({EnsembleServeOps.Predict: self._predict, EnsembleServeOps.ModelInfo: self._model_info,
                     EnsembleServeOps.Members: self._members})
 

@@ -17,7 +17,6 @@ import numpy as np
 
 from zmqflow.common.checkpoints.checkpoint import Checkpoint, find_checkpoint
 from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError
-from zmqflow.common.jit import at_rest
 from zmqflow.models.protocol import zero_inputs
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.models.saved import read_params, recorded_data
@@ -167,7 +166,6 @@ class ModelServer(BatchingServer):
         self._start([Hosted(model, model_name, checkpoint_dir, ps)], max_batch, max_delay_ms, refresh_secs)
         self.model = model
         model.predict(self.hosted[0].params, zero_inputs(model, 1))  # compile kernels before serving
-        at_rest()   # compiled: LLVM's pages go
         self.serve({ServeOps.Predict: self._predict, ServeOps.ModelInfo: self._model_info})
 
     @property

@@ -24,7 +24,6 @@ from collections import deque
 import numpy as np
 
 from zmqflow.common.errors import DeadlineExceededError, InvalidArgumentError, UnavailableError
-from zmqflow.common.jit import at_rest
 from zmqflow.models.protocol import every_gradient, input_signature, zero_inputs, zero_labels
 from zmqflow.models.saved import with_model_sha256
 from zmqflow.services.worker.hooks import StepContext
@@ -171,7 +170,6 @@ class Trainer:
         """A step on zeros compiles the kernels; a pipelined model's `warm_up` sends nothing to its stages."""
         batch = zero_inputs(self.model, self.batch_size), zero_labels(self.model, self.batch_size)
         getattr(self.model, "warm_up", self.model.step)(self.model.initial_values(self.seed), batch)
-        at_rest()   # compiled: LLVM's pages go
 
     # ------------------------------------------------ the loop
 
