@@ -211,13 +211,14 @@ def test_a_nan_loss_ends_the_job_non_zero_naming_the_step(tmp_path):
 
 
 def test_a_sparse_embedding_table_over_two_shards_moves_only_the_rows_each_step_reads(tmp_path):
-    """The example users run: 2 ps shards each holding half of a 20,000-row table, 2 worker processes."""
-    done = subprocess.run([sys.executable, os.path.join(EXAMPLES, "sparse_embedding.py")], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
+    """The example users run: 2 ps shards each holding half of a 20,000-row table, 2 worker processes (one epoch
+    of its three here: `make examples` runs all three)."""
+    done = subprocess.run([sys.executable, os.path.join(EXAMPLES, "sparse_embedding.py"), "--epochs", "1"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     found = re.search(r"test RMSE ([\d.]+) .*the ps sent ([\d.]+) KiB per step for tables of (\d+) KiB", done.stdout)
     rmse, per_step, table = (float(g) for g in found.groups())
-    assert rmse < 0.5                       # 0.23 here; the ratings' standard deviation is 1.46
+    assert rmse < 0.5                       # 0.31 in one epoch (0.23 in three); the ratings' standard deviation is 1.46
     assert per_step * 20 < table            # 16 KiB of rows and dense layers a step, against a 1281 KiB table
 
 
