@@ -73,7 +73,7 @@ JAX_MODEL = os.path.join(EXAMPLES, "jax_model.py")   # the example a user runs i
 
 MODELS = {"mlp": ([], 3),
           "cnn": (["--model", "cnn", "--model-opt", "filters=[16,32]", "--model-opt", "dense=128",
-                   "--learning-rate", "0.002", "--backend", "numpy"], 8),
+                   "--learning-rate", "0.002", "--backend", "numpy"], 5),
           "jax": (["--model", f"{JAX_MODEL}:build"], 5)}
 """name: (train options, epochs). Each is trained once per module, with a checkpoint, by `trained`."""
 
@@ -100,7 +100,7 @@ def trained(tmp_path_factory):
 def test_a_small_cnn_beats_the_mlp_on_the_mnist_sample(trained):
     summary, _ = trained("cnn")
     assert summary["worker_exit_codes"] == [0, 0]
-    assert summary["test_accuracy"] >= 0.93, summary     # 0.956 in 8 epochs (0.958-0.964 in 15); the MLP: about 0.92
+    assert summary["test_accuracy"] >= 0.93, summary     # 0.952 in 5 epochs, 0.956-0.968 in 8; the MLP: about 0.92
 
 
 def test_a_jax_model_trains_on_the_cluster(trained):
@@ -140,7 +140,7 @@ def test_one_ensemble_of_an_mlp_a_cnn_and_a_jax_model_served_from_their_checkpoi
     report = json.loads(done.stdout)
     assert [m["run_id"] for m in report["members"]] == ["mlp", "cnn", "jax"]
     assert [m["model"] for m in report["members"]][:2] == ["mlp", "cnn"]
-    assert report["ensemble"]["mean"] > 0.75     # MLP 3, CNN 8 and JAX 5 epochs on the 500 test rows
+    assert report["ensemble"]["mean"] > 0.75     # MLP 3, CNN 5 and JAX 5 epochs on the 500 test rows
 
 
 BATCH_NORM_MODEL = '''
