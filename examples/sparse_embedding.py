@@ -4,6 +4,7 @@ Adam, which moves only the touched rows and their slot rows.
 
     python examples/sparse_embedding.py            # sparse rows (the default for an Embedding on an input)
     python examples/sparse_embedding.py --dense    # the same job pulling and pushing the whole table
+    python examples/sparse_embedding.py --epochs 1 # a shorter run (RMSE about 0.3 instead of 0.2)
 
 A made-up ratings set (user, item -> rating) in .npz files, described by a data spec whose user and
 item ids are categorical features (`encode: ids`), trained as a `zmqflow.local_cluster` job (a broker,
@@ -11,7 +12,7 @@ item ids are categorical features (`encode: ids`), trained as a `zmqflow.local_c
 step against the tables'. The model is `build` below: the workers and shards import this file.
 """
 
-import sys
+import argparse
 import tempfile
 
 import numpy as np
@@ -72,4 +73,8 @@ def main(dense=False, examples=200_000, epochs=3):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(dense="--dense" in sys.argv))
+    parser = argparse.ArgumentParser(description="Train the sparse embedding model on made-up ratings.")
+    parser.add_argument("--dense", action="store_true", help="pull and push the whole tables every step")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs over the 200,000 training ratings")
+    options = parser.parse_args()
+    raise SystemExit(main(dense=options.dense, epochs=options.epochs))

@@ -485,13 +485,19 @@ def _numpy_column(path, name, column, pa):
     return np.array(rows, dtype=np.float32 if pa.types.is_floating(column.type.value_type) else None)
 
 
-def read_mnist(split):
-    """The shipped MNIST sample's split as a Table: p0..p783 in [0, 1] and label."""
+def read_mnist(splits):
+    """{split: Table} of the shipped MNIST sample's splits (train, test): p0..p783 in [0, 1] and label. The
+    CSV is read once for all of them."""
     from zmqflow.inputs.datasets import MNIST_CSV, mnist_split
-    x, y = mnist_split()[0 if split == "train" else 1]
-    columns = {f"p{i}": x[:, i] for i in range(x.shape[1])}
-    columns["label"] = y.astype(np.float32)
-    return Table(columns, [MNIST_CSV], np.stack([np.zeros(len(y), np.int64), np.arange(len(y)) + 1], axis=1))
+    train, test = mnist_split()
+    tables = {}
+    for split in splits:
+        x, y = train if split == "train" else test
+        columns = {f"p{i}": x[:, i] for i in range(x.shape[1])}
+        columns["label"] = y.astype(np.float32)
+        tables[split] = Table(columns, [MNIST_CSV],
+                              np.stack([np.zeros(len(y), np.int64), np.arange(len(y)) + 1], axis=1))
+    return tables
 
 
 READERS = {"csv": read_csv, "npz": read_npz, "npy": read_npy, "tfrecord": read_tfrecord,

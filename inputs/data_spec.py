@@ -156,7 +156,7 @@ def _files_signature(spec):
 
 def _read_tables(spec):
     if spec.format == "mnist":
-        tables = {split: read_mnist(split) for split in spec.files}
+        tables = read_mnist(spec.files)
     else:
         check_columns(spec)
         tables = {split: concat([read_file(spec, p) for p in paths(spec, patterns, split)])

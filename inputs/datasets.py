@@ -9,6 +9,7 @@ RECORD_FORMAT), so that no test row is ever trained on.
 import glob
 import gzip
 import importlib.resources
+import io
 import os
 
 import numpy as np
@@ -25,9 +26,41 @@ RECORD_FORMAT = {"record_bytes": 785, "fields": [["label", "uint8", 0], ["image"
 def load_mnist(path=MNIST_CSV):
     """(images float32 [N, 784] in [0, 1], labels int32 [N])."""
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        table = np.loadtxt(f, delimiter=",", dtype=np.float32)
+    with opener(path, "rb") as f:
+        text = f.read()
+    table = small_integer_table(text)
+    if table is None:   # not the sample's plain layout: numpy's general parser
+        table = np.loadtxt(io.StringIO(text.decode()), delimiter=",", dtype=np.float32, ndmin=2)
     return table[:, :-1] / np.float32(255.0), table[:, -1].astype(np.int32)
+
+
+def small_integer_table(text):
+    """A CSV of integers 0-999 without a header (the sample's pixels and labels) as float32 [rows, columns], or
+    None for any other text (signs, decimals, spaces, empty fields, ragged rows). Whole-array numpy steps over
+    the bytes instead of np.loadtxt's per-field parsing: 0.12 s of CPU against 0.6 s for the sample, which
+    every MNIST job and many tests read at start."""
+    if not text.endswith(b"\n"):
+        text += b"\n"
+    chars = np.frombuffer(text, np.uint8)
+    newline = chars == ord("\n")
+    separator = newline | (chars == ord(","))
+    digits = chars - np.uint8(ord("0"))               # any other byte wraps past 9
+    digit = digits <= 9
+    if len(chars) < 2 or not np.all(digit | separator):
+        return None
+    if separator[0] or np.any(separator[1:] & separator[:-1]):
+        return None                                   # an empty field
+    if np.any(digit[3:] & digit[2:-1] & digit[1:-2] & digit[:-3]):
+        return None                                   # a field of 4 digits or more
+    number = digits.astype(np.uint16)                 # at each digit: its field's value up to it
+    number[1:] += np.uint16(10) * digits[:-1] * digit[:-1]
+    number[2:] += np.uint16(100) * digits[:-2] * (digit[:-2] & digit[1:-1])
+    values = number[:-1][separator[1:]]               # each field's value, read at its last digit
+    row_ends = np.flatnonzero(newline[separator])
+    columns = row_ends[0] + 1
+    if not np.array_equal(row_ends, np.arange(columns - 1, len(values), columns)):
+        return None                                   # ragged rows
+    return values.reshape(len(row_ends), columns).astype(np.float32)
 
 
 def mnist_split(path=MNIST_CSV):

@@ -319,3 +319,20 @@ def test_an_integer_default_keeps_a_numeric_column_float(tmp_path):
     spec = load_spec({"files": str(tmp_path / "d.csv"), "features": {"age": {"type": "numeric", "default": 0}},
                       "label": "kind"})
     assert load_tables(spec)["train"].columns["age"].tolist() == [3.25, 0.0, 7.0]
+
+
+def test_the_mnist_sample_parses_as_numpys_general_parser_reads_it_and_other_text_falls_back_to_it(tmp_path):
+    from zmqflow.inputs.datasets import MNIST_CSV, load_mnist, small_integer_table
+    with gzip.open(MNIST_CSV, "rt") as f:
+        table = np.loadtxt(f, delimiter=",", dtype=np.float32)
+    x, y = load_mnist()
+    assert x.dtype == np.float32 and y.dtype == np.int32 and x.shape == (5000, 784)
+    assert np.array_equal(x, table[:, :-1] / np.float32(255.0)) and np.array_equal(y, table[:, -1].astype(np.int32))
+    assert small_integer_table(b"12,345,0\n6,78,999").tolist() == [[12, 345, 0], [6, 78, 999]]
+    for other in (b"", b"\n", b"1,,2\n", b",1\n", b"1,2\n\n", b"1000,1\n", b"-1,2\n", b"1.5,2\n", b"1, 2\n",
+                  b"1,2\r\n", b"a,b\n1,2\n", b"1,2\n3\n", b"1,2\n3,4,5\n"):
+        assert small_integer_table(other) is None, other
+    path = tmp_path / "decimals.csv"        # what the fast path refuses, np.loadtxt still reads
+    path.write_text("0.5,255,1\n-51,0,2\n")
+    x, y = load_mnist(str(path))
+    assert np.allclose(x, [[0.5 / 255, 1.0], [-51 / 255, 0.0]]) and y.tolist() == [1, 2]

@@ -73,7 +73,7 @@ JAX_MODEL = os.path.join(EXAMPLES, "jax_model.py")   # the example a user runs i
 
 MODELS = {"mlp": ([], 3),
           "cnn": (["--model", "cnn", "--model-opt", "filters=[16,32]", "--model-opt", "dense=128",
-                   "--learning-rate", "0.002", "--backend", "numpy"], 8),
+                   "--learning-rate", "0.002", "--backend", "numpy"], 5),
           "jax": (["--model", f"{JAX_MODEL}:build"], 5)}
 """name: (train options, epochs). Each is trained once per module, with a checkpoint, by `trained`."""
 
@@ -100,7 +100,7 @@ def trained(tmp_path_factory):
 def test_a_small_cnn_beats_the_mlp_on_the_mnist_sample(trained):
     summary, _ = trained("cnn")
     assert summary["worker_exit_codes"] == [0, 0]
-    assert summary["test_accuracy"] >= 0.93, summary     # 0.956 in 8 epochs (0.958-0.964 in 15); the MLP: about 0.92
+    assert summary["test_accuracy"] >= 0.93, summary     # 0.952 in 5 epochs, 0.956-0.968 in 8; the MLP: about 0.92
 
 
 def test_a_jax_model_trains_on_the_cluster(trained):
@@ -140,7 +140,7 @@ def test_one_ensemble_of_an_mlp_a_cnn_and_a_jax_model_served_from_their_checkpoi
     report = json.loads(done.stdout)
     assert [m["run_id"] for m in report["members"]] == ["mlp", "cnn", "jax"]
     assert [m["model"] for m in report["members"]][:2] == ["mlp", "cnn"]
-    assert report["ensemble"]["mean"] > 0.75     # MLP 3, CNN 8 and JAX 5 epochs on the 500 test rows
+    assert report["ensemble"]["mean"] > 0.75     # MLP 3, CNN 5 and JAX 5 epochs on the 500 test rows
 
 
 BATCH_NORM_MODEL = '''
@@ -211,13 +211,14 @@ def test_a_nan_loss_ends_the_job_non_zero_naming_the_step(tmp_path):
 
 
 def test_a_sparse_embedding_table_over_two_shards_moves_only_the_rows_each_step_reads(tmp_path):
-    """The example users run: 2 ps shards each holding half of a 20,000-row table, 2 worker processes."""
-    done = subprocess.run([sys.executable, os.path.join(EXAMPLES, "sparse_embedding.py")], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
+    """The example users run: 2 ps shards each holding half of a 20,000-row table, 2 worker processes (one epoch
+    of its three here: `make examples` runs all three)."""
+    done = subprocess.run([sys.executable, os.path.join(EXAMPLES, "sparse_embedding.py"), "--epochs", "1"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     found = re.search(r"test RMSE ([\d.]+) .*the ps sent ([\d.]+) KiB per step for tables of (\d+) KiB", done.stdout)
     rmse, per_step, table = (float(g) for g in found.groups())
-    assert rmse < 0.5                       # 0.23 here; the ratings' standard deviation is 1.46
+    assert rmse < 0.5                       # 0.31 in one epoch (0.23 in three); the ratings' standard deviation is 1.46
     assert per_step * 20 < table            # 16 KiB of rows and dense layers a step, against a 1281 KiB table
 
 
