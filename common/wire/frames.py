@@ -34,7 +34,9 @@ _OFFSET = np.dtype("<u8")
 
 
 def encode_tensor(array):
-    """(spec, frame) for one ndarray; frame is a buffer pyzmq can send."""
+    """(spec, frame) for one ndarray (or a SentTensor: its own); frame is a buffer pyzmq can send."""
+    if type(array) is SentTensor:
+        return array.spec, array.frame
     name = dtypes.name_of(array)
     spec = [name, list(array.shape)]
     if name == dtypes.STRING:
@@ -49,6 +51,23 @@ def _encode_strings(array):
     items = [bytes(x) if not isinstance(x, bytes) else x for x in array.reshape(-1)]
     ends = np.cumsum([len(x) for x in items], dtype=_OFFSET) if items else np.zeros(0, _OFFSET)
     return ends.tobytes() + b"".join(items)
+
+
+class SentTensor:
+    """A numeric tensor encoded once into a zmq.Frame, for an answer sent many times unchanged (a ps's
+    snapshot at one version, pulled by every worker). pyzmq sends a Python buffer without a copy by lending
+    it to its garbage-collector thread, which libzmq wakes to let go of it once the bytes are out: one more
+    thread woken per reply (on 2 vCPUs ~1.3 context switches and ~35 us of the ps's CPU per pull of 318 KB).
+    A Frame sent again is shared by reference count instead, lent once for its whole life. The array must
+    not change while the SentTensor lives (read-only snapshot buffers)."""
+
+    __slots__ = ("spec", "frame")
+
+    def __init__(self, array):
+        self.spec, data = encode_tensor(array)
+        if self.spec[0] == dtypes.STRING:
+            raise InvalidArgumentError("a SentTensor holds a numeric tensor")
+        self.frame = zmq.Frame(data)   # zero-copy from ZERO_COPY_BYTES (pyzmq's copy threshold), else copied once
 
 
 def encode_tensors(arrays):

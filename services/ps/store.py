@@ -115,6 +115,12 @@ class VariableStore:
 
     # ------------------------------------------------------------------ reads
 
+    @property
+    def generation(self):
+        """Bumped on every change of the values (and version): one generation, one snapshot, so an answer
+        built from a full pull can be kept until it moves."""
+        return self._generation
+
     def pull(self, names=None, newer_than=None):
         """(version, {name: read-only array}) of a snapshot; (version, None) when `newer_than`
         is given and the shard has nothing newer."""
