@@ -232,12 +232,33 @@ def request_frames(op, rid, args, tensors=(), deadline_ms=None, token=None):
     return [pack(header)] + frames
 
 
+class EncodedReply:
+    """A success reply's result and tensors encoded once, for an answer sent unchanged to many requests (a ps's
+    pull at one version): its header's bytes but the request id, and its frames (SentTensors stay Frames).
+    `reply_frames` puts the id in front: a msgpack map is its pairs one after another, so the header reads as
+    the one it would have built (packing the result, its names and layout, took ~9 us of the ps's CPU a pull)."""
+
+    __slots__ = ("tail", "frames")
+
+    def __init__(self, result, tensors=()):
+        specs, self.frames = encode_tensors(tensors)
+        self.tail = b"".join(pack(part) for part in ("code", 0, "error", None, "result", result, "tensors", specs))
+
+
 def reply_frames(rid, code=0, error=None, result=None, tensors=(), details=None):
+    """A reply's frames; `result` an EncodedReply: that answer (with no other tensors) to request `rid`."""
+    if type(result) is EncodedReply:
+        if code or tensors:
+            raise ValueError("an EncodedReply is a whole success answer: no code, no other tensors")
+        return [_REPLY_HEAD + pack(rid) + result.tail, *result.frames]
     specs, frames = encode_tensors(tensors)
     header = {"v": VERSION, "id": rid, "code": code, "error": error, "result": result or {}, "tensors": specs}
     if details:  # an error's hints (retry_after_ms); absent otherwise, so older peers read the same header
         header["details"] = details
     return [pack(header)] + frames
+
+
+_REPLY_HEAD = b"\x86" + pack("v") + pack(VERSION) + pack("id")   # a map of 6 pairs: v, id, then EncodedReply.tail's
 
 
 def check_request(header, limits=DEFAULT_LIMITS):

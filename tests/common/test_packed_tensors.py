@@ -6,8 +6,9 @@ import pytest
 import zmq
 
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.common.wire.frames import (PACK_ALIGN, SentTensor, decode_tensors, encode_tensor, pack_tensors,
-                                        recv_message, reply_frames, send_message, unpack_tensors)
+from zmqflow.common.wire.frames import (PACK_ALIGN, EncodedReply, SentTensor, decode_tensors, encode_tensor,
+                                        pack_tensors, recv_message, reply_frames, send_message, unpack,
+                                        unpack_tensors)
 
 pytestmark = pytest.mark.unit
 
@@ -77,3 +78,17 @@ def test_a_sent_tensor_is_encoded_once_and_arrives_as_its_array_every_time(count
 def test_a_sent_tensor_holds_numbers_only():
     with pytest.raises(InvalidArgumentError):
         SentTensor(np.array([b"text"], dtype=object))
+
+
+def test_an_encoded_reply_reads_as_the_reply_it_stands_for_whatever_the_request_id():
+    array = np.arange(20_000, dtype=np.float32)
+    result = {"version": 3, "released": False, "names": ["w", "b"], "layout": [["float32", [20_000], 0]]}
+    encoded = EncodedReply(result, [SentTensor(array)])
+    for rid in (0, 7, 2**40):
+        frames = reply_frames(rid, result=encoded)
+        assert unpack(frames[0]) == unpack(reply_frames(rid, 0, None, result, [array])[0])
+        assert frames[1] is encoded.frames[0]
+    with pytest.raises(ValueError):   # a whole success answer: neither an error code nor other tensors with it
+        reply_frames(1, 5, "no", encoded)
+    with pytest.raises(ValueError):
+        reply_frames(1, result=encoded, tensors=[array])

@@ -43,6 +43,8 @@ def initial():
 def test_full_packed_pulls_of_one_version_share_one_answer_until_the_values_move(initial):
     """The snapshot goes out as one SentTensor per version (and per bf16): pyzmq lends it once, not once a pull
     (common/wire/frames.py). Handlers called directly, the loop not run."""
+    from zmqflow.common.rpc.service import Call
+    from zmqflow.common.wire.frames import reply_frames, unpack
     from zmqflow.services.ps.server import PsService
     placement = place(model_variables(MNIST_MLP), 1)
     pieces = {p.key: p for p in placement.for_shard(0)}
@@ -51,6 +53,11 @@ def test_full_packed_pulls_of_one_version_share_one_answer_until_the_values_move
         service.store.initialize({key: initial[p.variable] for key, p in pieces.items()})
         first, again = service._variables_answer(None, packed=True), service._variables_answer(None, packed=True)
         assert again[1][0] is first[1][0] and again[0] == first[0] and first[0]["version"] == 0
+        call = Call(b"worker", 1, "pull", PsOps.Pull(packed=True), [], None, 0.0)   # header and frame made once
+        frames = reply_frames(7, 0, None, *service._pull_answer(call))
+        assert frames[1:] == [first[1][0].frame] and unpack(frames[0]) == unpack(reply_frames(7, 0, None, *first)[0])
+        released = service._pull_answer(call, released=True)   # a released sync wait says so: not the cached answer
+        assert released[0]["released"] is True and released[1] is first[1]
         half = service._variables_answer(None, bf16=True, packed=True)
         assert half[1][0] is not first[1][0] and half[1][0].spec[1][0] < first[1][0].spec[1][0]
         assert service._variables_answer(None, bf16=True, packed=True)[1][0] is half[1][0]
