@@ -194,7 +194,7 @@ def unpack_tensors(layout, frame, limits=DEFAULT_LIMITS):
             raise InvalidArgumentError(f"packed tensor {name}{list(shape)} at offset {shown(offset)} does not lie "
                                        f"inside the frame of {len(frame)} bytes (aligned to {dt.itemsize})")
         spans.append((offset, offset + nbytes))
-        arrays.append(frame[offset:offset + nbytes].view(dt).reshape(shape))
+        arrays.append(np.ndarray(shape, dt, frame, offset))   # a view: one call, not slice + view + reshape
     spans.sort()
     if any(end > start for (_, end), (start, _) in zip(spans, spans[1:])):
         raise InvalidArgumentError("packed tensors overlap")
