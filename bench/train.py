@@ -89,52 +89,100 @@ def single_process_one_thread(epochs=2):
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def _raw_echo_rate(payload_bytes, seconds=1.0, rounds=None, warm_up=3):
-    """Round trips/s and MB/s of a plain DEALER -> ROUTER echo of `payload_bytes` (a thread echoes)."""
-    import threading
-    ctx = zmq.Context.instance()
+def _echo_thread(ctx):
+    """A plain pyzmq ROUTER in a thread of this process that sends back what comes: (endpoint, stop())."""
     router = ctx.socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    stop = threading.Event()
+    stopping = threading.Event()
 
     def echo():
-        while not stop.is_set():
+        while not stopping.is_set():
             if router.poll(100):
                 router.send_multipart(router.recv_multipart(copy=False), copy=False)
 
     thread = threading.Thread(target=echo, daemon=True)
     thread.start()
+
+    def stop():
+        stopping.set()
+        thread.join(2)
+        router.close(0)
+    return f"tcp://127.0.0.1:{port}", stop
+
+
+_ECHO_PROCESS = """import zmq
+router = zmq.Context.instance().socket(zmq.ROUTER)
+print(router.bind_to_random_port("tcp://127.0.0.1"), flush=True)
+while True:
+    router.send_multipart(router.recv_multipart(copy=False), copy=False)
+"""
+"""The same echo in a process of its own, as a ps shard is (ps_rates); ended by its PID."""
+
+
+def _echo_round_trip(dealer, payload):
+    dealer.send(payload, copy=False)
+    np.frombuffer(dealer.recv(copy=False).buffer, np.float32)
+
+
+def _raw_echo_rate(payload_bytes, seconds=1.0, rounds=None, warm_up=3):
+    """Round trips/s and MB/s of a plain DEALER -> ROUTER echo of `payload_bytes` (a thread echoes)."""
+    ctx = zmq.Context.instance()
+    endpoint, stop = _echo_thread(ctx)
     dealer = ctx.socket(zmq.DEALER)
-    dealer.connect(f"tcp://127.0.0.1:{port}")
+    dealer.connect(endpoint)
     payload = np.ones(payload_bytes // 4, np.float32)
     for _ in range(warm_up):
-        dealer.send(payload, copy=False)
-        dealer.recv(copy=False)
+        _echo_round_trip(dealer, payload)
     n, start = 0, time.perf_counter()
     while (rounds is None and time.perf_counter() - start < seconds) or (rounds is not None and n < rounds):
-        dealer.send(payload, copy=False)
-        np.frombuffer(dealer.recv(copy=False).buffer, np.float32)
+        _echo_round_trip(dealer, payload)
         n += 1
     elapsed = time.perf_counter() - start
-    stop.set()
-    thread.join(2)
+    stop()
     dealer.close(0)
-    router.close(0)
     return n / elapsed, n * payload_bytes * 2 / elapsed / 1e6
 
 
 def ps_rates(seconds=1.0, rounds=3):
-    """Pulls/s and pushes/s of the MLP's variables, one request at a time, to one shard process, and raw
-    DEALER -> ROUTER echoes of the same 318 KB alternated with the pulls round by round (this machine's
-    speed drifts within a minute): the medians, and the median of the rounds' pull/raw ratios."""
+    """Pulls of the MLP's variables (318 KB, one request at a time) from one shard process against raw
+    DEALER -> ROUTER echoes of the same bytes (sent both ways), taken in turn one operation at a time for
+    `seconds` a round: each figure is the median of its operations' times, each ratio the median of the rounds'.
+
+    The baseline (`raw`) echoes from a process of its own, as the ps answers from one: both cross the same
+    threads (this one, its I/O thread, the server's I/O thread, the server's thread, and back). The former
+    baseline, the echo in a thread of this process (`raw_inprocess`), is reported beside it: one I/O thread
+    serves both its ends, two thread hand-offs fewer than any pull can have. Operations in turn, not 1 s rounds
+    in turn: this machine's speed drifts within a second (rounds of 1 s spread 0.16-1.12 at load 20)."""
     shard = start_service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP)])
+    ctx = zmq.Context.instance()
+    echo = subprocess.Popen([sys.executable, "-c", _ECHO_PROCESS], stdout=subprocess.PIPE, text=True)
+    inprocess, stop_inprocess = _echo_thread(ctx)
+    dealers = []
     try:
         placement = place(model_variables(MNIST_MLP), 1)
         ps = PsClient([shard.endpoint], placement)
         params = load_model(MNIST_MLP, "numpy").initial_values(1)
         ps.initialize(params)
         grads = {k: np.zeros_like(v) for k, v in params.items()}
-        nbytes = sum(v.nbytes for v in params.values())
+        payload = np.ones(sum(v.nbytes for v in params.values()) // 4, np.float32)
+        ops = {"pull": ps.pull}
+        for key, endpoint in (("raw", f"tcp://127.0.0.1:{int(echo.stdout.readline())}"), ("raw_inprocess", inprocess)):
+            dealers.append(ctx.socket(zmq.DEALER))
+            dealers[-1].connect(endpoint)
+            ops[key] = functools.partial(_echo_round_trip, dealers[-1], payload)
+        clock = time.perf_counter_ns
+        per_round = []   # {op: median ns} a round
+        for _ in range(rounds):
+            times = {key: [] for key in ops}
+            for op in ops.values():
+                op()
+            start = time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                for key, op in ops.items():
+                    began = clock()
+                    op()
+                    times[key].append(clock() - began)
+            per_round.append({key: median(ns) for key, ns in times.items()})
 
         def rate(op):
             op()
@@ -144,18 +192,21 @@ def ps_rates(seconds=1.0, rounds=3):
                 n += 1
             return n / (time.perf_counter() - start)
 
-        pulls, raws = [], []
-        for _ in range(rounds):
-            pulls.append(rate(ps.pull))
-            raws.append(_raw_echo_rate(nbytes, seconds)[0])
         pushes = rate(lambda: ps.push(grads))
         ps.close()
     finally:
+        for dealer in dealers:
+            dealer.close(0)
+        stop_inprocess()
+        echo.terminate()
+        echo.wait(10)
         shard.stop()
-    return {"ps_pulls_per_s_mlp": round(median(pulls)), "ps_pushes_per_s_mlp": round(pushes),
-            "raw_roundtrips_per_s_318kb": round(median(raws)),
-            "pull_vs_raw": round(median([p / r for p, r in zip(pulls, raws)]), 3),
-            "pull_vs_raw_rounds": [round(p / r, 3) for p, r in zip(pulls, raws)]}
+    per_s = {key: round(1e9 / median(r[key] for r in per_round)) for key in ops}
+    ratios = {key: [round(r[key] / r["pull"], 3) for r in per_round] for key in ("raw", "raw_inprocess")}
+    return {"ps_pulls_per_s_mlp": per_s["pull"], "ps_pushes_per_s_mlp": round(pushes),
+            "raw_roundtrips_per_s_318kb": per_s["raw"], "raw_inprocess_roundtrips_per_s_318kb": per_s["raw_inprocess"],
+            "pull_vs_raw": median(ratios["raw"]), "pull_vs_raw_rounds": ratios["raw"],
+            "pull_vs_raw_inprocess": median(ratios["raw_inprocess"]), "pull_vs_raw_inprocess_rounds": ratios["raw_inprocess"]}
 
 
 def tensorflow_anchor():
@@ -260,7 +311,8 @@ def run(epochs=10, progress=None, backend="numba"):
         f"{result['single_process_examples_per_s_bench_threads']} with this process's threads")
     result.update(ps_rates())
     say(f"ps: {result['ps_pulls_per_s_mlp']} pulls/s, {result['ps_pushes_per_s_mlp']} pushes/s; raw 318 KB round "
-        f"trips {result['raw_roundtrips_per_s_318kb']}/s: {result['pull_vs_raw']} (rounds {result['pull_vs_raw_rounds']})")
+        f"trips {result['raw_roundtrips_per_s_318kb']}/s: {result['pull_vs_raw']} (rounds {result['pull_vs_raw_rounds']}); "
+        f"echoed in this process {result['raw_inprocess_roundtrips_per_s_318kb']}/s: {result['pull_vs_raw_inprocess']}")
     result["ps_roundtrip_mb_per_s_64mb"] = round(ps_big_roundtrip_mb_per_s(), 1)
     _, raw_mb = _raw_echo_rate(64 * 1024 * 1024, rounds=8)
     result["raw_roundtrip_mb_per_s_64mb"] = round(raw_mb, 1)

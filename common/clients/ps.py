@@ -98,7 +98,7 @@ class PsClient:
         return self._pull_all(None, list(self.versions), timeout, frozenset()).result()
 
     def _pull_all(self, min_versions, newer_than, timeout, exclude):
-        unknown = sorted(set(exclude) - set(self.placement.variables()))
+        unknown = sorted(set(exclude) - set(self.placement.variables())) if exclude else ()
         if unknown:
             raise InvalidArgumentError(f"cannot leave out {unknown} of a pull: not variables of the model")
         calls = []

@@ -28,7 +28,7 @@ from zmqflow.common.rpc.service import Service
 from zmqflow.common.checkpoints import checkpoint
 from zmqflow.common.cluster.placement import shared_variable_shard
 from zmqflow.common.wire.dtypes import name_of
-from zmqflow.common.wire.frames import pack_tensors
+from zmqflow.common.wire.frames import EncodedReply, SentTensor, pack_tensors
 from zmqflow.services.ps.rules import PARK, RELEASE, update_rule
 from zmqflow.services.ps.store import SharedVariables, VariableStore, shared_name
 from zmqflow.common.wire.protocol import PsOps
@@ -64,6 +64,7 @@ class PsService(Service):
         self.store = VariableStore({k: (p.shape, p.dtype) for k, p in pieces.items()}, options.pop("optimizer"))
         self.rule = update_rule(self.store, live=lambda call: not call.finished, **options)
         self.names = list(pieces)
+        self._packed_pull = None   # ((generation, bf16), fields, [SentTensor], EncodedReply): the last full packed pull
         self._ready_waiters = []
         self.preloaded = {}  # name -> {component: array}: a data set held once, never trained
         self.max_preload_bytes = max_preload_bytes
@@ -148,7 +149,11 @@ class PsService(Service):
 
     def _pull_answer(self, call, released=False):
         args = call.args   # names: a subset (a worker leaves out the tables it reads by rows)
-        return self._variables_answer(args.names, args.newer_than, args.bf16, args.packed, released)
+        result, tensors = self._variables_answer(args.names, args.newer_than, args.bf16, args.packed, released)
+        cached = self._packed_pull
+        if tensors and not released and cached is not None and tensors is cached[2]:
+            return cached[3], ()   # every worker's pull at this version: its reply's header and frame, encoded once
+        return result, tensors
 
     def _variables_answer(self, names, newer_than=None, bf16=False, packed=False, released=False):
         """(result, tensors) of a pull: the variables `names` (None: every piece) one tensor each, or `packed` in
@@ -157,14 +162,32 @@ class PsService(Service):
         result = {"version": version, "released": released}
         if values is None:
             return result, ()
+        if packed and names is None:   # every worker's pull: the same answer until the values move
+            key = (self.store.generation, bf16)
+            cached = self._packed_pull
+            if cached is None or cached[0] != key:
+                fields, (frame,) = self._packed_answer(self.names, values, bf16)
+                sent = [SentTensor(frame)]
+                answer = EncodedReply({"version": version, "released": False, **fields}, sent)   # not a released wait's
+                cached = self._packed_pull = (key, fields, sent, answer)
+            return {**result, **cached[1]}, cached[2]
         names = self.names if names is None else names
+        if packed:
+            fields, tensors = self._packed_answer(names, values, bf16)
+            return {**result, **fields}, tensors
         tensors = [values[n] for n in names]
         if bf16:
             tensors = [t.astype(BF16) for t in tensors]
-        if packed:
-            layout, frame = pack_tensors(tensors)
-            return {**result, "names": names, "layout": layout}, [frame]
         return {**result, "names": names}, tensors
+
+    @staticmethod
+    def _packed_answer(names, values, bf16):
+        """({names, layout}, [frame]): the variables `names` in one frame."""
+        tensors = [values[n] for n in names]
+        if bf16:
+            tensors = [t.astype(BF16) for t in tensors]
+        layout, frame = pack_tensors(tensors)
+        return {"names": names, "layout": layout}, [frame]
 
     # ------------------------------------------------ lost replicas (sync)
 

@@ -113,6 +113,12 @@ class VariableStore:
 
     # ------------------------------------------------------------------ reads
 
+    @property
+    def generation(self):
+        """Bumped on every change of the values (and version): one generation, one snapshot, so an answer
+        built from a full pull can be kept until it moves."""
+        return self._generation
+
     def pull(self, names=None, newer_than=None):
         """(version, {name: read-only array}) of a snapshot; (version, None) when `newer_than`
         is given and the shard has nothing newer."""
@@ -121,8 +127,10 @@ class VariableStore:
             return self.version, None
         if names is None:
             if self._snapshot is None or self._snapshot[0] != self._generation:
-                self._snapshot = (self._generation, self._fresh_snapshot())
-            values = dict(self._snapshot[1])
+                views = self._fresh_snapshot()
+                self._snapshot = (self._generation, views, sum(v.nbytes for v in views.values()))
+            _, views, nbytes = self._snapshot
+            values = dict(views)
         else:
             specs = {name: self.specs[self.spec_name(name)] for name in names}
             offsets, nbytes = _layout(specs)
@@ -130,8 +138,9 @@ class VariableStore:
             for name, view in values.items():
                 np.copyto(view, self._values[name])
                 view.flags.writeable = False
+            nbytes = sum(v.nbytes for v in values.values())
         self.pulls += 1
-        self.bytes_pulled += sum(v.nbytes for v in values.values())
+        self.bytes_pulled += nbytes
         return self.version, values
 
     def _fresh_snapshot(self):

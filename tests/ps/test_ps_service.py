@@ -40,6 +40,38 @@ def initial():
     return load_model(MNIST_MLP).initial_values(1)
 
 
+def test_full_packed_pulls_of_one_version_share_one_answer_until_the_values_move(initial):
+    """The snapshot goes out as one SentTensor per version (and per bf16): pyzmq lends it once, not once a pull
+    (common/wire/frames.py). Handlers called directly, the loop not run."""
+    from zmqflow.common.rpc.service import Call
+    from zmqflow.common.wire.frames import reply_frames, unpack
+    from zmqflow.services.ps.server import PsService
+    placement = place(model_variables(MNIST_MLP), 1)
+    pieces = {p.key: p for p in placement.for_shard(0)}
+    service = PsService("tcp://127.0.0.1:*", 0, pieces, {"optimizer": json.loads(SGD)})
+    try:
+        service.store.initialize({key: initial[p.variable] for key, p in pieces.items()})
+        first, again = service._variables_answer(None, packed=True), service._variables_answer(None, packed=True)
+        assert again[1][0] is first[1][0] and again[0] == first[0] and first[0]["version"] == 0
+        call = Call(b"worker", 1, "pull", PsOps.Pull(packed=True), [], None, 0.0)   # header and frame made once
+        frames = reply_frames(7, 0, None, *service._pull_answer(call))
+        assert frames[1:] == [first[1][0].frame] and unpack(frames[0]) == unpack(reply_frames(7, 0, None, *first)[0])
+        released = service._pull_answer(call, released=True)   # a released sync wait says so: not the cached answer
+        assert released[0]["released"] is True and released[1] is first[1]
+        half = service._variables_answer(None, bf16=True, packed=True)
+        assert half[1][0] is not first[1][0] and half[1][0].spec[1][0] < first[1][0].spec[1][0]
+        assert service._variables_answer(None, bf16=True, packed=True)[1][0] is half[1][0]
+        service.rule.push({key: np.ones_like(initial[p.variable]) for key, p in pieces.items()}, version=0, replica=0)
+        moved = service._variables_answer(None, packed=True)
+        assert moved[1][0] is not first[1][0] and moved[0]["version"] == 1
+        layout = moved[0]["layout"][0]
+        weights = np.frombuffer(moved[1][0].frame.buffer, np.uint8)[layout[2]:].view(np.float32)[:initial[
+            pieces[moved[0]["names"][0]].variable].size]
+        np.testing.assert_allclose(weights, initial[pieces[moved[0]["names"][0]].variable].reshape(-1) - 0.5, rtol=1e-6)
+    finally:
+        service.close()
+
+
 def test_init_pull_push_and_pull_if_newer(tmp_path, initial):
     procs = shards(tmp_path, 2)
     try:
