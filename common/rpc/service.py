@@ -162,9 +162,11 @@ class Service:
         self.handlers, self.requests = {}, {}  # op -> handler; op -> its declaration (the declared ones)
         self.serve({Ops.Ping: self._ping, Ops.Cancel: self._cancel, Ops.Bye: self._bye, Ops.Info: self._info})
         self._poller = zmq.Poller()
-        self._poller.register(self.socket, zmq.POLLIN)
-        self._extra_sockets = {}  # socket -> on_readable(): a subclass's own sockets polled by this loop
-        self.add_socket(self._monitor, self._watch_connections)
+        self._extra_sockets = {}  # socket, or the fd of one added by_fd -> on_readable(): polled by this loop
+        self._by_fd = {}          # fd -> socket, of those polled by their fd (add_socket's by_fd)
+        self._recheck = set()     # fds of by_fd sockets sent on since the loop last waited (`sent_on`)
+        self._router_fd = self.add_socket(self.socket, self._drain, by_fd=True)
+        self.add_socket(self._monitor, self._watch_connections, by_fd=True)
 
     def serve(self, handlers):
         """Answer each declared request ({Request class: fn(call)}) with its handler."""
@@ -202,14 +204,48 @@ class Service:
     def housekeeping(self, now):
         """Called about once a second from the loop: a subclass's periodic upkeep (the broker's memory)."""
 
-    def add_socket(self, sock, on_readable):
-        """Poll `sock` in this loop too (e.g. a DEALER to a peer); `on_readable()` drains it."""
-        self._extra_sockets[sock] = on_readable
-        self._poller.register(sock, zmq.POLLIN)
+    def add_socket(self, sock, on_readable, by_fd=False):
+        """Poll `sock` in this loop too (e.g. a DEALER to a peer); `on_readable()` drains it. Returns the key
+        it is polled by: the socket, or with `by_fd` its ZMQ_FD.
+
+        Why by_fd: zmq_poll asks every ZeroMQ socket it is given for its events twice a wait (a poll and a
+        getpid system call each), 18 calls a wake-up for an aggregator's 8 sockets, about 54 a request. A
+        socket's FD only signals commands not yet processed, so one polled by it must be read by
+        `on_readable()` until `wire.readable` says no (as the drains here do), and whoever sends on it (or
+        connects it) calls `sent_on(fd)`: that may process the command that said a message came, and the
+        loop asks such a socket itself before it waits."""
+        key = sock.getsockopt(zmq.FD) if by_fd else sock
+        if by_fd:
+            # asked once before the loop first waits: a pipe attached in a call of ours (a connect) signals
+            # nothing for its first messages until a read has found it empty
+            self._by_fd[key] = sock
+            self._recheck.add(key)
+        self._extra_sockets[key] = on_readable
+        self._poller.register(key, zmq.POLLIN)
+        return key
 
     def remove_socket(self, sock):
-        if self._extra_sockets.pop(sock, None) is not None:
-            self._poller.unregister(sock)
+        key = next((fd for fd, s in self._by_fd.items() if s is sock), sock)
+        if self._extra_sockets.pop(key, None) is not None:
+            self._poller.unregister(key)
+            self._by_fd.pop(key, None)
+            self._recheck.discard(key)
+
+    def sent_on(self, fd):
+        """A by_fd socket (add_socket's key `fd`) was sent on: the loop asks it for messages before it waits."""
+        self._recheck.add(fd)
+
+    def _ready_unsignalled(self):
+        """The by_fd sockets with a message waiting that their FD may not show: those sent on (a reply on the
+        service's own socket included) or left unread since the last wait."""
+        ready = []
+        if self._recheck:
+            for fd in self._recheck:
+                sock = self._by_fd.get(fd)
+                if sock is not None and not sock.closed and wire.readable(sock):
+                    ready.append(fd)
+            self._recheck.clear()
+        return ready
 
     def close(self):
         if self._monitor is not None:
@@ -281,6 +317,7 @@ class Service:
     def _send(self, identity, frames):
         """Whether the message went out: a client that is gone (EHOSTUNREACH) or whose queue is full (EAGAIN)
         loses the reply, never the loop. What went is counted against its connection's unread replies."""
+        self._recheck.add(self._router_fd)  # sent on (see add_socket's by_fd)
         try:
             wire.send_message(self.socket, frames, identity)
             self.connections.sent(self._fd_of.get(identity), frames)
@@ -300,17 +337,18 @@ class Service:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop())
         self._running = True
-        poller = self._poller
+        poller, handlers = self._poller, self._extra_sockets
         next_sweep = time.monotonic() + 1.0
         while self._running:
             now = time.monotonic()
             wait = self._next_wake(next_sweep) - now
+            ready = self._ready_unsignalled()
             # whole milliseconds, rounded up: a sub-millisecond timeout would be 0, a busy spin
-            for sock, _ in poller.poll(math.ceil(max(0.0, min(wait, 0.1)) * 1000)):
-                if sock is self.socket:
-                    self._drain()
-                elif sock in self._extra_sockets:
-                    self._extra_sockets[sock]()
+            events = poller.poll(0 if ready else math.ceil(max(0.0, min(wait, 0.1)) * 1000))
+            for key in ready + [key for key, _ in events if key not in ready]:
+                handler = handlers.get(key)   # None: removed by an earlier handler of this round
+                if handler is not None:
+                    handler()
             now = time.monotonic()
             self._expire(now)
             self.connections.check(now, self._readable)
@@ -327,6 +365,7 @@ class Service:
         self._running = False
 
     def _readable(self):
+        self._recheck.add(self._router_fd)  # asking processes its commands too
         return wire.readable(self.socket)
 
     def _drain(self):
@@ -347,6 +386,8 @@ class Service:
                     self.socket.recv(copy=False)
                 continue
             self._handle(*message)
+        else:
+            self._recheck.add(self._router_fd)  # more may wait: read after the loop's other sockets
 
     def _handle(self, identity, header, frames, error):
         now = time.monotonic()
@@ -562,8 +603,8 @@ class LoopClient:
         # a full queue fails the send at once instead of blocking the loop; CURVE checks the peer's key
         self.sock = client_socket(self.context, service.limits, name, hwm=hwm, send_timeout_ms=0)
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        service.add_socket(self.sock, self._drain)
-        service.add_socket(self.monitor, self._watch)
+        self._fd = service.add_socket(self.sock, self._drain, by_fd=True)  # read by _drain, sends say sent_on
+        service.add_socket(self.monitor, self._watch, by_fd=True)
 
     @property
     def endpoint(self):
@@ -578,6 +619,7 @@ class LoopClient:
                 self.sock.disconnect(self.calls.endpoint)
             connect_resolved(self.sock, endpoint)
             self.calls.endpoint = endpoint
+            self.service.sent_on(self._fd)  # connecting processes the socket's commands too
         return endpoint
 
     def submit(self, op, args=None, tensors=(), timeout=None, rid=None, encoded=None):
@@ -589,6 +631,8 @@ class LoopClient:
         except zmq.ZMQError:
             self.calls.pending.pop(call.id, None)
             raise
+        finally:
+            self.service.sent_on(self._fd)
         return call
 
     def cancel(self, call):
@@ -598,6 +642,7 @@ class LoopClient:
                 wire.send_message(self.sock, self.calls.cancel(call))
             except zmq.ZMQError:
                 pass
+            self.service.sent_on(self._fd)
 
     def expire(self, now):
         for call in self.calls.overdue(now):
@@ -605,6 +650,7 @@ class LoopClient:
                 wire.send_message(self.sock, self.calls.give_up(call))
             except zmq.ZMQError:
                 pass  # best effort: the peer drops the request at its deadline anyway
+            self.service.sent_on(self._fd)
 
     def _drain(self):
         """The replies waiting (the service's poller said one does: it is read without asking again)."""

@@ -22,6 +22,7 @@ class Topology:
     single: str        # URL of the gateway over m1 alone
     grpc: str = None         # HOST:PORT of the gateway over the aggregator's gRPC service (None without grpcio)
     grpc_single: str = None  # HOST:PORT of the gateway over m1's gRPC service
+    gateway_pid: int = None  # the gateway over the aggregator's process
 
 
 @pytest.fixture(scope="package")
@@ -45,6 +46,6 @@ def topology(tmp_path_factory):
         single = registry.service("zmqflow.services.gateway", ["--serve", members["m1"].endpoint, *GATEWAY_LIMITS,
                                                                *(["--grpc-bind", grpc[1]] if grpc else [])],
                                   bind="127.0.0.1:0")
-        yield Topology(members, aggregator, gateway.endpoint, single.endpoint, *grpc)
+        yield Topology(members, aggregator, gateway.endpoint, single.endpoint, *grpc, gateway_pid=gateway.pid)
     finally:
         registry.stop_all()

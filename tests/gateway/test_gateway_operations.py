@@ -1,6 +1,7 @@
 """The gateway as deployments operate it: it announces its URL for the image's HEALTHCHECK (`zmqflow healthcheck`
 then asks its /v2/health/ready), `--http URL` checks any URL, and --metrics-bind serves its infer requests."""
 
+import importlib.util
 import subprocess
 import sys
 import urllib.request
@@ -46,3 +47,12 @@ def test_healthcheck_and_metrics_of_a_gateway(topology, processes, tmp_path):
     assert gateway.returncode == 0, gateway.log()   # SIGTERM: a clean stop, as every service's
     done = healthcheck("--file", str(announced), "--timeout-secs", "1")
     assert done.returncode == 1 and "/v2/health/ready" in done.stderr
+
+
+def test_the_gateway_runs_on_uvloop_where_it_is_installed(topology):
+    """uvicorn's loop="auto" (services/gateway/server.py): uvloop, the http extra's, when it can be imported (less
+    of the gateway's CPU a request, docs/performance.md), asyncio where it cannot; the gateway's interpreter is
+    this one's, so it has uvloop exactly when this process finds it."""
+    with open(f"/proc/{topology.gateway_pid}/maps") as f:
+        on_uvloop = "uvloop" in f.read()
+    assert on_uvloop == (importlib.util.find_spec("uvloop") is not None)
