@@ -30,7 +30,7 @@ def load_numba():
             if kept_out:
                 sys.modules[kept_out] = None   # an import of it, or of a submodule, raises ImportError
             try:
-                import numba
+                import numba  # noqa: F401  (numba itself, with scipy kept out: returned below)
                 from numba.core.compiler_lock import global_compiler_lock
                 from numba.core.registry import cpu_target
                 with global_compiler_lock:
@@ -39,6 +39,5 @@ def load_numba():
                 if kept_out and sys.modules.get(kept_out, False) is None:
                     del sys.modules[kept_out]
             _loaded = True
-    import numba
-    return numba
+    return sys.modules["numba"]
 
