@@ -261,8 +261,7 @@ class Optimizer:
 
     def warm_up(self, dtypes):
         """Compile (or load from numba's cache) the dense update for each of `dtypes` now, on a 1-element
-        variable: not in the first update (0.38 s in a ps's first push), and before the process puts LLVM
-        at rest (common/jit.py)."""
+        variable: not in the first update (0.38 s in a ps's first push)."""
         for dtype in set(dtypes):
             var = np.zeros(1, dtype)
             self.apply_dense(var, np.zeros(1, dtype), self.create_slots(var), 0)

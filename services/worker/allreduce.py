@@ -52,7 +52,7 @@ class AllReduceTrainer(Trainer):
         self.reformed = 0     # how often the ring went on without a lost worker
 
     def _warm_up(self):
-        """The update kernels too, before the model's warm-up step puts LLVM at rest (common/jit.py)."""
+        """The update kernels too, in the warm-up rather than in the first step's update (as a ps's store does)."""
         self.optimizer.warm_up(self.dtypes.values())
         super()._warm_up()
 
