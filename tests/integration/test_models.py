@@ -341,4 +341,5 @@ def test_a_killed_pipeline_stage_ends_stage_zero_with_the_peer_lost_code(process
     started = time.monotonic()
     assert stage0.proc.wait(timeout=30) == 3
     assert time.monotonic() - started < 10
-    assert "no gradient from stage 1 within 3 s" in stage0.log() or "no gradients from the later stages" in stage0.log()
+    # before every micro-batch's answer it waits for a gradient; after them, for the gathered gradients
+    assert re.search(r"no gradients? from stage 1 within 3 s", stage0.log()), stage0.log()[-2000:]
