@@ -14,6 +14,15 @@ to be pushed. PyTorch is measured twice on the same batch and networks: with the
 parameters copied in, its gradients copied out: the like-for-like ratio, `*_vs_torch_cuda`, the target's) and
 with everything resident on the GPU (`*_vs_torch_cuda_resident`: what the copies cost). Both in float32 with
 TF32 off (PyTorch's cuDNN convolutions use TF32 by default; CuPy's matmuls do not).
+
+The copies each side makes per step, all from and to pageable numpy arrays (what a pull gives and a push
+takes): zmqflow (`*_cupy_steps_per_s`) memcpys each variable into one pinned buffer, copies that to the GPU in
+one asynchronous copy, and copies the gradients into a pinned buffer whose numpy views it returns (kept until
+no push holds them: cupy_kernels.PinnedStaging); `*_cupy_pageable_steps_per_s` is the same step with one
+pageable copy per array each way (CuPy's `asarray` and `get`, the way before the staging). PyTorch's copied step
+does what a PyTorch worker would: `param.copy_(torch.from_numpy(value))` per parameter (pageable, synchronous)
+and `grad.cpu().numpy()` per gradient (pageable), plus the batch in; it keeps its parameters on the GPU
+between steps, as zmqflow keeps its device buffer.
 """
 
 import os
@@ -128,11 +137,17 @@ def run_gpu(seconds=3.0, progress=None):
         return result
     models = {"mlp": MNIST_MLP, "cnn": {"type": "cnn"}}
     for name, spec in models.items():
-        model = build_model(spec, device="/gpu:0")
+        model, pageable = build_model(spec, device="/gpu:0"), build_model(spec, device="/gpu:0")
+        pageable.stage_through_pinned = False
         params = model.initial_values()
         result[f"{name}_cupy_steps_per_s"] = round(steps_per_s(lambda: model.step(params, (x, y)), seconds), 1)
+        result[f"{name}_cupy_pageable_steps_per_s"] = round(
+            steps_per_s(lambda: pageable.step(params, (x, y)), seconds), 1)
+        result[f"{name}_pinned_vs_pageable"] = round(
+            result[f"{name}_cupy_steps_per_s"] / result[f"{name}_cupy_pageable_steps_per_s"], 3)
         say(f"{name}: zmqflow on the GPU (CuPy; variables in from and gradients out to host memory): "
-            f"{result[f'{name}_cupy_steps_per_s']} steps/s")
+            f"{result[f'{name}_cupy_steps_per_s']} steps/s through pinned buffers, "
+            f"{result[f'{name}_cupy_pageable_steps_per_s']} with pageable copies")
     try:
         steps = _torch_cuda_steps(x, y)
     except ImportError:

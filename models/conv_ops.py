@@ -33,10 +33,26 @@ def _windows(x, kh, kw, stride, padding, fill=0.0):
     xp = xp_of(x)
     oh, pad_h = output_size(x.shape[1], kh, stride, padding)
     ow, pad_w = output_size(x.shape[2], kw, stride, padding)
+    if xp is not np:    # CuPy's pad and sliding_window_view cost 0.2-0.3 ms of Python a call (the CNN's profile)
+        return _strided_windows(x, kh, kw, stride, (oh, ow), (pad_h, pad_w), fill, xp)
     if any(pad_h + pad_w):
         x = xp.pad(x, ((0, 0), pad_h, pad_w, (0, 0)), constant_values=fill)
     view = xp.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(1, 2))
     return x, view[:, ::stride, ::stride][:, :oh, :ow], (pad_h, pad_w)
+
+
+def _strided_windows(x, kh, kw, stride, out_size, pads, fill, xp):
+    """_windows made directly: the padded input by one fill and one copy, the view by its strides."""
+    (oh, ow), ((top, bottom), (left, right)) = out_size, pads
+    if top or bottom or left or right:
+        n, h, w, c = x.shape
+        padded = xp.full((n, top + h + bottom, left + w + right, c), fill, dtype=x.dtype)
+        padded[:, top:top + h, left:left + w, :] = x
+        x = padded
+    s0, s1, s2, s3 = x.strides
+    view = xp.lib.stride_tricks.as_strided(x, shape=(x.shape[0], oh, ow, x.shape[3], kh, kw),
+                                           strides=(s0, s1 * stride, s2 * stride, s3, s1, s2))
+    return x, view, pads
 
 
 def _scatter_windows(grad_windows, padded_shape, stride, pads, dtype, xp):

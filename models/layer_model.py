@@ -69,6 +69,7 @@ class LayerModel:
         self._signature = [(node.name, tuple(node.shape), self.dtype if np.dtype(node.dtype).kind == "f" else
                             np.dtype(node.dtype)) for node in network.inputs]   # floats in the model's dtype
         self.placements, self._placed, self._scope = [], {}, _on_host
+        self._staging = None        # _Staged of the variables on a GPU, made by the first step after `place`
         self._steps = 0
         self.output_bias = None     # {variable name: first value}: set_output_bias
         self.target_scale = None    # (mean, std), each [outputs]: standardize_target
@@ -130,14 +131,28 @@ class LayerModel:
         inputs = x if isinstance(x, dict) else {self.network.inputs[0].name: x}
         return {table: np.unique(np.asarray(inputs[name]).astype(np.int64)) for table, name in self._row_inputs.items()}
 
+    stage_through_pinned = True
+    """Whether a model placed on a GPU whose backend stages copies (CuPy's `PinnedStaging`) moves its variables in
+    and its gradients out through pinned buffers (one copy each way) rather than one pageable copy per array.
+    The answers are the same either way (tests/worker/test_devices.py compares them on a GPU)."""
+
     def step(self, params, batch, rows=None):
         """(mean loss, {trainable name: gradient}, metrics); metrics["updates"] holds the new
         values of non-trainable variables when the network has any. With `rows` (from
         `sparse_rows`), each of those tables in `params` holds only its rows `rows[table]`, in
         that order, and its gradient comes back as IndexedSlices over them."""
+        staging = self._staged() if self._placed and not rows and self.stage_through_pinned else None
+        if staging is None or not staging.lock.acquire(blocking=False):   # busy: another thread's step
+            return self._step(params, batch, rows, None)
+        try:
+            return self._step(params, batch, rows, staging)
+        finally:
+            staging.lock.release()
+
+    def _step(self, params, batch, rows, staging):
         x, y = batch
         rows = rows or {}
-        tensors = self._tensors(params, rows, training=True)
+        tensors = self._tensors(params, rows, training=True, staging=staging)
         self._steps += 1
         ctx = Context(True, (self.seed, self._steps), rows, self.kernels, self._placed)
         metrics = {"loss": None}           # the head adds what it measures in passing (accuracy)
@@ -145,8 +160,14 @@ class LayerModel:
             logits = self.network.forward(tensors, self._inputs(x), ctx)     # the head on the host
             loss = self._loss(logits, self._labels(y, logits), self.kernels, metrics)
             loss.backward()
-        grads = {}
+        grads, staged = {}, None
+        if staging is not None:
+            out = staging.gradients.gradients_out([tensors[v.name].grad for v in staging.trainable])
+            staged = None if out is None else dict(zip((v.name for v in staging.trainable), out))
         for v in self._trainable:
+            if staged and v.name in staged:
+                grads[v.name] = staged[v.name]
+                continue
             g = tensors[v.name].grad
             if g is None:
                 g = np.zeros(v.shape, self.dtype)
@@ -191,6 +212,7 @@ class LayerModel:
                 f"the layers use GPUs {sorted(index for _, index in shared)}: one worker runs a layer model on one "
                 "GPU (Dense layers may spread over several; --towers splits batches over several)")
         self._placed = {name: k for name, k in kernels.items() if k is not self.kernels}
+        self._staging = None
         self._scope = getattr(next(iter(shared.values()), None), "current", _on_host)
         self.placements = list(placements)
 
@@ -202,6 +224,21 @@ class LayerModel:
     def context(self, training=False, seed=0, rows=None):
         """The Context of a forward pass on the model's backends."""
         return Context(training=training, seed=seed, rows=rows, kernels=self.kernels, placed=self._placed)
+
+    def _staged(self):
+        """The _Staged of this placement (made once), or None: its variables must all be on one GPU whose
+        backend has `staging`, which every Dense layer spread over other GPUs rules out."""
+        if self._staging is None:
+            self._staging = False
+            backends = {id(k): k for k in self._placed.values() if hasattr(k, "staging")}
+            if len(backends) == 1:
+                gpu = next(iter(backends.values()))
+                on_gpu = [v for v in self._variables if self._placed.get(self._layer_of[v.name]) is gpu]
+                trainable = [v for v in on_gpu if v.trainable]
+                if on_gpu:
+                    self._staging = _Staged(on_gpu, trainable, gpu.staging([v.shape for v in on_gpu], self.dtype),
+                                            gpu.staging([v.shape for v in trainable], self.dtype))
+        return self._staging or None
 
     def _on_device(self, v, value):
         kernels = self._placed.get(self._layer_of[v.name]) if self._placed else None
@@ -231,6 +268,7 @@ class LayerModel:
         self._variables = [dataclasses.replace(v, device=layers[self._layer_of[v.name]].device)
                            for v in self._variables]
         self._trainable = [v for v in self._variables if v.trainable]
+        self._staging = None
 
     def param(self, params, v):
         """params[v.name] checked against `v` and cast to the model's dtype."""
@@ -246,9 +284,12 @@ class LayerModel:
 
     # ------------------------------------------------ checks
 
-    def _tensors(self, params, rows=None, training=False):
+    def _tensors(self, params, rows=None, training=False, staging=None):
         """{variable name: Tensor} of `params` on their layers' devices; when training, the trainable
-        ones are variables (they collect a gradient), the others constants."""
+        ones are variables (they collect a gradient), the others constants. With `staging`, its variables
+        go in through its pinned buffer, in one copy."""
+        if staging is not None:
+            return self._staged_tensors(params, training, staging)
         tensors, plain = {}, type(params) is dict and not rows and not self._placed
         for v in self._variables:
             value = params.get(v.name) if plain else None
@@ -256,6 +297,18 @@ class LayerModel:
                 value = self._on_device(v, self._param(params, v, rows.get(v.name) if rows else None))
             tensors[v.name] = Tensor(value, (), None, training and v.trainable, v.name)
         return tensors    # (an ndarray of the right shape and dtype, as a worker passes, needs no more checks)
+
+    def _staged_tensors(self, params, training, staging):
+        """_tensors with the staging's variables copied in together (checked and cast as one by one)."""
+        values = staging.variables_in.variables_in([self._param(params, v) for v in staging.variables])
+        staged = dict(zip((v.name for v in staging.variables), values))
+        tensors = {}
+        for v in self._variables:
+            value = staged.get(v.name)
+            if value is None:
+                value = self._on_device(v, self._param(params, v))
+            tensors[v.name] = Tensor(value, (), None, training and v.trainable, v.name)
+        return tensors
 
     def _param(self, params, v, rows=None):
         if rows is None:
@@ -290,6 +343,20 @@ class LayerModel:
             mean, std = self.target_scale
             return ((y.astype(self.dtype, copy=False) - mean) / std).astype(self.dtype, copy=False)
         return y
+
+
+@dataclasses.dataclass
+class _Staged:
+    """A model's variables on one GPU and the stagings (models/kernels/cupy_kernels.py's PinnedStaging) that
+    copy them in and their gradients out; one step at a time uses them (`lock`)."""
+    variables: list
+    trainable: list
+    variables_in: object
+    gradients: object
+
+    @property
+    def lock(self):
+        return self.variables_in.lock
 
 
 def _input(value, name, shape, dtype):

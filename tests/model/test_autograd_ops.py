@@ -189,3 +189,50 @@ def test_cupy_max_pool_gradient_equals_the_numpy_loop():
         gpu = variable(cupy.asarray(x))
         conv_ops.max_pool2d(gpu, size).backward(cupy.asarray(g))
         np.testing.assert_array_equal(gpu.grad.get(), cpu.grad)
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3])
+@pytest.mark.parametrize("padding", ["same", "valid"])
+def test_strided_windows_equal_numpys_pad_and_sliding_window_view(stride, padding):
+    """The windows CuPy's path makes by strides (conv_ops._strided_windows), checked with numpy against the
+    path numpy takes: the same padded input and the same [n, oh, ow, c, kh, kw] view, also of a strided input."""
+    base = RNG.standard_normal((2, 9, 3, 8)).astype(np.float32)
+    for x in (base[..., :7].copy(), base.transpose(0, 3, 1, 2)[:, :, ::2, :]):      # contiguous, and not
+        for kh, kw, fill in ((3, 2, 0.0), (5, 5, -np.inf), (1, 1, 0.0)):
+            if padding == "valid" and (x.shape[1] < kh or x.shape[2] < kw):
+                continue
+            want_padded, want_view, want_pads = conv_ops._windows(x, kh, kw, stride, padding, fill)
+            oh, pad_h = conv_ops.output_size(x.shape[1], kh, stride, padding)
+            ow, pad_w = conv_ops.output_size(x.shape[2], kw, stride, padding)
+            padded, view, pads = conv_ops._strided_windows(x, kh, kw, stride, (oh, ow), (pad_h, pad_w), fill, np)
+            assert pads == want_pads and view.shape == want_view.shape
+            np.testing.assert_array_equal(padded, want_padded)
+            np.testing.assert_array_equal(view, want_view)
+
+
+@pytest.mark.gpu
+def test_cupy_convolution_and_pools_with_padding_and_strides_equal_numpys():
+    """conv2d, max_pool2d and avg_pool2d on CuPy arrays (their windows made by conv_ops._strided_windows) against
+    numpy's, forward and backward, with 'same' padding and strides that are not the window's."""
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed (pip install 'zmqflow[gpu]')")
+    from zmqflow.models.kernels import gpu_count
+    if gpu_count() == 0:
+        pytest.skip("no GPU is visible")
+    TOL = dict(rtol=1e-4, atol=1e-4)     # float32 sums in other orders; a wrong window is off by O(1)
+    x = RNG.standard_normal((2, 9, 7, 3)).astype(np.float32)
+    kernel = RNG.standard_normal((3, 3, 3, 4)).astype(np.float32)
+    cases = [(lambda a, k: conv_ops.conv2d(a, k, 2, "same"), True),
+             (lambda a, k: conv_ops.conv2d(a, k, 1, "valid"), True),
+             (lambda a, k: conv_ops.max_pool2d(a, 3, 2, "same"), False),
+             (lambda a, k: conv_ops.avg_pool2d(a, 3, 2, "same"), False)]
+    for op, uses_kernel in cases:
+        cpu_x, cpu_k = variable(x), variable(kernel)
+        gpu_x, gpu_k = variable(cupy.asarray(x)), variable(cupy.asarray(kernel))
+        want, got = op(cpu_x, cpu_k), op(gpu_x, gpu_k)
+        np.testing.assert_allclose(cupy.asnumpy(got.value), want.value, **TOL)
+        g = RNG.standard_normal(want.shape).astype(np.float32)
+        want.backward(g)
+        got.backward(cupy.asarray(g))
+        np.testing.assert_allclose(cupy.asnumpy(gpu_x.grad), cpu_x.grad, **TOL)
+        if uses_kernel:
+            np.testing.assert_allclose(cupy.asnumpy(gpu_k.grad), cpu_k.grad, **TOL)

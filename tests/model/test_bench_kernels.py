@@ -65,7 +65,9 @@ def test_bench_kernels_on_the_gpu_against_pytorch():
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     for name in ("mlp", "cnn"):
-        for key in (f"{name}_cupy_steps_per_s", f"{name}_torch_cuda_steps_per_s",
+        for key in (f"{name}_cupy_steps_per_s", f"{name}_cupy_pageable_steps_per_s", f"{name}_torch_cuda_steps_per_s",
                     f"{name}_torch_cuda_resident_steps_per_s"):
             assert result[key] > 0, key
+        assert result[f"{name}_pinned_vs_pageable"] == pytest.approx(
+            result[f"{name}_cupy_steps_per_s"] / result[f"{name}_cupy_pageable_steps_per_s"], rel=0.01, abs=0.0005)
         assert result["targets"][f"{name}_vs_torch_cuda"]["value"] == result[f"{name}_vs_torch_cuda"]

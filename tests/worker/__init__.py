@@ -5,6 +5,10 @@ with a plain host array fails, as CuPy refuses to mix numpy and CuPy arrays, so 
 move between devices shows up. Its `device` is not the host's, so the engine moves tensors to it.
 """
 
+import contextlib
+import ctypes
+import types
+
 import numpy as np
 
 from zmqflow.models.kernels.numpy_kernels import Kernels as NumpyKernels
@@ -55,3 +59,74 @@ class FakeGpus:
 def fake_gpu_options(num_gpus=1, **fields):
     """build_model / DeviceOptions keywords for `num_gpus` stub GPUs."""
     return dict(num_gpus=num_gpus, gpu_kernels=FakeGpus(), **fields)
+
+
+# ------------------------------------------------------------------ a stub CuPy for the pinned staging
+
+class FakeDeviceArray(FakeGpuArray):
+    """A fake-GPU array with CuPy's `.data.ptr` (its address), for the staging's raw copies."""
+
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.ctypes.data)
+
+
+class _FakeStream:
+    ptr = 0
+
+    def synchronize(self):
+        pass
+
+
+class _FakeEvent:
+    def __init__(self, block=False, disable_timing=False):
+        self.recorded = 0
+
+    def record(self, stream=None):
+        self.recorded += 1
+
+    def synchronize(self):
+        pass
+
+
+class FakeCupy:
+    """The bits of CuPy that cupy_kernels.PinnedStaging uses, on host memory: its copies are memmoves (a wrong
+    offset or size shows up as wrong numbers), its streams and events run in order."""
+
+    ndarray = FakeGpuArray
+
+    def __init__(self):
+        self.copies = []    # (kind, bytes) of every memcpyAsync
+        self.cuda = types.SimpleNamespace(
+            Event=_FakeEvent, get_current_stream=_FakeStream,
+            runtime=types.SimpleNamespace(memcpyHostToDevice=1, memcpyDeviceToHost=2, memcpyAsync=self._memcpy))
+
+    def _memcpy(self, dst, src, size, kind, stream):
+        self.copies.append((kind, size))
+        ctypes.memmove(dst, src, size)
+
+    @staticmethod
+    def empty(shape, dtype):
+        return np.empty(shape, dtype).view(FakeDeviceArray)
+
+    @staticmethod
+    def ascontiguousarray(a, dtype=None):
+        return np.ascontiguousarray(a.view(np.ndarray), dtype=dtype).view(FakeDeviceArray)
+
+
+class FakeStagingGpuKernels(FakeGpuKernels):
+    """A FakeGpuKernels with the CuPy backend's `staging` (its real PinnedStaging) on a FakeCupy."""
+
+    def __init__(self, index=0):
+        super().__init__(index)
+        self.xp = FakeCupy()
+
+    def current(self):
+        return contextlib.nullcontext()
+
+    def to_device(self, array, dtype=None):
+        return super().to_device(array, dtype).view(FakeDeviceArray)
+
+    def staging(self, shapes, dtype):
+        from zmqflow.models.kernels.cupy_kernels import PinnedStaging
+        return PinnedStaging(self, shapes, dtype, empty_pinned=np.empty)

@@ -20,7 +20,7 @@ from zmqflow.cli.main import main
 from zmqflow.services.worker import devices as D
 from zmqflow.models.kernels import gpu_count
 from tests.model.test_kernels import batch, random_params
-from tests.worker import fake_gpu_options
+from tests.worker import FakeStagingGpuKernels, fake_gpu_options
 
 pytestmark = pytest.mark.unit
 
@@ -338,6 +338,107 @@ def test_worker_rejects_another_tasks_device_before_connecting():
     assert out.returncode == 2 and "InvalidArgumentError" in out.stderr and "task 3" in out.stderr
 
 
+# ------------------------------------------------------------------ pinned staging (cupy_kernels.PinnedStaging)
+
+def _staged_and_pageable(model_spec, build):
+    """Two placed copies of a model: one moving its variables and gradients through pinned staging, one not."""
+    pinned, pageable = build(model_spec), build(model_spec)
+    pageable.stage_through_pinned = False
+    return pinned, pageable
+
+
+def _steps_agree(pinned, pageable, steps, tol=None):
+    """`steps` steps of both on one batch, each with other parameters, every step's gradients kept (as a push
+    in flight keeps them): the same answers, and the kept gradients still as they came out at the end (a
+    staging buffer written again while a view of it is held would change them). `tol`: see _close."""
+    x, y = batch(32, 784, 10, seed=3)
+    kept = []
+    for k in range(steps):
+        params = pinned.initial_values(seed=k + 1)
+        loss, grads, _ = pinned.step(params, (x, y))
+        want_loss, want, _ = pageable.step(params, (x, y))
+        assert set(grads) == set(want)
+        assert loss == (want_loss if tol is None else pytest.approx(want_loss, rel=1e-4))
+        for name, g in want.items():
+            assert type(grads[name]) is np.ndarray and grads[name].dtype == g.dtype and grads[name].shape == g.shape
+            _close(grads[name], g, tol, f"step {k}: {name}")
+        kept.append((grads, {name: np.array(g) for name, g in want.items()}))
+    for k, (grads, want) in enumerate(kept):
+        for name, g in want.items():
+            _close(grads[name], g, tol, f"the kept gradients of step {k}: {name}")
+
+
+def _close(actual, want, tol, what):
+    """Equal (tol None), or within `tol` but for at most 0.5% of the elements: on a GPU the two paths' arrays
+    sit at other addresses, and a library may sum in another order there, which can flip a ReLU or a max
+    pool's pick on a pre-activation within rounding of a tie. A wrong offset, a missed wait or a buffer
+    written too early changes nearly every element (each step has other parameters)."""
+    if tol is None:
+        np.testing.assert_array_equal(actual, want, err_msg=what)
+        return
+    off = ~np.isclose(actual, want, **tol)
+    assert off.mean() <= 0.005, (f"{what}: {int(off.sum())} of {off.size} elements differ, e.g. "
+                                 f"{actual[off][:5]} vs {want[off][:5]}")
+
+
+def _fake_staging_build(placement_function=None):
+    made = []
+
+    def gpu(index):
+        made.append(FakeStagingGpuKernels(index))
+        return made[-1]
+    return lambda model_spec: D.place_model(model_spec, D.DeviceOptions(
+        placement_function=placement_function, num_gpus=1, gpu_kernels=gpu))
+
+
+def test_pinned_staging_gives_the_pageable_answers_and_leaves_held_gradients_alone():
+    pinned, pageable = _staged_and_pageable(MNIST_MLP, _fake_staging_build())
+    staging = pinned._staged()
+    assert staging is not None and [v.name for v in staging.variables] == [v.name for v in pinned.variables()]
+    _steps_agree(pinned, pageable, steps=5)
+    # steps 1-3 each took a buffer of their own (the earlier ones were held), steps 4-5 found all three held and
+    # copied the old way; the variables went in by one copy of the whole buffer a step
+    assert len(staging.gradients._out) == staging.gradients.OUT_BUFFERS == 3
+    gpu = pinned._placed["hidden"]
+    h2d = [size for kind, size in gpu.xp.copies if kind == 1]
+    assert h2d == [staging.variables_in.total * 4] * 5
+    assert pageable._staged() is not None and pageable._placed["hidden"].xp.copies == []
+
+
+def test_pinned_staging_reuses_a_gradient_buffer_once_its_views_are_gone():
+    pinned, pageable = _staged_and_pageable(MNIST_MLP, _fake_staging_build())
+    x, y = batch(16, 784, 10, seed=4)
+    params = pinned.initial_values()
+    _, first, _ = pinned.step(params, (x, y))
+    held = first["hidden/weights"][:3].copy()
+    out = pinned._staged().gradients
+    del first
+    for _ in range(4):
+        loss, grads, _ = pinned.step(params, (x, y))
+        del grads
+    assert len(out._out) == 1           # the one buffer, written again each step: nothing held it
+    _, grads, _ = pinned.step(params, (x, y))
+    keep_one = grads["softmax/biases"]  # one view is enough to hold the whole buffer
+    del grads
+    _, again, _ = pinned.step(params, (x, y))
+    assert len(out._out) == 2 and not np.shares_memory(keep_one, again["softmax/biases"])
+    np.testing.assert_array_equal(again["hidden/weights"][:3], held)
+    np.testing.assert_array_equal(keep_one, again["softmax/biases"])
+
+
+def test_pinned_staging_of_a_mixed_placement_stages_the_gpu_layers_only():
+    pinned, pageable = _staged_and_pageable(MNIST_MLP, _fake_staging_build(softmax_on_cpu))
+    assert [v.name for v in pinned._staged().variables] == ["hidden/weights", "hidden/biases"]
+    _steps_agree(pinned, pageable, steps=4)
+
+
+def test_pinned_staging_lays_out_each_array_aligned():
+    from zmqflow.models.kernels.cupy_kernels import _layout
+    layout, total = _layout([(3, 5), (), (0,), (64,), (2, 2)], np.dtype(np.float32).itemsize)
+    assert layout == [(0, 15, (3, 5)), (64, 1, ()), (128, 0, (0,)), (128, 64, (64,)), (192, 4, (2, 2))]
+    assert total == 256
+
+
 # ------------------------------------------------------------------ on a real GPU
 
 @pytest.fixture
@@ -411,3 +512,19 @@ def test_a_layer_model_on_the_gpu_matches_the_cpu():
         assert isinstance(grads[name], np.ndarray)
         np.testing.assert_allclose(grads[name], g, rtol=1e-3, atol=1e-5, err_msg=name)
     np.testing.assert_allclose(gpu.predict(params, x), cpu.predict(params, x), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model_spec", [MNIST_MLP, {"type": "cnn"}], ids=["mlp", "cnn"])
+def test_real_gpu_pinned_staging_gives_the_pageable_answers(real_gpu, model_spec):
+    """The worker's GPU step through pinned buffers (one copy in, one wait out) against the same step with a
+    pageable copy per array: the same gradients, step after step with new parameters, and the gradients of
+    every step, all kept (as pushes in flight keep them; steps 4-5 find the three buffers held and copy the old
+    way), unchanged at the end. A wrong offset, a missed wait or a buffer written again too early fails it."""
+    pinned, pageable = _staged_and_pageable(model_spec, lambda s: D.build_model(s, device="/gpu:0"))
+    staging = pinned._staged()
+    assert staging is not None and len(staging.variables) == len(pinned.variables())
+    _steps_agree(pinned, pageable, steps=5, tol=dict(rtol=1e-4, atol=1e-6))
+    assert len(staging.gradients._out) == staging.gradients.OUT_BUFFERS
+    import cupy
+    assert all(isinstance(v, cupy.ndarray) for v in staging.variables_in.device_views)
