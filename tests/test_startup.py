@@ -50,20 +50,35 @@ kernels = get_backend("numba")                                                  
 x, w, b = np.arange(6, dtype=np.float32).reshape(2, 3) / 6, np.ones((3, 4), np.float32), np.zeros(4, np.float32)
 dense = kernels.dense(x, w, b, "sigmoid")
 print(json.dumps({"scipy": sorted(m for m in sys.modules if m.split(".")[0] == "scipy"),
+                  "yaml": sorted(m for m in sys.modules if m.split(".")[0] == "yaml"),
                   "right": bool(np.allclose(dense, 1 / (1 + np.exp(-(x @ w)))))}))
-import scipy.linalg                   # a user's own import still works afterwards
+import scipy.linalg                   # a user's own imports still work afterwards
+import yaml
+assert yaml.safe_load("a: 1") == {"a": 1}
 """
 
 
 @pytest.mark.unit
-def test_compiled_kernels_hold_no_scipy():
+def test_compiled_kernels_hold_no_scipy(tmp_path):
     """A ps's update kernels and a worker's (or model server's) numba kernels, compiled: scipy was never imported
-    (common/jit.py keeps numba's BLAS check from loading scipy.linalg), the kernels give the right answer, and a
-    user's later `import scipy.linalg` still works."""
-    done = subprocess.run([sys.executable, "-c", AT_REST], capture_output=True, text=True, timeout=120)
+    (common/jit.py keeps numba's BLAS check from loading scipy.linalg), nor yaml (no numba config file to read
+    in the current directory), the kernels give the right answer, and a user's later `import scipy.linalg` and
+    `import yaml` still work."""
+    done = subprocess.run([sys.executable, "-c", AT_REST], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     rest = json.loads(done.stdout.strip().splitlines()[-1])
-    assert rest["scipy"] == [] and rest["right"]
+    assert rest["scipy"] == [] and rest["yaml"] == [] and rest["right"]
+
+
+@pytest.mark.unit
+def test_a_numba_config_file_is_still_read(tmp_path):
+    """With a .numba_config.yaml in the current directory, load_numba lets numba import yaml and apply it."""
+    (tmp_path / ".numba_config.yaml").write_text("developer_mode: 1\n")
+    check = ("import sys; from zmqflow.common.jit import load_numba; numba = load_numba(); "
+             "print(numba.core.config.DEVELOPER_MODE, 'yaml' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-2:] == ["1", "True"]
 
 
 def test_bench_startup_reports_each_role_against_the_baseline():
