@@ -16,13 +16,15 @@ NOT_AT_START = {
     "zmqflow.cli.main": ("numpy", "numba", "scipy", "prometheus_client", "asyncio", "pydantic"),
     # `zmqflow ping` / `zmqflow healthcheck`: every few seconds in every container
     "zmqflow.cli.ops": ("numba", "scipy", "prometheus_client", "asyncio", "zmq.auth", "urllib.request"),
+    # ml_dtypes: imported when bfloat16 is first named or met (common/wire/dtypes.py), never by a broker
     "zmqflow.services.broker.server": ("numba", "scipy", "prometheus_client", "asyncio", "zmq.auth",
-                                       "urllib.request", "pydantic"),
-    "zmqflow.services.broker.cli": ("numba", "scipy", "prometheus_client", "asyncio", "zmq.auth"),
+                                       "urllib.request", "pydantic", "ml_dtypes"),
+    "zmqflow.services.broker.cli": ("numba", "scipy", "prometheus_client", "asyncio", "zmq.auth", "ml_dtypes"),
     # the ps loads numba's update kernels (common/optimizers.py) when it builds its store, not at import
     "zmqflow.services.ps.cli": ("numba", "scipy", "prometheus_client", "asyncio", "zmq.auth"),
     "zmqflow.services.ps.server": ("numba", "scipy", "prometheus_client", "asyncio"),
-    "zmqflow.services.aggregator.cli": ("numba", "scipy", "prometheus_client", "zmq.auth"),
+    "zmqflow.services.aggregator.cli": ("numba", "scipy", "prometheus_client", "zmq.auth", "ml_dtypes"),
+    "zmqflow.services.serve.server": ("numba", "scipy", "ml_dtypes"),
     "zmqflow.services.worker.cli": ("numba", "scipy", "prometheus_client"),
     # a job spec names the default optimizer: `zmqflow train` and `up` read it without compiling its kernels
     "zmqflow.jobs.spec": ("numba", "scipy"),
@@ -39,6 +41,29 @@ def test_an_entry_module_does_not_import_what_its_start_does_not_need(module):
     assert done.stdout.split() == [], f"importing {module} loads {done.stdout.strip()}"
 
 
+BFLOAT16_ON_DEMAND = """
+import json, sys
+from zmqflow.common.wire import dtypes
+import numpy as np
+before = "ml_dtypes" in sys.modules
+float32 = dtypes.name_of(np.zeros(2, np.float32))
+untouched = "ml_dtypes" in sys.modules
+import ml_dtypes
+made_first = dtypes.name_of(np.zeros(2, ml_dtypes.bfloat16))   # an array of the caller's, before any lookup
+print(json.dumps([before, float32, untouched, made_first, str(dtypes.as_numpy("bfloat16")),
+                  str(dtypes.to_array([1.5], "bfloat16").dtype), "bfloat16" in dtypes.DTYPE_NAMES]))
+"""
+
+
+@pytest.mark.unit
+def test_bfloat16_loads_ml_dtypes_only_when_named():
+    """common/wire/dtypes.py imports ml_dtypes (~1.7 MB) at bfloat16's first lookup, not with the module; a
+    bfloat16 array the caller made beforehand is still named, and the name still converts."""
+    done = subprocess.run([sys.executable, "-c", BFLOAT16_ON_DEMAND], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [False, "float32", False, "bfloat16", "bfloat16", "bfloat16", True]
+
+
 AT_REST = """
 import json, sys
 import numpy as np
@@ -50,20 +75,35 @@ kernels = get_backend("numba")                                                  
 x, w, b = np.arange(6, dtype=np.float32).reshape(2, 3) / 6, np.ones((3, 4), np.float32), np.zeros(4, np.float32)
 dense = kernels.dense(x, w, b, "sigmoid")
 print(json.dumps({"scipy": sorted(m for m in sys.modules if m.split(".")[0] == "scipy"),
+                  "yaml": sorted(m for m in sys.modules if m.split(".")[0] == "yaml"),
                   "right": bool(np.allclose(dense, 1 / (1 + np.exp(-(x @ w)))))}))
-import scipy.linalg                   # a user's own import still works afterwards
+import scipy.linalg                   # a user's own imports still work afterwards
+import yaml
+assert yaml.safe_load("a: 1") == {"a": 1}
 """
 
 
 @pytest.mark.unit
-def test_compiled_kernels_hold_no_scipy():
+def test_compiled_kernels_hold_no_scipy(tmp_path):
     """A ps's update kernels and a worker's (or model server's) numba kernels, compiled: scipy was never imported
-    (common/jit.py keeps numba's BLAS check from loading scipy.linalg), the kernels give the right answer, and a
-    user's later `import scipy.linalg` still works."""
-    done = subprocess.run([sys.executable, "-c", AT_REST], capture_output=True, text=True, timeout=120)
+    (common/jit.py keeps numba's BLAS check from loading scipy.linalg), nor yaml (no numba config file to read
+    in the current directory), the kernels give the right answer, and a user's later `import scipy.linalg` and
+    `import yaml` still work."""
+    done = subprocess.run([sys.executable, "-c", AT_REST], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     rest = json.loads(done.stdout.strip().splitlines()[-1])
-    assert rest["scipy"] == [] and rest["right"]
+    assert rest["scipy"] == [] and rest["yaml"] == [] and rest["right"]
+
+
+@pytest.mark.unit
+def test_a_numba_config_file_is_still_read(tmp_path):
+    """With a .numba_config.yaml in the current directory, load_numba lets numba import yaml and apply it."""
+    (tmp_path / ".numba_config.yaml").write_text("developer_mode: 1\n")
+    check = ("import sys; from zmqflow.common.jit import load_numba; numba = load_numba(); "
+             "print(numba.core.config.DEVELOPER_MODE, 'yaml' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-2:] == ["1", "True"]
 
 
 def test_bench_startup_reports_each_role_against_the_baseline():

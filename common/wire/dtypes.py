@@ -3,20 +3,36 @@
 Numeric types map to numpy dtypes (bfloat16 through ml_dtypes, the package
 TensorFlow and JAX use for it). `string` tensors are numpy object arrays of
 `bytes`: file names, CSV lines, serialized records.
+
+ml_dtypes is imported when bfloat16 is first named or met, not with this module: it costs every process
+~1.7 MB (its extension's pages and its finfo tables) and ~10 ms, and only a --bf16 job sends bfloat16.
 """
 
-import ml_dtypes
 import numpy as np
 
 from zmqflow.common.errors import InvalidArgumentError
 
 STRING = "string"
+BFLOAT16 = "bfloat16"
 
-_NUMERIC = {
+
+class _Numeric(dict):
+    """{wire name: numpy dtype}; bfloat16's entry is made from ml_dtypes on its first lookup."""
+
+    def __missing__(self, name):
+        if name != BFLOAT16:
+            raise KeyError(name)
+        import ml_dtypes
+        dt = np.dtype(ml_dtypes.bfloat16)
+        self[name] = dt
+        _NAME_OF[dt] = name
+        return dt
+
+
+_NUMERIC = _Numeric({
     "float16": np.dtype(np.float16),
     "float32": np.dtype(np.float32),
     "float64": np.dtype(np.float64),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
     "int8": np.dtype(np.int8),
     "int16": np.dtype(np.int16),
     "int32": np.dtype(np.int32),
@@ -24,10 +40,11 @@ _NUMERIC = {
     "uint8": np.dtype(np.uint8),
     "uint16": np.dtype(np.uint16),
     "bool": np.dtype(np.bool_),
-}
+})
 
-DTYPE_NAMES = tuple(_NUMERIC) + (STRING,)
-_NAME_OF = {dt: name for name, dt in _NUMERIC.items()}
+DTYPE_NAMES = ("float16", "float32", "float64", BFLOAT16, "int8", "int16", "int32", "int64", "uint8", "uint16",
+               "bool", STRING)
+_NAME_OF = {dt: name for name, dt in _NUMERIC.items()}   # bfloat16's added with its dtype
 
 
 def check_name(name):
@@ -51,6 +68,8 @@ def name_of(array):
         return _NAME_OF[dt]
     if dt.kind in ("O", "S", "U"):
         return STRING
+    if dt.name == BFLOAT16 and dt == _NUMERIC[BFLOAT16]:   # made by the caller's ml_dtypes, before any lookup here
+        return BFLOAT16
     raise InvalidArgumentError(f"unsupported numpy dtype {dt}")
 
 

@@ -407,7 +407,8 @@ def _read_only(view):
 
 # ---------------------------------------------------------------------- shared variables
 
-SHARED_DTYPES = frozenset(as_numpy(name) for name in DTYPE_NAMES if name != STRING)
+SHARED_DTYPE_NAMES = frozenset(name for name in DTYPE_NAMES if name != STRING)
+"""The dtypes a shared variable may hold, by name: a set of dtypes would import ml_dtypes for bfloat16's."""
 VARIABLE_OVERHEAD_BYTES = 256
 """What one shared variable counts against the shard's budget besides its values: an empty one is no free
 resource (a loop creating millions of them would otherwise hold the shard's memory outside any bound)."""
@@ -543,7 +544,7 @@ class SharedVariables:
 
 
 def _shared_value(value, container, name):
-    if not isinstance(value, np.ndarray) or value.dtype not in SHARED_DTYPES:
+    if not isinstance(value, np.ndarray) or name_of_or_str(value.dtype) not in SHARED_DTYPE_NAMES:
         raise InvalidArgumentError(f"shared variable {shared_name(container, name)}: a value of a numeric dtype "
                                    f"({', '.join(n for n in DTYPE_NAMES if n != STRING)}), got {_described(value)}")
     return value
