@@ -20,7 +20,7 @@ from zmqflow.common.rpc.client import USE_DEFAULT, OpClient, RpcClient, default_
 from zmqflow.common.rpc.probe import endpoint_of
 from zmqflow.common.variables import IndexedSlices
 from zmqflow.common.wire.dtypes import as_numpy, name_of_or_str, to_array
-from zmqflow.common.wire.frames import unpack_tensors
+from zmqflow.common.wire.frames import PackedLayouts
 from zmqflow.common.wire.protocol import PsOps
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -54,6 +54,7 @@ class PsClient:
         self.clients = [RpcClient(e, default_timeout=timeout, name=f"{name}-ps{i}") for i, e in enumerate(self.endpoints)]
         self.shard_keys = [[p.key for p in placement.for_shard(i)] for i in range(len(self.endpoints))]
         self.versions = [0] * len(self.endpoints)
+        self._layouts = [PackedLayouts(c.limits) for c in self.clients]   # each shard's packed pull, checked once
         self._parts = {}  # the last value of every piece: a pull_if_newer fills in only what changed
         self._model = None
 
@@ -281,8 +282,7 @@ class PsClient:
         for i, (result, tensors) in enumerate(replies):
             self.versions[i] = result["version"]
             if "layout" in result:   # a packed answer: one frame holding every piece
-                tensors = unpack_tensors(result["layout"], tensors[0] if len(tensors) == 1 else None,
-                                         self.clients[i].limits)
+                tensors = self._layouts[i].unpack(result["layout"], tensors[0] if len(tensors) == 1 else None)
             names = result.get("names", [])
             if len(names) != len(tensors):
                 raise InvalidArgumentError(f"ps:{i} answered a pull with {len(tensors)} tensors for {len(names)} names")

@@ -72,6 +72,8 @@ class Placement:
         self._by_variable = {}
         for piece in self.pieces:
             self._by_variable.setdefault(piece.variable, []).append(piece)
+        # each variable's (key, shape) of its pieces, for `assemble`: it runs for every variable of every pull
+        self._blocks = {v: tuple((p.key, p.shape) for p in pieces) for v, pieces in self._by_variable.items()}
 
     def __iter__(self):
         return iter(self.pieces)
@@ -135,14 +137,14 @@ class Placement:
 
     def assemble(self, variable, parts):
         """The whole variable from {key: block}; one block is returned as it is (no copy)."""
+        blocks = self._blocks.get(variable) or self.pieces_of(variable)   # pieces_of: NotFoundError
         arrays = []
-        for piece in self.pieces_of(variable):
-            if piece.key not in parts:
-                raise InvalidArgumentError(f"piece {piece.key!r} of variable {variable!r} is missing")
-            block = np.asarray(parts[piece.key])
-            if block.shape != piece.shape:
-                raise InvalidArgumentError(f"piece {piece.key!r} has shape {list(block.shape)}, "
-                                           f"expected {list(piece.shape)}")
+        for key, shape in blocks:
+            if key not in parts:
+                raise InvalidArgumentError(f"piece {key!r} of variable {variable!r} is missing")
+            block = np.asarray(parts[key])
+            if block.shape != shape:
+                raise InvalidArgumentError(f"piece {key!r} has shape {list(block.shape)}, expected {list(shape)}")
             arrays.append(block)
         return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 

@@ -98,6 +98,7 @@ class RpcClient:
         self._connect_resolved()
         self._poller = zmq.Poller()
         self._poller.register(self.socket, zmq.POLLIN)
+        self._rcvtimeo = -1  # the socket's RCVTIMEO (ms), set only when a wait needs another
         self._last_heard = time.monotonic()
         self._last_ping = 0.0
         self._unanswered_since = None  # when the oldest ping still without any answer was sent
@@ -238,8 +239,19 @@ class RpcClient:
                 self._look_at_traffic(now)
             limit = min(self.heartbeat_interval, (call.deadline - now) if call.deadline else 1e9,
                         (until - now) if until is not None else 1e9)
-            if self._poller.poll(max(1, int(limit * 1000))):
-                self._receive_all()
+            self._receive_within(max(1, int(limit * 1000)))
+
+    def _receive_within(self, timeout_ms):
+        """Take in one reply, waiting up to `timeout_ms` for it: a blocking receive under RCVTIMEO, as a plain
+        DEALER's. A poll first, then a receive, asked the socket's mailbox three times more a reply (zmq_poll looks
+        twice before it sleeps, and `readable` once after): each a poll(2) and getpid(2) on the caller's thread."""
+        if timeout_ms != self._rcvtimeo:
+            self.socket.rcvtimeo = self._rcvtimeo = timeout_ms
+        try:
+            _, header, frames, error = wire.recv_message(self.socket, False, self.limits)
+        except zmq.Again:
+            return
+        self._heard(header, frames, error)
 
     def _receive_all(self):
         """The replies waiting (the poller said one does: it is read without asking the socket again)."""
@@ -248,11 +260,14 @@ class RpcClient:
                 _, header, frames, error = wire.recv_message(self.socket, False, self.limits, flags=zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._last_heard = time.monotonic()
-            self._unanswered_since = None
-            self.calls.received(header, frames, error)
+            self._heard(header, frames, error)
             if not wire.readable(self.socket):
                 return
+
+    def _heard(self, header, frames, error):
+        self._last_heard = time.monotonic()
+        self._unanswered_since = None
+        self.calls.received(header, frames, error)
 
     def _silent_for(self, now, look=False):
         """Seconds since the oldest unanswered ping, or since bytes last moved if later (`look`: ask the

@@ -201,6 +201,31 @@ def unpack_tensors(layout, frame, limits=DEFAULT_LIMITS):
     return arrays
 
 
+class PackedLayouts:
+    """`unpack_tensors` for a peer that sends the same layout again and again (a ps answers every pull with its
+    snapshot's): a layout whose msgpack bytes are those of the last one checked, over a frame of the same length,
+    gets views at the checked places without the checks again (~6 us of a worker's pull on 4 tensors). The
+    bytes compare types too: 0.0 or True where an int was checked is not the same layout, and is checked."""
+
+    __slots__ = ("limits", "_packed", "_size", "_places")
+
+    def __init__(self, limits=DEFAULT_LIMITS):
+        self.limits, self._packed, self._size, self._places = limits, None, -1, ()
+
+    def unpack(self, layout, frame):
+        try:
+            packed = pack(layout)
+        except Exception:   # nothing msgpack made fails to pack back; whatever does is refused as unpack_tensors says
+            packed = None
+        if packed is not None and packed == self._packed and type(frame) is np.ndarray and \
+                frame.dtype == np.uint8 and frame.ndim == 1 and len(frame) == self._size:
+            return [np.ndarray(shape, dt, frame, offset) for dt, shape, offset in self._places]
+        arrays = unpack_tensors(layout, frame, self.limits)
+        self._packed, self._size = packed, len(frame)
+        self._places = [(a.dtype, a.shape, entry[2]) for a, entry in zip(arrays, layout)]
+        return arrays
+
+
 # ---------------------------------------------------------------- headers
 
 

@@ -1,14 +1,15 @@
 """Tensors packed in one frame (common/wire/frames.py's pack_tensors / unpack_tensors): a ps snapshot goes
 as its own buffer, anything else as a zero-padded copy, and every hostile layout is refused."""
 
+import msgpack
 import numpy as np
 import pytest
 import zmq
 
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.common.wire.frames import (PACK_ALIGN, EncodedReply, SentTensor, decode_tensors, encode_tensor,
-                                        pack_tensors, recv_message, reply_frames, send_message, unpack,
-                                        unpack_tensors)
+from zmqflow.common.wire.frames import (PACK_ALIGN, EncodedReply, PackedLayouts, SentTensor, decode_tensors,
+                                        encode_tensor, pack, pack_tensors, recv_message, reply_frames, send_message,
+                                        unpack, unpack_tensors)
 
 pytestmark = pytest.mark.unit
 
@@ -50,6 +51,27 @@ def test_the_packed_frame_must_be_one_uint8_vector():
     for bad in (None, frame.view(np.float32), frame.reshape(2, -1)):
         with pytest.raises(InvalidArgumentError):
             unpack_tensors(layout, bad)
+
+
+def test_a_layout_seen_before_gets_the_same_views_and_anything_else_is_checked_again():
+    weights, biases = np.arange(6, dtype=np.float32).reshape(2, 3), np.arange(3, dtype=np.int64)
+    layout, frame = pack_tensors([weights, biases])
+    layouts = PackedLayouts()
+    for _ in range(2):   # checked, then remembered
+        out = layouts.unpack(msgpack.unpackb(pack(layout)), frame.copy())   # as a header brings it
+        np.testing.assert_array_equal(out[0], weights)
+        assert out[1].dtype == np.int64 and out[1].shape == (3,)
+    for hostile in ([["float32", [2, 3], 0.0], layout[1]],    # equal to the one checked, but not an int
+                    [["float32", [2, 3], True], layout[1]],
+                    [layout[0], ["int64", [3], 68]]):         # misaligned
+        with pytest.raises(InvalidArgumentError):
+            layouts.unpack(hostile, frame)
+    assert len(layouts.unpack(layout, frame)) == 2
+    with pytest.raises(InvalidArgumentError):   # the same layout over a shorter frame: its tensors do not fit
+        layouts.unpack(layout, frame[:64])
+    for bad in (frame.view(np.float32), frame.reshape(2, -1), bytes(frame)):
+        with pytest.raises(InvalidArgumentError):
+            layouts.unpack(layout, bad)
 
 
 @pytest.mark.parametrize("count", [20_000, 100])   # 80 KB lent to the Frame without a copy; 400 bytes copied once
