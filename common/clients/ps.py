@@ -10,7 +10,6 @@ that any client of the job creates and changes by (container, name), TF's variab
 containers (common/clients/containers.py), each on the shard `shared_variable_shard` names.
 """
 
-import ml_dtypes
 import numpy as np
 
 from zmqflow.common.clients.containers import check_container, containers_of, current_container
@@ -19,11 +18,10 @@ from zmqflow.common.errors import InvalidArgumentError
 from zmqflow.common.rpc.client import USE_DEFAULT, OpClient, RpcClient, default_pool
 from zmqflow.common.rpc.probe import endpoint_of
 from zmqflow.common.variables import IndexedSlices
-from zmqflow.common.wire.dtypes import as_numpy, name_of_or_str, to_array
+from zmqflow.common.wire.dtypes import BFLOAT16, as_numpy, is_bfloat16, name_of_or_str, to_array
 from zmqflow.common.wire.frames import PackedLayouts
 from zmqflow.common.wire.protocol import PsOps
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 class PsShardClient(OpClient):
@@ -155,7 +153,7 @@ class PsClient:
         rows = np.asarray(rows)
         calls = []
         for piece, positions, local in self._row_routes(variable, indices):
-            part = rows[positions].astype(BF16) if self.bf16 else rows[positions]
+            part = rows[positions].astype(as_numpy(BFLOAT16)) if self.bf16 else rows[positions]
             calls.append(self.clients[piece.shard].submit(
                 PsOps.PushSparse(piece.key, self.versions[piece.shard], replica), tensors=[local, part]))
         results = [call.result()[0] for call in calls]
@@ -183,7 +181,7 @@ class PsClient:
             for k in mine:
                 tensors += list(rows[k])
             if self.bf16:
-                tensors = [t.astype(BF16) if t.dtype.kind == "f" else t for t in tensors]
+                tensors = [t.astype(as_numpy(BFLOAT16)) if t.dtype.kind == "f" else t for t in tensors]
             request = PsOps.Push(self.versions[i], dense, replica, mine or None, self.bf16, pull or None)
             calls.append(client.submit(request, tensors=tensors))
         if pull:
@@ -287,7 +285,7 @@ class PsClient:
             if len(names) != len(tensors):
                 raise InvalidArgumentError(f"ps:{i} answered a pull with {len(tensors)} tensors for {len(names)} names")
             for key, t in zip(names, tensors):
-                self._parts[key] = t.astype(np.float32) if t.dtype == BF16 else t
+                self._parts[key] = t.astype(np.float32) if is_bfloat16(t.dtype) else t
                 changed = True
         if exclude:
             return {v: self.placement.assemble(v, self._parts) for v in self.placement.variables() if v not in exclude}

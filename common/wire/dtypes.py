@@ -73,6 +73,11 @@ def name_of(array):
     raise InvalidArgumentError(f"unsupported numpy dtype {dt}")
 
 
+def is_bfloat16(dt):
+    """Whether `dt` is bfloat16, asked without importing ml_dtypes (a dtype of that name only it makes)."""
+    return dt.name == BFLOAT16 and dt == _NUMERIC[BFLOAT16]
+
+
 def to_array(value, name):
     """`value` as an ndarray of dtype `name`.
 

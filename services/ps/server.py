@@ -19,7 +19,6 @@ import logging
 import os
 import time
 
-import ml_dtypes
 import numpy as np
 
 from zmqflow.common.errors import (AbortedError, AlreadyExistsError, DeadlineExceededError, FailedPreconditionError,
@@ -27,14 +26,13 @@ from zmqflow.common.errors import (AbortedError, AlreadyExistsError, DeadlineExc
 from zmqflow.common.rpc.service import Service
 from zmqflow.common.checkpoints import checkpoint
 from zmqflow.common.cluster.placement import shared_variable_shard
-from zmqflow.common.wire.dtypes import name_of
+from zmqflow.common.wire.dtypes import BFLOAT16, as_numpy, is_bfloat16, name_of
 from zmqflow.common.wire.frames import EncodedReply, SentTensor, pack_tensors
 from zmqflow.services.ps.rules import PARK, RELEASE, update_rule
 from zmqflow.services.ps.store import SharedVariables, VariableStore, shared_name
 from zmqflow.common.wire.protocol import PsOps
 
 log = logging.getLogger(__name__)
-BF16 = np.dtype(ml_dtypes.bfloat16)
 LOST_POLICIES = ("continue", "abort")
 LOST_CHECK_S = 0.5   # how often waiting pulls make the shard look for lost replicas
 MAX_PRELOAD_BYTES = 1 << 30
@@ -177,7 +175,7 @@ class PsService(Service):
             return {**result, **fields}, tensors
         tensors = [values[n] for n in names]
         if bf16:
-            tensors = [t.astype(BF16) for t in tensors]
+            tensors = [t.astype(as_numpy(BFLOAT16)) for t in tensors]
         return {**result, "names": names}, tensors
 
     @staticmethod
@@ -185,7 +183,7 @@ class PsService(Service):
         """({names, layout}, [frame]): the variables `names` in one frame."""
         tensors = [values[n] for n in names]
         if bf16:
-            tensors = [t.astype(BF16) for t in tensors]
+            tensors = [t.astype(as_numpy(BFLOAT16)) for t in tensors]
         layout, frame = pack_tensors(tensors)
         return {"names": names, "layout": layout}, [frame]
 
@@ -523,5 +521,5 @@ class PsService(Service):
 
 def _float32(tensor):
     """A bfloat16 tensor (a `bf16` request's) as float32, what the variables hold; any other as it is."""
-    return tensor.astype(np.float32) if tensor.dtype == BF16 else tensor
+    return tensor.astype(np.float32) if is_bfloat16(tensor.dtype) else tensor
 
