@@ -60,6 +60,7 @@ class Aggregator(Service):
         self.agg_stats = AggregatorStats()
         self.queue_delay = QueueDelay()
         self._probe_request = None  # (args, one row of zeros per input) like the last request members answered
+        self._probe_key = None      # the input names, shapes and dtypes it was made for
         self._timer_at = None
         self._relays = {}           # member-side id -> (client call, member address) of a relayed model_info
         for address, weight in members:
@@ -184,10 +185,10 @@ class Aggregator(Service):
         `encoded`: the same request as sent to another member at `now` (None: encode it). Returns the encoding
         (a fan-out encodes its tensors once: 22 us a member with three members)."""
         call, link = gather.call, self.links[member.address]
-        request, timeout = _member_request(call.args), max(0.001, call.deadline - now)
+        timeout = max(0.001, call.deadline - now)
         try:
-            encoded = encoded or link.calls.encode(request, None, call.tensors, timeout, gather.rid)
-            link.submit(request, None, call.tensors, timeout, gather.rid, encoded)
+            encoded = encoded or link.calls.encode(_member_request(call.args), None, call.tensors, timeout, gather.rid)
+            link.submit(ServeOps.Predict.OP, None, call.tensors, timeout, gather.rid, encoded)
         except zmq.ZMQError as exc:
             self.fanout.unsent(member, gather, f"error: send failed: {exc}", now)
         return encoded
@@ -272,11 +273,19 @@ class Aggregator(Service):
             self.fail(call, exc)
             return
         if call.tensors:
-            self._probe_request = (_member_request(call.args), [np.zeros((1,) + t.shape[1:], t.dtype)
-                                                                for t in call.tensors])
+            self._remember_probe(call)
         info["latency_ms"] = round((time.monotonic() - call.received) * 1000.0, 3)
         self.agg_stats.record(time.monotonic() - call.received, ok=True, partial=bool(info["missing"]))
         self.reply(call, info, [probs])
+
+    def _remember_probe(self, call):
+        """A probe is a request like `call` (the last answered) on one row of zeros: made again only when the
+        input names, shapes or dtypes change, not for every answer (two arrays and a request a predict)."""
+        key = (call.args.inputs and tuple(call.args.inputs), tuple((t.shape[1:], t.dtype) for t in call.tensors))
+        if self._probe_request is None or self._probe_key != key:
+            self._probe_key = key
+            self._probe_request = (_member_request(call.args), [np.zeros((1,) + t.shape[1:], t.dtype)
+                                                                for t in call.tensors])
 
     def on_deadline(self, call):
         gather = call.state

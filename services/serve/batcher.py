@@ -45,6 +45,12 @@ class Batcher:
     def ready(self, now):
         return bool(self._queue) and (self.rows >= self.max_batch or now >= self.due())
 
+    def runs_alone_now(self, x, arrival, now):
+        """True when inputs `x` that arrived at `arrival` would make a batch of their own that runs at once: nothing
+        is queued, and they fill a batch or have waited `max_delay` (always, with no delay). The server then answers
+        them without queueing them: what `add` then `ready` and `take` would do, without the queue's bookkeeping."""
+        return not self._queue and (now >= arrival + self.max_delay or _rows(x) >= self.max_batch)
+
     def take(self):
         """(items, sizes, x): the oldest requests up to `max_batch` rows (always at least one), inputs joined."""
         items, parts = [], []

@@ -160,8 +160,8 @@ class EnsembleServer(BatchingServer):
 
     # ------------------------------------------------ batches
 
-    def _run_batch(self):
-        items, sizes, joined = self.batcher.take()   # every request's inputs are a list: joined is one too
+    def _answer_batch(self, items, sizes, joined):
+        """The batch's requests answered (every request's inputs are a list: `joined` is one too)."""
         asked = self._asked(items)
         outputs, failures = self._run_members(sorted(set().union(*asked)), joined)
         bounds = np.cumsum([0] + sizes)

@@ -21,6 +21,16 @@ def test_runs_when_full_or_when_the_oldest_waited_long_enough():
     assert b.ready(1.006)  # 4 rows: full
 
 
+def test_a_request_runs_alone_at_once_only_when_nothing_waits_and_its_batch_is_due():
+    b = Batcher(max_batch=4, max_delay=0.01)
+    assert not b.runs_alone_now(rows(1), 1.0, 1.005)       # it would wait for company
+    assert b.runs_alone_now(rows(1), 1.0, 1.01)            # it waited long enough (in the socket)
+    assert b.runs_alone_now([rows(4)], 1.0, 1.0)           # it fills a batch (a list: a model of several inputs)
+    assert Batcher(max_batch=4, max_delay=0.0).runs_alone_now(rows(1), 1.0, 1.0)
+    b.add("a", rows(1), 1.0)
+    assert not b.runs_alone_now(rows(4), 1.0, 2.0)         # another waits: it joins the queue, oldest first
+
+
 def test_take_respects_max_batch_and_splits_back_in_order():
     b = Batcher(max_batch=5, max_delay=0.0)
     b.add("a", rows(2, 0), 0.0)
