@@ -371,17 +371,14 @@ class Service:
     def _drain(self):
         """Up to _DRAIN_BATCH messages, taken while there are. The socket is asked (`wire.readable`) once,
         after the first: a lone request ends there; a run of them ends at NOBLOCK's zmq.Again, which costs
-        two asks but saves one per message. Either ask came after the replies sent here, and processed the
-        socket's commands: the loop need not ask again before it waits (one ask a lone request fewer)."""
+        two asks but saves one per message."""
         self._watch_connections()   # connections that came or went before these messages did
         for i in range(_DRAIN_BATCH):
             if i == 1 and not wire.readable(self.socket):
-                self._recheck.discard(self._router_fd)
                 return
             try:
                 message = wire.recv_message(self.socket, True, self.limits, self._curve, zmq.NOBLOCK)
             except zmq.Again:
-                self._recheck.discard(self._router_fd)
                 return
             except Exception as exc:  # never let one message stop the loop
                 log.exception("receive failed: %s", exc)
