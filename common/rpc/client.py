@@ -223,6 +223,9 @@ class RpcClient:
             window = self.heartbeat_interval * self.heartbeat_liveness
             if self._unanswered_since is not None and self._silent_for(now) > window and \
                     self._silent_for(now, look=True) > window:
+                self._receive_all()   # answers already here: this thread was held up (the GIL, the CPU), not the
+                if self._unanswered_since is None:   # service, and their bytes moved while it could not look
+                    continue
                 silent = now - self._unanswered_since
                 self._reconnect(lambda lost: UnavailableError(f"service at {self.address} did not answer for "
                                                               f"{silent:.1f} s (during {lost.op}, request {lost.id})"),
@@ -254,7 +257,7 @@ class RpcClient:
         self._heard(header, frames, error)
 
     def _receive_all(self):
-        """The replies waiting (the poller said one does: it is read without asking the socket again)."""
+        """The replies waiting, read until none is (a poll that said one does needs no ask before the first)."""
         while True:
             try:   # NOBLOCK all the same: a wait here would be a hang
                 _, header, frames, error = wire.recv_message(self.socket, False, self.limits, flags=zmq.NOBLOCK)

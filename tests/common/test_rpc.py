@@ -193,3 +193,33 @@ def test_a_client_not_pumped_for_a_while_is_not_taken_for_dead(toy):
         time.sleep(0.6)  # its owner was busy elsewhere: nobody read this socket for 6 intervals
         b.call("release", timeout=5)
         assert pending.result()[0] == {"released": True}
+
+
+def test_answers_that_came_while_the_callers_thread_was_held_up_are_taken_not_called_lost(tmp_path):
+    """The caller's thread stopped (the GIL, the CPU) after its ping went out, and the service's answers came
+    meanwhile. On ipc:// no TCP counter says bytes moved, so only reading the socket shows it is alive: the
+    client reads what is there before it calls the service lost."""
+    service = ToyService(bind=f"ipc://{tmp_path}/toy", client_timeout=1.5)
+    thread = threading.Thread(target=service.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    window = 0.1 * 3
+
+    class HeldUp(RpcClient):
+        held = False
+
+        def _receive_within(self, timeout_ms):
+            if self._unanswered_since is not None and not self.held:   # a ping is out: this thread stops here
+                self.held = True
+                with RpcClient(service.endpoint) as other:
+                    other.call("release", timeout=5)                   # the answer comes while it is stopped
+                time.sleep(window + 0.3)
+                return
+            super()._receive_within(timeout_ms)
+
+    try:
+        with HeldUp(service.endpoint, heartbeat_interval=0.1, heartbeat_liveness=3) as client:
+            assert client.call("wait", timeout=10)[0] == {"released": True}
+            assert client.held
+    finally:
+        service.stop()
+        thread.join(5)
