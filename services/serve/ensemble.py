@@ -32,7 +32,6 @@ from zmqflow.models.kernels import get_backend, gpu_count
 from zmqflow.models.protocol import zero_inputs
 from zmqflow.models.registry import load_model
 from zmqflow.models.saved import recorded_data
-from zmqflow.services.serve.batcher import Batcher
 from zmqflow.services.serve.schema import RequestSchema
 from zmqflow.services.serve.server import BatchingServer, Hosted, public_spec
 
