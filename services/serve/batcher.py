@@ -27,13 +27,13 @@ class Batcher:
     def add(self, item, x, now):
         """Queue `item` (any hashable, e.g. a parked call) with its inputs `x` ([n, ...] or a list of them)."""
         self._queue[item] = (x, now)
-        self.rows += _rows(x)
+        self.rows += rows_of(x)
 
     def remove(self, item):
         """Withdraw a queued item (deadline passed, cancelled); True if it was queued."""
         entry = self._queue.pop(item, None)
         if entry is not None:
-            self.rows -= _rows(entry[0])
+            self.rows -= rows_of(entry[0])
         return entry is not None
 
     def due(self):
@@ -49,19 +49,19 @@ class Batcher:
         """True when inputs `x` that arrived at `arrival` would make a batch of their own that runs at once: nothing
         is queued, and they fill a batch or have waited `max_delay` (always, with no delay). The server then answers
         them without queueing them: what `add` then `ready` and `take` would do, without the queue's bookkeeping."""
-        return not self._queue and (now >= arrival + self.max_delay or _rows(x) >= self.max_batch)
+        return not self._queue and (now >= arrival + self.max_delay or rows_of(x) >= self.max_batch)
 
     def take(self):
         """(items, sizes, x): the oldest requests up to `max_batch` rows (always at least one), inputs joined."""
         items, parts = [], []
         while self._queue:
             item, (x, _) = next(iter(self._queue.items()))
-            if items and sum(map(_rows, parts)) + _rows(x) > self.max_batch:
+            if items and sum(map(rows_of, parts)) + rows_of(x) > self.max_batch:
                 break
             del self._queue[item]
             items.append(item)
             parts.append(x)
-        sizes = [_rows(x) for x in parts]
+        sizes = [rows_of(x) for x in parts]
         self.rows -= sum(sizes)
         if len(parts) == 1:
             return items, sizes, parts[0]
@@ -85,5 +85,6 @@ class Batcher:
         return list(zip(items, self.split(fn(x), sizes)))
 
 
-def _rows(x):
+def rows_of(x):
+    """The rows of inputs `x`: one array, or a list of arrays of as many rows each."""
     return len(x[0]) if isinstance(x, list) else len(x)

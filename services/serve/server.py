@@ -21,7 +21,7 @@ from zmqflow.models.protocol import zero_inputs
 from zmqflow.models.registry import load_model, model_variables
 from zmqflow.models.saved import read_params, recorded_data
 from zmqflow.common.rpc.service import PARKED, Service
-from zmqflow.services.serve.batcher import Batcher
+from zmqflow.services.serve.batcher import Batcher, rows_of
 from zmqflow.services.serve.schema import RequestSchema
 from zmqflow.common.wire.protocol import ServeOps
 
@@ -89,8 +89,7 @@ class BatchingServer(Service):
         if self.batcher.runs_alone_now(inputs, call.received, now):
             # its batch would be itself, run now: answered at once, never parked (the park, the deadline timer,
             # the batcher's queue and the split cost ~20 us a request of a model server's loop, issue 26)
-            rows = len(inputs[0]) if isinstance(inputs, list) else len(inputs)
-            self._answer_batch([call], [rows], inputs)
+            self._answer_batch([call], [rows_of(inputs)], inputs)
             return PARKED   # answered already
         self.park(call)
         self.batcher.add(call, inputs, call.received)
