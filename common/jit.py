@@ -9,7 +9,9 @@ np.convolve/np.correlate of floats then add in a loop instead of calling BLAS.
 
 numba's config module imports yaml (17 modules, ~1 MB of the process's own memory, ~15 ms) for one purpose:
 reading a `.numba_config.yaml` in the current directory. Where there is none, yaml is kept out too; where there
-is one, numba imports yaml and reads it as before.
+is one, numba imports yaml and reads it as before. And numba's typing of an array argument asks whether it is a
+numpy.ma masked array, which imports numpy.ma (~1.3 MB); until something else imports it, no array can be one,
+so arrays are typed without asking (`_type_arrays_without_numpy_ma`).
 
 What stays: libllvmlite.so (LLVM) is mapped into the process, and loading numba and its compiled or cached
 kernels touches ~68 MB of its code pages. They count in VmRSS (as RssFile), but they are the shared library's
@@ -42,7 +44,8 @@ def _unused_modules():
 
 def load_numba():
     """The numba module, its CPU target loaded, without importing scipy, scipy.linalg or (with no numba config
-    file) yaml if they are not already imported (by the user's code: then they stay)."""
+    file) yaml if they are not already imported (by the user's code: then they stay), and typing arrays
+    without importing numpy.ma."""
     global _loaded
     with _loading:
         if not _loaded:
@@ -55,9 +58,33 @@ def load_numba():
                 from numba.core.registry import cpu_target
                 with global_compiler_lock:
                     cpu_target.target_context.refresh()   # what the first compilation would load, loaded now
+                _type_arrays_without_numpy_ma()
             finally:
                 for name in kept_out:
                     if sys.modules.get(name, False) is None:
                         del sys.modules[name]
             _loaded = True
     return sys.modules["numba"]
+
+
+def _type_arrays_without_numpy_ma():
+    """numba types an ndarray argument (numba.core.typing.typeof) after asking whether it is a numpy.ma
+    MaskedArray, and that `np.ma` makes numpy import numpy.ma: ~1.3 MB of the process's own memory and 8-25 ms
+    in the first step of every worker, ps and model server, for a module none of them uses. A masked array can
+    only exist once numpy.ma is imported, so until then arrays are typed as numba types them, without asking;
+    once it is imported (by a user's code), numba's own typing, with its refusal of masked arrays, runs."""
+    import numpy as np
+    from numba.core import errors, types
+    from numba.core.typing.typeof import typeof_impl
+    from numba.np import numpy_support
+    numbas = typeof_impl.dispatch(np.ndarray)
+
+    @typeof_impl.register(np.ndarray)
+    def typeof_ndarray(val, c):
+        if "numpy.ma" in sys.modules:
+            return numbas(val, c)
+        try:
+            dtype = numpy_support.from_dtype(val.dtype)
+        except errors.NumbaNotImplementedError:
+            raise errors.NumbaValueError(f"Unsupported array dtype: {val.dtype}")
+        return types.Array(dtype, val.ndim, numpy_support.map_layout(val), readonly=not val.flags.writeable)

@@ -76,6 +76,7 @@ x, w, b = np.arange(6, dtype=np.float32).reshape(2, 3) / 6, np.ones((3, 4), np.f
 dense = kernels.dense(x, w, b, "sigmoid")
 print(json.dumps({"scipy": sorted(m for m in sys.modules if m.split(".")[0] == "scipy"),
                   "yaml": sorted(m for m in sys.modules if m.split(".")[0] == "yaml"),
+                  "numpy.ma": "numpy.ma" in sys.modules,
                   "right": bool(np.allclose(dense, 1 / (1 + np.exp(-(x @ w)))))}))
 import scipy.linalg                   # a user's own imports still work afterwards
 import yaml
@@ -87,12 +88,55 @@ assert yaml.safe_load("a: 1") == {"a": 1}
 def test_compiled_kernels_hold_no_scipy(tmp_path):
     """A ps's update kernels and a worker's (or model server's) numba kernels, compiled: scipy was never imported
     (common/jit.py keeps numba's BLAS check from loading scipy.linalg), nor yaml (no numba config file to read
-    in the current directory), the kernels give the right answer, and a user's later `import scipy.linalg` and
+    in the current directory), nor numpy.ma (numba's check for masked arrays), the kernels give the right answer, and a user's later `import scipy.linalg` and
     `import yaml` still work."""
     done = subprocess.run([sys.executable, "-c", AT_REST], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     rest = json.loads(done.stdout.strip().splitlines()[-1])
     assert rest["scipy"] == [] and rest["yaml"] == [] and rest["right"]
+    assert rest["numpy.ma"] is False
+
+
+ARRAY_TYPING = """
+import json, sys
+import numpy as np
+from zmqflow.common.jit import load_numba
+numba = load_numba()
+from numba.core.typing.typeof import Purpose, typeof, typeof_impl
+
+arrays = [np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float64, order="F"), np.zeros((4, 4), np.int64)[:, ::2],
+          np.zeros(5, np.uint8), np.zeros((), np.bool_), np.zeros((2, 2), np.complex64)]
+arrays[3].flags.writeable = False
+ours = [str(typeof(a, Purpose.argument)) for a in arrays]
+try:
+    typeof(np.zeros(2, np.dtype([("a", object)])), Purpose.argument)
+except numba.core.errors.NumbaValueError as e:
+    refused = str(e)
+before = "numpy.ma" in sys.modules
+import numpy.ma                      # a user's code imports it: numba's own typing from then on
+numbas = [str(typeof(a, Purpose.argument)) for a in arrays]
+try:
+    numba.njit(lambda a: a.sum())(np.ma.masked_array([1.0, 2.0], mask=[0, 1]))
+    masked = "typed"
+except numba.core.errors.TypingError as e:
+    masked = str(e)
+print(json.dumps({"before": before, "ours": ours, "numbas": numbas, "refused": refused, "masked": masked}))
+"""
+
+
+@pytest.mark.unit
+def test_arrays_are_typed_as_numba_types_them_without_importing_numpy_ma():
+    """common/jit.py types ndarray arguments without touching np.ma while numpy.ma is not imported (numba's check
+    would import it: ~1.3 MB): the same numba types as numba's own typing gives once numpy.ma is imported, the
+    same refusal of an unsupported dtype, and a masked array still refused with numba's error."""
+    done = subprocess.run([sys.executable, "-c", ARRAY_TYPING], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    typed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert typed["before"] is False
+    assert typed["ours"] == typed["numbas"]
+    assert typed["ours"][:2] == ["array(float32, 2d, C)", "array(float64, 2d, F)"]
+    assert "Unsupported array dtype" in typed["refused"]
+    assert "Unsupported array type: numpy.ma.MaskedArray" in typed["masked"]
 
 
 @pytest.mark.unit
