@@ -12,7 +12,7 @@ glibc's mallopt is not available.
 
 import ctypes
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -3, -4, -8
 MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # glibc's upper bound on 64-bit
 TRIM_THRESHOLD = 1024 * 1024 * 1024
 
@@ -47,3 +47,18 @@ def keep_freed_memory():
     # no mmap at all: blocks above the 32 MiB threshold cap (a 64 MB pull) would still be mmapped
     return (bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
             and bool(mallopt(M_MMAP_MAX, 0)))
+
+
+def one_arena():
+    """Serve every thread's malloc from one arena (glibc's M_ARENA_MAX=1); True when applied.
+
+    Why, in a worker computing on one thread: glibc gives threads that allocate at once arenas of their own,
+    and with freed memory kept (keep_freed_memory) each arena keeps what was freed into it. libzmq's I/O
+    thread allocates every tensor frame the worker receives, so its arena kept a second set of blocks beside
+    the compute thread's; with one arena they reuse one another's. `zmqflow bench startup`'s worker at rest:
+    149.3-150.7 MB -> 148.3-148.5; pulls and pushes of the MLP as fast (bench/train.py's ps_rates, 4 runs
+    alternated). Not for a worker computing on several threads (CPU towers), which would share one lock."""
+    try:
+        return bool(_libc().mallopt(M_ARENA_MAX, 1))
+    except (OSError, AttributeError):
+        return False

@@ -6,7 +6,7 @@ from zmqflow.common.rpc import health
 from zmqflow.common.processes.service_cli import (TASK_CONFIG, BadInput, bind_option, curve_option, ops_options,
                                                   option, profiled, service_main, setup_logging, task_config_option)
 from zmqflow.common.errors import InvalidArgumentError
-from zmqflow.common.memory import keep_freed_memory
+from zmqflow.common.memory import keep_freed_memory, one_arena
 from zmqflow.common.processes.task_options import model_options
 from zmqflow.models.kernels import BACKENDS, DEFAULT_BACKEND
 from zmqflow.services.worker.config import CONFIG_ONLY, UsageError, WorkerConfig
@@ -133,6 +133,8 @@ def command(**options):
     setup_logging(config.log_level, config.name)
     health.announce(health.CLIENT)
     keep_freed_memory()
+    if config.towers == 1:
+        one_arena()
     from zmqflow.services.worker.build import run
     try:
         profiled(run, config, task=config.name)
