@@ -159,12 +159,15 @@ class PsClient:
         results = [call.result()[0] for call in calls]
         return results[0] if len(results) == 1 else results
 
-    def push_async(self, grads, replica=0, pull=False):
+    def push_async(self, grads, replica=0, pull=False, min_version=None, timeout=None):
         """One push per shard, tagged with the versions of the last pull. A gradient given as
         IndexedSlices (an embedding table's touched rows) travels as rows to the shards holding
         them; every shard holding part of the table gets its rows (maybe none) in the same push.
         `pull`: every shard answers with its variables after the push too, so the result is
-        (one result per shard, {variable: value} as `pull` gives): a step's exchange in one round trip."""
+        (one result per shard, {variable: value} as `pull` gives): a step's exchange in one round trip.
+        With `min_version` (an int for every shard or one per shard), each answers once it reaches it, as
+        `pull(min_version)` does: a sync step's push and wait in one round trip."""
+        min_versions = self._per_shard(min_version)
         sparse = {name: g for name, g in grads.items() if isinstance(g, IndexedSlices)}
         pieces = self._split({name: g for name, g in grads.items() if name not in sparse})
         rows = {piece.key: (np.zeros(0, np.int64), np.zeros((0,) + tuple(piece.shape[1:]), piece.dtype))
@@ -182,8 +185,9 @@ class PsClient:
                 tensors += list(rows[k])
             if self.bf16:
                 tensors = [t.astype(as_numpy(BFLOAT16)) if t.dtype.kind == "f" else t for t in tensors]
-            request = PsOps.Push(self.versions[i], dense, replica, mine or None, self.bf16, pull or None)
-            calls.append(client.submit(request, tensors=tensors))
+            request = PsOps.Push(self.versions[i], dense, replica, mine or None, self.bf16, pull or None,
+                                 None if min_versions is None else min_versions[i])
+            calls.append(client.submit(request, tensors=tensors, timeout=timeout or self.timeout))
         if pull:
             return _Gathered(calls, lambda replies: ([r[0] for r in replies], self._assemble_pull(replies)))
         return _Gathered(calls, lambda replies: [r[0] for r in replies])

@@ -351,16 +351,18 @@ class PsOps:
         names: list[Name] | None = None
         packed: bool | None = None
 
-    class Push(Request, role=MEMBER, answer="applied version names layout"):
+    class Push(Request, role=MEMBER, answer="applied version released names layout"):
         """Gradients computed at `version`: one tensor per name, then (indices, rows) per piece in `sparse`.
         `pull`: the answer also carries every variable as it stands after this push, packed as a
-        Pull(packed=True)'s (one round trip a step instead of a push and a pull)."""
+        Pull(packed=True)'s (one round trip a step instead of a push and a pull); with `min_version`, as it
+        stands once the shard reaches that version, parked as such a Pull is (a sync step's exchange)."""
         version: int
         names: list[Name]
         replica: int = 0
         sparse: list[Name] = ()
         bf16: bool = False
         pull: bool | None = None
+        min_version: int | None = None
 
     class PushSparse(Request, role=MEMBER, answer="applied version"):
         """Gradient rows of piece `name`: tensors (indices, rows)."""

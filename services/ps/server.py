@@ -236,10 +236,18 @@ class PsService(Service):
 
     def _wake_versions(self):
         for call in self.rule.due():
-            self.reply(call, *self._pull_answer(call))
+            self.reply(call, *self._waiter_answer(call))
+
+    def _waiter_answer(self, call, released=False):
+        """The answer of a parked wait for a version: a pull's, or a push's that waits for its sync step
+        (its push result, then the variables as a packed pull gives them)."""
+        if call.op != PsOps.Push.OP:
+            return self._pull_answer(call, released)
+        pulled, tensors = self._variables_answer(None, bf16=call.args.bf16, packed=True, released=released)
+        return {**call.state, **pulled}, tensors
 
     def on_deadline(self, call):
-        if call.op == "pull":
+        if call.op in (PsOps.Pull.OP, PsOps.Push.OP):
             wait = self.rule.waiting_for()
             self.fail(call, DeadlineExceededError(
                 f"ps:{self.shard_index} still at version {self.store.version} (waiting for {call.args.min_version}): "
@@ -263,9 +271,24 @@ class PsService(Service):
         grads = self._named_tensors(call, call.tensors[:dense_count])
         sparse = {name: (call.tensors[dense_count + 2 * k], _float32(call.tensors[dense_count + 2 * k + 1]))
                   for k, name in enumerate(sparse_names)}
+        min_version = call.args.min_version
+        if min_version is not None and self._aborted is not None:
+            raise AbortedError(self._aborted)
         result = self._pushed(call, self.rule.push, grads, sparse=sparse)
         if not call.args.pull:
             return result
+        if min_version is not None and result["reason"] != "not_member":
+            # a sync step's exchange in one round trip: the variables once the step this push is part of is
+            # applied, parked as a Pull(min_version) would be (a replica left out of the steps hears so at once)
+            decision = self.rule.on_pull(min_version)
+            if decision == PARK:
+                call.state, call.tensors = result, ()   # the gradients are in the step's sums: let go of them
+                self.rule.park(call, min_version)
+                self._schedule_lost_check()
+                return self.park(call)
+            pulled, tensors = self._variables_answer(None, bf16=call.args.bf16, packed=True,
+                                                     released=decision == RELEASE)
+            return {**result, **pulled}, tensors
         pulled, tensors = self._variables_answer(None, bf16=call.args.bf16, packed=True)   # after this push
         return {**result, "names": pulled["names"], "layout": pulled["layout"]}, tensors
 
@@ -455,7 +478,7 @@ class PsService(Service):
     def _release(self, waiters):
         """Answer parked sync waits now, marked `released`: their step will never complete."""
         for waiter in waiters:
-            self.reply(waiter, *self._pull_answer(waiter, released=True))
+            self.reply(waiter, *self._waiter_answer(waiter, released=True))
 
     def _stats(self, call):
         now = time.monotonic()

@@ -303,24 +303,36 @@ class Trainer:
             self._assign = None
 
     def _sync_exchange(self, grads):
-        """Push this step's gradients, then wait until every shard applied the step."""
-        versions = list(self.ps.versions)
-        results = self.ps.push(grads, self.replica)
-        self.leases.received()   # the ps holds the gradient for the step: acked before the wait for the others
+        """Push this step's gradients, then wait until every shard applied the step. In one round trip (each
+        shard answers the push once the step is applied), unless the push must be acknowledged before the
+        wait: a leased batch is acked once the ps holds its gradients, and at the end of the input the other
+        replicas may be waiting for that very batch; or unless some variables are read by rows, not pulled."""
+        next_step = [v + 1 for v in self.ps.versions]
+        params = None
+        if self.leases.in_hand is None and not self._not_pulled:
+            try:
+                results, params = self.ps.push_async(grads, self.replica, pull=True, min_version=next_step,
+                                                     timeout=self.sync_timeout).result()
+            except DeadlineExceededError as exc:   # pushed, and the step did not come: go on from where it stands
+                log.warning("worker %d: %s", self.replica, exc)
+                results, params = (), self.ps.pull(exclude=self._not_pulled)
+        else:
+            results = self.ps.push(grads, self.replica)
+            self.leases.received()   # the ps holds the gradient for the step: acked before the wait for the others
         if any(r.get("reason") == "not_member" for r in results):
             # elastic: found silent and left out of the steps (a long pause); this batch's gradients are
             # dropped, and the worker joins again at the next step boundary
             log.warning("worker %d: no member of step %s any more (found lost): joining again", self.replica,
-                        versions[0])
+                        next_step[0] - 1)
             self._join()
             self.global_step = self.ps.versions[0]
             return self.params
-        try:
-            params = self.ps.pull(min_version=[v + 1 for v in versions], timeout=self.sync_timeout,
-                                  exclude=self._not_pulled)
-        except DeadlineExceededError as exc:
-            log.warning("worker %d: %s", self.replica, exc)
-            params = self.ps.pull(exclude=self._not_pulled)
+        if params is None:
+            try:
+                params = self.ps.pull(min_version=next_step, timeout=self.sync_timeout, exclude=self._not_pulled)
+            except DeadlineExceededError as exc:
+                log.warning("worker %d: %s", self.replica, exc)
+                params = self.ps.pull(exclude=self._not_pulled)
         self.global_step = self.ps.versions[0]
         return params
 
