@@ -20,12 +20,15 @@ from tests.support import wait_for
 
 pytestmark = pytest.mark.faults
 
-ROWS = 3000
-BATCH = 20   # small batches: some 150 steps, so the kill lands mid-training
+ROWS = 12000
+BATCH = 20   # small batches: some 600 steps, so the kill lands mid-training even when the other worker starts
+#              well ahead of the chief (with 3,000 rows, under the full suite's load, it once drained the queue
+#              before the kill: the chief had ended, holding no lease)
 
 
 def test_a_killed_workers_leased_batches_are_trained_by_the_other(processes, tmp_path):
     (x, y), _ = mnist_split()
+    x, y = np.resize(x, (ROWS, x.shape[1])), np.resize(y, ROWS)   # the sample's rows, repeated up to ROWS
     broker = processes.service("zmqflow.services.broker")
     ps = processes.service("zmqflow.services.ps", ["--model", json.dumps(MNIST_MLP)])
     queue = FIFOQueue(ROWS, ["float32", "int32"], shapes=[[784], []], names=["image", "label"], shared_name="train",
