@@ -1,6 +1,7 @@
 """The ps-shard service over real sockets: init, pull/push, bf16, sparse rows, sync waits and stalls,
 checkpoints restored onto another number of shards, TF_CONFIG, shutdown."""
 
+import contextlib
 import json
 import time
 import os
@@ -38,6 +39,21 @@ def client(procs, **kw):
 @pytest.fixture
 def initial():
     return load_model(MNIST_MLP).initial_values(1)
+
+
+@contextlib.contextmanager
+def sync_job(tmp_path, initial, num_shards=1, total=2):
+    """Sync shards aggregating 2 replicas of `total`, initialized, and two workers' clients that pulled."""
+    procs = shards(tmp_path, num_shards, "--mode", "sync", "--replicas-to-aggregate", "2", "--total-num-replicas",
+                   str(total))
+    try:
+        a, b = client(procs, name="a"), client(procs, name="b")
+        a.initialize(initial)
+        a.pull(), b.pull()
+        yield a, b
+    finally:
+        for p in procs:
+            p.stop()
 
 
 def test_full_packed_pulls_of_one_version_share_one_answer_until_the_values_move(initial):
@@ -209,11 +225,7 @@ def test_one_push_carries_a_tables_rows_with_the_dense_gradients_in_sync_mode(tm
 
 
 def test_sync_waits_for_the_step_and_names_missing_replicas(tmp_path, initial):
-    procs = shards(tmp_path, 1, "--mode", "sync", "--replicas-to-aggregate", "2", "--total-num-replicas", "3")
-    try:
-        a, b = client(procs, name="a"), client(procs, name="b")
-        a.initialize(initial)
-        a.pull(), b.pull()
+    with sync_job(tmp_path, initial, total=3) as (a, b):
         grads = {k: np.zeros_like(v) for k, v in initial.items()}
         a.push(grads, replica=0)
         with pytest.raises(DeadlineExceededError, match=r"misses \[1, 2\]"):
@@ -222,19 +234,12 @@ def test_sync_waits_for_the_step_and_names_missing_replicas(tmp_path, initial):
         b.push(grads, replica=2)  # the spare completes the step
         waiting.result()
         assert a.versions == [1]
-    finally:
-        for p in procs:
-            p.stop()
 
 
 def test_a_sync_push_with_min_version_answers_once_its_step_is_applied(tmp_path, initial):
     """A sync step's exchange in one round trip on two shards: each push answers with the variables once the
     step it is part of is applied (the average of both replicas' gradients); not before (the next test)."""
-    procs = shards(tmp_path, 2, "--mode", "sync", "--replicas-to-aggregate", "2", "--total-num-replicas", "2")
-    try:
-        a, b = client(procs, name="a"), client(procs, name="b")
-        a.initialize(initial)
-        a.pull(), b.pull()
+    with sync_job(tmp_path, initial, num_shards=2) as (a, b):
         ones = {k: np.ones_like(v) for k, v in initial.items()}
         threes = {k: 3 * np.ones_like(v) for k, v in initial.items()}
         first = a.push_async(ones, replica=0, pull=True, min_version=1, timeout=10)
@@ -247,49 +252,31 @@ def test_a_sync_push_with_min_version_answers_once_its_step_is_applied(tmp_path,
         for name, value in initial.items():   # SGD at 0.5 on the mean gradient, 2
             np.testing.assert_allclose(params[name], value - 1.0, rtol=1e-6)
             np.testing.assert_array_equal(params[name], stepped[name])
-    finally:
-        for p in procs:
-            p.stop()
 
 
 def test_a_sync_push_whose_step_does_not_come_fails_with_the_stall_report_and_still_counts(tmp_path, initial):
-    procs = shards(tmp_path, 1, "--mode", "sync", "--replicas-to-aggregate", "2", "--total-num-replicas", "2")
-    try:
-        a, b = client(procs, name="a"), client(procs, name="b")
-        a.initialize(initial)
-        a.pull(), b.pull()
+    with sync_job(tmp_path, initial) as (a, b):
         ones = {k: np.ones_like(v) for k, v in initial.items()}
         with pytest.raises(DeadlineExceededError, match=r"still at version 0 \(waiting for 1\).*misses \[1\]"):
             a.push_async(ones, replica=0, pull=True, min_version=1, timeout=0.3).result()
         b.push(ones, replica=1)   # completes the step: replica 0's push was held in its sums all along
         np.testing.assert_allclose(a.pull(min_version=1, timeout=5)["hidden/weights"], initial["hidden/weights"] - 0.5,
                                    rtol=1e-6)
-    finally:
-        for p in procs:
-            p.stop()
 
 
 def test_a_parked_sync_push_is_released_when_the_step_cannot_complete(tmp_path, initial):
     """The other replica finishes its input while a push waits for the step: answered at once, `released`,
-    with the variables as they stand; at shutdown likewise."""
-    procs = shards(tmp_path, 1, "--mode", "sync", "--replicas-to-aggregate", "2", "--total-num-replicas", "2")
-    try:
-        a, chief = client(procs, name="a"), client(procs, name="chief")
-        chief.initialize(initial)
-        a.pull()
-        waiting = a.push_async({k: np.ones_like(v) for k, v in initial.items()}, replica=0, pull=True,
-                               min_version=1, timeout=10)
+    with the variables as they stand; a step that cannot complete answers the next push at once too."""
+    with sync_job(tmp_path, initial) as (a, chief):
+        ones = {k: np.ones_like(v) for k, v in initial.items()}
+        waiting = a.push_async(ones, replica=0, pull=True, min_version=1, timeout=10)
         time.sleep(0.2)
         chief.worker_done(1)
         results, params = waiting.result()
         assert results[0]["released"] and results[0]["version"] == 0 and not results[0]["applied"]
         np.testing.assert_array_equal(params["hidden/weights"], initial["hidden/weights"])
-        again = a.push_async({k: np.ones_like(v) for k, v in initial.items()}, replica=0, pull=True,
-                             min_version=1, timeout=10)
+        again = a.push_async(ones, replica=0, pull=True, min_version=1, timeout=10)
         assert again.result()[0][0]["released"]   # a step that cannot complete: answered at once
-    finally:
-        for p in procs:
-            p.stop()
 
 
 def test_workers_wait_until_the_chief_initialized(tmp_path, initial):
