@@ -360,15 +360,21 @@ class Trainer:
 
     def end(self):
         """After the last step: settle the push in flight, say done, and as the chief wait for the others;
-        then the hooks' end. Returns the worker's summary."""
+        then the hooks' end. Returns the worker's summary.
+
+        The global step is read from the ps (with prefetch, the last push is not in our pull): by a worker
+        before it says done, since once every worker has, the chief may shut the ps down (a job's session
+        does at its end); by the chief once the others are done."""
         self.settle()
         self.elapsed = time.perf_counter() - self._started
+        if not self.is_chief:
+            self.global_step = self.ps.stats()[0]["version"]
         self.ps.worker_done(self.replica)
         if self._sigterm is not None and not self.leaving:   # left: SIGTERM's own handler is back already
             signal.signal(signal.SIGTERM, self._sigterm)
         if self.is_chief:
             self._wait_for_workers()
-        self.global_step = self.ps.stats()[0]["version"]  # with prefetch, the last push is not in our pull
+            self.global_step = self.ps.stats()[0]["version"]
         return self._summary()
 
     def _summary(self):

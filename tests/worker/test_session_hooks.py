@@ -88,3 +88,34 @@ def test_user_summary_and_validation_hooks_in_a_session(tmp_path):
               for r in iter_records(path)]
     tags = {v.tag for event in events for v in event.summary.value}
     assert {"loss", "examples_per_sec", "validation/accuracy", "validation/auc"} <= tags, tags
+
+
+def test_a_worker_asks_the_ps_nothing_after_it_said_done(tmp_path):
+    """Once every worker said it is done, the chief's session shuts the ps down: a worker that asked the ps for
+    the global step after its worker_done raced that shutdown (the classic script's worker 1 once failed with
+    'did not answer for 3.0 s'). Here the ps stops the moment the worker says done, and its session still ends
+    with its summary."""
+    from zmqflow.common.clients.ps import PsClient, PsShardClient
+    from zmqflow.models.registry import load_model
+    with logistic_ps(tmp_path) as (_, train, cluster, model):
+        cluster = {**cluster, "worker": cluster["worker"] + [f"127.0.0.1:{free_port()}"]}
+        chief = zmqflow.Server(cluster, "worker", 0, model=model)
+        built = load_model(model, "numpy")
+        initializing = PsClient(chief.ps_endpoints, chief.placement(built.variables()), name="chief")
+        initializing.initialize(built.initial_values(0))   # what the chief does first
+        initializing.close()
+        rng = np.random.default_rng(0)
+        worker = zmqflow.Server(cluster, "worker", 1, model=model)
+        with zmqflow.MonitoredTrainingSession(worker, hooks=[zmqflow.StopAtStepHook(last_step=20)]) as sess:
+            assert not sess.trainer.is_chief
+            said_done = sess.trainer.ps.worker_done
+
+            def done_and_the_chief_shuts_the_ps_down(*args, **kwargs):
+                answer = said_done(*args, **kwargs)
+                with PsShardClient("tcp://" + cluster["ps"][0]) as admin:
+                    admin.shutdown()
+                return answer
+            sess.trainer.ps.worker_done = done_and_the_chief_shuts_the_ps_down
+            while not sess.should_stop():
+                sess.run(*train.batch(rng.integers(0, train.rows, 50)))
+        assert sess.summary["global_step"] >= 20
