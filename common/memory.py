@@ -56,7 +56,7 @@ def one_arena():
     and with freed memory kept (keep_freed_memory) each arena keeps what was freed into it. libzmq's I/O
     thread allocates every tensor frame the worker receives, so its arena kept a second set of blocks beside
     the compute thread's; with one arena they reuse one another's. `zmqflow bench startup`'s worker at rest:
-    149.3-150.7 MB -> 148.3-148.5; pulls and pushes of the MLP as fast (bench/train.py's ps_rates, 4 runs
+    148.9-149.3 MB -> 148.3-148.5; pulls and pushes of the MLP as fast (bench/train.py's ps_rates, 4 runs
     alternated). Not for a worker computing on several threads (CPU towers), which would share one lock."""
     try:
         return bool(_libc().mallopt(M_ARENA_MAX, 1))
