@@ -23,7 +23,7 @@ import numpy as np
 
 from zmqflow.common.errors import (AbortedError, AlreadyExistsError, DeadlineExceededError, FailedPreconditionError,
                                    InvalidArgumentError, NotFoundError, PermissionDeniedError, ResourceExhaustedError)
-from zmqflow.common.rpc.service import Service
+from zmqflow.common.rpc.service import PARKED, Service
 from zmqflow.common.checkpoints import checkpoint
 from zmqflow.common.cluster.placement import shared_variable_shard
 from zmqflow.common.wire.dtypes import BFLOAT16, as_numpy, is_bfloat16, name_of
@@ -138,12 +138,18 @@ class PsService(Service):
         min_version = call.args.min_version
         if self._aborted is not None and min_version is not None:
             raise AbortedError(self._aborted)
+        released = self._wait_for_version(call, min_version)
+        return released if released is PARKED else self._pull_answer(call, released)
+
+    def _wait_for_version(self, call, min_version):
+        """Sync's wait for a step: PARKED when `call` now waits until the shard reaches `min_version`; else
+        whether its answer now is a released one (a step that can never complete)."""
         decision = self.rule.on_pull(min_version)
-        if decision == PARK:
-            self.rule.park(call, min_version)
-            self._schedule_lost_check()
-            return self.park(call)
-        return self._pull_answer(call, released=decision == RELEASE)
+        if decision != PARK:
+            return decision == RELEASE
+        self.rule.park(call, min_version)
+        self._schedule_lost_check()
+        return self.park(call)
 
     def _pull_answer(self, call, released=False):
         args = call.args   # names: a subset (a worker leaves out the tables it reads by rows)
@@ -280,15 +286,12 @@ class PsService(Service):
         if min_version is not None and result["reason"] != "not_member":
             # a sync step's exchange in one round trip: the variables once the step this push is part of is
             # applied, parked as a Pull(min_version) would be (a replica left out of the steps hears so at once)
-            decision = self.rule.on_pull(min_version)
-            if decision == PARK:
-                call.state, call.tensors = result, ()   # the gradients are in the step's sums: let go of them
-                self.rule.park(call, min_version)
-                self._schedule_lost_check()
-                return self.park(call)
-            pulled, tensors = self._variables_answer(None, bf16=call.args.bf16, packed=True,
-                                                     released=decision == RELEASE)
-            return {**result, **pulled}, tensors
+            call.state = result   # what the answer carries besides the variables (_waiter_answer)
+            released = self._wait_for_version(call, min_version)
+            if released is PARKED:
+                call.tensors = ()   # the gradients are in the step's sums: let go of them
+                return PARKED
+            return self._waiter_answer(call, released)
         pulled, tensors = self._variables_answer(None, bf16=call.args.bf16, packed=True)   # after this push
         return {**result, "names": pulled["names"], "layout": pulled["layout"]}, tensors
 

@@ -53,16 +53,19 @@ class Batcher:
 
     def take(self):
         """(items, sizes, x): the oldest requests up to `max_batch` rows (always at least one), inputs joined."""
-        items, parts = [], []
+        items, parts, sizes = [], [], []
+        taken = 0
         while self._queue:
             item, (x, _) = next(iter(self._queue.items()))
-            if items and sum(map(rows_of, parts)) + rows_of(x) > self.max_batch:
+            rows = rows_of(x)
+            if items and taken + rows > self.max_batch:
                 break
             del self._queue[item]
             items.append(item)
             parts.append(x)
-        sizes = [rows_of(x) for x in parts]
-        self.rows -= sum(sizes)
+            sizes.append(rows)
+            taken += rows
+        self.rows -= taken
         if len(parts) == 1:
             return items, sizes, parts[0]
         if isinstance(parts[0], list):
